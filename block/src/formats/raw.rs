@@ -1,0 +1,190 @@
+//! Raw images: the virtual disk is the file, byte for byte.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::{
+    BlockStatus, FileId, Format, HostWrite, ImageInfo, ReadPiece, ReadPlan, ReadSource, Waker,
+    WriteCommit, WriteData, WriteOutcome, WritePlan,
+};
+use crate::error::BlockError;
+
+const IMAGE: FileId = FileId(0);
+
+pub struct RawImage {
+    path: PathBuf,
+    files: [Arc<File>; 1],
+    size: AtomicU64,
+    readonly: bool,
+    probed: bool,
+}
+
+impl RawImage {
+    /// `probed`: the format was guessed, not given (see
+    /// [`Format::guards_first_sector`]).
+    pub fn new(path: &Path, file: Arc<File>, readonly: bool, probed: bool) -> Result<Self, BlockError> {
+        let size = file_size(&file).map_err(|source| BlockError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(RawImage {
+            path: path.to_owned(),
+            files: [file],
+            size: AtomicU64::new(size),
+            readonly,
+            probed,
+        })
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let size = self.size();
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(BlockError::OutOfRange { offset, len, size }),
+        }
+    }
+
+    fn check_writable(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        self.check_range(offset, len)
+    }
+}
+
+/// Size of a regular file or a block device.
+pub fn file_size(file: &File) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let meta = file.metadata()?;
+    if meta.file_type().is_file() {
+        return Ok(meta.len());
+    }
+    // Block devices report 0 in metadata; their end is their size.
+    let mut f = file;
+    f.seek(SeekFrom::End(0))
+}
+
+impl Format for RawImage {
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn files(&self) -> &[Arc<File>] {
+        &self.files
+    }
+
+    fn flush_files(&self) -> Vec<FileId> {
+        if self.readonly {
+            Vec::new()
+        } else {
+            vec![IMAGE]
+        }
+    }
+
+    fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
+        self.check_range(offset, len)?;
+        plan.push(ReadPiece {
+            len,
+            source: ReadSource::Host { file: IMAGE, offset },
+        });
+        Ok(())
+    }
+
+    fn plan_write(&self, offset: u64, len: u64, _waker: &Waker) -> Result<WriteOutcome, BlockError> {
+        self.check_writable(offset, len)?;
+        Ok(WriteOutcome::Ready(WritePlan {
+            ops: vec![HostWrite::Data {
+                file: IMAGE,
+                offset,
+                parts: vec![WriteData::Request { offset: 0, len }],
+            }],
+            commit: None,
+        }))
+    }
+
+    fn plan_discard(&self, offset: u64, len: u64, _waker: &Waker) -> Result<WriteOutcome, BlockError> {
+        self.check_writable(offset, len)?;
+        Ok(WriteOutcome::Ready(WritePlan {
+            ops: vec![HostWrite::PunchHole { file: IMAGE, offset, len }],
+            commit: None,
+        }))
+    }
+
+    fn plan_write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_unmap: bool,
+        _waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
+        self.check_writable(offset, len)?;
+        // A punched hole reads as zeroes and frees the space; do that only
+        // when the guest allows unmapping, else keep the range allocated.
+        let op = if may_unmap {
+            HostWrite::PunchHole { file: IMAGE, offset, len }
+        } else {
+            HostWrite::ZeroRange { file: IMAGE, offset, len }
+        };
+        Ok(WriteOutcome::Ready(WritePlan {
+            ops: vec![op],
+            commit: None,
+        }))
+    }
+
+    fn commit(&self, _commit: WriteCommit) -> Result<(), BlockError> {
+        Ok(())
+    }
+
+    fn abort(&self, _commit: WriteCommit) {}
+
+    fn flush_metadata(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
+        self.check_range(offset, len)?;
+        Ok(BlockStatus {
+            len,
+            depth: 0,
+            present: true,
+            zero: false,
+            data: true,
+            compressed: false,
+            offset: Some(offset),
+            file: Some(IMAGE),
+        })
+    }
+
+    fn info(&self) -> ImageInfo {
+        ImageInfo {
+            format: "raw",
+            virtual_size: self.size(),
+            ..Default::default()
+        }
+    }
+
+    fn resize(&self, new_size: u64) -> Result<(), BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        self.files[0]
+            .set_len(new_size)
+            .map_err(|e| BlockError::Resize(format!("{}: {e}", self.path.display())))?;
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
+    }
+
+    fn close(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        "raw"
+    }
+
+    fn guards_first_sector(&self) -> bool {
+        self.probed && !self.readonly
+    }
+}

@@ -1,0 +1,1 @@
+//! I/O engines: execute the host operations of format plans.

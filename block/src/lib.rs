@@ -1,0 +1,36 @@
+//! Disk images and the I/O engines that move their data.
+//!
+//! The crate has three layers:
+//!
+//! - [`formats`]: raw and qcow2. A format answers "where does guest range X
+//!   live?" with a plan of host extents ([`formats::ReadPlan`],
+//!   [`formats::WritePlan`]) and performs the metadata updates (allocation,
+//!   L2 and refcount writes, discard). It never moves guest data itself.
+//! - [`io`]: engines that execute plans against host files: `sync`
+//!   (preadv/pwritev in the calling thread) and `uring` (one io_uring per
+//!   queue). Both implement one trait, so every format runs on every engine.
+//! - [`disk`]: the handle that joins them. A [`disk::Disk`] is the shared,
+//!   opened image; [`disk::DiskQueue`] is the per-queue handle a virtio queue
+//!   worker (or `ch-img`) submits [`request::BlockRequest`]s to and drains
+//!   [`request::Completion`]s from.
+//!
+//! Data enters as a batch of requests, each owning the memory it reads into
+//! or writes from ([`request::IoMemory`]); it leaves as exactly one
+//! completion per request, which hands that memory back.
+
+pub mod check;
+pub mod create;
+pub mod disk;
+pub mod error;
+pub mod formats;
+pub mod io;
+pub mod options;
+pub mod request;
+
+pub use disk::{Disk, DiskQueue};
+pub use error::BlockError;
+pub use options::{DiskOptions, EngineKind, ImageType};
+pub use request::{BlockRequest, Completion, IoMemory, RequestOp};
+
+/// The sector size of the block layer's request model (virtio-blk's unit).
+pub const SECTOR_SIZE: u64 = 512;

@@ -1,0 +1,1 @@
+//! KVM: the only crate that talks to /dev/kvm.
