@@ -1,0 +1,1 @@
+//! Shared helpers for the integration tests: locating binaries, making images with qemu-img.
