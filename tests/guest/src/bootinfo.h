@@ -1,0 +1,25 @@
+/*
+ * bootinfo.h - what the guest learns from the PVH start_info (see
+ * bootinfo.c): options parsed from the command line.
+ */
+#ifndef GUEST_BOOTINFO_H
+#define GUEST_BOOTINFO_H
+#include "common.h"
+
+struct boot_options {
+	/* disks=N on the command line: exact number of virtio-blk devices
+	 * expected; -1 when absent (then at least one is required). */
+	int expect_disks;
+	/* event_idx=on|off: accept VIRTIO_F_RING_EVENT_IDX when offered
+	 * (default on, as Linux does). */
+	int event_idx;
+	/* indirect=on|off: accept VIRTIO_F_INDIRECT_DESC when offered (default
+	 * on); the position-pattern requests then use an indirect table. */
+	int indirect;
+};
+
+/* Validates start_info (fails the run when it is bad), prints the command
+ * line and memory map, fills opt. */
+void bootinfo_read(u64 start_info_paddr, struct boot_options *opt);
+
+#endif
