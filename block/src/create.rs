@@ -1,9 +1,15 @@
 //! Creating images (`ch-img create`), with qemu-img's options and defaults.
+//!
+//! [`CreateOptions`] (user input) enter; they are checked here (each error
+//! names the option), then the raw file or the qcow2 layout is written
+//! (see `formats::qcow2::create`).
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 
 use crate::error::BlockError;
-use crate::options::ImageType;
+use crate::formats::qcow2::create::{create_qcow2, Qcow2Params};
+use crate::options::{DiskOptions, ImageType};
 
 /// qemu-img create's `-f` and `-o` options that we support.
 #[derive(Clone, Debug, Default)]
@@ -27,9 +33,151 @@ pub struct CreateOptions {
     pub extended_l2: bool,
 }
 
+fn bad(opts: &CreateOptions, option: &str, why: impl std::fmt::Display) -> BlockError {
+    BlockError::InvalidImage {
+        path: opts.path.clone(),
+        reason: format!("option {option}: {why}"),
+    }
+}
+
 /// Creates the image; fails if the options are inconsistent (the message
 /// names the option).
 pub fn create_image(opts: &CreateOptions) -> Result<(), BlockError> {
-    let _ = opts;
-    todo!("qcow2 and raw creation")
+    match opts.format {
+        ImageType::Raw => create_raw(opts),
+        ImageType::Qcow2 => create_qcow2_image(opts),
+        ImageType::Auto => Err(bad(opts, "format", "give raw or qcow2")),
+    }
+}
+
+fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
+    if opts.backing_file.is_some() {
+        return Err(bad(opts, "backing_file", "raw images have no backing file"));
+    }
+    for (set, name) in [
+        (opts.cluster_size.is_some(), "cluster_size"),
+        (opts.compat.is_some(), "compat"),
+        (opts.refcount_bits.is_some(), "refcount_bits"),
+        (opts.lazy_refcounts, "lazy_refcounts"),
+        (opts.extended_l2, "extended_l2"),
+    ] {
+        if set {
+            return Err(bad(opts, name, "not a raw image option"));
+        }
+    }
+    let f = open_for_create(&opts.path)?;
+    f.set_len(opts.size).map_err(|source| BlockError::Open {
+        path: opts.path.clone(),
+        source,
+    })
+}
+
+/// Opens (or creates) `path` for a new image: locked like a writer first,
+/// so an image some VMM or qemu has open is refused, then truncated.
+pub(crate) fn open_for_create(path: &Path) -> Result<File, BlockError> {
+    let open_err = |source| BlockError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(open_err)?;
+    crate::lock::lock_image(&file, path, true)?;
+    file.set_len(0).map_err(open_err)?;
+    Ok(file)
+}
+
+fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
+    let version = match opts.compat.as_deref() {
+        None | Some("1.1") | Some("v3") => 3,
+        Some("0.10") | Some("v2") => 2,
+        Some(other) => {
+            return Err(bad(
+                opts,
+                "compat",
+                format!("'{other}' (expected 0.10 or 1.1)"),
+            ))
+        }
+    };
+    let cluster_size = opts.cluster_size.unwrap_or(65536);
+    if !cluster_size.is_power_of_two() || !(512..=2 << 20).contains(&cluster_size) {
+        return Err(bad(
+            opts,
+            "cluster_size",
+            format!("{cluster_size} is not a power of two from 512 to 2M"),
+        ));
+    }
+    let refcount_bits = opts.refcount_bits.unwrap_or(16);
+    if !refcount_bits.is_power_of_two() || refcount_bits > 64 {
+        return Err(bad(
+            opts,
+            "refcount_bits",
+            format!("{refcount_bits} is not a power of two up to 64"),
+        ));
+    }
+    if version == 2 {
+        if refcount_bits != 16 {
+            return Err(bad(
+                opts,
+                "refcount_bits",
+                "compat=0.10 images need refcount_bits=16",
+            ));
+        }
+        if opts.lazy_refcounts {
+            return Err(bad(opts, "lazy_refcounts", "needs compat=1.1"));
+        }
+        if opts.extended_l2 {
+            return Err(bad(opts, "extended_l2", "needs compat=1.1"));
+        }
+    }
+    if opts.extended_l2 && cluster_size < 16384 {
+        return Err(bad(
+            opts,
+            "extended_l2",
+            "needs a cluster size of at least 16 KiB",
+        ));
+    }
+    let backing_format = match opts.backing_fmt {
+        None | Some(ImageType::Auto) => None,
+        Some(ImageType::Raw) => Some("raw".to_string()),
+        Some(ImageType::Qcow2) => Some("qcow2".to_string()),
+    };
+    if backing_format.is_some() && opts.backing_file.is_none() {
+        return Err(bad(opts, "backing_fmt", "given without backing_file"));
+    }
+    let mut size = opts.size;
+    if let Some(name) = &opts.backing_file {
+        // Like qemu-img, open the backing file to check it (and learn the size).
+        let bpath = crate::formats::qcow2::backing::resolve(&opts.path, name);
+        let bopts = DiskOptions {
+            path: bpath,
+            readonly: true,
+            image_type: opts.backing_fmt.unwrap_or_default(),
+            lock: false,
+            ..Default::default()
+        };
+        let backing = crate::formats::open_format(&bopts)
+            .map_err(|e| bad(opts, "backing_file", format!("cannot open {name}: {e}")))?;
+        if size == 0 {
+            size = backing.size();
+        }
+    }
+    let size = size.div_ceil(512) * 512;
+    create_qcow2(
+        &opts.path,
+        &Qcow2Params {
+            size,
+            cluster_bits: cluster_size.trailing_zeros(),
+            version,
+            refcount_order: refcount_bits.trailing_zeros(),
+            lazy_refcounts: opts.lazy_refcounts,
+            extended_l2: opts.extended_l2,
+            backing_file: opts.backing_file.clone(),
+            backing_format,
+        },
+    )
 }

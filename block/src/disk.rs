@@ -13,15 +13,25 @@
 //! 2. wait for `completion_eventfd()` to become readable;
 //! 3. `drain_completions(&mut out)`: clears the eventfd, then returns every
 //!    finished request, exactly one [`Completion`] per request.
+//!
+//! Tools and tests use the blocking helpers ([`Disk::read_at`],
+//! [`Disk::write_at`], ...), which run one request through a sync-engine
+//! queue: the same code path as the device.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::error::BlockError;
 use crate::formats::Format;
+use crate::io::executor::{DiskShared, Executor};
+use crate::io::Engine;
 use crate::options::{DiskOptions, EngineKind};
-use crate::request::{BlockRequest, Completion};
+use crate::request::{BlockRequest, Completion, IoMemory, RequestOp};
+
+/// The blocking helpers move at most this much per request (so O_DIRECT
+/// bounce buffers stay within the executor's per-request budget).
+const HELPER_CHUNK: usize = 16 << 20;
 
 /// An opened image, shared by all its queues.
 #[derive(Clone)]
@@ -30,6 +40,12 @@ pub struct Disk {
     options: DiskOptions,
     /// The engine `options.engine` resolved to (never `Auto`).
     engine: EngineKind,
+    /// O_DIRECT alignment of the image's files (512 when buffered).
+    block_size: u32,
+    /// The sync-engine queue the blocking helpers reuse.
+    helper: Arc<Mutex<Option<DiskQueue>>>,
+    /// Partial-block locks and write tracking shared by this disk's queues.
+    shared: Arc<DiskShared>,
 }
 
 impl Disk {
@@ -37,15 +53,25 @@ impl Disk {
     /// engine (`auto` probes io_uring once).
     pub fn open(options: &DiskOptions) -> Result<Disk, BlockError> {
         let format = crate::formats::open_format(options)?;
-        let engine = match options.engine {
-            EngineKind::Auto => EngineKind::Sync,
-            e => e,
-        };
-        Ok(Disk {
+        Ok(Self::from_format(format, options))
+    }
+
+    /// Wraps an already opened format (tests, tools).
+    pub fn from_format(format: Arc<dyn Format>, options: &DiskOptions) -> Disk {
+        let engine = crate::io::probe::resolve_engine(options.engine, &options.path);
+        let block_size = format
+            .files()
+            .iter()
+            .map(|f| crate::io::align::file_alignment(f).offset)
+            .fold(crate::SECTOR_SIZE as u32, u32::max);
+        Disk {
             format,
             options: options.clone(),
             engine,
-        })
+            block_size,
+            helper: Arc::new(Mutex::new(None)),
+            shared: Arc::new(DiskShared::default()),
+        }
     }
 
     pub fn size(&self) -> u64 {
@@ -69,38 +95,175 @@ impl Disk {
         &self.format
     }
 
+    /// The logical block size guests should use: the O_DIRECT alignment of
+    /// the image's files, at least 512 (virtio-blk's `blk_size`).
+    pub fn logical_block_size(&self) -> u32 {
+        self.block_size
+    }
+
     /// Creates a queue handle with its own engine and completion eventfd.
+    /// With `engine=auto`, a ring that cannot be set up (say, locked-memory
+    /// limits) falls back to the sync engine with a warning.
     pub fn queue(&self) -> Result<DiskQueue, BlockError> {
-        todo!("engine executor")
+        match self.queue_with_engine(self.engine) {
+            Err(e @ BlockError::UringSetup(_)) if self.options.engine == EngineKind::Auto => {
+                log::warn!(
+                    "disk {}: io_uring queue setup failed ({e}); this queue uses the sync engine",
+                    self.options.path.display()
+                );
+                self.queue_with_engine(EngineKind::Sync)
+            }
+            r => r,
+        }
+    }
+
+    /// A queue on a given engine (`Auto` means sync here).
+    pub fn queue_with_engine(&self, kind: EngineKind) -> Result<DiskQueue, BlockError> {
+        let eventfd = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?);
+        let engine = crate::io::new_engine(kind, self.format.files(), eventfd)?;
+        Ok(self.queue_on(engine))
+    }
+
+    /// A queue driving a caller-supplied engine (tests inject faults this
+    /// way). The engine's eventfd becomes the queue's completion eventfd.
+    pub fn queue_on(&self, engine: Box<dyn Engine>) -> DiskQueue {
+        DiskQueue {
+            exec: Executor::new(self.format.clone(), engine, self.shared.clone()),
+        }
+    }
+
+    /// Runs one request to completion on the helpers' sync-engine queue.
+    fn run(
+        &self,
+        op: RequestOp,
+        offset: u64,
+        memory: IoMemory,
+    ) -> Result<(u64, IoMemory), BlockError> {
+        // A poisoned lock only means another helper call panicked; the
+        // queue itself is still consistent (every call drains it).
+        let mut guard = self.helper.lock().unwrap_or_else(|p| p.into_inner());
+        let q = match guard.as_mut() {
+            Some(q) => q,
+            None => guard.insert(self.queue_with_engine(EngineKind::Sync)?),
+        };
+        q.submit_batch_requests([BlockRequest {
+            user_data: 0,
+            op,
+            offset,
+            memory,
+        }]);
+        let mut out = Vec::with_capacity(1);
+        while out.is_empty() && q.in_flight() > 0 {
+            q.wait_completions(&mut out)?;
+        }
+        let c = out
+            .pop()
+            .ok_or(BlockError::EventFd(std::io::Error::other("no completion")))?;
+        c.result.map(|n| (n, c.memory))
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of the virtual disk.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        let mut pos = offset;
+        for chunk in buf.chunks_mut(HELPER_CHUNK) {
+            let (_, mem) = self.run(RequestOp::Read, pos, IoMemory::Owned(vec![0; chunk.len()]))?;
+            if let Some(data) = mem.into_owned() {
+                chunk.copy_from_slice(&data);
+            }
+            pos += chunk.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes `buf` at `offset` of the virtual disk.
+    pub fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), BlockError> {
+        let mut pos = offset;
+        for chunk in buf.chunks(HELPER_CHUNK) {
+            self.run(RequestOp::Write, pos, IoMemory::Owned(chunk.to_vec()))?;
+            pos += chunk.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Makes `len` bytes at `offset` read as zeroes.
+    pub fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> Result<(), BlockError> {
+        self.run(
+            RequestOp::WriteZeroes { len, may_unmap },
+            offset,
+            IoMemory::None,
+        )
+        .map(|_| ())
+    }
+
+    /// Deallocates `len` bytes at `offset`.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.run(RequestOp::Discard { len }, offset, IoMemory::None)
+            .map(|_| ())
+    }
+
+    /// Makes every completed write durable.
+    pub fn flush(&self) -> Result<(), BlockError> {
+        self.run(RequestOp::Flush, 0, IoMemory::None).map(|_| ())
+    }
+
+    /// Closes the image cleanly: the format writes its metadata and marks
+    /// the image clean, then its files are synced.
+    pub fn close(&self) -> Result<(), BlockError> {
+        self.format.close()?;
+        let r = self.flush();
+        *self.helper.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        r
     }
 }
 
 /// One queue's handle on a [`Disk`].
 pub struct DiskQueue {
-    completion_fd: EventFd,
+    exec: Executor,
 }
 
 impl DiskQueue {
     /// Plans and submits every request; all of them reach the kernel before
     /// this returns. Each request later yields exactly one completion.
     pub fn submit_batch_requests(&mut self, requests: impl IntoIterator<Item = BlockRequest>) {
-        let _ = requests.into_iter();
-        todo!("engine executor")
+        self.exec.submit_batch(requests);
     }
 
     /// Readable when completions are ready (non-blocking eventfd).
     pub fn completion_eventfd(&self) -> &EventFd {
-        &self.completion_fd
+        self.exec.eventfd()
     }
 
     /// Clears the eventfd, then moves every finished request to `out`.
     pub fn drain_completions(&mut self, out: &mut Vec<Completion>) {
-        let _ = out;
-        todo!("engine executor")
+        self.exec.drain(out);
+    }
+
+    /// Blocks until at least one request has completed (or none is in
+    /// flight), then drains like [`DiskQueue::drain_completions`].
+    pub fn wait_completions(&mut self, out: &mut Vec<Completion>) -> Result<(), BlockError> {
+        self.exec.wait(out)
     }
 
     /// Requests submitted and not yet drained.
     pub fn in_flight(&self) -> usize {
-        todo!("engine executor")
+        self.exec.in_flight()
+    }
+
+    /// The O_DIRECT alignment this queue's files need (1 when buffered).
+    pub fn alignment(&self) -> crate::io::align::DioAlign {
+        self.exec.alignment()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<Disk>();
+        send::<DiskQueue>();
     }
 }

@@ -24,6 +24,7 @@ pub mod disk;
 pub mod error;
 pub mod formats;
 pub mod io;
+pub mod lock;
 pub mod options;
 pub mod request;
 

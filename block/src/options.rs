@@ -21,7 +21,9 @@ impl FromStr for ImageType {
             "auto" => Ok(Self::Auto),
             "raw" => Ok(Self::Raw),
             "qcow2" => Ok(Self::Qcow2),
-            _ => Err(format!("unknown image type '{s}' (expected auto, raw or qcow2)")),
+            _ => Err(format!(
+                "unknown image type '{s}' (expected auto, raw or qcow2)"
+            )),
         }
     }
 }
@@ -44,7 +46,9 @@ impl FromStr for EngineKind {
             "auto" => Ok(Self::Auto),
             "io_uring" => Ok(Self::IoUring),
             "sync" => Ok(Self::Sync),
-            _ => Err(format!("unknown engine '{s}' (expected auto, io_uring or sync)")),
+            _ => Err(format!(
+                "unknown engine '{s}' (expected auto, io_uring or sync)"
+            )),
         }
     }
 }

@@ -56,13 +56,19 @@ pub enum IoMemory {
 impl IoMemory {
     /// Guest memory ranges; fails unless every segment lies inside a single
     /// mapped region, so later host-address translation cannot fail.
-    pub fn guest(mem: Arc<GuestMemoryMmap>, segments: Vec<GuestSegment>) -> Result<Self, BlockError> {
+    pub fn guest(
+        mem: Arc<GuestMemoryMmap>,
+        segments: Vec<GuestSegment>,
+    ) -> Result<Self, BlockError> {
         for seg in &segments {
             if seg.len == 0 {
                 continue;
             }
             mem.get_slice(seg.addr, seg.len as usize)
-                .map_err(|_| BlockError::BadGuestMemory { addr: seg.addr.0, len: seg.len })?;
+                .map_err(|_| BlockError::BadGuestMemory {
+                    addr: seg.addr.0,
+                    len: seg.len,
+                })?;
         }
         Ok(IoMemory::Guest { mem, segments })
     }

@@ -1,1 +1,55 @@
-fn main() { eprintln!("ch-img: not built yet"); std::process::exit(1); }
+//! `ch-img`: qemu-img's verbs over the block crate.
+//!
+//! The first argument names the verb; the rest go to that verb's module in
+//! `cmd/`, which parses them (qemu-img's options and meanings), runs the
+//! block crate and prints qemu-img's output. The verb returns its exit
+//! status; errors are printed as "ch-img: message: cause" on stderr and exit
+//! with the verb's error status (1, or 2 for `compare`).
+
+mod args;
+mod cmd;
+mod error;
+mod image_io;
+mod options;
+mod size;
+
+use std::process::ExitCode;
+
+use error::{chain, CliError};
+
+const USAGE: &str = "usage: ch-img COMMAND [OPTIONS] ...
+commands: create, info, check, convert, map, compare, resize, bench
+See docs/ch-img.md for the options of each command.";
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let Some((verb, rest)) = argv.split_first() else {
+        eprintln!("ch-img: Not enough arguments\n{USAGE}");
+        return ExitCode::from(1);
+    };
+    let (result, error_status): (Result<u8, CliError>, u8) = match verb.as_str() {
+        "create" => (cmd::create::run(rest), 1),
+        "info" => (cmd::info::run(rest), 1),
+        "check" => (cmd::check::run(rest), 1),
+        "convert" => (cmd::convert::run(rest), 1),
+        "map" => (cmd::map::run(rest), 1),
+        "compare" => (cmd::compare::run(rest), 2),
+        "resize" => (cmd::resize::run(rest), 1),
+        "bench" => (cmd::bench::run(rest), 1),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        other => {
+            eprintln!("ch-img: Command not found: {other}\n{USAGE}");
+            return ExitCode::from(1);
+        }
+    };
+    match result {
+        Ok(status) => ExitCode::from(status),
+        Err(e) => {
+            eprintln!("ch-img: {}", chain(&e));
+            ExitCode::from(error_status)
+        }
+    }
+}

@@ -1,1 +1,24 @@
-//! KVM: the only crate that talks to /dev/kvm.
+//! KVM: the only crate in the workspace that talks to `/dev/kvm`.
+//!
+//! - [`vm`]: a [`Vm`] owns the KVM VM file descriptor: guest memory slots,
+//!   the in-kernel irqchip and PIT, irqfds, ioeventfds and the GSI routing
+//!   table (legacy pins plus MSI routes).
+//! - [`vcpu`]: a [`Vcpu`] owns one vCPU: CPUID, MSRs, LAPIC and register
+//!   setup for the two entry modes we boot in (32-bit flat protected mode
+//!   for PVH, 64-bit long mode for the Linux boot protocol), and `run`,
+//!   which turns KVM exits into the small [`VcpuExit`] enum.
+//! - [`cpuid`]: the fixes applied to KVM's supported CPUID per vCPU.
+//! - [`ioctls`]: the KVM ioctl numbers used at run time, for seccomp.
+//!
+//! Data enters as guest physical addresses, host mappings and eventfds from
+//! the VMM; it leaves as vCPU exits. Callers never see kvm-ioctls types.
+
+pub mod cpuid;
+pub mod error;
+pub mod ioctls;
+pub mod vcpu;
+pub mod vm;
+
+pub use error::HypervisorError;
+pub use vcpu::{SystemEvent, Vcpu, VcpuExit};
+pub use vm::{IoEventAddress, MsiMessage, Vm};

@@ -4,9 +4,14 @@
 //! - [`device`]: the small [`device::VirtioDevice`] trait every device
 //!   implements, and [`device::VirtioInterrupt`], how a device signals the
 //!   guest without knowing about KVM.
-//! - `block`: virtio-blk (request parser, per-queue workers, config space).
+//! - [`block`]: virtio-blk (request parser, per-queue workers, config space).
 //! - `transport`: virtio-pci (modern) with MSI-X.
+//! - [`testing`]: a host-side virtio driver (split virtqueues in guest
+//!   memory) that drives a real device in tests and `blk-bench`.
 
+pub mod block;
 pub mod device;
+pub mod testing;
+pub mod transport;
 
 pub use device::{ActivateError, ActivatedQueue, InterruptKind, VirtioDevice, VirtioInterrupt};

@@ -1,1 +1,93 @@
-fn main() { eprintln!("cloud-hypervisor: not built yet"); std::process::exit(1); }
+//! The `cloud-hypervisor` binary: parse the whole command line, open the
+//! disks, boot, and exit 0 after a clean guest reset/power-off or
+//! SIGTERM/SIGINT, non-zero with a message on any error.
+
+use std::process::ExitCode;
+
+use vmm::config::{args::USAGE, parse_args, Command};
+use vmm::vm::ExitReason;
+
+/// A minimal stderr logger; `-v` raises the level.
+struct StderrLogger;
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            eprintln!("cloud-hypervisor: {}: {}", r.level(), r.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LOGGER: StderrLogger = StderrLogger;
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let config = match parse_args(&args) {
+        Ok(Command::Help) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Version) => {
+            println!("cloud-hypervisor {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Run(c)) => c,
+        Err(e) => {
+            eprintln!("cloud-hypervisor: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let _ = log::set_logger(&LOGGER);
+    log::set_max_level(match config.verbosity {
+        0 => log::LevelFilter::Warn,
+        1 => log::LevelFilter::Info,
+        2 => log::LevelFilter::Debug,
+        _ => log::LevelFilter::Trace,
+    });
+
+    let disks = match vmm::device_manager::open_disks(&config.disks) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("cloud-hypervisor: {}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    // The guest owns the terminal while it runs (restored on drop).
+    let _raw_terminal = if config.serial == vmm::config::SerialMode::Tty {
+        vmm::terminal::RawTerminal::enter().unwrap_or_else(|e| {
+            log::warn!("cannot put the terminal in raw mode: {e}");
+            None
+        })
+    } else {
+        None
+    };
+    match vmm::vm::run(&config, disks) {
+        Ok(ExitReason::Fatal(msg)) => {
+            eprintln!("cloud-hypervisor: fatal: {msg}");
+            ExitCode::FAILURE
+        }
+        Ok(reason) => {
+            log::info!("clean exit ({reason:?})");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cloud-hypervisor: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -23,6 +23,7 @@ use crate::error::BlockError;
 
 pub mod open;
 pub mod probe;
+pub mod qcow2;
 pub mod raw;
 
 pub use open::open_format;
@@ -56,7 +57,10 @@ pub struct CompressedExtent {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadSource {
     /// Bytes at `offset` in `file`; reading past its end yields zeroes.
-    Host { file: FileId, offset: u64 },
+    Host {
+        file: FileId,
+        offset: u64,
+    },
     /// Reads as zeroes, no I/O.
     Zero,
     Compressed(CompressedExtent),
@@ -101,7 +105,11 @@ impl WriteData {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HostWrite {
     /// Write the parts, back to back, at `offset` (one pwritev / SQE).
-    Data { file: FileId, offset: u64, parts: Vec<WriteData> },
+    Data {
+        file: FileId,
+        offset: u64,
+        parts: Vec<WriteData>,
+    },
     /// Deallocate (fallocate PUNCH_HOLE|KEEP_SIZE); a hint that may fail
     /// with EOPNOTSUPP, which the engine ignores.
     PunchHole { file: FileId, offset: u64, len: u64 },
@@ -137,8 +145,10 @@ pub type Waker = Arc<EventFd>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockStatus {
     pub len: u64,
-    /// Index in the backing chain where the data was found (0 = this image);
-    /// for unallocated ranges, the chain length.
+    /// Index in the backing chain of the image that decided the status
+    /// (0 = this image), as `qemu-img map` reports it: where the data was
+    /// found, or the first layer that knows the range reads as zeroes
+    /// (e.g. 0 past the end of a shorter backing image).
     pub depth: u32,
     /// Allocated somewhere in the chain.
     pub present: bool,
@@ -195,7 +205,12 @@ pub trait Format: Send + Sync {
     /// allocate (refcounts written before this returns).
     fn plan_write(&self, offset: u64, len: u64, waker: &Waker) -> Result<WriteOutcome, BlockError>;
 
-    fn plan_discard(&self, offset: u64, len: u64, waker: &Waker) -> Result<WriteOutcome, BlockError>;
+    fn plan_discard(
+        &self,
+        offset: u64,
+        len: u64,
+        waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError>;
 
     fn plan_write_zeroes(
         &self,

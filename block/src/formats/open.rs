@@ -1,11 +1,15 @@
 //! Opening an image: the file (O_DIRECT, read-only), the lock, the format
 //! probe, and the format's own open (which opens its backing chain).
+//!
+//! Options enter; an opened `Format` leaves, its files locked the way qemu
+//! locks them when `opts.lock` is set (see [`crate::lock`]).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 
 use super::probe::probe_image_type;
+use super::qcow2::Qcow2Image;
 use super::raw::RawImage;
 use super::Format;
 use crate::error::BlockError;
@@ -19,16 +23,19 @@ pub fn open_format(opts: &DiskOptions) -> Result<Arc<dyn Format>, BlockError> {
         given => (given, false),
     };
     match image_type {
-        ImageType::Raw | ImageType::Auto => Ok(Arc::new(RawImage::new(
-            &opts.path,
-            Arc::new(file),
-            opts.readonly,
-            probed,
-        )?)),
-        ImageType::Qcow2 => Err(BlockError::Unsupported {
-            path: opts.path.clone(),
-            feature: "qcow2 (not built yet)".into(),
-        }),
+        ImageType::Raw | ImageType::Auto => {
+            if opts.lock {
+                crate::lock::lock_image(&file, &opts.path, !opts.readonly)?;
+            }
+            Ok(Arc::new(RawImage::new(
+                &opts.path,
+                Arc::new(file),
+                opts.readonly,
+                probed,
+            )?))
+        }
+        // Qcow2Image locks its own file and its backing chain.
+        ImageType::Qcow2 => Ok(Arc::new(Qcow2Image::open(opts, file)?)),
     }
 }
 
@@ -55,9 +62,11 @@ fn probe_file(file: &File, opts: &DiskOptions) -> Result<ImageType, BlockError> 
         source,
     })?;
     let mut magic = [0u8; 4];
-    let n = peek.read_at(&mut magic, 0).map_err(|source| BlockError::MetadataRead {
-        what: "image header".into(),
-        source,
-    })?;
+    let n = peek
+        .read_at(&mut magic, 0)
+        .map_err(|source| BlockError::MetadataRead {
+            what: "image header".into(),
+            source,
+        })?;
     Ok(probe_image_type(&magic[..n]))
 }

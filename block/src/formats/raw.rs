@@ -24,7 +24,12 @@ pub struct RawImage {
 impl RawImage {
     /// `probed`: the format was guessed, not given (see
     /// [`Format::guards_first_sector`]).
-    pub fn new(path: &Path, file: Arc<File>, readonly: bool, probed: bool) -> Result<Self, BlockError> {
+    pub fn new(
+        path: &Path,
+        file: Arc<File>,
+        readonly: bool,
+        probed: bool,
+    ) -> Result<Self, BlockError> {
         let size = file_size(&file).map_err(|source| BlockError::Open {
             path: path.to_owned(),
             source,
@@ -87,12 +92,20 @@ impl Format for RawImage {
         self.check_range(offset, len)?;
         plan.push(ReadPiece {
             len,
-            source: ReadSource::Host { file: IMAGE, offset },
+            source: ReadSource::Host {
+                file: IMAGE,
+                offset,
+            },
         });
         Ok(())
     }
 
-    fn plan_write(&self, offset: u64, len: u64, _waker: &Waker) -> Result<WriteOutcome, BlockError> {
+    fn plan_write(
+        &self,
+        offset: u64,
+        len: u64,
+        _waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
         self.check_writable(offset, len)?;
         Ok(WriteOutcome::Ready(WritePlan {
             ops: vec![HostWrite::Data {
@@ -104,10 +117,19 @@ impl Format for RawImage {
         }))
     }
 
-    fn plan_discard(&self, offset: u64, len: u64, _waker: &Waker) -> Result<WriteOutcome, BlockError> {
+    fn plan_discard(
+        &self,
+        offset: u64,
+        len: u64,
+        _waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
         self.check_writable(offset, len)?;
         Ok(WriteOutcome::Ready(WritePlan {
-            ops: vec![HostWrite::PunchHole { file: IMAGE, offset, len }],
+            ops: vec![HostWrite::PunchHole {
+                file: IMAGE,
+                offset,
+                len,
+            }],
             commit: None,
         }))
     }
@@ -123,9 +145,17 @@ impl Format for RawImage {
         // A punched hole reads as zeroes and frees the space; do that only
         // when the guest allows unmapping, else keep the range allocated.
         let op = if may_unmap {
-            HostWrite::PunchHole { file: IMAGE, offset, len }
+            HostWrite::PunchHole {
+                file: IMAGE,
+                offset,
+                len,
+            }
         } else {
-            HostWrite::ZeroRange { file: IMAGE, offset, len }
+            HostWrite::ZeroRange {
+                file: IMAGE,
+                offset,
+                len,
+            }
         };
         Ok(WriteOutcome::Ready(WritePlan {
             ops: vec![op],

@@ -1,0 +1,401 @@
+//! The qcow2 check: count references, compare them with the stored
+//! refcounts, verify COPIED flags, and repair what `-r` allows.
+//!
+//! The image path enters; a [`CheckReport`] leaves. Repairs are written
+//! through the image's own descriptor (refcount blocks, L1/L2 entries,
+//! header feature bits), synced, and then the image is checked again so
+//! the report shows what is left, as qemu-img does.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::path::Path;
+
+use super::references::{Findings, References, Walker};
+use super::{CheckReport, Repair};
+use crate::error::BlockError;
+use crate::formats::qcow2::features::{INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
+use crate::formats::qcow2::header::{Header, HeaderError, OFF_INCOMPAT};
+use crate::formats::qcow2::l2_entry::OFLAG_COPIED;
+use crate::formats::qcow2::meta_io::{be64_at, read_at, sync, write_at};
+use crate::formats::qcow2::refcount::{
+    entries_per_block, max_refcount, read_refcount_entry, write_refcount_entry,
+};
+
+/// The in-memory reference table costs 4 bytes per host cluster; refuse
+/// files that would need more than 1 GiB of it.
+const MAX_CHECKED_CLUSTERS: u64 = 1 << 28;
+/// Refcount table entries: bits 9..=63 hold the block offset.
+const REFT_OFFSET_MASK: u64 = !511;
+
+pub(super) fn check(path: &Path, repair: Option<Repair>) -> Result<CheckReport, BlockError> {
+    let first = check_once(path, repair)?;
+    let report = if first.fixes == 0 {
+        first.report
+    } else {
+        let mut report = check_once(path, None)?.report;
+        report.corruptions_fixed = first.report.corruptions.saturating_sub(report.corruptions);
+        report.leaks_fixed = first.report.leaks.saturating_sub(report.leaks);
+        let mut messages = first.report.messages;
+        messages.append(&mut report.messages);
+        report.messages = messages;
+        report
+    };
+    if let Some(mode) = repair {
+        if report.corruptions == 0 && report.check_errors == 0 {
+            clear_flags(path, mode)?;
+        }
+    }
+    Ok(report)
+}
+
+struct Pass {
+    report: CheckReport,
+    /// Entries rewritten by this pass.
+    fixes: u64,
+}
+
+/// One refcount the check wants to store.
+struct RefcountFix {
+    cluster: u64,
+    value: u64,
+}
+
+fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(repair.is_some())
+        .open(path)
+        .map_err(|source| BlockError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+    let file_size = file
+        .metadata()
+        .map_err(|source| BlockError::Open {
+            path: path.to_owned(),
+            source,
+        })?
+        .len();
+    let header = read_header(&file, file_size, path)?;
+    let cs = header.cluster_size();
+    let nb_clusters = file_size.div_ceil(cs);
+    if nb_clusters > MAX_CHECKED_CLUSTERS {
+        return Err(BlockError::Unsupported {
+            path: path.to_owned(),
+            feature: format!(
+                "checking a file of {nb_clusters} clusters (more than {MAX_CHECKED_CLUSTERS})"
+            ),
+        });
+    }
+    let mut walker = Walker {
+        file: &file,
+        header: &header,
+        file_size,
+        refs: References::new(nb_clusters as usize, header.cluster_bits),
+        findings: Findings::default(),
+    };
+    walker.refs.add(0, cs, &mut walker.findings);
+    walker.walk_l1(header.l1_table_offset, header.l1_size, true)?;
+    walker.walk_snapshots()?;
+    let table = read_refcount_table(&mut walker)?;
+    let Walker {
+        refs, mut findings, ..
+    } = walker;
+
+    let stored = StoredRefcounts {
+        file: &file,
+        header: &header,
+        table: &table,
+        file_size,
+    };
+    let mut leaks = 0u64;
+    let mut highest = None;
+    let mut fixes = Vec::new();
+    let mut current = CachedBlock::default();
+    for (i, &reference) in refs.refs.iter().enumerate() {
+        let i = i as u64;
+        let refcount = match stored.get(i, &mut current) {
+            Ok(v) => v,
+            Err(e) => {
+                findings.check_errors += 1;
+                findings.messages.push(format!(
+                    "ERROR: could not read the refcount of cluster {i}: {e}"
+                ));
+                continue;
+            }
+        };
+        if refcount > 0 {
+            highest = Some(i);
+        }
+        let reference = u64::from(reference);
+        if refcount == reference {
+            continue;
+        }
+        let leak = refcount > reference;
+        let fix = match repair {
+            Some(Repair::All) => true,
+            Some(Repair::Leaks) => leak,
+            None => false,
+        };
+        if fix && reference <= max_refcount(header.refcount_order) && stored.block_of(i).is_some() {
+            findings.messages.push(format!(
+                "Repairing cluster {i} refcount={refcount} reference={reference}"
+            ));
+            fixes.push(RefcountFix {
+                cluster: i,
+                value: reference,
+            });
+        } else if leak {
+            findings.messages.push(format!(
+                "Leaked cluster {i} refcount={refcount} reference={reference}"
+            ));
+        } else {
+            findings.messages.push(format!(
+                "ERROR cluster {i} refcount={refcount} reference={reference}"
+            ));
+        }
+        if leak {
+            leaks += 1;
+        } else {
+            findings.corruptions += 1;
+        }
+    }
+    let mut fixed = fixes.len() as u64;
+    let new_refcount = |cluster: u64, stored_value: u64| {
+        fixes
+            .iter()
+            .find(|f| f.cluster == cluster)
+            .map_or(stored_value, |f| f.value)
+    };
+    // COPIED must be set exactly when the refcount (after repairs) is 1.
+    let mut copied_fixes = Vec::new();
+    let mut current = CachedBlock::default();
+    for e in &findings.copied {
+        let cluster = e.host >> header.cluster_bits;
+        let Ok(stored_value) = stored.get(cluster, &mut current) else {
+            continue;
+        };
+        let refcount = new_refcount(cluster, stored_value);
+        if (refcount == 1) == (e.raw & OFLAG_COPIED != 0) {
+            continue;
+        }
+        let msg = if e.is_l1 {
+            format!(
+                "ERROR OFLAG_COPIED L2 cluster: l1_index={} l1_entry={:x} refcount={refcount}",
+                e.index, e.raw
+            )
+        } else {
+            format!(
+                "ERROR OFLAG_COPIED data cluster: l2_entry={:x} refcount={refcount}",
+                e.raw
+            )
+        };
+        findings.messages.push(msg);
+        findings.corruptions += 1;
+        if repair == Some(Repair::All) {
+            let raw = if refcount == 1 {
+                e.raw | OFLAG_COPIED
+            } else {
+                e.raw & !OFLAG_COPIED
+            };
+            copied_fixes.push((e.table + e.index * e.entry_size, raw));
+        }
+    }
+    if repair.is_some() && (!fixes.is_empty() || !copied_fixes.is_empty()) {
+        write_refcount_fixes(&stored, &fixes)?;
+        for (offset, raw) in &copied_fixes {
+            write_at(
+                &file,
+                *offset,
+                &raw.to_be_bytes(),
+                "table entry (COPIED flag)",
+            )?;
+        }
+        fixed += copied_fixes.len() as u64;
+        sync(&file)?;
+    }
+
+    let report = CheckReport {
+        filename: path.display().to_string(),
+        format: "qcow2".into(),
+        check_errors: findings.check_errors,
+        corruptions: findings.corruptions,
+        leaks,
+        corruptions_fixed: 0,
+        leaks_fixed: 0,
+        image_end_offset: Some(highest.map_or(0, |h| (h + 1) * cs)),
+        total_clusters: Some(header.size.div_ceil(cs)),
+        allocated_clusters: Some(findings.allocated),
+        fragmented_clusters: Some(findings.fragmented),
+        compressed_clusters: Some(findings.compressed),
+        messages: findings.messages,
+    };
+    Ok(Pass {
+        report,
+        fixes: fixed,
+    })
+}
+
+/// Clears the dirty bit after a repair left no corruption, and the
+/// corrupt bit too after `-r all` (version 3 only; v2 has no such bits).
+fn clear_flags(path: &Path, repair: Repair) -> Result<(), BlockError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|source| BlockError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+    let mut version = [0u8; 4];
+    read_at(&file, 4, &mut version, "image header")?;
+    if u32::from_be_bytes(version) < 3 {
+        return Ok(());
+    }
+    let mut mask = INCOMPAT_DIRTY;
+    if repair == Repair::All {
+        mask |= INCOMPAT_CORRUPT;
+    }
+    let mut buf = [0u8; 8];
+    read_at(&file, OFF_INCOMPAT, &mut buf, "incompatible features")?;
+    let bits = u64::from_be_bytes(buf);
+    if bits & mask != 0 {
+        write_at(
+            &file,
+            OFF_INCOMPAT,
+            &(bits & !mask).to_be_bytes(),
+            "incompatible features",
+        )?;
+        sync(&file)?;
+    }
+    Ok(())
+}
+
+fn read_header(file: &File, file_size: u64, path: &Path) -> Result<Header, BlockError> {
+    let mut fixed = [0u8; 24];
+    read_at(file, 0, &mut fixed, "image header")?;
+    let bits = u32::from_be_bytes([fixed[20], fixed[21], fixed[22], fixed[23]]);
+    // Header::parse checks the range again; this only bounds the read.
+    let len = 1u64 << bits.clamp(9, 21);
+    let mut buf = vec![0u8; len.min(file_size) as usize];
+    read_at(file, 0, &mut buf, "image header")?;
+    Header::parse(&buf, file_size).map_err(|e| match e {
+        HeaderError::Invalid(reason) => BlockError::InvalidImage {
+            path: path.to_owned(),
+            reason,
+        },
+        HeaderError::Unsupported(feature) => BlockError::Unsupported {
+            path: path.to_owned(),
+            feature,
+        },
+    })
+}
+
+/// Reads the refcount table, counting its clusters and its blocks.
+fn read_refcount_table(w: &mut Walker<'_>) -> Result<Vec<u64>, BlockError> {
+    let h = w.header;
+    let cs = h.cluster_size();
+    let bytes = u64::from(h.refcount_table_clusters) * cs;
+    w.refs.add(h.refcount_table_offset, bytes, &mut w.findings);
+    let mut raw = vec![0u8; bytes as usize];
+    read_at(w.file, h.refcount_table_offset, &mut raw, "refcount table")?;
+    let mut table = Vec::with_capacity(raw.len() / 8);
+    for i in 0..raw.len() / 8 {
+        let off = be64_at(&raw, i) & REFT_OFFSET_MASK;
+        if off == 0 {
+            table.push(0);
+            continue;
+        }
+        if !off.is_multiple_of(cs) {
+            w.findings.corruptions += 1;
+            w.findings.messages.push(format!(
+                "ERROR refcount block {i} is not cluster aligned; refcount table entry corrupted"
+            ));
+            table.push(0);
+            continue;
+        }
+        if off.checked_add(cs).is_none_or(|e| e > w.file_size) {
+            w.findings.corruptions += 1;
+            w.findings
+                .messages
+                .push(format!("ERROR refcount block {i} is outside image"));
+            table.push(0);
+            continue;
+        }
+        w.refs.add(off, cs, &mut w.findings);
+        table.push(off);
+    }
+    Ok(table)
+}
+
+/// The refcounts stored in the image.
+struct StoredRefcounts<'a> {
+    file: &'a File,
+    header: &'a Header,
+    /// Valid refcount block offsets (0: none) by table index.
+    table: &'a [u64],
+    file_size: u64,
+}
+
+/// The last refcount block read.
+#[derive(Default)]
+struct CachedBlock {
+    offset: u64,
+    bytes: Vec<u8>,
+}
+
+impl StoredRefcounts<'_> {
+    fn per_block(&self) -> u64 {
+        entries_per_block(self.header.cluster_bits, self.header.refcount_order)
+    }
+
+    /// Offset of the block holding `cluster`'s refcount, if it has one.
+    fn block_of(&self, cluster: u64) -> Option<u64> {
+        let idx = usize::try_from(cluster / self.per_block()).ok()?;
+        self.table
+            .get(idx)
+            .copied()
+            .filter(|&o| o != 0 && o < self.file_size)
+    }
+
+    fn get(&self, cluster: u64, cache: &mut CachedBlock) -> Result<u64, BlockError> {
+        let Some(block) = self.block_of(cluster) else {
+            return Ok(0);
+        };
+        if cache.offset != block || cache.bytes.is_empty() {
+            cache.bytes = vec![0u8; self.header.cluster_size() as usize];
+            read_at(self.file, block, &mut cache.bytes, "refcount block")?;
+            cache.offset = block;
+        }
+        let index = (cluster % self.per_block()) as usize;
+        Ok(read_refcount_entry(
+            &cache.bytes,
+            index,
+            self.header.refcount_order,
+        ))
+    }
+}
+
+/// Writes the new refcounts, one read-modify-write per refcount block.
+fn write_refcount_fixes(
+    stored: &StoredRefcounts<'_>,
+    fixes: &[RefcountFix],
+) -> Result<(), BlockError> {
+    let mut by_block: BTreeMap<u64, Vec<&RefcountFix>> = BTreeMap::new();
+    for f in fixes {
+        if let Some(block) = stored.block_of(f.cluster) {
+            by_block.entry(block).or_default().push(f);
+        }
+    }
+    let cs = stored.header.cluster_size() as usize;
+    for (block, list) in by_block {
+        let mut bytes = vec![0u8; cs];
+        read_at(stored.file, block, &mut bytes, "refcount block")?;
+        for f in list {
+            let index = (f.cluster % stored.per_block()) as usize;
+            write_refcount_entry(&mut bytes, index, stored.header.refcount_order, f.value);
+        }
+        write_at(stored.file, block, &bytes, "refcount block")?;
+    }
+    Ok(())
+}

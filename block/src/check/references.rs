@@ -1,0 +1,287 @@
+//! Counting every reference a qcow2 image makes to its host clusters.
+//!
+//! The header fields and the file enter; a per-cluster reference count
+//! leaves in [`References`], along with qemu-img's findings (unaligned or
+//! out-of-file tables, COPIED flags to verify, allocation statistics) in
+//! [`Findings`]. Nothing here writes to the image.
+
+use std::fs::File;
+
+use crate::error::BlockError;
+use crate::formats::qcow2::header::{Header, MAX_L1_BYTES};
+use crate::formats::qcow2::l2_entry::{
+    decode_l1, decode_l2, L2Entry, OFLAG_COMPRESSED, OFLAG_COPIED,
+};
+use crate::formats::qcow2::meta_io::{be64_at, read_at};
+
+/// qemu's limit on snapshots, and on the snapshot table's size.
+const MAX_SNAPSHOTS: u32 = 65536;
+const MAX_SNAPSHOT_TABLE: u64 = 64 << 20;
+
+/// References per host cluster of the file (index = offset >> cluster_bits).
+pub(super) struct References {
+    pub refs: Vec<u32>,
+    pub cluster_bits: u32,
+}
+
+/// One table entry whose COPIED flag must match "refcount == 1".
+pub(super) struct CopiedEntry {
+    /// Host offset of the table (L1 or L2) and entry index in it.
+    pub table: u64,
+    pub index: u64,
+    pub raw: u64,
+    /// Host cluster the entry points at.
+    pub host: u64,
+    pub is_l1: bool,
+    pub entry_size: u64,
+}
+
+/// What the walk found besides reference counts.
+#[derive(Default)]
+pub(super) struct Findings {
+    pub corruptions: u64,
+    pub check_errors: u64,
+    pub allocated: u64,
+    pub fragmented: u64,
+    pub compressed: u64,
+    pub messages: Vec<String>,
+    pub copied: Vec<CopiedEntry>,
+}
+
+impl Findings {
+    fn corrupt(&mut self, msg: String) {
+        self.corruptions += 1;
+        self.messages.push(msg);
+    }
+}
+
+impl References {
+    pub fn new(clusters: usize, cluster_bits: u32) -> Self {
+        References {
+            refs: vec![0; clusters],
+            cluster_bits,
+        }
+    }
+
+    /// Counts one reference to every cluster of `offset..offset+len`.
+    pub fn add(&mut self, offset: u64, len: u64, f: &mut Findings) {
+        if len == 0 {
+            return;
+        }
+        let first = offset >> self.cluster_bits;
+        let last = offset.saturating_add(len - 1) >> self.cluster_bits;
+        if last >= self.refs.len() as u64 {
+            f.corrupt(format!(
+                "ERROR: counting reference for region exceeding the end of the file by one cluster or more: offset {offset:#x} size {len:#x}"
+            ));
+            return;
+        }
+        for i in first..=last {
+            let r = &mut self.refs[i as usize];
+            *r = r.saturating_add(1);
+        }
+    }
+}
+
+/// The walk over one image's tables.
+pub(super) struct Walker<'a> {
+    pub file: &'a File,
+    pub header: &'a Header,
+    pub file_size: u64,
+    pub refs: References,
+    pub findings: Findings,
+}
+
+impl Walker<'_> {
+    fn cs(&self) -> u64 {
+        self.header.cluster_size()
+    }
+
+    /// Counts an L1 table, its L2 tables and their clusters. `active`: the
+    /// image's own L1 (statistics and COPIED flags), not a snapshot's.
+    pub fn walk_l1(
+        &mut self,
+        l1_offset: u64,
+        l1_size: u32,
+        active: bool,
+    ) -> Result<(), BlockError> {
+        let bytes = u64::from(l1_size) * 8;
+        self.refs.add(l1_offset, bytes, &mut self.findings);
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut l1 = vec![0u8; bytes as usize];
+        read_at(self.file, l1_offset, &mut l1, "L1 table")?;
+        for i in 0..l1_size as usize {
+            let raw = be64_at(&l1, i);
+            match decode_l1(raw, self.cs()) {
+                Ok(None) => {}
+                Err(_) => self.findings.corrupt(format!(
+                    "ERROR l2_offset={:x}: Table is not cluster aligned; L1 entry corrupted",
+                    raw & 0x00ff_ffff_ffff_fe00
+                )),
+                Ok(Some((l2, _))) => {
+                    self.refs.add(l2, self.cs(), &mut self.findings);
+                    if active {
+                        self.findings.copied.push(CopiedEntry {
+                            table: l1_offset,
+                            index: i as u64,
+                            raw,
+                            host: l2,
+                            is_l1: true,
+                            entry_size: 8,
+                        });
+                    }
+                    if l2
+                        .checked_add(self.cs())
+                        .is_some_and(|e| e <= self.file_size)
+                    {
+                        if let Err(e) = self.walk_l2(l2, active) {
+                            self.findings.check_errors += 1;
+                            self.findings
+                                .messages
+                                .push(format!("ERROR: I/O error in check_refcounts_l2: {e}"));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn walk_l2(&mut self, l2_offset: u64, active: bool) -> Result<(), BlockError> {
+        let h = self.header;
+        let cs = self.cs();
+        let entry_size = h.l2_entry_size();
+        let mut l2 = vec![0u8; cs as usize];
+        read_at(self.file, l2_offset, &mut l2, "L2 table")?;
+        let mut next_contiguous = 0u64;
+        for i in 0..(cs / entry_size) as usize {
+            let raw = be64_at(&l2, i * (entry_size as usize / 8));
+            let entry = match decode_l2(raw, h.cluster_bits, h.version, h.extended_l2()) {
+                Ok(e) => e,
+                Err(_) if raw & OFLAG_COMPRESSED != 0 => {
+                    self.findings.corrupt(format!(
+                        "ERROR: compressed cluster entry {raw:#x} is invalid"
+                    ));
+                    continue;
+                }
+                Err(_) => {
+                    self.findings.corrupt(format!(
+                        "ERROR offset={:x}: Cluster is not properly aligned; L2 entry corrupted.",
+                        raw & 0x00ff_ffff_ffff_fe00
+                    ));
+                    continue;
+                }
+            };
+            match entry {
+                L2Entry::Unallocated | L2Entry::Zero { host: None, .. } => {}
+                L2Entry::Zero {
+                    host: Some(host), ..
+                }
+                | L2Entry::Normal { host, .. } => {
+                    if active {
+                        self.findings.allocated += 1;
+                        if next_contiguous != 0 && host != next_contiguous {
+                            self.findings.fragmented += 1;
+                        }
+                        next_contiguous = host + cs;
+                    }
+                    if !h.has_data_file() {
+                        self.refs.add(host, cs, &mut self.findings);
+                        if active {
+                            self.findings.copied.push(CopiedEntry {
+                                table: l2_offset,
+                                index: i as u64,
+                                raw,
+                                host,
+                                is_l1: false,
+                                entry_size,
+                            });
+                        }
+                    }
+                }
+                L2Entry::Compressed(d) => {
+                    if raw & OFLAG_COPIED != 0 {
+                        self.findings.corrupt(format!(
+                            "ERROR: coffset={:#x}: copied flag must never be set for compressed clusters",
+                            d.host_offset
+                        ));
+                    }
+                    if h.has_data_file() {
+                        self.findings.corrupt(format!(
+                            "ERROR compressed cluster {i} with data file, entry=0x{raw:x}"
+                        ));
+                        continue;
+                    }
+                    if active {
+                        self.findings.allocated += 1;
+                        self.findings.compressed += 1;
+                        self.findings.fragmented += 1;
+                    }
+                    let start = d.host_offset & !511;
+                    let len = d.max_len + (d.host_offset & 511);
+                    self.refs.add(start, len, &mut self.findings);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts the snapshot table and every snapshot's L1 tree.
+    pub fn walk_snapshots(&mut self) -> Result<(), BlockError> {
+        let h = self.header;
+        if h.nb_snapshots == 0 {
+            return Ok(());
+        }
+        if h.nb_snapshots > MAX_SNAPSHOTS {
+            self.findings.corrupt(format!(
+                "ERROR: {} snapshots is more than qcow2 allows",
+                h.nb_snapshots
+            ));
+            return Ok(());
+        }
+        let mut pos = h.snapshots_offset;
+        let mut l1s = Vec::new();
+        for n in 0..h.nb_snapshots {
+            let mut fixed = [0u8; 40];
+            if pos.checked_add(40).is_none_or(|e| e > self.file_size)
+                || pos - h.snapshots_offset > MAX_SNAPSHOT_TABLE
+            {
+                self.findings.corrupt(format!(
+                    "ERROR: snapshot table entry {n} lies outside the image"
+                ));
+                return Ok(());
+            }
+            read_at(self.file, pos, &mut fixed, "snapshot table")?;
+            let l1_offset = u64::from_be_bytes(fixed[0..8].try_into().unwrap_or_default());
+            let l1_size = u32::from_be_bytes(fixed[8..12].try_into().unwrap_or_default());
+            let id_len = u64::from(u16::from_be_bytes([fixed[12], fixed[13]]));
+            let name_len = u64::from(u16::from_be_bytes([fixed[14], fixed[15]]));
+            let extra = u64::from(u32::from_be_bytes(
+                fixed[36..40].try_into().unwrap_or_default(),
+            ));
+            l1s.push((n, l1_offset, l1_size));
+            pos += (40 + extra + id_len + name_len).div_ceil(8) * 8;
+        }
+        self.refs.add(
+            h.snapshots_offset,
+            pos - h.snapshots_offset,
+            &mut self.findings,
+        );
+        for (n, off, size) in l1s {
+            let bytes = u64::from(size) * 8;
+            if !off.is_multiple_of(self.cs())
+                || bytes > MAX_L1_BYTES
+                || off.checked_add(bytes).is_none_or(|e| e > self.file_size)
+            {
+                self.findings.corrupt(format!(
+                    "ERROR: snapshot {n} has an invalid L1 table (offset {off:#x}, {size} entries)"
+                ));
+                continue;
+            }
+            self.walk_l1(off, size, false)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,351 @@
+//! Refcounts of host clusters and cluster allocation, including new
+//! refcount blocks and refcount table growth.
+//!
+//! Cluster counts enter; host offsets of clusters whose refcounts already
+//! reached the file leave. New refcount blocks (and a grown refcount table)
+//! are placed right after the allocated run and describe themselves, so
+//! an allocation never recurses: the layout is computed to a fixed point,
+//! then written in the order blocks, (barrier), table entries / header.
+//! A crash in between leaks clusters, never references a cluster without a
+//! refcount.
+
+use std::collections::BTreeMap;
+
+use super::header::{MAX_HOST_OFFSET, MAX_REFTABLE_BYTES, OFF_REFTABLE};
+use super::meta::MetaState;
+use super::meta_io::{read_at, write_at};
+use super::refcount::{max_refcount, read_refcount_entry, write_refcount_entry};
+use crate::error::BlockError;
+
+/// Bits of a refcount table entry that hold the block's offset.
+const RT_OFFSET_MASK: u64 = !0x1ff;
+/// Clusters scanned for a large enough hole before jumping to the end of
+/// the file (bounds the cost of an allocation in a fragmented image).
+const MAX_HOLE_SCAN: u64 = 16384;
+/// Attempts at finding room for a run plus its new metadata.
+const MAX_ALLOC_ROUNDS: usize = 64;
+
+impl MetaState {
+    /// Offset of refcount block `b`, if allocated.
+    fn refblock(&self, b: u64) -> Result<Option<u64>, BlockError> {
+        let Some(&raw) = usize::try_from(b).ok().and_then(|i| self.rt.get(i)) else {
+            return Ok(None);
+        };
+        let off = raw & RT_OFFSET_MASK;
+        if off == 0 {
+            return Ok(None);
+        }
+        if !off.is_multiple_of(self.g.cluster_size) {
+            return Err(self.invalid(format!(
+                "refcount block offset {off:#x} is not cluster aligned"
+            )));
+        }
+        self.check_table(off, "refcount block")?;
+        Ok(Some(off))
+    }
+
+    fn load_rb(&mut self, off: u64) -> Result<(), BlockError> {
+        if !self.rb_cache.contains(off) {
+            let mut t = vec![0u8; self.g.cluster_size as usize];
+            read_at(&self.file, off, &mut t, "refcount block")?;
+            self.rb_cache.insert(off, t);
+        }
+        Ok(())
+    }
+
+    /// Refcount of host cluster index `c` (0 where no block covers it).
+    pub fn refcount(&mut self, c: u64) -> Result<u64, BlockError> {
+        let Some(off) = self.refblock(c / self.g.rb_entries)? else {
+            return Ok(0);
+        };
+        self.load_rb(off)?;
+        let order = self.g.refcount_order;
+        let i = (c % self.g.rb_entries) as usize;
+        Ok(self
+            .rb_cache
+            .get(off)
+            .map_or(0, |t| read_refcount_entry(t, i, order)))
+    }
+
+    /// Adds `delta` to the refcounts of clusters `first..first+count`,
+    /// whose blocks exist; one write per block touched.
+    pub fn change_refcounts(
+        &mut self,
+        first: u64,
+        count: u64,
+        delta: i64,
+    ) -> Result<(), BlockError> {
+        let rbe = self.g.rb_entries;
+        let order = self.g.refcount_order;
+        let max = max_refcount(order);
+        let mut c = first;
+        let end = first + count;
+        while c < end {
+            let b = c / rbe;
+            let stop = end.min((b + 1) * rbe);
+            let Some(off) = self.refblock(b)? else {
+                return Err(self.invalid(format!("cluster {c} has no refcount block")));
+            };
+            self.load_rb(off)?;
+            let path = self.path.clone();
+            let lost = || BlockError::InvalidImage {
+                path: path.clone(),
+                reason: "refcount cache lost a block".into(),
+            };
+            let t = self.rb_cache.get_mut(off).ok_or_else(lost)?;
+            let (mut lo, mut hi) = (usize::MAX, 0usize);
+            let mut freed_min = None;
+            for cc in c..stop {
+                let i = (cc % rbe) as usize;
+                let old = read_refcount_entry(t, i, order);
+                let new = if delta < 0 {
+                    old.checked_sub(delta.unsigned_abs())
+                } else {
+                    old.checked_add(delta as u64).filter(|v| *v <= max)
+                };
+                let Some(new) = new else {
+                    return Err(BlockError::InvalidImage {
+                        path: self.path.clone(),
+                        reason: format!(
+                            "refcount of cluster {cc} would leave its range (was {old})"
+                        ),
+                    });
+                };
+                if new == 0 && freed_min.is_none() {
+                    freed_min = Some(cc);
+                }
+                let r = write_refcount_entry(t, i, order, new);
+                lo = lo.min(r.start);
+                hi = hi.max(r.end);
+            }
+            let bytes = t[lo..hi].to_vec();
+            write_at(&self.file, off + lo as u64, &bytes, "refcount block")?;
+            if let Some(m) = freed_min {
+                self.free_hint = self.free_hint.min(m);
+            }
+            c = stop;
+        }
+        Ok(())
+    }
+
+    /// Drops one reference from each of `count` clusters from `first`.
+    pub fn free_clusters(&mut self, first: u64, count: u64) -> Result<(), BlockError> {
+        self.change_refcounts(first, count, -1)
+    }
+
+    /// Whether block `b` of the refcount table is allocated.
+    fn has_block(&self, b: u64) -> bool {
+        usize::try_from(b)
+            .ok()
+            .and_then(|i| self.rt.get(i))
+            .is_some_and(|e| e & RT_OFFSET_MASK != 0)
+    }
+
+    /// First cluster index of a run of `want` free clusters.
+    fn find_free_run(&mut self, want: u64) -> Result<u64, BlockError> {
+        let rbe = self.g.rb_entries;
+        let covered = self.rt.len() as u64 * rbe;
+        let mut c = self.free_hint.max(1);
+        let (mut start, mut len) = (c, 0u64);
+        let mut first_free = None;
+        let eof = self.file_size.div_ceil(self.g.cluster_size);
+        let mut scanned = 0u64;
+        while len < want {
+            scanned += 1;
+            if scanned == MAX_HOLE_SCAN && c < eof {
+                // Holes below are too small for this run: continue from the
+                // end of the file rather than scanning the whole image.
+                c = eof;
+                len = 0;
+                continue;
+            }
+            if c >= covered {
+                // Nothing past the refcount table's reach is in use.
+                if len == 0 {
+                    start = c;
+                }
+                break;
+            }
+            if !self.has_block(c / rbe) {
+                let skip = (c / rbe + 1) * rbe - c;
+                if len == 0 {
+                    start = c;
+                }
+                first_free.get_or_insert(c);
+                len += skip;
+                c += skip;
+                continue;
+            }
+            if self.refcount(c)? == 0 {
+                if len == 0 {
+                    start = c;
+                }
+                first_free.get_or_insert(c);
+                len += 1;
+            } else {
+                len = 0;
+            }
+            c += 1;
+        }
+        self.free_hint = match first_free {
+            Some(f) if f < start => f,
+            _ => start + want,
+        };
+        Ok(start)
+    }
+
+    fn all_free(&mut self, first: u64, count: u64) -> Result<bool, BlockError> {
+        for c in first..first + count {
+            if self.refcount(c)? != 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Allocates `n` contiguous clusters (refcount 1, written to the file)
+    /// and returns the host offset of the first.
+    pub fn alloc_clusters(&mut self, n: u64) -> Result<u64, BlockError> {
+        let rbe = self.g.rb_entries;
+        let cs = self.g.cluster_size;
+        let mut want = n;
+        for _ in 0..MAX_ALLOC_ROUNDS {
+            let start = self.find_free_run(want)?;
+            // Fixed point: the run, its missing refcount blocks, a new table.
+            let mut extra = 0u64;
+            let mut layout = None;
+            for _ in 0..MAX_ALLOC_ROUNDS {
+                let end = start + n + extra;
+                let (fb, lb) = (start / rbe, (end - 1) / rbe);
+                let missing: Vec<u64> = (fb..=lb).filter(|b| !self.has_block(*b)).collect();
+                let rt_clusters = if lb >= self.rt.len() as u64 {
+                    // Grow by half again, so growth is rare.
+                    ((lb + 1) * 3 / 2 * 8)
+                        .div_ceil(cs)
+                        .max(self.rt.len() as u64 * 8 / cs + 1)
+                } else {
+                    0
+                };
+                let e = missing.len() as u64 + rt_clusters;
+                if e <= extra {
+                    layout = Some((missing, rt_clusters));
+                    break;
+                }
+                extra = e;
+            }
+            let Some((missing, rt_clusters)) = layout else {
+                return Err(BlockError::NoSpace(
+                    "refcount layout did not converge".into(),
+                ));
+            };
+            let extra = missing.len() as u64 + rt_clusters;
+            let total = n + extra;
+            if (start + total)
+                .checked_mul(cs)
+                .is_none_or(|e| e >= MAX_HOST_OFFSET)
+            {
+                return Err(BlockError::NoSpace("host offsets would exceed 2^56".into()));
+            }
+            if rt_clusters * cs > MAX_REFTABLE_BYTES {
+                return Err(BlockError::NoSpace(
+                    "refcount table would exceed 8 MiB".into(),
+                ));
+            }
+            if extra > want - n && !self.all_free(start + want, n + extra - want)? {
+                want = n + extra;
+                continue;
+            }
+            self.commit_layout(start, n, &missing, rt_clusters)?;
+            return Ok(start * cs);
+        }
+        Err(BlockError::NoSpace(format!("no room for {n} clusters")))
+    }
+
+    /// Writes refcounts for `start..start+n+missing+rt_clusters`, the new
+    /// refcount blocks, and then the table entries (or a new table).
+    fn commit_layout(
+        &mut self,
+        start: u64,
+        n: u64,
+        missing: &[u64],
+        rt_clusters: u64,
+    ) -> Result<(), BlockError> {
+        let rbe = self.g.rb_entries;
+        let cs = self.g.cluster_size;
+        let order = self.g.refcount_order;
+        let total = n + missing.len() as u64 + rt_clusters;
+        // New blocks, in memory first: block index -> (host offset, bytes).
+        let mut new_blocks: BTreeMap<u64, (u64, Vec<u8>)> = BTreeMap::new();
+        for (k, b) in missing.iter().enumerate() {
+            new_blocks.insert(*b, ((start + n + k as u64) * cs, vec![0u8; cs as usize]));
+        }
+        // Refcounts covered by new blocks are set in memory; the others
+        // go through change_refcounts (existing blocks, write-through).
+        let mut c = start;
+        let end = start + total;
+        while c < end {
+            let b = c / rbe;
+            let stop = end.min((b + 1) * rbe);
+            if let Some((_, t)) = new_blocks.get_mut(&b) {
+                for cc in c..stop {
+                    write_refcount_entry(t, (cc % rbe) as usize, order, 1);
+                }
+            } else {
+                self.change_refcounts(c, stop - c, 1)?;
+            }
+            c = stop;
+        }
+        for (off, t) in new_blocks.values() {
+            write_at(&self.file, *off, t, "new refcount block")?;
+        }
+        self.file_size = self.file_size.max(end * cs);
+        if new_blocks.is_empty() {
+            return Ok(());
+        }
+        self.barrier()?;
+        if rt_clusters == 0 {
+            for (b, (off, t)) in new_blocks {
+                write_at(
+                    &self.file,
+                    self.rt_offset + b * 8,
+                    &off.to_be_bytes(),
+                    "refcount table entry",
+                )?;
+                self.rt[b as usize] = off;
+                self.refblocks.insert(off);
+                self.rb_cache.insert(off, t);
+            }
+            return Ok(());
+        }
+        // A new, larger table after the new blocks; the header switches to
+        // it in one write, then the old table's clusters are freed.
+        let new_rt_off = (start + n + missing.len() as u64) * cs;
+        let mut rt = self.rt.clone();
+        rt.resize((rt_clusters * cs / 8) as usize, 0);
+        for (b, (off, _)) in &new_blocks {
+            rt[*b as usize] = *off;
+        }
+        let bytes: Vec<u8> = rt.iter().flat_map(|e| e.to_be_bytes()).collect();
+        write_at(&self.file, new_rt_off, &bytes, "new refcount table")?;
+        self.barrier()?;
+        let mut hdr = [0u8; 12];
+        hdr[..8].copy_from_slice(&new_rt_off.to_be_bytes());
+        hdr[8..].copy_from_slice(&(rt_clusters as u32).to_be_bytes());
+        write_at(
+            &self.file,
+            OFF_REFTABLE,
+            &hdr,
+            "header refcount table fields",
+        )?;
+        let old_off = self.rt_offset;
+        let old_clusters = self.rt.len() as u64 * 8 / cs;
+        self.rt = rt;
+        self.refblocks
+            .extend(new_blocks.values().map(|(off, _)| *off));
+        self.rt_offset = new_rt_off;
+        for (_, (off, t)) in new_blocks {
+            self.rb_cache.insert(off, t);
+        }
+        self.free_clusters(old_off / cs, old_clusters)
+    }
+}

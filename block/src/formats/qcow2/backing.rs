@@ -1,0 +1,158 @@
+//! Opening a backing image: resolving its name against the overlay's
+//! folder, choosing its format, refusing cycles, over-deep chains and
+//! directories, and keeping buffered descriptors for copy-on-write reads.
+//!
+//! A backing name (untrusted, from the overlay's header) and the overlay's
+//! options enter; an opened read-only [`Backing`] leaves, whose files the
+//! overlay appends to its own `files()` table.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::image::Qcow2Image;
+use crate::error::BlockError;
+use crate::formats::open::open_file;
+use crate::formats::probe::probe_image_type;
+use crate::formats::raw::RawImage;
+use crate::formats::{Format, ReadPlan};
+use crate::options::{DiskOptions, ImageType};
+
+/// Longest backing chain we follow (images below the top one).
+pub(crate) const MAX_CHAIN_DEPTH: usize = 16;
+
+pub(crate) struct Backing {
+    pub image: Arc<dyn Format>,
+    /// Buffered read-only descriptors, indexed like `image.files()`.
+    pub cow_files: Vec<Arc<File>>,
+    /// Images in this backing chain (1 for a raw or a qcow2 without backing).
+    pub layers: u32,
+    pub path: PathBuf,
+}
+
+impl Backing {
+    /// Reads `buf.len()` bytes at guest `offset` (zeroes past the end).
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        let size = self.image.size();
+        let avail = size.saturating_sub(offset).min(buf.len() as u64) as usize;
+        buf[avail..].fill(0);
+        if avail == 0 {
+            return Ok(());
+        }
+        let mut plan = ReadPlan::new();
+        self.image.plan_read(offset, avail as u64, &mut plan)?;
+        super::plan_exec::execute_read(&self.cow_files, &plan, &mut buf[..avail])
+    }
+}
+
+fn refuse(path: &Path, reason: impl Into<String>) -> BlockError {
+    BlockError::InvalidImage {
+        path: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// Where a backing name points, relative to the overlay's folder.
+pub(crate) fn resolve(overlay: &Path, name: &str) -> PathBuf {
+    let p = Path::new(name);
+    if p.is_absolute() {
+        p.to_owned()
+    } else {
+        overlay.parent().unwrap_or(Path::new(".")).join(p)
+    }
+}
+
+/// Opens the backing image `name` of `overlay`. `chain` holds the
+/// canonical paths of the images above it (cycle and depth check).
+pub(crate) fn open_backing(
+    overlay: &Path,
+    name: &str,
+    fmt: Option<&str>,
+    opts: &DiskOptions,
+    chain: &mut Vec<PathBuf>,
+) -> Result<Backing, BlockError> {
+    if name.contains("://") || name.starts_with("json:") {
+        return Err(BlockError::Unsupported {
+            path: overlay.to_owned(),
+            feature: format!("backing file protocol in '{name}'"),
+        });
+    }
+    let path = resolve(overlay, name);
+    let meta = std::fs::metadata(&path).map_err(|source| BlockError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    if meta.is_dir() {
+        return Err(refuse(
+            overlay,
+            format!("backing file {} is a directory", path.display()),
+        ));
+    }
+    let canon = path.canonicalize().map_err(|source| BlockError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    if chain.contains(&canon) {
+        return Err(refuse(
+            overlay,
+            format!("backing chain has a cycle through {}", path.display()),
+        ));
+    }
+    if chain.len() > MAX_CHAIN_DEPTH {
+        return Err(refuse(
+            overlay,
+            format!("backing chain deeper than {MAX_CHAIN_DEPTH} images"),
+        ));
+    }
+    let bopts = DiskOptions {
+        path: path.clone(),
+        readonly: true,
+        direct: opts.direct,
+        image_type: ImageType::Auto,
+        engine: opts.engine,
+        lock: opts.lock,
+    };
+    let file = open_file(&bopts)?;
+    let buffered = File::open(&path).map_err(|source| BlockError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    let kind = match fmt {
+        Some("qcow2") => ImageType::Qcow2,
+        Some("raw") => ImageType::Raw,
+        Some(other) => {
+            return Err(BlockError::Unsupported {
+                path: overlay.to_owned(),
+                feature: format!("backing format '{other}'"),
+            })
+        }
+        None => {
+            let mut magic = [0u8; 4];
+            super::meta_io::read_at(&buffered, 0, &mut magic, "backing header")?;
+            probe_image_type(&magic)
+        }
+    };
+    if kind == ImageType::Qcow2 {
+        chain.push(canon);
+        let img = Qcow2Image::open_chain(&bopts, file, chain)?;
+        chain.pop();
+        let layers = 1 + img.backing_layers();
+        let cow_files = img.cow_files().to_vec();
+        return Ok(Backing {
+            image: Arc::new(img),
+            cow_files,
+            layers,
+            path,
+        });
+    }
+    if bopts.lock {
+        crate::lock::lock_image(&file, &path, false)?;
+    }
+    let img = RawImage::new(&path, Arc::new(file), true, fmt.is_none())?;
+    Ok(Backing {
+        image: Arc::new(img),
+        cow_files: vec![Arc::new(buffered)],
+        layers: 1,
+        path,
+    })
+}

@@ -1,0 +1,114 @@
+//! A bounded least-recently-used cache of metadata tables (L2 tables and
+//! refcount blocks), keyed by host offset.
+//!
+//! Tables enter after the caller read them from the image; the cache is
+//! written by its callers: clean tables are simply dropped on eviction;
+//! tables with changes not yet on disk are pinned by the caller and never
+//! evicted until unpinned. Memory is bounded by `capacity` tables plus the
+//! pinned ones (which the caller bounds).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+pub(crate) struct TableCache {
+    capacity: usize,
+    tick: u64,
+    tables: HashMap<u64, (u64, Vec<u8>)>,
+    /// last-use tick -> key, oldest first.
+    order: BTreeMap<u64, u64>,
+    pinned: HashSet<u64>,
+}
+
+impl TableCache {
+    pub fn new(capacity: usize) -> Self {
+        TableCache {
+            capacity: capacity.max(2),
+            tick: 0,
+            tables: HashMap::new(),
+            order: BTreeMap::new(),
+            pinned: HashSet::new(),
+        }
+    }
+
+    fn touch(&mut self, key: u64) {
+        self.tick += 1;
+        if let Some((t, _)) = self.tables.get_mut(&key) {
+            self.order.remove(t);
+            *t = self.tick;
+            self.order.insert(self.tick, key);
+        }
+    }
+
+    pub fn get(&mut self, key: u64) -> Option<&[u8]> {
+        self.touch(key);
+        self.tables.get(&key).map(|(_, t)| t.as_slice())
+    }
+
+    pub fn get_mut(&mut self, key: u64) -> Option<&mut Vec<u8>> {
+        self.touch(key);
+        self.tables.get_mut(&key).map(|(_, t)| t)
+    }
+
+    pub fn contains(&self, key: u64) -> bool {
+        self.tables.contains_key(&key)
+    }
+
+    pub fn insert(&mut self, key: u64, table: Vec<u8>) {
+        self.remove(key);
+        while self.tables.len() >= self.capacity {
+            let victim = self
+                .order
+                .iter()
+                .find(|(_, k)| !self.pinned.contains(k))
+                .map(|(t, k)| (*t, *k));
+            let Some((t, old)) = victim else { break };
+            self.order.remove(&t);
+            self.tables.remove(&old);
+        }
+        self.tick += 1;
+        self.order.insert(self.tick, key);
+        self.tables.insert(key, (self.tick, table));
+    }
+
+    /// Keeps `key` cached until [`TableCache::unpin`].
+    pub fn pin(&mut self, key: u64) {
+        self.pinned.insert(key);
+    }
+
+    pub fn unpin(&mut self, key: u64) {
+        self.pinned.remove(&key);
+    }
+
+    pub fn remove(&mut self, key: u64) {
+        self.pinned.remove(&key);
+        if let Some((t, _)) = self.tables.remove(&key) {
+            self.order.remove(&t);
+        }
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.tables.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_least_recently_used() {
+        let mut c = TableCache::new(2);
+        c.insert(1, vec![1]);
+        c.insert(2, vec![2]);
+        assert_eq!(c.get(1), Some(&[1u8][..]));
+        c.insert(3, vec![3]);
+        assert!(c.contains(1));
+        assert!(!c.contains(2));
+        assert!(c.contains(3));
+        assert_eq!(c.len(), 2);
+        c.pin(1);
+        c.insert(4, vec![4]);
+        assert!(c.contains(1), "pinned tables stay");
+        assert!(!c.contains(3));
+    }
+}

@@ -1,0 +1,308 @@
+//! `Qcow2Image`: an opened qcow2 image with its external data file and
+//! backing chain, and the open-time checks (feature bits, dirty and
+//! corrupt images, autoclear bits, locks).
+//!
+//! Options and the image's opened descriptor enter; a `Qcow2Image` leaves.
+//! Its `Format` implementation is split over `read`, `write`, `zero` and
+//! `status`; they share the [`State`] behind one mutex held only while
+//! planning or committing, never during data I/O.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::backing::{open_backing, resolve, Backing};
+use super::features::{AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
+use super::header::{Header, HeaderError, OFF_AUTOCLEAR, OFF_INCOMPAT};
+use super::inflight::InFlight;
+use super::meta::MetaState;
+use super::meta_io::{read_at, sync, write_at};
+use crate::error::BlockError;
+use crate::formats::FileId;
+use crate::options::DiskOptions;
+
+/// Everything that changes after open, behind one lock.
+pub(crate) struct State {
+    pub meta: MetaState,
+    pub inflight: InFlight,
+    /// Incompatible feature bits as currently on disk.
+    pub incompatible: u64,
+}
+
+pub struct Qcow2Image {
+    pub(crate) path: PathBuf,
+    /// This image, its data file (if any), then the backing chain's files.
+    pub(crate) files: Vec<Arc<File>>,
+    /// Buffered descriptors in the same order (metadata and COW reads).
+    pub(crate) cow_files: Vec<Arc<File>>,
+    pub(crate) backing: Option<Backing>,
+    /// FileId of the backing image's first file.
+    pub(crate) backing_base: u16,
+    /// Where guest data lives: FileId(0), or the external data file.
+    pub(crate) data_file: FileId,
+    pub(crate) header: Header,
+    pub(crate) readonly: bool,
+    pub(crate) size: AtomicU64,
+    pub(crate) state: Mutex<State>,
+}
+
+fn header_error(path: &Path, e: HeaderError) -> BlockError {
+    match e {
+        HeaderError::Invalid(reason) => BlockError::InvalidImage {
+            path: path.to_owned(),
+            reason,
+        },
+        HeaderError::Unsupported(feature) => BlockError::Unsupported {
+            path: path.to_owned(),
+            feature,
+        },
+    }
+}
+
+/// Reads and validates the header of the image behind `file`.
+pub(crate) fn read_header(file: &File, path: &Path) -> Result<(Header, u64), BlockError> {
+    let file_size = crate::formats::raw::file_size(file).map_err(|source| BlockError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut probe = vec![0u8; 512.min(file_size) as usize];
+    read_at(file, 0, &mut probe, "header")?;
+    let cluster_bits = probe
+        .get(20..24)
+        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    if !(super::header::MIN_CLUSTER_BITS..=super::header::MAX_CLUSTER_BITS).contains(&cluster_bits)
+    {
+        // Let the parser name what is wrong with the short buffer.
+        return Header::parse(&probe, file_size)
+            .map(|h| (h, file_size))
+            .map_err(|e| header_error(path, e));
+    }
+    let mut buf = vec![0u8; (1u64 << cluster_bits).min(file_size) as usize];
+    read_at(file, 0, &mut buf, "header")?;
+    Header::parse(&buf, file_size)
+        .map(|h| (h, file_size))
+        .map_err(|e| header_error(path, e))
+}
+
+impl Drop for Qcow2Image {
+    /// Publishes committed writes whose L2 entries are still only cached,
+    /// so dropping without `close` loses nothing the guest saw complete.
+    fn drop(&mut self) {
+        if self.readonly {
+            return;
+        }
+        if let Err(e) = self.lock().meta.flush_dirty() {
+            log::error!(
+                "{}: writing cached L2 entries failed: {e}",
+                self.path.display()
+            );
+        }
+    }
+}
+
+impl Qcow2Image {
+    /// Opens the top image of a chain; `file` was opened with `opts`.
+    pub fn open(opts: &DiskOptions, file: File) -> Result<Self, BlockError> {
+        let canon = opts
+            .path
+            .canonicalize()
+            .map_err(|source| BlockError::Open {
+                path: opts.path.clone(),
+                source,
+            })?;
+        Self::open_chain(opts, file, &mut vec![canon])
+    }
+
+    pub(crate) fn open_chain(
+        opts: &DiskOptions,
+        file: File,
+        chain: &mut Vec<PathBuf>,
+    ) -> Result<Self, BlockError> {
+        let path = opts.path.clone();
+        if opts.lock {
+            crate::lock::lock_image(&file, &path, !opts.readonly)?;
+        }
+        let meta_file = OpenOptions::new()
+            .read(true)
+            .write(!opts.readonly)
+            .open(&path)
+            .map_err(|source| BlockError::Open {
+                path: path.clone(),
+                source,
+            })?;
+        let (mut header, file_size) = read_header(&meta_file, &path)?;
+        if !opts.readonly {
+            Self::check_writable_open(&path, &header)?;
+            let autoclear = header.autoclear & AUTOCLEAR_KNOWN;
+            if header.version >= 3 && autoclear != header.autoclear {
+                write_at(
+                    &meta_file,
+                    OFF_AUTOCLEAR,
+                    &autoclear.to_be_bytes(),
+                    "autoclear bits",
+                )?;
+                header.autoclear = autoclear;
+            }
+        }
+        let mut files = vec![Arc::new(file)];
+        let meta_file = Arc::new(meta_file);
+        let mut cow_files = vec![Arc::clone(&meta_file)];
+        let mut data_file = FileId(0);
+        if let Some(name) = header.data_file.clone() {
+            let dpath = resolve(&path, &name);
+            let mut o = OpenOptions::new();
+            o.read(true).write(!opts.readonly);
+            if opts.direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            let f = o.open(&dpath).map_err(|source| BlockError::Open {
+                path: dpath.clone(),
+                source,
+            })?;
+            let b = File::open(&dpath).map_err(|source| BlockError::Open {
+                path: dpath.clone(),
+                source,
+            })?;
+            data_file = FileId(files.len() as u16);
+            files.push(Arc::new(f));
+            cow_files.push(Arc::new(b));
+        }
+        let backing_base = files.len() as u16;
+        let backing = match header.backing_file.clone() {
+            Some(name) => Some(open_backing(
+                &path,
+                &name,
+                header.backing_format.as_deref(),
+                opts,
+                chain,
+            )?),
+            None => None,
+        };
+        if let Some(b) = &backing {
+            if files.len() + b.image.files().len() > usize::from(u16::MAX) {
+                return Err(BlockError::InvalidImage {
+                    path,
+                    reason: "too many files in the chain".into(),
+                });
+            }
+            files.extend(b.image.files().iter().cloned());
+            cow_files.extend(b.cow_files.iter().cloned());
+        }
+        let meta = MetaState::load(&header, meta_file, path.clone(), file_size)?;
+        Ok(Qcow2Image {
+            size: AtomicU64::new(header.size),
+            state: Mutex::new(State {
+                meta,
+                inflight: InFlight::default(),
+                incompatible: header.incompatible,
+            }),
+            path,
+            files,
+            cow_files,
+            backing,
+            backing_base,
+            data_file,
+            header,
+            readonly: opts.readonly,
+        })
+    }
+
+    /// Read-write opens refuse images whose metadata cannot be trusted.
+    fn check_writable_open(path: &Path, h: &Header) -> Result<(), BlockError> {
+        let refuse = |reason: &str| BlockError::InvalidImage {
+            path: path.to_owned(),
+            reason: reason.into(),
+        };
+        if h.corrupt() {
+            return Err(refuse(
+                "image is marked corrupt; open it read-only or repair it (qemu-img check -r all)",
+            ));
+        }
+        if h.dirty() {
+            return Err(refuse(
+                "image is dirty (lazy refcounts were in use when it was last closed); its refcounts must be \
+                 rebuilt first (qemu-img check -r all), or open it read-only",
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the metadata half
+        // written in memory (every update is written through first), so a
+        // poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Buffered descriptors parallel to `files()`.
+    pub(crate) fn cow_files(&self) -> &[Arc<File>] {
+        &self.cow_files
+    }
+
+    /// Images below this one.
+    pub(crate) fn backing_layers(&self) -> u32 {
+        self.backing.as_ref().map_or(0, |b| b.layers)
+    }
+
+    pub(crate) fn cluster_size(&self) -> u64 {
+        self.header.cluster_size()
+    }
+
+    /// Sets the dirty bit before the first metadata change of a
+    /// lazy-refcounts image.
+    pub(crate) fn mark_dirty(&self, st: &mut State) -> Result<(), BlockError> {
+        if self.header.compatible & COMPAT_LAZY_REFCOUNTS == 0
+            || st.incompatible & INCOMPAT_DIRTY != 0
+        {
+            return Ok(());
+        }
+        let v = st.incompatible | INCOMPAT_DIRTY;
+        write_at(&st.meta.file, OFF_INCOMPAT, &v.to_be_bytes(), "dirty bit")?;
+        sync(&st.meta.file)?;
+        st.incompatible = v;
+        Ok(())
+    }
+
+    /// Clears the dirty bit after everything reached the disk.
+    pub(crate) fn mark_clean(&self, st: &mut State) -> Result<(), BlockError> {
+        if st.incompatible & INCOMPAT_DIRTY == 0 || self.readonly {
+            return Ok(());
+        }
+        sync(&st.meta.file)?;
+        let v = st.incompatible & !INCOMPAT_DIRTY;
+        write_at(&st.meta.file, OFF_INCOMPAT, &v.to_be_bytes(), "dirty bit")?;
+        sync(&st.meta.file)?;
+        st.incompatible = v;
+        Ok(())
+    }
+
+    /// Writes L2 entries at every commit (one fdatasync per allocating
+    /// write) instead of batching them until the next flush.
+    pub fn set_l2_write_through(&self, on: bool) {
+        self.lock().meta.l2_write_through = on;
+    }
+
+    /// Turns off fdatasync barriers between dependent metadata writes
+    /// (keeps process-crash ordering, loses power-loss ordering).
+    pub fn set_write_barriers(&self, on: bool) {
+        self.lock().meta.barriers = on;
+    }
+
+    pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(BlockError::OutOfRange { offset, len, size }),
+        }
+    }
+
+    /// Writes are refused on read-only opens.
+    pub(crate) fn check_writable(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        self.check_range(offset, len)
+    }
+}

@@ -1,0 +1,488 @@
+//! The mutable metadata of one open qcow2 image: geometry, the L1 and
+//! refcount tables, and the L2 / refcount-block caches; lookups and
+//! write-through updates of L1 and L2 entries.
+//!
+//! Guest offsets enter; raw table entries leave (decoded by `l2_entry`).
+//! Every change is written to the image (pwrite on the buffered metadata
+//! descriptor) before the in-memory copy is relied on by others. Refcount
+//! updates and cluster allocation live in `alloc`.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::cache::TableCache;
+use super::header::{within, Header};
+use super::l2_entry::{decode_l1, decode_l2_in, L2Entry, OFLAG_COPIED};
+use super::meta_io::{be64_at, read_at, sync, write_at};
+use super::refcount::entries_per_block;
+use crate::error::BlockError;
+use crate::formats::Compression;
+
+/// Fixed facts of an image's layout.
+#[derive(Clone, Debug)]
+pub(crate) struct Geometry {
+    pub cluster_bits: u32,
+    pub cluster_size: u64,
+    pub version: u32,
+    pub extended_l2: bool,
+    /// Bytes per L2 entry (8, or 16 with extended L2).
+    pub l2_entry_size: u64,
+    pub l2_entries: u64,
+    pub refcount_order: u32,
+    pub rb_entries: u64,
+    pub compression: Compression,
+    /// Guest data lives in an external data file, at host offset = guest
+    /// offset, not refcounted.
+    pub data_file: bool,
+}
+
+impl Geometry {
+    pub fn from_header(h: &Header) -> Self {
+        Geometry {
+            cluster_bits: h.cluster_bits,
+            cluster_size: h.cluster_size(),
+            version: h.version,
+            extended_l2: h.extended_l2(),
+            l2_entry_size: h.l2_entry_size(),
+            l2_entries: h.cluster_size() / h.l2_entry_size(),
+            refcount_order: h.refcount_order,
+            rb_entries: entries_per_block(h.cluster_bits, h.refcount_order),
+            compression: h.compression,
+            data_file: h.has_data_file(),
+        }
+    }
+
+    /// Guest bytes mapped by one L2 table.
+    pub fn l2_coverage(&self) -> u64 {
+        self.l2_entries << self.cluster_bits
+    }
+}
+
+/// Bytes of metadata tables the caches may hold, per cache.
+const L2_CACHE_BYTES: u64 = 4 << 20;
+const RB_CACHE_BYTES: u64 = 1 << 20;
+const MIN_CACHED_TABLES: u64 = 8;
+/// Deferred L2 entries that trigger a flush from `commit`.
+const MAX_DIRTY_ENTRIES: usize = 4096;
+
+pub(crate) struct MetaState {
+    pub g: Geometry,
+    pub path: PathBuf,
+    /// Buffered read-write (or read-only) descriptor for metadata I/O.
+    pub file: Arc<File>,
+    /// The file's size, grown by every allocation.
+    pub file_size: u64,
+    pub l1_offset: u64,
+    pub l1: Vec<u64>,
+    pub rt_offset: u64,
+    pub rt: Vec<u64>,
+    /// Offsets of every refcount block the table names.
+    pub refblocks: HashSet<u64>,
+    pub l2_cache: TableCache,
+    pub rb_cache: TableCache,
+    /// No cluster below this index is free.
+    pub free_hint: u64,
+    /// fdatasync between a refcount/data write and the metadata that
+    /// depends on it (power-loss ordering, not just process-crash ordering).
+    pub barriers: bool,
+    /// Write L2 entries (after a barrier) at every commit instead of at
+    /// the next flush.
+    pub l2_write_through: bool,
+    /// L2 entries changed in the cache but not yet on disk: table offset
+    /// -> byte positions of the entries. Their tables are pinned.
+    pub dirty_l2: BTreeMap<u64, BTreeSet<usize>>,
+    pub dirty_entries: usize,
+    pub max_dirty_tables: usize,
+    /// Host cluster runs losing a reference once the L2 changes that
+    /// dropped it are durable.
+    pub deferred_release: Vec<(u64, u64)>,
+}
+
+impl MetaState {
+    pub fn load(
+        h: &Header,
+        file: Arc<File>,
+        path: PathBuf,
+        file_size: u64,
+    ) -> Result<Self, BlockError> {
+        let g = Geometry::from_header(h);
+        let mut l1_bytes = vec![0u8; h.l1_size as usize * 8];
+        read_at(&file, h.l1_table_offset, &mut l1_bytes, "L1 table")?;
+        let l1 = (0..h.l1_size as usize)
+            .map(|i| be64_at(&l1_bytes, i))
+            .collect();
+        let rt_len = (u64::from(h.refcount_table_clusters) * g.cluster_size / 8) as usize;
+        let mut rt_bytes = vec![0u8; rt_len * 8];
+        read_at(
+            &file,
+            h.refcount_table_offset,
+            &mut rt_bytes,
+            "refcount table",
+        )?;
+        let rt: Vec<u64> = (0..rt_len).map(|i| be64_at(&rt_bytes, i)).collect();
+        let cs = g.cluster_size;
+        let tables = |bytes: u64| (bytes / cs).max(MIN_CACHED_TABLES) as usize;
+        Ok(MetaState {
+            l2_cache: TableCache::new(tables(L2_CACHE_BYTES)),
+            rb_cache: TableCache::new(tables(RB_CACHE_BYTES)),
+            g,
+            path,
+            file,
+            file_size,
+            l1_offset: h.l1_table_offset,
+            l1,
+            rt_offset: h.refcount_table_offset,
+            refblocks: rt.iter().map(|e| e & !0x1ff).filter(|o| *o != 0).collect(),
+            rt,
+            free_hint: 0,
+            barriers: true,
+            l2_write_through: false,
+            dirty_l2: BTreeMap::new(),
+            dirty_entries: 0,
+            max_dirty_tables: (tables(L2_CACHE_BYTES) / 2).max(1),
+            deferred_release: Vec::new(),
+        })
+    }
+
+    pub fn invalid(&self, reason: impl Into<String>) -> BlockError {
+        BlockError::InvalidImage {
+            path: self.path.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn barrier(&self) -> Result<(), BlockError> {
+        if self.barriers {
+            sync(&self.file)?;
+        }
+        Ok(())
+    }
+
+    /// A table cluster at `offset` must lie inside the file.
+    pub fn check_table(&self, offset: u64, what: &str) -> Result<(), BlockError> {
+        if offset < self.g.cluster_size || !within(offset, self.g.cluster_size, self.file_size) {
+            return Err(self.invalid(format!("{what} at {offset:#x} lies outside the file")));
+        }
+        Ok(())
+    }
+
+    /// Refuses a data cluster that overlaps the header, the L1 table, the
+    /// refcount table or a refcount block (a hostile L2 entry would
+    /// otherwise let guest writes overwrite metadata).
+    pub fn check_not_metadata(&self, host: u64) -> Result<(), BlockError> {
+        let cs = self.g.cluster_size;
+        let inside =
+            |start: u64, bytes: u64| host >= start && host < start + bytes.div_ceil(cs) * cs;
+        let rt_block = self.refblocks.contains(&host);
+        if host < cs
+            || inside(self.l1_offset, self.l1.len() as u64 * 8)
+            || inside(self.rt_offset, self.rt.len() as u64 * 8)
+            || rt_block
+        {
+            return Err(self.invalid(format!("data cluster {host:#x} overlaps metadata")));
+        }
+        Ok(())
+    }
+
+    /// The L2 table of L1 index `i`: offset and COPIED flag, if allocated.
+    pub fn l2_table(&self, i: usize) -> Result<Option<(u64, bool)>, BlockError> {
+        let Some(&raw) = self.l1.get(i) else {
+            return Ok(None);
+        };
+        let t = decode_l1(raw, self.g.cluster_size).map_err(|r| self.invalid(r))?;
+        if let Some((off, _)) = t {
+            self.check_table(off, "L2 table")?;
+        }
+        Ok(t)
+    }
+
+    pub fn load_l2(&mut self, off: u64) -> Result<(), BlockError> {
+        if !self.l2_cache.contains(off) {
+            let mut t = vec![0u8; self.g.cluster_size as usize];
+            read_at(&self.file, off, &mut t, "L2 table")?;
+            self.l2_cache.insert(off, t);
+        }
+        Ok(())
+    }
+
+    /// (L1 index, L2 index) of a guest offset.
+    pub fn indices(&self, guest: u64) -> (usize, usize) {
+        let cluster = guest >> self.g.cluster_bits;
+        (
+            (cluster / self.g.l2_entries) as usize,
+            (cluster % self.g.l2_entries) as usize,
+        )
+    }
+
+    /// Raw L2 entry and subcluster bitmap (0 unless extended L2) of the
+    /// cluster holding `guest`.
+    pub fn l2_raw(&mut self, guest: u64) -> Result<(u64, u64), BlockError> {
+        let (i1, i2) = self.indices(guest);
+        let Some((off, _)) = self.l2_table(i1)? else {
+            return Ok((0, 0));
+        };
+        self.load_l2(off)?;
+        let esize = self.g.l2_entry_size as usize;
+        let path = self.path.clone();
+        let t = self
+            .l2_cache
+            .get(off)
+            .ok_or_else(|| BlockError::InvalidImage {
+                path,
+                reason: "L2 cache lost a table".into(),
+            })?;
+        let words = esize / 8;
+        let raw = be64_at(t, i2 * words);
+        let bitmap = if words == 2 {
+            be64_at(t, i2 * 2 + 1)
+        } else {
+            0
+        };
+        Ok((raw, bitmap))
+    }
+
+    /// When no L2 table maps `guest`: the bytes from `guest` to the end of
+    /// the range that table would map.
+    pub fn unmapped_run(&self, guest: u64) -> Result<Option<u64>, BlockError> {
+        let (i1, _) = self.indices(guest);
+        if self.l2_table(i1)?.is_some() {
+            return Ok(None);
+        }
+        let cover = self.g.l2_coverage();
+        Ok(Some(cover - guest % cover))
+    }
+
+    /// Decoded entry, with its host offsets checked against the file.
+    pub fn l2_entry(&mut self, guest: u64) -> Result<(L2Entry, u64), BlockError> {
+        let (raw, bitmap) = self.l2_raw(guest)?;
+        let e = decode_l2_in(
+            raw,
+            self.g.cluster_bits,
+            self.g.version,
+            self.g.extended_l2,
+            self.g.data_file,
+        )
+        .map_err(|r| self.invalid(format!("guest offset {guest:#x}: {r}")))?;
+        if self.g.data_file {
+            return match e {
+                L2Entry::Compressed(_) => {
+                    Err(self.invalid("compressed cluster in an image with a data file"))
+                }
+                L2Entry::Normal { host, .. }
+                | L2Entry::Zero {
+                    host: Some(host), ..
+                } if host != guest & !(self.g.cluster_size - 1) => Err(self.invalid(format!(
+                    "guest offset {guest:#x} maps to data file offset {host:#x}"
+                ))),
+                _ => Ok((e, bitmap)),
+            };
+        }
+        // A data cluster past the file's last cluster is hostile (qemu
+        // writes a cluster's data before publishing it).
+        let limit = self.file_size.div_ceil(self.g.cluster_size) * self.g.cluster_size;
+        let host = match e {
+            L2Entry::Normal { host, .. }
+            | L2Entry::Zero {
+                host: Some(host), ..
+            } => Some(host),
+            L2Entry::Compressed(d) => Some(d.host_offset),
+            _ => None,
+        };
+        if let Some(h) = host.filter(|h| *h >= limit) {
+            return Err(self.invalid(format!(
+                "guest offset {guest:#x} maps to {h:#x}, beyond the end of the file"
+            )));
+        }
+        Ok((e, bitmap))
+    }
+
+    /// Writes L2 entry (standard part) of the cluster holding `guest`,
+    /// whose L2 table must exist; write-through.
+    /// `bitmap` is the subcluster bitmap of extended L2 entries (ignored
+    /// otherwise).
+    pub fn set_l2_entry(&mut self, guest: u64, raw: u64, bitmap: u64) -> Result<(), BlockError> {
+        let (off, pos) = self.update_l2_cache(guest, raw, bitmap)?;
+        let bytes = self.entry_bytes(raw, bitmap);
+        write_at(&self.file, off + pos as u64, &bytes, "L2 entry")
+    }
+
+    fn entry_bytes(&self, raw: u64, bitmap: u64) -> Vec<u8> {
+        let mut b = raw.to_be_bytes().to_vec();
+        if self.g.extended_l2 {
+            b.extend_from_slice(&bitmap.to_be_bytes());
+        }
+        b
+    }
+
+    /// Publishes a new mapping in the cache now and on disk at the next
+    /// [`MetaState::flush_dirty`], after a barrier has made the data and
+    /// refcounts it depends on durable.
+    pub fn publish_l2_entry(
+        &mut self,
+        guest: u64,
+        raw: u64,
+        bitmap: u64,
+    ) -> Result<(), BlockError> {
+        let (off, pos) = self.update_l2_cache(guest, raw, bitmap)?;
+        self.l2_cache.pin(off);
+        self.dirty_l2.entry(off).or_default().insert(pos);
+        self.dirty_entries += 1;
+        Ok(())
+    }
+
+    /// Whether enough is pending that the caller should flush now.
+    pub fn should_flush(&self) -> bool {
+        self.dirty_entries >= MAX_DIRTY_ENTRIES
+            || self.dirty_l2.len() >= self.max_dirty_tables
+            || self.deferred_release.len() >= MAX_DIRTY_ENTRIES
+    }
+
+    /// Barrier, then every deferred L2 entry, barrier, then the refcount
+    /// drops that had to wait for those entries to be durable.
+    pub fn flush_dirty(&mut self) -> Result<(), BlockError> {
+        if self.dirty_l2.is_empty() && self.deferred_release.is_empty() {
+            return Ok(());
+        }
+        if !self.dirty_l2.is_empty() {
+            self.barrier()?;
+            let dirty = std::mem::take(&mut self.dirty_l2);
+            let esize = self.g.l2_entry_size as usize;
+            for (off, positions) in &dirty {
+                let (Some(lo), Some(hi)) = (positions.first(), positions.last()) else {
+                    continue;
+                };
+                let bytes = self
+                    .l2_cache
+                    .get(*off)
+                    .map(|t| t[*lo..*hi + esize].to_vec())
+                    .ok_or_else(|| self.invalid("a dirty L2 table left the cache"))?;
+                write_at(&self.file, off + *lo as u64, &bytes, "L2 entries")?;
+                self.l2_cache.unpin(*off);
+            }
+            self.dirty_entries = 0;
+        }
+        if !self.deferred_release.is_empty() {
+            self.barrier()?;
+            for (first, count) in std::mem::take(&mut self.deferred_release) {
+                self.free_clusters(first, count)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn update_l2_cache(
+        &mut self,
+        guest: u64,
+        raw: u64,
+        bitmap: u64,
+    ) -> Result<(u64, usize), BlockError> {
+        let bytes = self.entry_bytes(raw, bitmap);
+        let (i1, i2) = self.indices(guest);
+        let Some((off, _)) = self.l2_table(i1)? else {
+            return Err(self.invalid("L2 table vanished before its entry was written"));
+        };
+        self.load_l2(off)?;
+        let pos = i2 * self.g.l2_entry_size as usize;
+        let path = self.path.clone();
+        let t = self
+            .l2_cache
+            .get_mut(off)
+            .ok_or_else(|| BlockError::InvalidImage {
+                path,
+                reason: "L2 cache lost a table".into(),
+            })?;
+        t[pos..pos + bytes.len()].copy_from_slice(&bytes);
+        Ok((off, pos))
+    }
+
+    fn set_l1_entry(&mut self, i: usize, raw: u64) -> Result<(), BlockError> {
+        write_at(
+            &self.file,
+            self.l1_offset + i as u64 * 8,
+            &raw.to_be_bytes(),
+            "L1 entry",
+        )?;
+        self.l1[i] = raw;
+        Ok(())
+    }
+
+    /// The L2 table covering `guest`, allocated (new tables: refcount,
+    /// then the zeroed table, then the L1 entry) or copied if shared with
+    /// a snapshot, so that its entries may be changed.
+    pub fn writable_l2(&mut self, guest: u64) -> Result<u64, BlockError> {
+        let (i1, _) = self.indices(guest);
+        if i1 >= self.l1.len() {
+            return Err(self.invalid("guest offset beyond the L1 table"));
+        }
+        let old = self.l2_table(i1)?;
+        if let Some((off, true)) = old {
+            return Ok(off);
+        }
+        let table = match old {
+            Some((off, _)) => {
+                self.load_l2(off)?;
+                self.l2_cache
+                    .get(off)
+                    .map(<[u8]>::to_vec)
+                    .unwrap_or_default()
+            }
+            None => vec![0u8; self.g.cluster_size as usize],
+        };
+        let new = self.alloc_clusters(1)?;
+        write_at(&self.file, new, &table, "new L2 table")?;
+        self.l2_cache.insert(new, table);
+        self.barrier()?;
+        self.set_l1_entry(i1, new | OFLAG_COPIED)?;
+        if let Some((off, _)) = old {
+            // Dirty entries of the old table went out inside the copy,
+            // which the barrier above made durable before the L1 entry.
+            if let Some(p) = self.dirty_l2.remove(&off) {
+                self.dirty_entries -= p.len();
+            }
+            self.l2_cache.remove(off);
+            self.free_clusters(off >> self.g.cluster_bits, 1)?;
+        }
+        Ok(new)
+    }
+
+    /// Replaces the L1 table (grown to `new_len` entries) at a new place;
+    /// header fields are written by the caller through `write_l1_header`.
+    pub fn grow_l1(&mut self, new_len: usize) -> Result<(), BlockError> {
+        if new_len <= self.l1.len() {
+            return Ok(());
+        }
+        let bytes = new_len as u64 * 8;
+        if bytes > super::header::MAX_L1_BYTES {
+            return Err(BlockError::Resize(format!(
+                "L1 table of {new_len} entries is too large"
+            )));
+        }
+        let clusters = bytes.div_ceil(self.g.cluster_size);
+        let new = self.alloc_clusters(clusters)?;
+        let mut buf = vec![0u8; (clusters * self.g.cluster_size) as usize];
+        for (i, e) in self.l1.iter().enumerate() {
+            buf[i * 8..i * 8 + 8].copy_from_slice(&e.to_be_bytes());
+        }
+        write_at(&self.file, new, &buf, "new L1 table")?;
+        self.barrier()?;
+        let mut hdr = [0u8; 12];
+        hdr[..4].copy_from_slice(&(new_len as u32).to_be_bytes());
+        hdr[4..].copy_from_slice(&new.to_be_bytes());
+        write_at(
+            &self.file,
+            super::header::OFF_L1_SIZE,
+            &hdr,
+            "header L1 fields",
+        )?;
+        let old = self.l1_offset;
+        let old_clusters = (self.l1.len() as u64 * 8).div_ceil(self.g.cluster_size);
+        self.l1_offset = new;
+        self.l1.resize(new_len, 0);
+        if old_clusters > 0 {
+            self.free_clusters(old >> self.g.cluster_bits, old_clusters)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,216 @@
+//! Read planning: guest ranges to host extents, zeroes, compressed
+//! clusters, or ranges of the backing image.
+//!
+//! A guest range enters; `ReadPiece`s leave, in order. The L2 lookups run
+//! under the image lock; backing ranges are planned by the backing image
+//! after the lock is dropped and their file ids shifted into this image's
+//! `files()` numbering.
+
+use super::compressed::compressed_read_len;
+use super::image::Qcow2Image;
+use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
+use crate::error::BlockError;
+use crate::formats::{CompressedExtent, FileId, ReadPiece, ReadPlan, ReadSource};
+
+/// One step of a read, before backing ranges are resolved.
+enum Step {
+    Piece(ReadPiece),
+    Backing { offset: u64, len: u64 },
+}
+
+/// Appends a piece, merging it with the last one when contiguous.
+pub(crate) fn push_piece(plan: &mut ReadPlan, piece: ReadPiece) {
+    if piece.len == 0 {
+        return;
+    }
+    if let Some(last) = plan.last_mut() {
+        match (&mut last.source, piece.source) {
+            (ReadSource::Zero, ReadSource::Zero) => {
+                last.len += piece.len;
+                return;
+            }
+            (
+                ReadSource::Host { file, offset },
+                ReadSource::Host {
+                    file: f2,
+                    offset: o2,
+                },
+            ) if *file == f2 && *offset + last.len == o2 => {
+                last.len += piece.len;
+                return;
+            }
+            _ => {}
+        }
+    }
+    plan.push(piece);
+}
+
+impl Qcow2Image {
+    pub(crate) fn plan_read_impl(
+        &self,
+        offset: u64,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), BlockError> {
+        self.check_range(offset, len)?;
+        let steps = {
+            let mut st = self.lock();
+            self.map_range(&mut st.meta, offset, len)?
+        };
+        for step in steps {
+            match step {
+                Step::Piece(p) => push_piece(plan, p),
+                Step::Backing { offset, len } => self.plan_backing(offset, len, plan)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn map_range(
+        &self,
+        meta: &mut super::meta::MetaState,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<Step>, BlockError> {
+        let cs = meta.g.cluster_size;
+        let end = offset + len;
+        let mut pos = offset;
+        let mut steps: Vec<Step> = Vec::new();
+        let push = |steps: &mut Vec<Step>, s: Step| {
+            // Merge neighbouring backing ranges so the backing plans once.
+            if let (Some(Step::Backing { len: l, .. }), Step::Backing { len: n, .. }) =
+                (steps.last_mut(), &s)
+            {
+                *l += *n;
+                return;
+            }
+            if let (Some(Step::Piece(last)), Step::Piece(p)) = (steps.last_mut(), &s) {
+                let mut tmp = vec![*last];
+                push_piece(&mut tmp, *p);
+                if tmp.len() == 1 {
+                    *last = tmp[0];
+                    return;
+                }
+            }
+            steps.push(s);
+        };
+        while pos < end {
+            let in_c = pos & (cs - 1);
+            let (entry, bitmap) = meta.l2_entry(pos)?;
+            let mut n = (cs - in_c).min(end - pos);
+            let step = if meta.g.extended_l2 && !matches!(entry, L2Entry::Compressed(_)) {
+                let sub = cs / 32;
+                n = n.min(sub - (in_c % sub));
+                let state = subcluster_state(bitmap, (in_c / sub) as u32)
+                    .map_err(|r| meta.invalid(format!("guest offset {pos:#x}: {r}")))?;
+                let host = match entry {
+                    L2Entry::Normal { host, .. }
+                    | L2Entry::Zero {
+                        host: Some(host), ..
+                    } => Some(host),
+                    _ => None,
+                };
+                match (state, host) {
+                    (SubclusterState::Allocated, Some(h)) => self.host_step(h + in_c, n),
+                    (SubclusterState::Allocated, None) => {
+                        return Err(meta.invalid(format!(
+                            "guest offset {pos:#x}: allocated subcluster without a cluster"
+                        )))
+                    }
+                    (SubclusterState::Zero, _) => Step::Piece(ReadPiece {
+                        len: n,
+                        source: ReadSource::Zero,
+                    }),
+                    (SubclusterState::Unallocated, _) => self.unallocated_step(pos, n),
+                }
+            } else {
+                match entry {
+                    L2Entry::Normal { host, .. } => self.host_step(host + in_c, n),
+                    L2Entry::Zero { .. } => Step::Piece(ReadPiece {
+                        len: n,
+                        source: ReadSource::Zero,
+                    }),
+                    L2Entry::Unallocated => self.unallocated_step(pos, n),
+                    L2Entry::Compressed(d) => {
+                        if self.header.has_data_file() {
+                            return Err(meta.invalid(
+                                "compressed cluster in an image with an external data file",
+                            ));
+                        }
+                        Step::Piece(ReadPiece {
+                            len: n,
+                            source: ReadSource::Compressed(CompressedExtent {
+                                file: FileId(0),
+                                host_offset: d.host_offset,
+                                compressed_len: compressed_read_len(&d, meta.file_size),
+                                algorithm: meta.g.compression,
+                                cluster_size: cs as u32,
+                                offset_in_cluster: in_c as u32,
+                            }),
+                        })
+                    }
+                }
+            };
+            push(&mut steps, step);
+            pos += n;
+        }
+        Ok(steps)
+    }
+
+    fn host_step(&self, offset: u64, len: u64) -> Step {
+        Step::Piece(ReadPiece {
+            len,
+            source: ReadSource::Host {
+                file: self.data_file,
+                offset,
+            },
+        })
+    }
+
+    fn unallocated_step(&self, offset: u64, len: u64) -> Step {
+        if self.backing.is_some() {
+            Step::Backing { offset, len }
+        } else {
+            Step::Piece(ReadPiece {
+                len,
+                source: ReadSource::Zero,
+            })
+        }
+    }
+
+    /// Plans `offset..offset+len` of the backing image (zeroes past its end).
+    fn plan_backing(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
+        let Some(b) = &self.backing else {
+            push_piece(
+                plan,
+                ReadPiece {
+                    len,
+                    source: ReadSource::Zero,
+                },
+            );
+            return Ok(());
+        };
+        let bsize = b.image.size();
+        let avail = bsize.saturating_sub(offset).min(len);
+        if avail > 0 {
+            let mut sub = ReadPlan::new();
+            b.image.plan_read(offset, avail, &mut sub)?;
+            for mut p in sub {
+                match &mut p.source {
+                    ReadSource::Host { file, .. } => file.0 += self.backing_base,
+                    ReadSource::Compressed(c) => c.file.0 += self.backing_base,
+                    ReadSource::Zero => {}
+                }
+                push_piece(plan, p);
+            }
+        }
+        push_piece(
+            plan,
+            ReadPiece {
+                len: len - avail,
+                source: ReadSource::Zero,
+            },
+        );
+        Ok(())
+    }
+}

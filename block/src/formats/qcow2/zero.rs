@@ -1,0 +1,205 @@
+//! Write-zeroes and discard planning.
+//!
+//! A guest range enters; a plan leaves. Whole clusters change metadata
+//! only: on v3 images the L2 entry becomes a zero cluster (when a backing
+//! image would otherwise show through, or the guest did not allow
+//! unmapping) or unallocated; the L2 entry is written now, the engine then
+//! punches the old host cluster, and `commit` drops its refcount, so a
+//! crash leaks, never corrupts, and a reused cluster is never punched.
+//! Partial clusters, and v2 images over a backing file (v2 has no zero
+//! flag), get zeroes written. Discard is write-zeroes with unmapping
+//! allowed: a discarded range of a qcow2 image reads as zeroes.
+
+use super::image::{Qcow2Image, State};
+use super::l2_entry::{L2Entry, OFLAG_COPIED, OFLAG_ZERO};
+use super::write::{PlanBuilder, Source};
+use crate::error::BlockError;
+use crate::formats::{Waker, WriteOutcome, WritePlan};
+
+/// Extended L2 bitmap: all 32 subclusters read as zeroes.
+const ALL_ZERO: u64 = 0xffff_ffff << 32;
+
+impl Qcow2Image {
+    pub(crate) fn plan_write_zeroes_impl(
+        &self,
+        offset: u64,
+        len: u64,
+        may_unmap: bool,
+        waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
+        self.check_writable(offset, len)?;
+        if len == 0 {
+            return Ok(WriteOutcome::Ready(WritePlan::default()));
+        }
+        let mut st = self.lock();
+        if self.blocked(&mut st, offset, len, waker) {
+            return Ok(WriteOutcome::Blocked);
+        }
+        self.mark_dirty(&mut st)?;
+        let cs = self.cluster_size();
+        let end = offset + len;
+        let mut pos = offset;
+        let mut b = PlanBuilder::default();
+        while pos < end {
+            let in_cluster = pos & (cs - 1);
+            let n = (cs - in_cluster).min(end - pos);
+            // Skip whole missing L2 tables that already read as zeroes.
+            if let Some(run) = st.meta.unmapped_run(pos)? {
+                let beyond_backing = self
+                    .backing
+                    .as_ref()
+                    .is_none_or(|bk| pos >= bk.image.size());
+                if beyond_backing {
+                    pos += run.min(end - pos);
+                    continue;
+                }
+            }
+            if n < cs {
+                if !self.reads_zero(&mut st, pos)? {
+                    self.write_range(&mut st, pos, n, Source::Zeroes, &mut b)?;
+                }
+            } else {
+                self.zero_cluster(&mut st, pos, may_unmap, &mut b)?;
+            }
+            pos += n;
+        }
+        Ok(Self::finish_plan(&mut st, b))
+    }
+
+    /// Whether the cluster holding `guest` already reads as zeroes.
+    fn reads_zero(&self, st: &mut State, guest: u64) -> Result<bool, BlockError> {
+        let (e, bitmap) = st.meta.l2_entry(guest)?;
+        if st.meta.g.extended_l2 {
+            let no_backing = self
+                .backing
+                .as_ref()
+                .is_none_or(|bk| guest >= bk.image.size());
+            return Ok(
+                e == L2Entry::Unallocated && (bitmap == ALL_ZERO || (bitmap == 0 && no_backing))
+            );
+        }
+        Ok(match e {
+            L2Entry::Zero { .. } => true,
+            L2Entry::Unallocated => self
+                .backing
+                .as_ref()
+                .is_none_or(|bk| guest >= bk.image.size()),
+            _ => false,
+        })
+    }
+
+    /// Makes one whole cluster read as zeroes.
+    fn zero_cluster(
+        &self,
+        st: &mut State,
+        guest: u64,
+        may_unmap: bool,
+        b: &mut PlanBuilder,
+    ) -> Result<(), BlockError> {
+        let cs = self.cluster_size();
+        let has_backing = self
+            .backing
+            .as_ref()
+            .is_some_and(|bk| guest < bk.image.size());
+        if st.meta.g.extended_l2 {
+            return self.zero_cluster_extended(st, guest, may_unmap, has_backing, b);
+        }
+        let (entry, _) = st.meta.l2_entry(guest)?;
+        if st.meta.g.version < 3 {
+            return match entry {
+                L2Entry::Normal { host, copied: true } if !may_unmap || has_backing => {
+                    b.zero_range(self.data_file, host, cs);
+                    Ok(())
+                }
+                L2Entry::Unallocated if !has_backing => Ok(()),
+                _ if has_backing => self.write_range(st, guest, cs, Source::Zeroes, b),
+                _ => self.unmap(st, guest, entry, (0, 0), b),
+            };
+        }
+        match entry {
+            // A raw data file must read as zeroes too: zero the data.
+            L2Entry::Normal { host, copied: true } if !may_unmap && st.meta.g.data_file => {
+                b.zero_range(self.data_file, host, cs);
+                Ok(())
+            }
+            // Keep the allocation, flag it zero.
+            L2Entry::Normal { host, copied: true } if !may_unmap => {
+                st.meta.writable_l2(guest)?;
+                st.meta
+                    .set_l2_entry(guest, host | OFLAG_COPIED | OFLAG_ZERO, 0)
+            }
+            L2Entry::Zero { host: None, .. } => Ok(()),
+            L2Entry::Zero { host: Some(_), .. } if !may_unmap => Ok(()),
+            L2Entry::Unallocated if !has_backing => Ok(()),
+            _ => {
+                let target = if has_backing || !may_unmap {
+                    OFLAG_ZERO
+                } else {
+                    0
+                };
+                self.unmap(st, guest, entry, (target, 0), b)
+            }
+        }
+    }
+
+    /// Extended L2: the subcluster bitmap says zero (all 32 zero bits) or
+    /// unallocated; a kept host cluster becomes preallocated zeroes.
+    fn zero_cluster_extended(
+        &self,
+        st: &mut State,
+        guest: u64,
+        may_unmap: bool,
+        has_backing: bool,
+        b: &mut PlanBuilder,
+    ) -> Result<(), BlockError> {
+        let (entry, bitmap) = st.meta.l2_entry(guest)?;
+        match entry {
+            L2Entry::Normal { host, copied: true } if !may_unmap && st.meta.g.data_file => {
+                b.zero_range(self.data_file, host, self.cluster_size());
+                Ok(())
+            }
+            L2Entry::Normal { host, copied: true } if !may_unmap => {
+                st.meta.writable_l2(guest)?;
+                st.meta.set_l2_entry(guest, host | OFLAG_COPIED, ALL_ZERO)
+            }
+            L2Entry::Unallocated if bitmap == ALL_ZERO || (bitmap == 0 && !has_backing) => Ok(()),
+            _ => {
+                let target = if has_backing || !may_unmap {
+                    ALL_ZERO
+                } else {
+                    0
+                };
+                self.unmap(st, guest, entry, (0, target), b)
+            }
+        }
+    }
+
+    /// Writes `target` as the cluster's L2 entry now; the engine punches
+    /// the old host cluster if we held its only reference; commit drops
+    /// the reference.
+    fn unmap(
+        &self,
+        st: &mut State,
+        guest: u64,
+        old: L2Entry,
+        (target, bitmap): (u64, u64),
+        b: &mut PlanBuilder,
+    ) -> Result<(), BlockError> {
+        st.meta.writable_l2(guest)?;
+        st.meta.set_l2_entry(guest, target, bitmap)?;
+        match old {
+            L2Entry::Normal { host, copied: true }
+            | L2Entry::Zero {
+                host: Some(host),
+                copied: true,
+            } => {
+                b.punch(self.data_file, host, self.cluster_size());
+            }
+            _ => {}
+        }
+        if let Some(r) = self.references(old) {
+            b.pending.release_clusters(r);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,418 @@
+//! The io_uring engine: one ring per queue, one dup'd descriptor per image
+//! file registered as a fixed file, and the queue's eventfd registered for
+//! completion notification.
+//!
+//! Ops enter through [`Engine::push`] as SQEs (tagged with the op token);
+//! [`Engine::submit`] hands them to the kernel in one `io_uring_enter`
+//! (more only when the SQ fills up or the kernel says EAGAIN/EBUSY).
+//! CQEs leave through [`Engine::reap`] as [`EngineCompletion`]s.
+//!
+//! The engine never has more ops in the kernel than the CQ can hold, so
+//! completions are never dropped even without `IORING_FEAT_NODROP`; an
+//! overflowed CQ (possible only with NODROP) is flushed while reaping.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::sync::Arc;
+
+use io_uring::{cqueue, squeue, IoUring};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{Engine, EngineCompletion, HostOp, OpToken};
+use crate::error::BlockError;
+
+mod setup;
+mod sqe;
+
+/// SQ entries of a queue's ring (the CQ has twice as many).
+pub const DEFAULT_ENTRIES: u32 = 256;
+
+/// `io_uring_enter` flag: wait for / flush completions (not re-exported
+/// by the io-uring crate).
+const IORING_ENTER_GETEVENTS: u32 = 1;
+
+/// How many times submission retries EAGAIN/EBUSY before giving up.
+const SUBMIT_RETRIES: u32 = 10_000;
+
+/// See the module docs.
+pub struct UringEngine {
+    ring: IoUring<squeue::Entry, cqueue::Entry>,
+    /// Dup'd descriptors, registered as fixed files 0..n (kept open for as
+    /// long as the ring may use them).
+    _files: Vec<File>,
+    eventfd: Arc<EventFd>,
+    /// Tokens of SQEs pushed to the SQ and not yet consumed by the kernel.
+    unsubmitted: VecDeque<OpToken>,
+    /// Ops in the ring (queued or in the kernel) whose CQE we have not read.
+    in_ring: usize,
+    /// Completions read from the CQ (or made up) and not yet handed out.
+    done: VecDeque<EngineCompletion>,
+    /// Set after a fatal submit error: the SQ is never entered again.
+    broken: bool,
+    /// Injected results of the next submissions, front first: an errno
+    /// fails that enter, 0 lets it run (tests; see
+    /// [`UringEngine::inject_submit_results`]).
+    injected: VecDeque<i32>,
+}
+
+impl UringEngine {
+    /// A ring with `entries` SQ entries over dup'd copies of `files`,
+    /// signalling `eventfd` on completions.
+    pub fn new(
+        files: &[Arc<File>],
+        eventfd: Arc<EventFd>,
+        entries: u32,
+    ) -> Result<Self, BlockError> {
+        let (ring, files) = setup::build_ring(files, &eventfd, entries)?;
+        Ok(UringEngine {
+            ring,
+            _files: files,
+            eventfd,
+            unsubmitted: VecDeque::new(),
+            in_ring: 0,
+            done: VecDeque::new(),
+            broken: false,
+            injected: VecDeque::new(),
+        })
+    }
+
+    fn cq_capacity(&mut self) -> usize {
+        self.ring.completion().capacity()
+    }
+
+    /// Moves every CQE to `done`, flushing an overflowed CQ.
+    fn reap_cq(&mut self) {
+        loop {
+            let mut cq = self.ring.completion();
+            cq.sync();
+            for cqe in &mut cq {
+                let res = cqe.result();
+                let result = if res < 0 {
+                    Err(io::Error::from_raw_os_error(-res))
+                } else {
+                    Ok(res as u64)
+                };
+                self.done.push_back(EngineCompletion {
+                    token: cqe.user_data(),
+                    result,
+                });
+                self.in_ring = self.in_ring.saturating_sub(1);
+            }
+            drop(cq);
+            if !self.ring.submission().cq_overflow() {
+                return;
+            }
+            // Kernel-buffered CQEs (IORING_FEAT_NODROP) move to the CQ only
+            // on an enter with GETEVENTS; submit nothing here.
+            // SAFETY: to_submit 0, min_complete 0 and no argument: the
+            // kernel only flushes its overflow list.
+            let r = unsafe {
+                self.ring
+                    .submitter()
+                    .enter::<libc::sigset_t>(0, 0, IORING_ENTER_GETEVENTS, None)
+            };
+            if r.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Submits the SQ until it is empty, retrying EINTR/EAGAIN/EBUSY (after
+    /// reaping, so the kernel has room). A fatal error fails every
+    /// unsubmitted op and breaks the ring.
+    fn submit_all(&mut self) -> Result<(), BlockError> {
+        let mut retries = 0;
+        while !self.unsubmitted.is_empty() {
+            if self.broken {
+                return Err(BlockError::UringSubmit(io::Error::from_raw_os_error(
+                    libc::EBADFD,
+                )));
+            }
+            match self.enter_submit() {
+                Ok(n) => {
+                    let n = n.min(self.unsubmitted.len());
+                    self.unsubmitted.drain(..n);
+                    if n == 0 {
+                        retries += 1;
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) => {
+                    retries += 1;
+                    let before = self.done.len();
+                    self.reap_cq();
+                    if self.done.len() == before {
+                        std::thread::yield_now();
+                    }
+                }
+                Err(e) => {
+                    self.fail_unsubmitted(&e);
+                    return Err(BlockError::UringSubmit(e));
+                }
+            }
+            if retries > SUBMIT_RETRIES {
+                let e = io::Error::from_raw_os_error(libc::EAGAIN);
+                self.fail_unsubmitted(&e);
+                return Err(BlockError::UringSubmit(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Fault injection for tests: the next submitting `io_uring_enter`
+    /// calls take these results in order; an errno makes that call fail
+    /// with it (nothing is consumed from the SQ), 0 lets it run.
+    #[doc(hidden)]
+    pub fn inject_submit_results(&mut self, results: impl IntoIterator<Item = i32>) {
+        self.injected.extend(results);
+    }
+
+    /// `io_uring_enter` for the queued SQEs (tests may make it fail).
+    fn enter_submit(&mut self) -> io::Result<usize> {
+        match self.injected.pop_front() {
+            Some(errno) if errno != 0 => Err(io::Error::from_raw_os_error(errno)),
+            _ => self.ring.submit(),
+        }
+    }
+
+    /// After a fatal submit error: the ring is never entered with SQEs again,
+    /// so the queued ones will never run; complete them with the error.
+    fn fail_unsubmitted(&mut self, e: &io::Error) {
+        self.broken = true;
+        let errno = e.raw_os_error().unwrap_or(libc::EIO);
+        for token in self.unsubmitted.drain(..) {
+            self.in_ring = self.in_ring.saturating_sub(1);
+            self.done.push_back(EngineCompletion {
+                token,
+                result: Err(io::Error::from_raw_os_error(errno)),
+            });
+        }
+        let _ = self.eventfd.write(1);
+    }
+
+    /// Blocks until the kernel has completed at least one op.
+    fn wait_cqe(&mut self) -> Result<(), BlockError> {
+        loop {
+            // SAFETY: to_submit 0 (nothing is consumed from the SQ, which
+            // is empty anyway after `submit_all`), wait for one CQE.
+            let r = unsafe {
+                self.ring
+                    .submitter()
+                    .enter::<libc::sigset_t>(0, 1, IORING_ENTER_GETEVENTS, None)
+            };
+            match r {
+                Ok(_) => return Ok(()),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN)) => {
+                    if !self.ring.completion().is_empty() {
+                        return Ok(());
+                    }
+                }
+                Err(e) => return Err(BlockError::UringSubmit(e)),
+            }
+        }
+    }
+}
+
+impl Engine for UringEngine {
+    unsafe fn push(&mut self, token: OpToken, op: HostOp) -> Result<(), BlockError> {
+        if self.broken {
+            return Err(BlockError::UringSubmit(io::Error::from_raw_os_error(
+                libc::EBADFD,
+            )));
+        }
+        // Never more ops in the ring than the CQ holds (no lost CQEs).
+        while self.in_ring >= self.cq_capacity() {
+            self.submit_all()?;
+            self.reap_cq();
+            if self.in_ring >= self.cq_capacity() {
+                self.wait_cqe()?;
+                self.reap_cq();
+            }
+        }
+        let entry = sqe::to_sqe(&op).user_data(token);
+        loop {
+            // SAFETY: the caller's contract (`Engine::push`) keeps the
+            // iovecs and their memory valid until this token's CQE is
+            // reaped; the fixed-file index refers to a descriptor we keep
+            // open for the ring's lifetime.
+            let pushed = unsafe { self.ring.submission().push(&entry) };
+            if pushed.is_ok() {
+                break;
+            }
+            // SQ full: hand it to the kernel and continue.
+            self.submit_all()?;
+        }
+        self.unsubmitted.push_back(token);
+        self.in_ring += 1;
+        Ok(())
+    }
+
+    fn submit(&mut self) -> Result<(), BlockError> {
+        self.submit_all()
+    }
+
+    fn reap(&mut self, out: &mut Vec<EngineCompletion>) {
+        self.reap_cq();
+        out.extend(self.done.drain(..));
+    }
+
+    fn wait(&mut self, out: &mut Vec<EngineCompletion>) -> Result<(), BlockError> {
+        self.submit_all()?;
+        self.reap_cq();
+        if self.done.is_empty() && self.in_ring > 0 {
+            self.wait_cqe()?;
+            self.reap_cq();
+        }
+        out.extend(self.done.drain(..));
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_ring + self.done.len()
+    }
+
+    fn eventfd(&self) -> &Arc<EventFd> {
+        &self.eventfd
+    }
+}
+
+impl Drop for UringEngine {
+    fn drop(&mut self) {
+        // The executor reaps every op before dropping its engine; should
+        // anything still be in the kernel, let it finish before the ring
+        // and the dup'd descriptors go away.
+        let mut sink = Vec::new();
+        while self.in_ring > 0 && !self.broken {
+            if self.wait(&mut sink).is_err() {
+                break;
+            }
+            sink.clear();
+        }
+        // Ring teardown is asynchronous in the kernel; unregistering drops
+        // its references to our descriptors now, so the image's locks are
+        // released as soon as the disk is closed (qemu-img can open it).
+        let _ = self.ring.submitter().unregister_files();
+        let _ = self.ring.submitter().unregister_eventfd();
+    }
+}
+
+// SAFETY: the ring and the raw pointers inside queued SQEs are only used by
+// the thread that owns the engine; `push`'s contract keeps the memory valid
+// whichever thread that is.
+unsafe impl Send for UringEngine {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::FileId;
+    use crate::io::RawIovecs;
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    fn engine(entries: u32) -> Option<(UringEngine, std::path::PathBuf)> {
+        crate::io::probe::uring_support().ok()?;
+        let path =
+            std::env::temp_dir().join(format!("uring-unit-{}-{entries}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 65536]).unwrap();
+        let f = Arc::new(File::options().read(true).write(true).open(&path).unwrap());
+        let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        Some((UringEngine::new(&[f], efd, entries).unwrap(), path))
+    }
+
+    /// Reads 16 blocks of 4 KiB through `e`, returning their completions.
+    fn read_all(e: &mut UringEngine) -> Vec<EngineCompletion> {
+        let mut bufs = vec![vec![0u8; 4096]; 16];
+        let iovs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        for (i, iov) in iovs.iter().enumerate() {
+            let op = HostOp::Readv {
+                file: FileId(0),
+                offset: i as u64 * 4096,
+                iov: RawIovecs { ptr: iov, count: 1 },
+            };
+            // SAFETY: `iovs` and `bufs` live until every op is reaped
+            // below (the loop waits for all 16).
+            unsafe { e.push(i as u64, op).unwrap() };
+        }
+        e.submit().unwrap();
+        let mut out = Vec::new();
+        while out.len() < 16 {
+            e.wait(&mut out).unwrap();
+        }
+        assert_eq!(e.in_flight(), 0);
+        assert!(bufs.iter().all(|b| b.iter().all(|&x| x == 7)));
+        out
+    }
+
+    #[test]
+    fn ebusy_and_eagain_from_enter_are_retried() {
+        let Some((mut e, path)) = engine(4) else {
+            return;
+        };
+        e.inject_submit_results([libc::EBUSY, libc::EAGAIN, libc::EINTR, libc::EBUSY]);
+        let out = read_all(&mut e);
+        assert!(
+            e.injected.is_empty(),
+            "every injected error was hit"
+        );
+        assert!(out.iter().all(|c| matches!(c.result, Ok(4096))));
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_fatal_enter_error_fails_queued_ops_and_breaks_the_ring() {
+        let Some((mut e, path)) = engine(32) else {
+            return;
+        };
+        let mut buf = vec![0u8; 4096];
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let op = HostOp::Readv {
+            file: FileId(0),
+            offset: 0,
+            iov: RawIovecs {
+                ptr: &iov,
+                count: 1,
+            },
+        };
+        e.inject_submit_results([libc::EFAULT]);
+        // SAFETY: the op never reaches the kernel (the enter fails and the
+        // ring is never entered with SQEs again); `buf` outlives `e` anyway.
+        unsafe { e.push(9, op).unwrap() };
+        assert!(matches!(e.submit(), Err(BlockError::UringSubmit(_))));
+        let mut out = Vec::new();
+        e.reap(&mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].token, 9);
+        assert_eq!(
+            out[0].result.as_ref().unwrap_err().raw_os_error(),
+            Some(libc::EFAULT)
+        );
+        assert_eq!(e.in_flight(), 0);
+        let op = HostOp::Fdatasync { file: FileId(0) };
+        // SAFETY: no memory is involved.
+        assert!(unsafe { e.push(10, op) }.is_err());
+        drop(e);
+        drop(buf);
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn more_ops_than_the_cq_holds_complete() {
+        let Some((mut e, path)) = engine(2) else {
+            return;
+        };
+        let out = read_all(&mut e);
+        let mut tokens: Vec<u64> = out.iter().map(|c| c.token).collect();
+        tokens.sort();
+        assert_eq!(tokens, (0..16).collect::<Vec<_>>());
+        let _ = std::fs::remove_file(path);
+    }
+}

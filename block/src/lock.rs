@@ -1,0 +1,147 @@
+//! Image locking that qemu understands: open file description (OFD) locks
+//! on the byte offsets qemu's file-posix driver uses.
+//!
+//! qemu takes a shared (read) lock on byte `100 + N` for each permission N
+//! it holds and on byte `200 + N` for each permission it does not let
+//! others have (N: 0 consistent read, 1 write, 2 write-unchanged,
+//! 3 resize). Before locking it tests the opposite bytes for conflicts. We
+//! do the same, so a writer here makes `qemu-img info` (without -U) and
+//! qemu-io writes fail, and a qemu process holding the image makes our
+//! open fail with [`BlockError::Locked`].
+//!
+//! A descriptor enters; on success it leaves locked for as long as the open
+//! file description lives (every dup shares it).
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use crate::error::BlockError;
+
+const PERM_BASE: i64 = 100;
+const SHARED_BASE: i64 = 200;
+const PERM_CONSISTENT_READ: u32 = 0;
+const PERM_WRITE: u32 = 1;
+// Permission 2, write-unchanged, is shared by everyone: never locked.
+const PERM_RESIZE: u32 = 3;
+const PERM_COUNT: u32 = 4;
+
+/// Permissions held and permissions not shared, as bit sets.
+fn perms(writable: bool) -> (u32, u32) {
+    let bit = |n: u32| 1u32 << n;
+    if writable {
+        // What a qemu-io or qemu-system writer holds (seen in /proc/locks:
+        // bytes 100, 101, 103, 201, 203).
+        (
+            bit(PERM_CONSISTENT_READ) | bit(PERM_WRITE) | bit(PERM_RESIZE),
+            bit(PERM_WRITE) | bit(PERM_RESIZE),
+        )
+    } else {
+        // A reader wants a consistent view: no one else may write or resize.
+        (
+            bit(PERM_CONSISTENT_READ),
+            bit(PERM_WRITE) | bit(PERM_RESIZE),
+        )
+    }
+}
+
+fn flock(ty: libc::c_short, start: i64) -> libc::flock {
+    // SAFETY: flock is a plain C struct for which all-zero bytes are valid.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ty;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = 1;
+    fl
+}
+
+/// Whether another open file description holds a lock on byte `start`.
+fn byte_locked(file: &File, start: i64) -> std::io::Result<bool> {
+    let mut fl = flock(libc::F_WRLCK as libc::c_short, start);
+    // SAFETY: F_OFD_GETLK reads and writes the flock struct we own; the fd
+    // is open for the duration of the call.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+fn lock_byte(file: &File, start: i64) -> std::io::Result<()> {
+    let fl = flock(libc::F_RDLCK as libc::c_short, start);
+    // SAFETY: F_OFD_SETLK only reads the flock struct we own.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes qemu-compatible locks on `file`: a writer's when `writable`, else
+/// a reader's (which still refuses concurrent writers, as qemu does).
+pub fn lock_image(file: &File, path: &Path, writable: bool) -> Result<(), BlockError> {
+    let (held, unshared) = perms(writable);
+    let lock_err = |source| BlockError::Lock {
+        path: path.to_owned(),
+        source,
+    };
+    for n in 0..PERM_COUNT {
+        let conflict = (held >> n & 1 != 0
+            && byte_locked(file, SHARED_BASE + i64::from(n)).map_err(lock_err)?)
+            || (unshared >> n & 1 != 0
+                && byte_locked(file, PERM_BASE + i64::from(n)).map_err(lock_err)?);
+        if conflict {
+            return Err(BlockError::Locked {
+                path: path.to_owned(),
+            });
+        }
+    }
+    for n in 0..PERM_COUNT {
+        for (set, base) in [(held, PERM_BASE), (unshared, SHARED_BASE)] {
+            if set >> n & 1 != 0 {
+                lock_byte(file, base + i64::from(n)).map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EAGAIN)
+                        || e.raw_os_error() == Some(libc::EACCES)
+                    {
+                        BlockError::Locked {
+                            path: path.to_owned(),
+                        }
+                    } else {
+                        lock_err(e)
+                    }
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writer_excludes_reader_and_writer() {
+        let dir = std::env::temp_dir().join(format!("lock-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("img");
+        std::fs::write(&p, [0u8; 512]).unwrap();
+        let a = File::options().read(true).write(true).open(&p).unwrap();
+        lock_image(&a, &p, true).unwrap();
+        let b = File::open(&p).unwrap();
+        assert!(matches!(
+            lock_image(&b, &p, false),
+            Err(BlockError::Locked { .. })
+        ));
+        let c = File::options().read(true).write(true).open(&p).unwrap();
+        assert!(matches!(
+            lock_image(&c, &p, true),
+            Err(BlockError::Locked { .. })
+        ));
+        drop(a);
+        lock_image(&b, &p, false).unwrap();
+        let d = File::open(&p).unwrap();
+        lock_image(&d, &p, false).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

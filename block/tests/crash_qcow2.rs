@@ -1,0 +1,223 @@
+//! Crash consistency of qcow2 writes: a child process writes at random and
+//! flushes now and then; the parent kills it with SIGKILL mid-stream, 50
+//! times over, and checks what a crash may and may not leave behind.
+//!
+//! The child is this test binary re-run with `CRASH_CHILD=1` and the
+//! `crash_child_writer` filter. It logs "W i" to a side file before it
+//! submits write i and "F i" after a flush that followed write i
+//! completed. After the kill, `qemu-img check` must find no corruption
+//! (leaked clusters are allowed) and every sector written before the last
+//! completed flush, and not rewritten after it, must read back (through
+//! `qemu-img convert`, an independent reader).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use block::{Disk, DiskOptions, ImageType};
+
+const ROUNDS: u64 = 50;
+const SIZE: u64 = 4 << 20;
+const SECTOR: u64 = 512;
+const FLUSH_EVERY: u64 = 8;
+
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Write `i` of run `seed`: offset, and its data (both deterministic).
+fn write_op(seed: u64, i: u64) -> (u64, Vec<u8>) {
+    let mut rng = Rng::new(seed.wrapping_mul(1_000_003).wrapping_add(i));
+    let max_sectors = if rng.below(4) == 0 { 384 } else { 16 };
+    let len = (1 + rng.below(max_sectors)) * SECTOR;
+    let off = rng.below((SIZE - len) / SECTOR + 1) * SECTOR;
+    let mut data = vec![0u8; len as usize];
+    for chunk in data.chunks_mut(8) {
+        let v = rng.next().to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+    (off, data)
+}
+
+/// The child: writes until killed (bounded, in case nobody kills it).
+#[test]
+fn crash_child_writer() {
+    let (Ok(img), Ok(log), Ok(seed)) = (
+        std::env::var("CRASH_IMG"),
+        std::env::var("CRASH_LOG"),
+        std::env::var("CRASH_SEED"),
+    ) else {
+        return; // Not in child mode: nothing to do.
+    };
+    let seed: u64 = seed.parse().expect("CRASH_SEED");
+    let mut opts = DiskOptions::new(&img);
+    opts.image_type = ImageType::Qcow2;
+    let disk = Disk::open(&opts).expect("child: open image");
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .expect("child: open log");
+    for i in 0..100_000u64 {
+        let (off, data) = write_op(seed, i);
+        // write(2) reaches the page cache at once: a SIGKILL cannot lose it.
+        writeln!(log, "W {i}").expect("child: log");
+        disk.write_at(off, &data).expect("child: write");
+        if i % FLUSH_EVERY == FLUSH_EVERY - 1 {
+            disk.flush().expect("child: flush");
+            writeln!(log, "F {i}").expect("child: log");
+        }
+    }
+}
+
+fn qemu_img(args: &[&str]) -> std::process::Output {
+    Command::new("qemu-img").args(args).output().expect(
+        "qemu-img is not installed: this test uses it as the oracle (apt-get install qemu-utils)",
+    )
+}
+
+/// (last write started, last write covered by a completed flush).
+fn parse_log(log: &Path) -> (Option<u64>, Option<u64>) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let (mut started, mut flushed) = (None, None);
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("W", n)) => started = n.parse().ok().or(started),
+            Some(("F", n)) => flushed = n.parse().ok().or(flushed),
+            _ => {}
+        }
+    }
+    (started, flushed)
+}
+
+fn round(dir: &Path, seed: u64) {
+    let img = dir.join(format!("crash-{seed}.qcow2"));
+    let log = dir.join(format!("crash-{seed}.log"));
+    let img_s = img.to_str().unwrap();
+    let cluster = if seed.is_multiple_of(3) { "4096" } else { "65536" };
+    let out = qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        &format!("cluster_size={cluster}"),
+        img_s,
+        &SIZE.to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "qemu-img create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&log, b"").unwrap();
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "crash_child_writer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CRASH_IMG", &img)
+        .env("CRASH_LOG", &log)
+        .env("CRASH_SEED", seed.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    // Kill after a seed-chosen number of completed flushes (1..=6), plus a
+    // seed-chosen number of writes after it, so the kill lands anywhere.
+    let mut rng = Rng::new(seed ^ 0xc0ffee);
+    let want_flushes = 1 + rng.below(6);
+    let extra_writes = rng.below(FLUSH_EVERY);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (started, flushed) = parse_log(&log);
+        let flushes = flushed.map_or(0, |f| (f + 1) / FLUSH_EVERY);
+        if flushes >= want_flushes && started >= flushed.map(|f| f + extra_writes) {
+            break;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).ok();
+            panic!("seed {seed}: child exited early ({status}):\n{err}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "seed {seed}: child made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().expect("SIGKILL the child");
+    child.wait().unwrap();
+
+    let (started, flushed) = parse_log(&log);
+    let flushed = flushed.expect("at least one flush completed");
+    let started = started.unwrap_or(flushed);
+
+    // No corruption; leaks are allowed (exit 3).
+    let check = qemu_img(&["check", "--output=json", img_s]);
+    let code = check.status.code().unwrap_or(-1);
+    assert!(
+        code == 0 || code == 3,
+        "seed {seed}: qemu-img check after the crash exited {code}:\n{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    // Everything flushed and not rewritten since must read back.
+    let mut model = vec![0u8; SIZE as usize];
+    for i in 0..=flushed {
+        let (off, data) = write_op(seed, i);
+        model[off as usize..off as usize + data.len()].copy_from_slice(&data);
+    }
+    let mut uncertain = vec![false; (SIZE / SECTOR) as usize];
+    for i in flushed + 1..=started {
+        let (off, data) = write_op(seed, i);
+        for s in off / SECTOR..(off + data.len() as u64) / SECTOR {
+            uncertain[s as usize] = true;
+        }
+    }
+    let raw = dir.join(format!("crash-{seed}.raw"));
+    let out = qemu_img(&["convert", "-O", "raw", img_s, raw.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "seed {seed}: qemu-img convert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = std::fs::read(&raw).unwrap();
+    for (s, unsure) in uncertain.iter().enumerate() {
+        let r = s * SECTOR as usize..(s + 1) * SECTOR as usize;
+        assert!(
+            *unsure || got[r.clone()] == model[r.clone()],
+            "seed {seed}: sector {s} lost data flushed by write {flushed} (killed after write {started})"
+        );
+    }
+    for f in [&img, &log, &raw] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+#[test]
+fn crash_kill9_mid_writes_never_corrupts() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("ch-crash-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for seed in 1..=ROUNDS {
+        round(&dir, seed);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,158 @@
+//! `ch-img check [-f fmt] [--output=human|json] [-r leaks|all] [-q] FILE`
+//!
+//! Runs [`block::check::check_image`] and prints its report as qemu-img
+//! does. Exit status: 0 clean, 1 check not completed, 2 corruptions,
+//! 3 leaks only, 63 the format has no checks (raw).
+
+use block::check::{check_image, CheckReport, Repair};
+use block::{BlockError, ImageType};
+use serde_json::{json, Map, Value};
+
+use crate::args::{parse, OptSpec};
+use crate::cmd::{print_json, OutputFormat};
+use crate::error::CliError;
+use crate::options::parse_format;
+
+const SPEC: OptSpec = OptSpec {
+    short_with_value: "frT",
+    short_flags: "qUh",
+    long_with_value: &["output"],
+    long_flags: &["force-share"],
+};
+
+pub fn run(args: &[String]) -> Result<u8, CliError> {
+    let p = parse(args, &SPEC)?;
+    let output = OutputFormat::parse(p.value("output"))?;
+    let quiet = p.flag("q");
+    let repair = match p.value("r") {
+        None => None,
+        Some("leaks") => Some(Repair::Leaks),
+        Some("all") => Some(Repair::All),
+        Some(other) => {
+            return Err(CliError::Usage(format!(
+                "Invalid -r argument '{other}' (expected leaks or all)"
+            )))
+        }
+    };
+    let [path] = p.operands.as_slice() else {
+        return Err(CliError::Usage("Expecting one image file name".into()));
+    };
+    if parse_format(p.value("f"))? == ImageType::Raw {
+        eprintln!("ch-img: This image format does not support checks");
+        return Ok(63);
+    }
+    let report = match check_image(path.as_ref(), repair) {
+        Ok(r) => r,
+        Err(BlockError::Unsupported { feature, .. }) if feature == "checks" => {
+            eprintln!("ch-img: This image format does not support checks");
+            return Ok(63);
+        }
+        Err(e) => {
+            eprintln!("ch-img: Check failed: {}", crate::error::chain(&e));
+            return Ok(1);
+        }
+    };
+    match output {
+        OutputFormat::Json => print_json(&json_report(&report))?,
+        OutputFormat::Human => {
+            for m in &report.messages {
+                eprintln!("{m}");
+            }
+            if !quiet {
+                print!("{}", human_report(&report));
+            }
+        }
+    }
+    Ok(exit_status(&report))
+}
+
+/// qemu-img check's exit status for a completed check.
+pub fn exit_status(r: &CheckReport) -> u8 {
+    if r.check_errors > 0 {
+        1
+    } else if r.corruptions > 0 {
+        2
+    } else if r.leaks > 0 {
+        3
+    } else {
+        0
+    }
+}
+
+/// The JSON object with qemu-img 7.2's keys and order (zero counts of
+/// optional keys left out, as qemu-img does).
+pub fn json_report(r: &CheckReport) -> Value {
+    let mut m = Map::new();
+    let mut put = |k: &str, v: Option<u64>| {
+        if let Some(v) = v.filter(|&v| v > 0) {
+            m.insert(k.into(), json!(v));
+        }
+    };
+    put("image-end-offset", r.image_end_offset);
+    put("compressed-clusters", r.compressed_clusters);
+    put("total-clusters", r.total_clusters);
+    put("corruptions", Some(r.corruptions));
+    put("corruptions-fixed", Some(r.corruptions_fixed));
+    m.insert("check-errors".into(), json!(r.check_errors));
+    let mut put = |k: &str, v: Option<u64>| {
+        if let Some(v) = v.filter(|&v| v > 0) {
+            m.insert(k.into(), json!(v));
+        }
+    };
+    put("leaks", Some(r.leaks));
+    put("leaks-fixed", Some(r.leaks_fixed));
+    put("allocated-clusters", r.allocated_clusters);
+    m.insert("filename".into(), json!(r.filename));
+    m.insert("format".into(), json!(r.format));
+    if let Some(v) = r.fragmented_clusters.filter(|&v| v > 0) {
+        m.insert("fragmented-clusters".into(), json!(v));
+    }
+    Value::Object(m)
+}
+
+/// qemu-img check's summary text.
+pub fn human_report(r: &CheckReport) -> String {
+    let mut s = String::new();
+    if r.leaks_fixed > 0 || r.corruptions_fixed > 0 {
+        s.push_str(&format!(
+            "The following inconsistencies were found and repaired:\n\n    {} leaked clusters\n    {} corruptions\n\nDouble checking the fixed image now...\n",
+            r.leaks_fixed, r.corruptions_fixed
+        ));
+    }
+    let (corruptions, leaks) = (r.corruptions, r.leaks);
+    if corruptions == 0 && leaks == 0 && r.check_errors == 0 {
+        s.push_str("No errors were found on the image.\n");
+    } else {
+        if corruptions > 0 {
+            s.push_str(&format!(
+                "\n{corruptions} errors were found on the image.\nData may be corrupted, or further writes to the image may corrupt it.\n"
+            ));
+        }
+        if leaks > 0 {
+            s.push_str(&format!(
+                "\n{leaks} leaked clusters were found on the image.\nThis means waste of disk space, but no harm to data.\n"
+            ));
+        }
+        if r.check_errors > 0 {
+            s.push_str(&format!(
+                "\n{} internal errors have occurred during the check.\n",
+                r.check_errors
+            ));
+        }
+    }
+    if let (Some(total), Some(alloc)) = (r.total_clusters, r.allocated_clusters) {
+        if total > 0 && alloc > 0 {
+            let pct = |n: u64, of: u64| n as f64 * 100.0 / of as f64;
+            s.push_str(&format!(
+                "{alloc}/{total} = {:.2}% allocated, {:.2}% fragmented, {:.2}% compressed clusters\n",
+                pct(alloc, total),
+                pct(r.fragmented_clusters.unwrap_or(0), alloc),
+                pct(r.compressed_clusters.unwrap_or(0), alloc),
+            ));
+        }
+    }
+    if let Some(end) = r.image_end_offset {
+        s.push_str(&format!("Image end offset: {end}\n"));
+    }
+    s
+}

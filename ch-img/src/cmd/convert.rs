@@ -1,0 +1,200 @@
+//! `ch-img convert [-f fmt] [-O raw|qcow2] [-o opts] [-q] [-p] [-S size] SRC DST`
+//!
+//! Reads the source through the block read path, extent by extent as
+//! `block_status` reports them. Extents that read as zeroes are skipped,
+//! and so are zero blocks (4 KiB granularity, or `-S`) inside data
+//! extents, so the output stays sparse: a raw output is a sparse file, a
+//! qcow2 output allocates only clusters with data.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+
+use block::create::{create_image, CreateOptions};
+use block::ImageType;
+
+use crate::args::{parse, OptSpec};
+use crate::error::CliError;
+use crate::image_io::ImageIo;
+use crate::options::{apply_create_options, open_image, parse_format};
+use crate::size::parse_size;
+
+const SPEC: OptSpec = OptSpec {
+    short_with_value: "fOoStTB",
+    short_flags: "qpnUcWh",
+    long_with_value: &[],
+    long_flags: &["force-share"],
+};
+
+const CHUNK: u64 = 2 << 20;
+
+/// Where converted data goes.
+enum Output {
+    Raw(std::fs::File),
+    Image(Box<ImageIo>),
+}
+
+impl Output {
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), CliError> {
+        match self {
+            Output::Raw(f) => f.write_all_at(data, offset).map_err(|source| CliError::Os {
+                what: "write the raw output",
+                source,
+            }),
+            Output::Image(img) => img
+                .write_at(offset, data)
+                .map_err(|source| CliError::Write { offset, source }),
+        }
+    }
+
+    fn finish(self) -> Result<(), CliError> {
+        match self {
+            Output::Raw(f) => f.sync_all().map_err(|source| CliError::Os {
+                what: "sync the raw output",
+                source,
+            }),
+            Output::Image(img) => img.close().map_err(CliError::Close),
+        }
+    }
+}
+
+pub fn run(args: &[String]) -> Result<u8, CliError> {
+    let p = parse(args, &SPEC)?;
+    if p.flag("c") {
+        return Err(CliError::Usage(
+            "ch-img convert does not write compressed clusters (-c)".into(),
+        ));
+    }
+    if p.value("B").is_some() || p.flag("n") {
+        return Err(CliError::Usage(
+            "ch-img convert supports neither -B nor -n".into(),
+        ));
+    }
+    let [src, dst] = p.operands.as_slice() else {
+        return Err(CliError::Usage(
+            "Expecting one source and one destination file name".into(),
+        ));
+    };
+    let block = match p.value("S") {
+        Some(s) => parse_size(s).filter(|&b| b % 512 == 0).ok_or_else(|| {
+            CliError::Usage("Invalid buffer size for sparse output specified".into())
+        })?,
+        None => 4096,
+    };
+    let out_fmt = match parse_format(p.value("O"))? {
+        ImageType::Auto => ImageType::Raw,
+        f => f,
+    };
+    let input = open_image(src, parse_format(p.value("f"))?, true)?;
+    let size = input.size();
+    let output = match out_fmt {
+        ImageType::Qcow2 => {
+            let mut opts = CreateOptions {
+                format: ImageType::Qcow2,
+                size,
+                ..Default::default()
+            };
+            apply_create_options(&mut opts, &p.values("o"))?;
+            opts.path = dst.into();
+            opts.size = size;
+            create_image(&opts).map_err(|source| CliError::Create {
+                path: dst.into(),
+                source,
+            })?;
+            Output::Image(Box::new(open_image(dst, ImageType::Qcow2, false)?))
+        }
+        _ => {
+            if !p.values("o").is_empty() {
+                return Err(CliError::Usage("raw output takes no -o options".into()));
+            }
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dst)
+                .map_err(|source| CliError::OutputFile {
+                    path: dst.into(),
+                    source,
+                })?;
+            f.set_len(size).map_err(|source| CliError::OutputFile {
+                path: dst.into(),
+                source,
+            })?;
+            Output::Raw(f)
+        }
+    };
+    copy(&input, &output, size, block)?;
+    output.finish()?;
+    Ok(0)
+}
+
+fn copy(input: &ImageIo, output: &Output, size: u64, block: u64) -> Result<(), CliError> {
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut pos = 0u64;
+    while pos < size {
+        let status = input
+            .format()
+            .block_status(pos, size - pos)
+            .map_err(|source| CliError::BlockStatus {
+                offset: pos,
+                source,
+            })?;
+        let len = status.len.min(size - pos);
+        if len == 0 {
+            return Err(CliError::BlockStatus {
+                offset: pos,
+                source: block::BlockError::OutOfRange {
+                    offset: pos,
+                    len: 0,
+                    size,
+                },
+            });
+        }
+        if !status.zero {
+            copy_extent(input, output, pos, len, block, &mut buf)?;
+        }
+        pos += len;
+    }
+    Ok(())
+}
+
+/// Copies `pos..pos+len`, writing only runs of blocks that are not all zero.
+fn copy_extent(
+    input: &ImageIo,
+    output: &Output,
+    pos: u64,
+    len: u64,
+    block: u64,
+    buf: &mut [u8],
+) -> Result<(), CliError> {
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(CHUNK) as usize;
+        let at = pos + done;
+        input
+            .read_at(at, &mut buf[..n])
+            .map_err(|source| CliError::Read { offset: at, source })?;
+        let mut i = 0usize;
+        while i < n {
+            // Blocks are aligned to the virtual disk, not to this chunk.
+            let b_end = (((at + i as u64) / block + 1) * block - at) as usize;
+            let end = b_end.min(n);
+            if buf[i..end].iter().all(|&b| b == 0) {
+                i = end;
+                continue;
+            }
+            // Extend the run over following non-zero blocks.
+            let mut run_end = end;
+            while run_end < n {
+                let next = (run_end + block as usize).min(n);
+                if buf[run_end..next].iter().all(|&b| b == 0) {
+                    break;
+                }
+                run_end = next;
+            }
+            output.write_at(at + i as u64, &buf[i..run_end])?;
+            i = run_end;
+        }
+        done += n as u64;
+    }
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! `ch-img create [-f fmt] [-o opts] [-b backing [-F backing_fmt]] [-u] [-q] FILE [SIZE]`
+//!
+//! Builds a [`CreateOptions`] from qemu-img's options, prints qemu-img's
+//! "Formatting ..." line and calls [`block::create::create_image`].
+
+use block::create::{create_image, CreateOptions};
+use block::ImageType;
+
+use crate::args::{parse, OptSpec};
+use crate::error::CliError;
+use crate::options::{apply_create_options, parse_format};
+use crate::size::parse_size;
+
+const SPEC: OptSpec = OptSpec {
+    short_with_value: "fobF",
+    short_flags: "uqh",
+    long_with_value: &[],
+    long_flags: &[],
+};
+
+pub fn run(args: &[String]) -> Result<u8, CliError> {
+    let p = parse(args, &SPEC)?;
+    let mut opts = CreateOptions {
+        format: match parse_format(p.value("f"))? {
+            ImageType::Auto => ImageType::Raw,
+            f => f,
+        },
+        ..Default::default()
+    };
+    apply_create_options(&mut opts, &p.values("o"))?;
+    if let Some(b) = p.value("b") {
+        opts.backing_file = Some(b.to_string());
+    }
+    if let Some(f) = p.value("F") {
+        opts.backing_fmt = Some(parse_format(Some(f))?);
+    }
+    let (path, size) = match p.operands.as_slice() {
+        [path] => (path, None),
+        [path, size] => (path, Some(size)),
+        [] => return Err(CliError::Usage("Expecting image file name".into())),
+        _ => return Err(CliError::Usage("Unexpected argument after the size".into())),
+    };
+    opts.path = path.into();
+    if let Some(size) = size {
+        opts.size = parse_size(size).ok_or_else(|| {
+            CliError::Usage(
+                "Invalid image size specified. You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.".into(),
+            )
+        })?;
+    } else if opts.backing_file.is_none() && opts.size == 0 {
+        return Err(CliError::Usage(format!(
+            "{path}: Image creation needs a size parameter"
+        )));
+    }
+    if opts.format == ImageType::Raw && opts.backing_file.is_some() {
+        return Err(CliError::Usage(
+            "raw images do not support backing files".into(),
+        ));
+    }
+    if !p.flag("q") {
+        println!("{}", formatting_line(&opts));
+    }
+    create_image(&opts).map_err(|source| CliError::Create {
+        path: opts.path.clone(),
+        source,
+    })?;
+    Ok(0)
+}
+
+/// qemu-img's "Formatting 'FILE', fmt=... size=..." line.
+fn formatting_line(o: &CreateOptions) -> String {
+    let path = o.path.display();
+    if o.format == ImageType::Raw {
+        return format!("Formatting '{path}', fmt=raw size={}", o.size);
+    }
+    let onoff = |b: bool| if b { "on" } else { "off" };
+    let mut s = format!(
+        "Formatting '{path}', fmt=qcow2 cluster_size={} extended_l2={} compression_type=zlib size={}",
+        o.cluster_size.unwrap_or(65536),
+        onoff(o.extended_l2),
+        o.size
+    );
+    if let Some(b) = &o.backing_file {
+        s.push_str(&format!(" backing_file={b}"));
+    }
+    if let Some(f) = o.backing_fmt {
+        s.push_str(&format!(
+            " backing_fmt={}",
+            if f == ImageType::Raw { "raw" } else { "qcow2" }
+        ));
+    }
+    if let Some(c) = &o.compat {
+        s.push_str(&format!(" compat={c}"));
+    }
+    s.push_str(&format!(
+        " lazy_refcounts={} refcount_bits={}",
+        onoff(o.lazy_refcounts),
+        o.refcount_bits.unwrap_or(16)
+    ));
+    s
+}

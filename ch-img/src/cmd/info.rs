@@ -1,0 +1,159 @@
+//! `ch-img info [-f fmt] [--output=human|json] [-U] FILE`
+//!
+//! Opens the image read-only, takes [`block::formats::ImageInfo`] and the
+//! file's allocated size, and prints them as qemu-img does (human text, or
+//! JSON with qemu-img's key names and order).
+
+use block::formats::ImageInfo;
+use serde_json::{json, Map, Value};
+
+use crate::args::{parse, OptSpec};
+use crate::cmd::{print_json, OutputFormat};
+use crate::error::CliError;
+use crate::options::{allocated_bytes, open_image, parse_format};
+use crate::size::human_size;
+
+const SPEC: OptSpec = OptSpec {
+    short_with_value: "f",
+    short_flags: "Uqh",
+    long_with_value: &["output"],
+    long_flags: &["force-share", "backing-chain"],
+};
+
+pub fn run(args: &[String]) -> Result<u8, CliError> {
+    let p = parse(args, &SPEC)?;
+    let output = OutputFormat::parse(p.value("output"))?;
+    let [path] = p.operands.as_slice() else {
+        return Err(CliError::Usage("Expecting one image file name".into()));
+    };
+    let image = open_image(path, parse_format(p.value("f"))?, true)?;
+    let info = image.format().info();
+    let actual = allocated_bytes(path.as_ref());
+    match output {
+        OutputFormat::Json => print_json(&json_info(path, &info, actual))?,
+        OutputFormat::Human => print!("{}", human_info(path, &info, actual)),
+    }
+    Ok(0)
+}
+
+/// The JSON object, keys in qemu-img 7.2's order.
+pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
+    let mut m = Map::new();
+    if let Some(f) = &info.backing_filename_format {
+        m.insert("backing-filename-format".into(), json!(f));
+    }
+    m.insert("virtual-size".into(), json!(info.virtual_size));
+    m.insert("filename".into(), json!(path));
+    if let Some(c) = info.cluster_size {
+        m.insert("cluster-size".into(), json!(c));
+    }
+    m.insert("format".into(), json!(info.format));
+    if let Some(a) = actual {
+        m.insert("actual-size".into(), json!(a));
+    }
+    if info.format == "qcow2" {
+        let mut data = Map::new();
+        if let Some(c) = &info.compat {
+            data.insert("compat".into(), json!(c));
+        }
+        if let Some(d) = &info.data_file {
+            data.insert("data-file".into(), json!(d));
+        }
+        if info.compat.as_deref() != Some("0.10") {
+            if let Some(c) = info.compression_type {
+                data.insert("compression-type".into(), json!(c));
+            }
+            if let Some(l) = info.lazy_refcounts {
+                data.insert("lazy-refcounts".into(), json!(l));
+            }
+        } else if let Some(c) = info.compression_type {
+            data.insert("compression-type".into(), json!(c));
+        }
+        if let Some(r) = info.refcount_bits {
+            data.insert("refcount-bits".into(), json!(r));
+        }
+        if info.compat.as_deref() != Some("0.10") {
+            if let Some(c) = info.corrupt {
+                data.insert("corrupt".into(), json!(c));
+            }
+            if let Some(e) = info.extended_l2 {
+                data.insert("extended-l2".into(), json!(e));
+            }
+        }
+        m.insert(
+            "format-specific".into(),
+            json!({ "type": "qcow2", "data": data }),
+        );
+    }
+    if let Some(f) = &info.full_backing_filename {
+        m.insert("full-backing-filename".into(), json!(f));
+    }
+    if let Some(f) = &info.backing_filename {
+        m.insert("backing-filename".into(), json!(f));
+    }
+    m.insert("dirty-flag".into(), json!(info.dirty.unwrap_or(false)));
+    Value::Object(m)
+}
+
+/// qemu-img's human-readable report.
+pub fn human_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> String {
+    let mut s = format!(
+        "image: {path}\nfile format: {}\nvirtual size: {} ({} bytes)\ndisk size: {}\n",
+        info.format,
+        human_size(info.virtual_size),
+        info.virtual_size,
+        actual
+            .map(human_size)
+            .unwrap_or_else(|| "unavailable".into()),
+    );
+    if let Some(c) = info.cluster_size {
+        s.push_str(&format!("cluster_size: {c}\n"));
+    }
+    if info.dirty == Some(true) {
+        s.push_str("cleanly shut down: no\n");
+    }
+    if let Some(b) = &info.backing_filename {
+        match &info.full_backing_filename {
+            Some(full) if full != b => {
+                s.push_str(&format!("backing file: {b} (actual path: {full})\n"))
+            }
+            _ => s.push_str(&format!("backing file: {b}\n")),
+        }
+        if let Some(f) = &info.backing_filename_format {
+            s.push_str(&format!("backing file format: {f}\n"));
+        }
+    }
+    if info.format == "qcow2" {
+        s.push_str("Format specific information:\n");
+        let mut line = |k: &str, v: String| s.push_str(&format!("    {k}: {v}\n"));
+        if let Some(c) = &info.compat {
+            line("compat", c.clone());
+        }
+        if let Some(c) = info.compression_type {
+            line("compression type", c.to_string());
+        }
+        let v3 = info.compat.as_deref() != Some("0.10");
+        if v3 {
+            if let Some(l) = info.lazy_refcounts {
+                line("lazy refcounts", l.to_string());
+            }
+        }
+        if let Some(r) = info.refcount_bits {
+            line("refcount bits", r.to_string());
+        }
+        if v3 {
+            if let Some(c) = info.corrupt {
+                line("corrupt", c.to_string());
+            }
+        }
+        if let Some(d) = &info.data_file {
+            line("data file", d.clone());
+        }
+        if v3 {
+            if let Some(e) = info.extended_l2 {
+                line("extended l2", e.to_string());
+            }
+        }
+    }
+    s
+}

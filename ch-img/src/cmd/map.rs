@@ -1,0 +1,171 @@
+//! `ch-img map [-f fmt] [--output=human|json] FILE`
+//!
+//! Walks the virtual disk with [`block::formats::Format::block_status`],
+//! merges neighbouring extents as qemu-img does (same flags, same depth,
+//! same file, host offsets contiguous) and prints them.
+
+use std::fmt::Write as _;
+
+use block::formats::BlockStatus;
+
+use crate::args::{parse, OptSpec};
+use crate::cmd::OutputFormat;
+use crate::error::CliError;
+use crate::image_io::ImageIo;
+use crate::options::{open_image, parse_format};
+
+const SPEC: OptSpec = OptSpec {
+    short_with_value: "f",
+    short_flags: "Uqh",
+    long_with_value: &["output", "start-offset", "max-length"],
+    long_flags: &["force-share"],
+};
+
+/// One merged extent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapEntry {
+    pub start: u64,
+    pub status: BlockStatus,
+}
+
+pub fn run(args: &[String]) -> Result<u8, CliError> {
+    let p = parse(args, &SPEC)?;
+    let output = OutputFormat::parse(p.value("output"))?;
+    let [path] = p.operands.as_slice() else {
+        return Err(CliError::Usage("Expecting one image file name".into()));
+    };
+    let image = open_image(path, parse_format(p.value("f"))?, true)?;
+    let entries = map_entries(&image)?;
+    let names = chain_names(path, &image);
+    let text = match output {
+        OutputFormat::Json => json_map(&entries),
+        OutputFormat::Human => human_map(&entries, &names),
+    };
+    print!("{text}");
+    Ok(0)
+}
+
+/// The merged extents covering the whole disk.
+pub fn map_entries(image: &ImageIo) -> Result<Vec<MapEntry>, CliError> {
+    let size = image.size();
+    let mut out: Vec<MapEntry> = Vec::new();
+    let mut pos = 0u64;
+    while pos < size {
+        let status = image
+            .format()
+            .block_status(pos, size - pos)
+            .map_err(|source| CliError::BlockStatus {
+                offset: pos,
+                source,
+            })?;
+        if status.len == 0 || status.len > size - pos {
+            return Err(CliError::BlockStatus {
+                offset: pos,
+                source: block::BlockError::OutOfRange {
+                    offset: pos,
+                    len: status.len,
+                    size,
+                },
+            });
+        }
+        let len = status.len;
+        match out.last_mut() {
+            Some(prev) if mergeable(prev, &status) => prev.status.len += len,
+            _ => out.push(MapEntry { start: pos, status }),
+        }
+        pos += len;
+    }
+    Ok(out)
+}
+
+fn mergeable(prev: &MapEntry, next: &BlockStatus) -> bool {
+    let a = &prev.status;
+    let offsets_follow = match (a.offset, next.offset) {
+        (None, None) => true,
+        (Some(x), Some(y)) => x.checked_add(a.len) == Some(y),
+        _ => false,
+    };
+    a.depth == next.depth
+        && a.present == next.present
+        && a.zero == next.zero
+        && a.data == next.data
+        && a.compressed == next.compressed
+        && a.file == next.file
+        && offsets_follow
+}
+
+/// qemu-img map's JSON: one object per line inside a list.
+pub fn json_map(entries: &[MapEntry]) -> String {
+    let mut s = String::from("[");
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            s.push_str(",\n");
+        }
+        let st = &e.status;
+        let _ = write!(
+            s,
+            "{{ \"start\": {}, \"length\": {}, \"depth\": {}, \"present\": {}, \"zero\": {}, \"data\": {}",
+            e.start, st.len, st.depth, st.present, st.zero, st.data
+        );
+        if let Some(o) = st.offset {
+            let _ = write!(s, ", \"offset\": {o}");
+        }
+        s.push('}');
+    }
+    s.push_str("]\n");
+    s
+}
+
+/// qemu-img map's table: extents with data at a known host offset.
+pub fn human_map(entries: &[MapEntry], names: &[String]) -> String {
+    let mut s = format!(
+        "{:<16}{:<16}{:<16}{}\n",
+        "Offset", "Length", "Mapped to", "File"
+    );
+    for e in entries {
+        let st = &e.status;
+        let Some(offset) = st.offset.filter(|_| st.data) else {
+            continue;
+        };
+        let name = names
+            .get(st.depth as usize)
+            .map(String::as_str)
+            .unwrap_or("?");
+        let _ = writeln!(
+            s,
+            "{:<16}{:<16}{:<16}{}",
+            hex(e.start),
+            hex(st.len),
+            hex(offset),
+            name
+        );
+    }
+    s
+}
+
+fn hex(v: u64) -> String {
+    if v == 0 {
+        "0".into()
+    } else {
+        format!("{v:#x}")
+    }
+}
+
+/// The file names of the chain, top first: the image as given, then each
+/// backing file as its overlay names it (resolved).
+fn chain_names(path: &str, image: &ImageIo) -> Vec<String> {
+    let mut names = vec![path.to_string()];
+    let mut info = image.format().info();
+    // Bounded: a looping chain cannot be opened in the first place.
+    while let Some(next) = info.full_backing_filename.clone() {
+        if names.len() > 64 {
+            break;
+        }
+        names.push(next.clone());
+        match open_image(&next, block::ImageType::Auto, true) {
+            Ok(img) => info = img.format().info(),
+            Err(_) => break,
+        }
+    }
+    names
+}

@@ -1,0 +1,44 @@
+//! One module per ch-img verb. Each `run` takes the words after the verb
+//! and returns the process exit status.
+
+pub mod bench;
+pub mod check;
+pub mod compare;
+pub mod convert;
+pub mod create;
+pub mod info;
+pub mod map;
+pub mod resize;
+
+use std::io::Write;
+
+use crate::error::CliError;
+
+/// `--output=human|json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    Human,
+    Json,
+}
+
+impl OutputFormat {
+    pub fn parse(value: Option<&str>) -> Result<Self, CliError> {
+        match value {
+            None | Some("human") => Ok(Self::Human),
+            Some("json") => Ok(Self::Json),
+            Some(other) => Err(CliError::Usage(format!(
+                "--output must be used with human or json as argument (not '{other}')"
+            ))),
+        }
+    }
+}
+
+/// Prints a JSON value the way qemu-img does: four-space indentation.
+pub fn print_json(value: &serde_json::Value) -> Result<(), CliError> {
+    let mut out = Vec::new();
+    let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+    serde::Serialize::serialize(value, &mut ser).map_err(|e| CliError::Stdout(e.into()))?;
+    out.push(b'\n');
+    std::io::stdout().write_all(&out).map_err(CliError::Stdout)
+}

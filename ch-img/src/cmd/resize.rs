@@ -1,0 +1,57 @@
+//! `ch-img resize [-f fmt] [--shrink] [-q] FILE [+|-]SIZE`
+//!
+//! Computes the new size (absolute or relative), refuses to shrink without
+//! `--shrink` as qemu-img does, and calls the format's `resize`.
+
+use crate::args::{parse, OptSpec};
+use crate::error::CliError;
+use crate::options::{open_image, parse_format};
+use crate::size::parse_size;
+
+const SPEC: OptSpec = OptSpec {
+    short_with_value: "f",
+    short_flags: "qh",
+    long_with_value: &["preallocation"],
+    long_flags: &["shrink"],
+};
+
+pub fn run(args: &[String]) -> Result<u8, CliError> {
+    // "-1M" is a size, not an option: take the last operand out first.
+    let (last, rest) = args
+        .split_last()
+        .ok_or_else(|| CliError::Usage("Expecting image file name and size".into()))?;
+    let p = parse(rest, &SPEC)?;
+    let [path] = p.operands.as_slice() else {
+        return Err(CliError::Usage("Expecting image file name and size".into()));
+    };
+    if p.value("preallocation").is_some_and(|v| v != "off") {
+        return Err(CliError::Usage(
+            "ch-img resize supports only --preallocation=off".into(),
+        ));
+    }
+    let bad = || CliError::Usage("Invalid image size specified".into());
+    let image = open_image(path, parse_format(p.value("f"))?, false)?;
+    let current = image.size();
+    let new_size = if let Some(d) = last.strip_prefix('+') {
+        current
+            .checked_add(parse_size(d).ok_or_else(bad)?)
+            .ok_or_else(bad)?
+    } else if let Some(d) = last.strip_prefix('-') {
+        current
+            .checked_sub(parse_size(d).ok_or_else(bad)?)
+            .ok_or_else(bad)?
+    } else {
+        parse_size(last).ok_or_else(bad)?
+    };
+    if new_size < current && !p.flag("shrink") {
+        eprintln!("ch-img: Use the --shrink option to perform a shrink operation.");
+        eprintln!("ch-img: warning: Shrinking an image will delete all data beyond the shrunken image's end. Before performing such an operation, make sure there is no important data there.");
+        return Ok(1);
+    }
+    image.format().resize(new_size).map_err(CliError::Resize)?;
+    image.close().map_err(CliError::Close)?;
+    if !p.flag("q") {
+        println!("Image resized.");
+    }
+    Ok(0)
+}

@@ -1,0 +1,76 @@
+//! ch-img's error type: what a verb failed to do, with the block layer's
+//! or the OS's cause attached. `main` prints the chain on one line and maps
+//! it to qemu-img's exit status for the verb.
+
+use std::io;
+use std::path::PathBuf;
+
+use block::BlockError;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum CliError {
+    /// Bad command line; the message names the option or operand.
+    #[error("{0}")]
+    Usage(String),
+    #[error("Could not open '{path}'")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: BlockError,
+    },
+    #[error("Could not create '{path}'")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: BlockError,
+    },
+    #[error("error while reading at byte {offset}")]
+    Read {
+        offset: u64,
+        #[source]
+        source: BlockError,
+    },
+    #[error("error while writing at byte {offset}")]
+    Write {
+        offset: u64,
+        #[source]
+        source: BlockError,
+    },
+    #[error("error while closing the image")]
+    Close(#[source] BlockError),
+    #[error("Error resizing image")]
+    Resize(#[source] BlockError),
+    #[error("could not query block status at byte {offset}")]
+    BlockStatus {
+        offset: u64,
+        #[source]
+        source: BlockError,
+    },
+    #[error("could not write the output file {path}")]
+    OutputFile {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not {what}")]
+    Os {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not write to standard output")]
+    Stdout(#[source] io::Error),
+}
+
+/// The error and its causes on one line, as qemu-img prints them.
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+        cur = e.source();
+    }
+    s
+}

@@ -1,0 +1,86 @@
+//! Synchronous data I/O for ch-img through the block crate's queue.
+//!
+//! ch-img reads and writes an image one request at a time: each call
+//! becomes one [`BlockRequest`] with an owned buffer, submitted to a
+//! sync-engine [`DiskQueue`] and waited for; the data leaves in the
+//! caller's buffer (reads) or in the image (writes). `bench` drives its own
+//! queue with many requests in flight instead.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use block::formats::Format;
+use block::{
+    BlockError, BlockRequest, Disk, DiskOptions, DiskQueue, EngineKind, IoMemory, RequestOp,
+};
+
+/// An opened image and the queue ch-img runs its requests on.
+pub struct ImageIo {
+    disk: Disk,
+    queue: RefCell<DiskQueue>,
+}
+
+impl ImageIo {
+    pub fn open(opts: &DiskOptions) -> Result<Self, BlockError> {
+        let disk = Disk::open(opts)?;
+        let queue = RefCell::new(disk.queue_with_engine(EngineKind::Sync)?);
+        Ok(ImageIo { disk, queue })
+    }
+
+    pub fn format(&self) -> &Arc<dyn Format> {
+        self.disk.format()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.disk.size()
+    }
+
+    /// Fills `buf` with the virtual disk's bytes at `offset`.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        let mem = self.run(RequestOp::Read, offset, IoMemory::Owned(vec![0; buf.len()]))?;
+        match mem.into_owned() {
+            Some(data) if data.len() == buf.len() => {
+                buf.copy_from_slice(&data);
+                Ok(())
+            }
+            _ => Err(BlockError::OutOfRange {
+                offset,
+                len: buf.len() as u64,
+                size: self.size(),
+            }),
+        }
+    }
+
+    /// Writes `data` at `offset` (allocating as the format needs).
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BlockError> {
+        self.run(RequestOp::Write, offset, IoMemory::Owned(data.to_vec()))
+            .map(|_| ())
+    }
+
+    /// Flushes, then marks the image clean.
+    pub fn close(&self) -> Result<(), BlockError> {
+        self.run(RequestOp::Flush, 0, IoMemory::None)?;
+        self.disk.close()
+    }
+
+    fn run(&self, op: RequestOp, offset: u64, memory: IoMemory) -> Result<IoMemory, BlockError> {
+        let mut queue = self.queue.borrow_mut();
+        queue.submit_batch_requests([BlockRequest {
+            user_data: 0,
+            op,
+            offset,
+            memory,
+        }]);
+        let mut out = Vec::with_capacity(1);
+        while out.is_empty() {
+            queue.wait_completions(&mut out)?;
+            if out.is_empty() && queue.in_flight() == 0 {
+                return Err(BlockError::EventFd(std::io::Error::other(
+                    "request vanished without a completion",
+                )));
+            }
+        }
+        let done = out.swap_remove(0);
+        done.result.map(|_| done.memory)
+    }
+}

@@ -1,0 +1,76 @@
+//! Option values shared by several verbs: `-f` formats, `-o key=value`
+//! creation options, and opening an image read-only or read-write.
+//!
+//! Words from the command line enter; block-crate option structs leave.
+
+use std::path::Path;
+
+use block::create::CreateOptions;
+use block::{DiskOptions, ImageType};
+
+use crate::error::CliError;
+use crate::image_io::ImageIo;
+use crate::size::parse_size;
+
+/// Parses `-f`/`-O`/`-F`: "raw" or "qcow2" (`None`: probe).
+pub fn parse_format(value: Option<&str>) -> Result<ImageType, CliError> {
+    match value {
+        None => Ok(ImageType::Auto),
+        Some("raw") => Ok(ImageType::Raw),
+        Some("qcow2") => Ok(ImageType::Qcow2),
+        Some(other) => Err(CliError::Usage(format!("Unknown file format '{other}'"))),
+    }
+}
+
+/// Opens an image for a verb; errors name the file like qemu-img does.
+pub fn open_image(path: &str, fmt: ImageType, readonly: bool) -> Result<ImageIo, CliError> {
+    let mut opts = DiskOptions::new(path);
+    opts.readonly = readonly;
+    opts.image_type = fmt;
+    ImageIo::open(&opts).map_err(|source| CliError::Open {
+        path: path.into(),
+        source,
+    })
+}
+
+/// Applies `-o` option strings ("a=1,b=2", possibly repeated) to `opts`.
+pub fn apply_create_options(opts: &mut CreateOptions, values: &[&str]) -> Result<(), CliError> {
+    for value in values {
+        for item in value.split(',').filter(|s| !s.is_empty()) {
+            let (key, val) = item.split_once('=').unwrap_or((item, "on"));
+            let bad = || CliError::Usage(format!("Invalid value '{val}' for option '{key}'"));
+            match key {
+                "size" => opts.size = parse_size(val).ok_or_else(bad)?,
+                "cluster_size" => opts.cluster_size = Some(parse_size(val).ok_or_else(bad)?),
+                "backing_file" => opts.backing_file = Some(val.to_string()),
+                "backing_fmt" => opts.backing_fmt = Some(parse_format(Some(val))?),
+                "compat" => opts.compat = Some(val.to_string()),
+                "refcount_bits" => opts.refcount_bits = Some(val.parse().map_err(|_| bad())?),
+                "lazy_refcounts" => opts.lazy_refcounts = parse_bool(val).ok_or_else(bad)?,
+                "extended_l2" => opts.extended_l2 = parse_bool(val).ok_or_else(bad)?,
+                "compression_type" if val == "zlib" => {}
+                "preallocation" if val == "off" => {}
+                _ => {
+                    return Err(CliError::Usage(format!(
+                        "Invalid parameter '{key}' (ch-img supports size, cluster_size, backing_file, backing_fmt, compat, refcount_bits, lazy_refcounts, extended_l2, compression_type=zlib, preallocation=off)"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "on" | "true" | "yes" => Some(true),
+        "off" | "false" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+/// Bytes the file occupies on disk (qemu-img's "disk size"/"actual-size").
+pub fn allocated_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.blocks() * 512)
+}

@@ -1,0 +1,223 @@
+//! End-to-end: the real `cloud-hypervisor` binary boots the bare-metal
+//! test guest (tests/guest, built by scripts/build-test-guest.sh) with
+//! virtio-blk disks in many set-ups. Each boot has a timeout, must print
+//! `RESULT: PASS` on the serial port and exit 0; afterwards `qemu-img
+//! check` must be clean and the guest's write pattern (tests/guest/README.md)
+//! must be in the image (`qemu-io read -P`).
+
+mod e2e_support;
+
+use e2e_support::{boot, check_clean, create_lazy_qcow2, dirty_flag, test_guest, Boot};
+use integration_tests::{qemu_img, qemu_io, TempDir};
+
+/// Boots the test guest and asserts PASS and a clean exit.
+fn boot_guest(dir: &TempDir, disks: &[String], cmdline: &str) -> Boot {
+    boot_guest_with(dir, disks, cmdline, &[])
+}
+
+/// As [`boot_guest`], with extra VMM arguments.
+fn boot_guest_with(dir: &TempDir, disks: &[String], cmdline: &str, extra: &[&str]) -> Boot {
+    let mut args: Vec<String> = vec!["--cmdline".into(), cmdline.into()];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    for d in disks {
+        args.push("--disk".into());
+        args.push(d.clone());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let b = boot(dir, test_guest(), &args);
+    assert!(
+        b.serial.lines().any(|l| l == "RESULT: PASS"),
+        "guest did not pass.\nserial:\n{}\nstderr:\n{}",
+        b.serial,
+        b.stderr
+    );
+    assert!(b.status.success(), "VMM exit {}: {}", b.status, b.stderr);
+    b
+}
+
+/// Checks the guest's documented layout for `queues` queues.
+fn check_pattern(fmt: &str, image: &str, queues: u64) {
+    for q in 0..queues {
+        let b = q * 262_144;
+        qemu_io(
+            fmt,
+            image,
+            &[
+                &format!("read -P {} {b} 64k", 0x40 + q),
+                &format!("read -P {} {} 4k", 0x80 + q, b + 65_536),
+                &format!("read -P 0 {} 60k", b + 69_632),
+                &format!("read -P 0 {} 64k", b + 196_608),
+            ],
+        );
+    }
+}
+
+fn make_image(dir: &TempDir, name: &str, fmt: &str, size: &str) -> String {
+    let p = dir.file(name);
+    qemu_img(&["create", "-q", "-f", fmt, &p, size]);
+    p
+}
+
+fn run_one(fmt: &str, opts: &str, queues: u64) {
+    let dir = TempDir::new("e2e");
+    let img = make_image(&dir, &format!("disk.{fmt}"), fmt, "64M");
+    let b = boot_guest(&dir, &[format!("path={img},{opts}")], "disks=1");
+    assert!(
+        b.stderr.contains("engine"),
+        "no engine log line: {}",
+        b.stderr
+    );
+    if fmt == "qcow2" {
+        check_clean(&img);
+    }
+    check_pattern(fmt, &img, queues);
+}
+
+#[test]
+fn raw_one_queue_sync() {
+    run_one("raw", "num_queues=1,engine=sync", 1);
+}
+
+#[test]
+fn raw_four_queues_io_uring() {
+    run_one("raw", "num_queues=4,engine=io_uring", 4);
+}
+
+#[test]
+fn raw_direct_io_uring() {
+    run_one("raw", "num_queues=2,direct=on,engine=io_uring", 2);
+}
+
+#[test]
+fn raw_direct_sync() {
+    run_one("raw", "direct=on,engine=sync,image_type=raw", 1);
+}
+
+#[test]
+fn qcow2_one_queue_sync() {
+    run_one("qcow2", "engine=sync", 1);
+}
+
+#[test]
+fn qcow2_four_queues_io_uring() {
+    run_one("qcow2", "num_queues=4,engine=io_uring,queue_size=256", 4);
+}
+
+#[test]
+fn qcow2_direct_auto_engine() {
+    run_one(
+        "qcow2",
+        "num_queues=2,direct=on,engine=auto,image_type=qcow2",
+        2,
+    );
+}
+
+#[test]
+fn qcow2_lazy_refcounts_dirty_bit_cleared_on_exit() {
+    let dir = TempDir::new("e2e-lazy");
+    let img = dir.file("lazy.qcow2");
+    create_lazy_qcow2(&img, "64M");
+    boot_guest(&dir, &[format!("path={img},num_queues=2")], "disks=1");
+    assert!(!dirty_flag(&img), "dirty bit left set after a clean exit");
+    check_clean(&img);
+    check_pattern("qcow2", &img, 2);
+}
+
+#[test]
+fn qcow2_overlay_on_backing_file() {
+    let dir = TempDir::new("e2e-overlay");
+    let base = make_image(&dir, "base.qcow2", "qcow2", "64M");
+    // Data the guest never touches (it writes only the first 8 MiB) and
+    // data it overwrites.
+    qemu_io(
+        "qcow2",
+        &base,
+        &["write -P 0x5a 8M 1M", "write -P 0x33 0 64k"],
+    );
+    let overlay = dir.file("overlay.qcow2");
+    qemu_img(&[
+        "create", "-q", "-f", "qcow2", "-b", &base, "-F", "qcow2", &overlay,
+    ]);
+    boot_guest(&dir, &[format!("path={overlay},num_queues=2")], "disks=1");
+    check_clean(&overlay);
+    check_clean(&base);
+    check_pattern("qcow2", &overlay, 2);
+    qemu_io("qcow2", &overlay, &["read -P 0x5a 8M 1M"]);
+    // The backing file is unchanged.
+    qemu_io(
+        "qcow2",
+        &base,
+        &["read -P 0x33 0 64k", "read -P 0x5a 8M 1M"],
+    );
+}
+
+#[test]
+fn two_disks_raw_and_qcow2() {
+    let dir = TempDir::new("e2e-two");
+    let raw = make_image(&dir, "a.raw", "raw", "32M");
+    let qcow = make_image(&dir, "b.qcow2", "qcow2", "32M");
+    let b = boot_guest(
+        &dir,
+        &[
+            format!("path={raw},num_queues=2,id=a,serial=RAW0"),
+            format!("path={qcow},num_queues=1,id=b,engine=sync"),
+        ],
+        "disks=2",
+    );
+    assert_eq!(
+        b.stderr.matches("virtio-blk at PCI").count(),
+        2,
+        "{}",
+        b.stderr
+    );
+    check_pattern("raw", &raw, 2);
+    check_clean(&qcow);
+    check_pattern("qcow2", &qcow, 1);
+}
+
+#[test]
+fn read_only_disk_is_left_unchanged() {
+    let dir = TempDir::new("e2e-ro");
+    let img = make_image(&dir, "ro.raw", "raw", "16M");
+    qemu_io("raw", &img, &["write -P 0x5a 0 16M"]);
+    boot_guest(
+        &dir,
+        &[format!("path={img},readonly=on,num_queues=2")],
+        "disks=1",
+    );
+    qemu_io("raw", &img, &["read -P 0x5a 0 16M"]);
+}
+
+#[test]
+fn guest_failure_is_visible() {
+    // `disks=2` with one disk: the guest must report FAIL (and the VMM
+    // still exits cleanly, because the guest resets).
+    let dir = TempDir::new("e2e-fail");
+    let img = make_image(&dir, "d.raw", "raw", "8M");
+    let b = boot(
+        &dir,
+        test_guest(),
+        &["--cmdline", "disks=2", "--disk", &format!("path={img}")],
+    );
+    assert!(b.serial.contains("RESULT: FAIL"), "{}", b.serial);
+    assert!(b.status.success(), "{}", b.stderr);
+}
+
+#[test]
+fn several_vcpus_and_ram_above_4g() {
+    let dir = TempDir::new("e2e-smp");
+    let img = make_image(&dir, "d.raw", "raw", "16M");
+    let b = boot_guest_with(
+        &dir,
+        &[format!("path={img},num_queues=4")],
+        "disks=1",
+        &["--cpus", "boot=4", "--memory", "size=4G"],
+    );
+    // The guest prints the PVH memmap: RAM resumes at 4 GiB.
+    assert!(
+        b.serial.contains("0x100000000-0x140000000 type 1"),
+        "{}",
+        b.serial
+    );
+    check_pattern("raw", &img, 4);
+}

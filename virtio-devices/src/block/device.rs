@@ -1,0 +1,288 @@
+//! [`BlockDevice`]: virtio-blk as a [`VirtioDevice`], and its lifecycle.
+//!
+//! Data enters from the transport: feature negotiation, config space
+//! accesses, and at DRIVER_OK the queues with their kick eventfds. The
+//! device starts one [`QueueWorker`] thread per queue, each with its own
+//! [`block::DiskQueue`]. `reset` stops the workers once their in-flight
+//! I/O has completed, joins them and hands the kick eventfds back;
+//! `shutdown` also flushes the disk and closes the image.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use block::{BlockError, Disk};
+use log::{error, warn};
+use thiserror::Error;
+use virtio_queue::QueueT;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::config_space::{BlockDeviceConfig, ConfigSpace, MAX_DISCARD_SECTORS, WRITEBACK_OFFSET};
+use super::features::{has_event_idx, offered_features};
+use super::queue_worker::{QueueWorker, WorkerExit};
+use super::request_parser::ParserLimits;
+use crate::device::{ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt};
+
+/// virtio device ID of a block device.
+pub const VIRTIO_ID_BLOCK: u32 = 2;
+
+#[derive(Debug, Error)]
+pub enum BlockDeviceError {
+    #[error("invalid virtio-blk configuration: {0}")]
+    InvalidConfig(String),
+    #[error("closing the image failed")]
+    Close(#[source] BlockError),
+}
+
+struct RunningWorker {
+    control: Arc<EventFd>,
+    handle: JoinHandle<WorkerExit>,
+}
+
+/// A virtio-blk device over one [`Disk`].
+pub struct BlockDevice {
+    disk: Disk,
+    config: BlockDeviceConfig,
+    config_space: ConfigSpace,
+    queue_sizes: Vec<u16>,
+    offered: u64,
+    acked: u64,
+    writeback: Arc<AtomicBool>,
+    workers: Vec<RunningWorker>,
+    closed: bool,
+}
+
+impl BlockDevice {
+    /// Checks the configuration and lays out the config space.
+    pub fn new(disk: Disk, config: BlockDeviceConfig) -> Result<Self, BlockDeviceError> {
+        let bad = |s: &str| Err(BlockDeviceError::InvalidConfig(s.to_string()));
+        if config.num_queues == 0 {
+            return bad("num_queues must be at least 1");
+        }
+        if !config.queue_size.is_power_of_two()
+            || config.queue_size < 2
+            || config.queue_size > 32768
+        {
+            return bad("queue_size must be a power of two between 2 and 32768");
+        }
+        let lbs = config.logical_block_size;
+        if !lbs.is_power_of_two() || lbs < 512 {
+            return bad("logical block size must be a power of two of at least 512");
+        }
+        let pbs = config.physical_block_size;
+        if !pbs.is_power_of_two() || pbs < lbs {
+            return bad(
+                "physical block size must be a power of two no smaller than the logical one",
+            );
+        }
+        let readonly = disk.readonly();
+        // The guest must not be told a block size smaller than what the
+        // image's files need (O_DIRECT alignment).
+        let mut config = config;
+        config.logical_block_size = config.logical_block_size.max(disk.logical_block_size());
+        config.physical_block_size = config.physical_block_size.max(config.logical_block_size);
+        let config_space = ConfigSpace::new(&config, disk.size(), readonly);
+        Ok(BlockDevice {
+            offered: offered_features(readonly, config.num_queues),
+            queue_sizes: vec![config.queue_size; usize::from(config.num_queues)],
+            disk,
+            config,
+            config_space,
+            acked: 0,
+            writeback: Arc::new(AtomicBool::new(true)),
+            workers: Vec::new(),
+            closed: false,
+        })
+    }
+
+    pub fn disk(&self) -> &Disk {
+        &self.disk
+    }
+
+    /// The feature bits the driver accepted.
+    pub fn acked_features(&self) -> u64 {
+        self.acked
+    }
+
+    /// Whether worker threads are running.
+    pub fn is_activated(&self) -> bool {
+        !self.workers.is_empty()
+    }
+
+    fn limits(&self) -> ParserLimits {
+        ParserLimits {
+            capacity_sectors: self.config_space.capacity_sectors(),
+            seg_max: self.config.effective_seg_max(),
+            readonly: self.disk.readonly(),
+            max_discard_sectors: MAX_DISCARD_SECTORS,
+            max_discard_seg: 1,
+        }
+    }
+
+    fn stop_workers(&mut self) -> Vec<EventFd> {
+        for worker in &self.workers {
+            if let Err(e) = worker.control.write(1) {
+                error!("virtio-blk: cannot signal a worker to stop: {e}");
+            }
+        }
+        let mut kicks = Vec::new();
+        for worker in self.workers.drain(..) {
+            match worker.handle.join() {
+                Ok(exit) => kicks.push(exit.kick),
+                Err(_) => error!("virtio-blk: a queue worker panicked"),
+            }
+        }
+        kicks
+    }
+
+    /// Drains the workers, then closes the image (metadata written, image
+    /// marked clean, files synced). Later calls do nothing.
+    pub fn close(&mut self) -> Result<(), BlockDeviceError> {
+        drop(self.stop_workers());
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        // Writes the format's metadata, marks the image clean, then syncs.
+        self.disk.close().map_err(BlockDeviceError::Close)
+    }
+}
+
+impl VirtioDevice for BlockDevice {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BLOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+
+    fn features(&self) -> u64 {
+        self.offered
+    }
+
+    fn ack_features(&mut self, features: u64) {
+        let unknown = features & !self.offered;
+        if unknown != 0 {
+            warn!("virtio-blk: driver acked features {unknown:#x} that were not offered; ignored");
+        }
+        self.acked = features & self.offered;
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        self.config_space.read(offset, data);
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        if self.config_space.write(offset, data) {
+            self.writeback
+                .store(self.config_space.writeback(), Ordering::Relaxed);
+        } else {
+            warn!(
+                "virtio-blk: ignored write of {} bytes to read-only config offset {offset} (only {WRITEBACK_OFFSET} is writable)",
+                data.len()
+            );
+        }
+    }
+
+    fn activate(
+        &mut self,
+        mem: Arc<GuestMemoryMmap>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        queues: Vec<ActivatedQueue>,
+    ) -> Result<(), ActivateError> {
+        if !self.workers.is_empty() {
+            return Err(ActivateError::BadActivate(
+                "device is already active".into(),
+            ));
+        }
+        if self.closed {
+            return Err(ActivateError::BadActivate("device was shut down".into()));
+        }
+        if queues.is_empty() || queues.len() > self.queue_sizes.len() {
+            return Err(ActivateError::BadActivate(format!(
+                "{} queues given, the device has 1 to {}",
+                queues.len(),
+                self.queue_sizes.len()
+            )));
+        }
+        if let Some(q) = queues.iter().find(|q| !q.queue.is_valid(&*mem)) {
+            return Err(ActivateError::BadActivate(format!(
+                "queue {} is not ready or its rings lie outside guest memory",
+                q.index
+            )));
+        }
+        let limits = self.limits();
+        let event_idx = has_event_idx(self.acked);
+        let device_id = self.config.device_id();
+        for activated in queues {
+            let started =
+                self.start_worker(activated, &mem, &interrupt, limits, event_idx, device_id);
+            if let Err(e) = started {
+                drop(self.stop_workers());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) -> Vec<EventFd> {
+        let kicks = self.stop_workers();
+        self.acked = 0;
+        self.config_space.write(WRITEBACK_OFFSET, &[1]);
+        self.writeback.store(true, Ordering::Relaxed);
+        kicks
+    }
+
+    fn shutdown(&mut self) {
+        if let Err(e) = self.close() {
+            error!("virtio-blk: shutdown: {e}");
+        }
+    }
+}
+
+impl BlockDevice {
+    fn start_worker(
+        &mut self,
+        activated: ActivatedQueue,
+        mem: &Arc<GuestMemoryMmap>,
+        interrupt: &Arc<dyn VirtioInterrupt>,
+        limits: ParserLimits,
+        event_idx: bool,
+        device_id: [u8; 20],
+    ) -> Result<(), ActivateError> {
+        let ActivatedQueue {
+            index,
+            mut queue,
+            kick,
+        } = activated;
+        queue.set_event_idx(event_idx);
+        let disk = self.disk.queue().map_err(ActivateError::Backend)?;
+        let control = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(ActivateError::EventFd)?);
+        let worker = QueueWorker {
+            index,
+            queue,
+            kick,
+            control: Arc::clone(&control),
+            mem: Arc::clone(mem),
+            interrupt: Arc::clone(interrupt),
+            disk,
+            limits,
+            device_id,
+            writeback: Arc::clone(&self.writeback),
+        };
+        let handle = std::thread::Builder::new()
+            .name(format!("virtio-blk-q{index}"))
+            .spawn(move || worker.run())
+            .map_err(ActivateError::SpawnWorker)?;
+        self.workers.push(RunningWorker { control, handle });
+        Ok(())
+    }
+}
+
+impl Drop for BlockDevice {
+    fn drop(&mut self) {
+        drop(self.stop_workers());
+    }
+}

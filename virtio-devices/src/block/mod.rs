@@ -1,0 +1,23 @@
+//! virtio-blk: a block device over a [`block::Disk`].
+//!
+//! - [`request_parser`]: one descriptor chain in, a validated request (or
+//!   the status to answer with) out. Everything the guest controls is
+//!   checked here.
+//! - [`descriptor_walk`]: a chain (with its indirect table) as a bounded
+//!   list of descriptors.
+//! - [`queue_worker`]: one thread per queue; pops chains, submits batches
+//!   to the disk, completes them into the used ring, raises interrupts.
+//! - [`config_space`]: [`BlockDeviceConfig`] and the config space layout.
+//! - [`features`]: which feature bits are offered.
+//! - [`device`]: [`BlockDevice`], the [`crate::VirtioDevice`] the transport
+//!   drives (activate, reset, shutdown).
+
+pub mod config_space;
+pub mod descriptor_walk;
+pub mod device;
+pub mod features;
+pub mod queue_worker;
+pub mod request_parser;
+
+pub use config_space::BlockDeviceConfig;
+pub use device::{BlockDevice, BlockDeviceError, VIRTIO_ID_BLOCK};

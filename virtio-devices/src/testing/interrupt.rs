@@ -1,0 +1,103 @@
+//! A [`VirtioInterrupt`] for the host-side driver: one eventfd per queue.
+//!
+//! The device's worker threads call [`VirtioInterrupt::trigger`]; the
+//! driver waits on the queue's eventfd ([`EventFdInterrupt::wait`]) and
+//! tests read how many interrupts each queue raised.
+
+use std::io;
+use std::os::unix::io::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::device::{InterruptKind, VirtioInterrupt};
+
+/// Counts and signals interrupts per queue.
+pub struct EventFdInterrupt {
+    queues: Vec<EventFd>,
+    counts: Vec<AtomicU64>,
+    config: AtomicU64,
+}
+
+impl EventFdInterrupt {
+    pub fn new(num_queues: u16) -> io::Result<Self> {
+        let mut queues = Vec::new();
+        let mut counts = Vec::new();
+        for _ in 0..num_queues {
+            queues.push(EventFd::new(EFD_NONBLOCK)?);
+            counts.push(AtomicU64::new(0));
+        }
+        Ok(EventFdInterrupt {
+            queues,
+            counts,
+            config: AtomicU64::new(0),
+        })
+    }
+
+    /// Interrupts raised for `queue` so far.
+    pub fn count(&self, queue: u16) -> u64 {
+        self.counts
+            .get(usize::from(queue))
+            .map_or(0, |c| c.load(Ordering::SeqCst))
+    }
+
+    /// Config-change interrupts raised so far.
+    pub fn config_count(&self) -> u64 {
+        self.config.load(Ordering::SeqCst)
+    }
+
+    /// The eventfd a queue's interrupts land on.
+    pub fn eventfd(&self, queue: u16) -> Option<&EventFd> {
+        self.queues.get(usize::from(queue))
+    }
+
+    /// Waits up to `timeout` for an interrupt on `queue` and consumes it;
+    /// returns whether one came.
+    pub fn wait(&self, queue: u16, timeout: Duration) -> io::Result<bool> {
+        let fd = self
+            .eventfd(queue)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no such queue"))?;
+        if fd.read().is_ok() {
+            return Ok(true);
+        }
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: `pfd` is a valid pollfd for the duration of the call and
+        // the count passed is 1.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(fd.read().is_ok())
+    }
+}
+
+impl VirtioInterrupt for EventFdInterrupt {
+    fn trigger(&self, kind: InterruptKind) -> io::Result<()> {
+        match kind {
+            InterruptKind::Config => {
+                self.config.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+            InterruptKind::Queue(q) => {
+                let i = usize::from(q);
+                let fd = self
+                    .queues
+                    .get(i)
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no such queue"))?;
+                self.counts[i].fetch_add(1, Ordering::SeqCst);
+                fd.write(1)
+            }
+        }
+    }
+}

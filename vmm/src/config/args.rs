@@ -1,0 +1,221 @@
+//! Walks argv: each `--option VALUE` (or `--option=VALUE`) goes to its
+//! group's parser. Enters as the process arguments (without argv[0]);
+//! leaves as a [`Command`].
+
+use std::path::PathBuf;
+
+use super::cpus::parse_cpus;
+use super::disk::parse_disk;
+use super::memory::parse_memory;
+use super::serial::{parse_serial, SerialMode};
+use super::{ConfigError, SeccompMode, VmConfig};
+
+/// What the user asked for.
+#[derive(Debug)]
+pub enum Command {
+    Run(Box<VmConfig>),
+    Help,
+    Version,
+}
+
+pub const USAGE: &str = "\
+Usage: cloud-hypervisor --kernel PATH [OPTIONS]
+
+Boots a guest kernel under KVM with virtio-blk disks (virtio-pci, MSI-X).
+
+Options:
+  --kernel PATH          ELF vmlinux with a PVH note, or a bzImage
+  --initramfs PATH       initial ramdisk
+  --cmdline STRING       kernel command line
+  --cpus boot=N          number of vCPUs (default 1)
+  --memory size=SIZE     guest RAM, K/M/G suffixes (default 512M)
+  --disk KEY=VALUE,...   a virtio-blk disk (repeatable); keys:
+                           path=PATH (required), readonly=on|off,
+                           direct=on|off, num_queues=N, queue_size=N,
+                           image_type=auto|raw|qcow2,
+                           engine=auto|io_uring|sync, id=NAME, serial=STRING
+  --serial MODE          tty (default), file=PATH or off
+  --seccomp MODE         true (default), false or log
+  -v                     more logging (repeatable)
+  --version              print the version
+  --help                 print this help
+";
+
+pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
+    let mut kernel: Option<PathBuf> = None;
+    let mut initramfs: Option<PathBuf> = None;
+    let mut cmdline: Option<String> = None;
+    let mut cpus: Option<u8> = None;
+    let mut memory: Option<u64> = None;
+    let mut serial: Option<SerialMode> = None;
+    let mut seccomp: Option<SeccompMode> = None;
+    let mut disks = Vec::new();
+    let mut verbosity: u8 = 0;
+
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        match name {
+            "--help" | "-h" => return Ok(Command::Help),
+            "--version" | "-V" => return Ok(Command::Version),
+            "-v" | "--verbose" => {
+                verbosity = verbosity.saturating_add(1);
+                continue;
+            }
+            s if s.starts_with("-v") && s[1..].bytes().all(|b| b == b'v') => {
+                let n = u8::try_from(s.len() - 1).unwrap_or(u8::MAX);
+                verbosity = verbosity.saturating_add(n);
+                continue;
+            }
+            _ => {}
+        }
+        let value = |it: &mut std::slice::Iter<'_, String>| -> Result<String, ConfigError> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => it
+                    .next()
+                    .cloned()
+                    .ok_or_else(|| ConfigError::MissingArgumentValue(name.to_string())),
+            }
+        };
+        fn once<T>(slot: &mut Option<T>, name: &str, v: T) -> Result<(), ConfigError> {
+            if slot.is_some() {
+                return Err(ConfigError::RepeatedArgument(name.to_string()));
+            }
+            *slot = Some(v);
+            Ok(())
+        }
+        match name {
+            "--kernel" => once(&mut kernel, name, PathBuf::from(value(&mut it)?))?,
+            "--initramfs" => once(&mut initramfs, name, PathBuf::from(value(&mut it)?))?,
+            "--cmdline" => once(&mut cmdline, name, value(&mut it)?)?,
+            "--cpus" => once(&mut cpus, name, parse_cpus(&value(&mut it)?)?)?,
+            "--memory" => once(&mut memory, name, parse_memory(&value(&mut it)?)?)?,
+            "--serial" => once(&mut serial, name, parse_serial(&value(&mut it)?)?)?,
+            "--seccomp" => {
+                let v = value(&mut it)?;
+                let mode = match v.as_str() {
+                    "true" | "on" => SeccompMode::Enforce,
+                    "false" | "off" => SeccompMode::Off,
+                    "log" => SeccompMode::Log,
+                    _ => {
+                        return Err(ConfigError::BadValue {
+                            option: "--seccomp",
+                            key: "mode".into(),
+                            value: v,
+                            reason: "expected true, false or log".into(),
+                        })
+                    }
+                };
+                once(&mut seccomp, name, mode)?
+            }
+            "--disk" => disks.push(parse_disk(&value(&mut it)?)?),
+            _ => return Err(ConfigError::UnknownArgument(arg.clone())),
+        }
+    }
+    let kernel = kernel.ok_or(ConfigError::MissingKernel)?;
+    let mut ids: Vec<&str> = disks.iter().filter_map(|d| d.id.as_deref()).collect();
+    ids.sort_unstable();
+    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+        return Err(ConfigError::DuplicateDiskId(w[0].to_string()));
+    }
+    Ok(Command::Run(Box::new(VmConfig {
+        kernel,
+        initramfs,
+        cmdline: cmdline.unwrap_or_default(),
+        cpus: cpus.unwrap_or(1),
+        memory: memory.unwrap_or(512 << 20),
+        disks,
+        serial: serial.unwrap_or(SerialMode::Tty),
+        seccomp: seccomp.unwrap_or_default(),
+        verbosity,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &[&str]) -> Vec<String> {
+        s.iter().map(|a| a.to_string()).collect()
+    }
+
+    fn run(s: &[&str]) -> Result<VmConfig, ConfigError> {
+        match parse_args(&args(s))? {
+            Command::Run(c) => Ok(*c),
+            other => panic!("expected a run config, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn full_command_line() {
+        let c = run(&[
+            "--kernel",
+            "vmlinux",
+            "--cmdline",
+            "console=ttyS0",
+            "--cpus",
+            "boot=2",
+            "--memory",
+            "size=1G",
+            "--disk",
+            "path=a.qcow2,num_queues=4",
+            "--disk=path=b.raw",
+            "--serial",
+            "off",
+            "--seccomp",
+            "log",
+            "-vv",
+            "-v",
+        ])
+        .unwrap();
+        assert_eq!(c.kernel, PathBuf::from("vmlinux"));
+        assert_eq!(c.cmdline, "console=ttyS0");
+        assert_eq!((c.cpus, c.memory), (2, 1 << 30));
+        assert_eq!(c.disks.len(), 2);
+        assert_eq!(c.disks[0].num_queues, 4);
+        assert_eq!(c.serial, SerialMode::Off);
+        assert_eq!(c.seccomp, SeccompMode::Log);
+        assert_eq!(c.verbosity, 3);
+    }
+
+    #[test]
+    fn help_version_and_errors() {
+        assert!(matches!(parse_args(&args(&["--help"])), Ok(Command::Help)));
+        assert!(matches!(
+            parse_args(&args(&["--version"])),
+            Ok(Command::Version)
+        ));
+        assert_eq!(run(&[]).unwrap_err(), ConfigError::MissingKernel);
+        assert!(matches!(
+            run(&["--kernel", "k", "--bogus"]),
+            Err(ConfigError::UnknownArgument(_))
+        ));
+        assert!(matches!(
+            run(&["--kernel"]),
+            Err(ConfigError::MissingArgumentValue(_))
+        ));
+        assert!(matches!(
+            run(&["--kernel", "k", "--kernel", "j"]),
+            Err(ConfigError::RepeatedArgument(_))
+        ));
+        let e = run(&["--kernel", "k", "--seccomp", "maybe"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("maybe"), "{e}");
+        assert!(matches!(
+            run(&[
+                "--kernel",
+                "k",
+                "--disk",
+                "path=a,id=x",
+                "--disk",
+                "path=b,id=x"
+            ]),
+            Err(ConfigError::DuplicateDiskId(_))
+        ));
+    }
+}

@@ -1,0 +1,163 @@
+//! `--disk`: one virtio-blk device. Keys: `path`, `readonly`, `direct`,
+//! `num_queues`, `queue_size`, `image_type`, `engine`, `id`, `serial`.
+//!
+//! Enters as the option's string; leaves as a [`DiskConfig`] holding the
+//! block crate's [`DiskOptions`] plus the device's queue settings. Nothing is
+//! opened here.
+
+use block::{DiskOptions, EngineKind, ImageType};
+
+use super::kv::{parse_on_off, KvList};
+use super::ConfigError;
+
+/// Most queues per disk: the vCPU count is small on our machines and each
+/// queue is a thread.
+pub const MAX_QUEUES: u16 = 64;
+/// Largest split virtqueue.
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// The virtio-blk serial (GET_ID) is at most 20 bytes.
+pub const MAX_SERIAL: usize = 20;
+
+#[derive(Clone, Debug)]
+pub struct DiskConfig {
+    pub options: DiskOptions,
+    pub num_queues: u16,
+    pub queue_size: u16,
+    pub id: Option<String>,
+    pub serial: Option<String>,
+}
+
+fn parse_count(min: u16, max: u16, power_of_two: bool) -> impl Fn(&str) -> Result<u16, String> {
+    move |s| {
+        let n: u16 = s
+            .parse()
+            .map_err(|_| format!("expected a number from {min} to {max}"))?;
+        if n < min || n > max {
+            return Err(format!("expected a number from {min} to {max}"));
+        }
+        if power_of_two && !n.is_power_of_two() {
+            return Err("expected a power of two".into());
+        }
+        Ok(n)
+    }
+}
+
+pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
+    let mut kv = KvList::parse("--disk", s)?;
+    let path = kv.take("path")?.ok_or(ConfigError::MissingKey {
+        option: "--disk",
+        key: "path",
+    })?;
+    if path.is_empty() {
+        return Err(ConfigError::BadValue {
+            option: "--disk",
+            key: "path".into(),
+            value: path,
+            reason: "empty path".into(),
+        });
+    }
+    let mut options = DiskOptions::new(path);
+    if let Some(v) = kv.take_parsed("readonly", parse_on_off)? {
+        options.readonly = v;
+    }
+    if let Some(v) = kv.take_parsed("direct", parse_on_off)? {
+        options.direct = v;
+    }
+    if let Some(v) = kv.take_parsed("image_type", |s| s.parse::<ImageType>())? {
+        options.image_type = v;
+    }
+    if let Some(v) = kv.take_parsed("engine", |s| s.parse::<EngineKind>())? {
+        options.engine = v;
+    }
+    let num_queues = kv
+        .take_parsed("num_queues", parse_count(1, MAX_QUEUES, false))?
+        .unwrap_or(1);
+    let queue_size = kv
+        .take_parsed("queue_size", parse_count(2, MAX_QUEUE_SIZE, true))?
+        .unwrap_or(128);
+    let id = kv.take_parsed("id", |s| {
+        if s.is_empty()
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+        {
+            Err("expected letters, digits, '_', '-' or '.'".into())
+        } else {
+            Ok(s.to_string())
+        }
+    })?;
+    let serial = kv.take_parsed("serial", |s| {
+        if s.len() > MAX_SERIAL || !s.bytes().all(|b| b.is_ascii_graphic()) {
+            Err(format!(
+                "expected at most {MAX_SERIAL} printable ASCII characters"
+            ))
+        } else {
+            Ok(s.to_string())
+        }
+    })?;
+    kv.finish()?;
+    Ok(DiskConfig {
+        options,
+        num_queues,
+        queue_size,
+        id,
+        serial,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_keys() {
+        let d = parse_disk(
+            "path=/i.qcow2,readonly=on,direct=on,num_queues=4,queue_size=256,\
+             image_type=qcow2,engine=io_uring,id=disk0,serial=ABC123",
+        )
+        .unwrap();
+        assert_eq!(d.options.path.to_str(), Some("/i.qcow2"));
+        assert!(d.options.readonly && d.options.direct && d.options.lock);
+        assert_eq!(d.options.image_type, ImageType::Qcow2);
+        assert_eq!(d.options.engine, EngineKind::IoUring);
+        assert_eq!((d.num_queues, d.queue_size), (4, 256));
+        assert_eq!(d.id.as_deref(), Some("disk0"));
+        assert_eq!(d.serial.as_deref(), Some("ABC123"));
+    }
+
+    #[test]
+    fn defaults() {
+        let d = parse_disk("path=x").unwrap();
+        assert!(!d.options.readonly && !d.options.direct);
+        assert_eq!(d.options.engine, EngineKind::Auto);
+        assert_eq!(d.options.image_type, ImageType::Auto);
+        assert_eq!((d.num_queues, d.queue_size), (1, 128));
+    }
+
+    #[test]
+    fn errors_name_key_and_value() {
+        for (arg, key, value) in [
+            ("path=x,engine=aio", "engine", "aio"),
+            ("path=x,num_queues=0", "num_queues", "0"),
+            ("path=x,queue_size=100", "queue_size", "100"),
+            ("path=x,queue_size=1", "queue_size", "1"),
+            ("path=x,num_queues=65", "num_queues", "65"),
+            ("path=x,readonly=yes", "readonly", "yes"),
+            ("path=x,image_type=vmdk", "image_type", "vmdk"),
+            (
+                "path=x,serial=012345678901234567890",
+                "serial",
+                "012345678901234567890",
+            ),
+        ] {
+            let e = parse_disk(arg).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(value), "{arg}: {e}");
+        }
+        let e = parse_disk("path=x,cache=none").unwrap_err().to_string();
+        assert!(e.contains("cache"), "{e}");
+        assert!(matches!(
+            parse_disk("readonly=on"),
+            Err(ConfigError::MissingKey { key: "path", .. })
+        ));
+    }
+}

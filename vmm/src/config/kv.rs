@@ -1,0 +1,169 @@
+//! The generic `key=value,key=value` syntax shared by every option group.
+//!
+//! A string enters [`KvList::parse`]; option parsers take the keys they know
+//! with [`KvList::take`] and finish with [`KvList::finish`], which refuses
+//! whatever is left, naming the key. A value may not contain a comma.
+
+use super::ConfigError;
+
+/// The pairs of one option, in order, each taken at most once.
+#[derive(Debug)]
+pub struct KvList {
+    option: &'static str,
+    pairs: Vec<(String, Option<String>)>,
+}
+
+impl KvList {
+    /// Splits `s` into pairs. A bare word without `=` is kept as a key with
+    /// no value (some options accept a positional first word); duplicate
+    /// keys are refused.
+    pub fn parse(option: &'static str, s: &str) -> Result<KvList, ConfigError> {
+        let mut pairs: Vec<(String, Option<String>)> = Vec::new();
+        for part in s.split(',') {
+            if part.is_empty() {
+                return Err(ConfigError::Syntax {
+                    option,
+                    value: s.to_string(),
+                    reason: "empty item between commas".into(),
+                });
+            }
+            let (k, v) = match part.split_once('=') {
+                Some((k, v)) => (k.to_string(), Some(v.to_string())),
+                None => (part.to_string(), None),
+            };
+            if k.is_empty() {
+                return Err(ConfigError::Syntax {
+                    option,
+                    value: s.to_string(),
+                    reason: "empty key".into(),
+                });
+            }
+            if pairs.iter().any(|(pk, _)| *pk == k) {
+                return Err(ConfigError::DuplicateKey { option, key: k });
+            }
+            pairs.push((k, v));
+        }
+        Ok(KvList { option, pairs })
+    }
+
+    pub fn option(&self) -> &'static str {
+        self.option
+    }
+
+    /// Removes `key` and returns its value (`Ok(None)` if absent). A key
+    /// given without `=value` is refused.
+    pub fn take(&mut self, key: &str) -> Result<Option<String>, ConfigError> {
+        let Some(i) = self.pairs.iter().position(|(k, _)| k == key) else {
+            return Ok(None);
+        };
+        match self.pairs.remove(i).1 {
+            Some(v) => Ok(Some(v)),
+            None => Err(ConfigError::MissingValue {
+                option: self.option,
+                key: key.to_string(),
+            }),
+        }
+    }
+
+    /// Removes a bare word (no `=`) if present, e.g. `tty` in `--serial tty`.
+    pub fn take_word(&mut self, word: &str) -> bool {
+        match self
+            .pairs
+            .iter()
+            .position(|(k, v)| k == word && v.is_none())
+        {
+            Some(i) => {
+                self.pairs.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes `key` and parses it with `parse`, turning its error into one
+    /// that names the key and the value.
+    pub fn take_parsed<T>(
+        &mut self,
+        key: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, ConfigError> {
+        match self.take(key)? {
+            None => Ok(None),
+            Some(v) => parse(&v).map(Some).map_err(|reason| ConfigError::BadValue {
+                option: self.option,
+                key: key.to_string(),
+                value: v,
+                reason,
+            }),
+        }
+    }
+
+    /// Refuses any key nobody took.
+    pub fn finish(self) -> Result<(), ConfigError> {
+        match self.pairs.into_iter().next() {
+            None => Ok(()),
+            Some((key, _)) => Err(ConfigError::UnknownKey {
+                option: self.option,
+                key,
+            }),
+        }
+    }
+}
+
+/// `on|off` (also `true|false`).
+pub fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err("expected on or off".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_known_keys_and_refuses_the_rest() {
+        let mut kv = KvList::parse("--disk", "path=/a,readonly=on,bogus=1").unwrap();
+        assert_eq!(kv.take("path").unwrap().as_deref(), Some("/a"));
+        assert_eq!(
+            kv.take_parsed("readonly", parse_on_off).unwrap(),
+            Some(true)
+        );
+        assert_eq!(kv.take("absent").unwrap(), None);
+        let err = kv.finish().unwrap_err().to_string();
+        assert!(err.contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn refuses_duplicates_empty_items_and_bare_keys() {
+        assert!(matches!(
+            KvList::parse("--disk", "path=a,path=b"),
+            Err(ConfigError::DuplicateKey { .. })
+        ));
+        assert!(KvList::parse("--disk", "path=a,,x=1").is_err());
+        assert!(KvList::parse("--disk", "=1").is_err());
+        let mut kv = KvList::parse("--disk", "path").unwrap();
+        assert!(matches!(
+            kv.take("path"),
+            Err(ConfigError::MissingValue { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_value_names_key_and_value() {
+        let mut kv = KvList::parse("--disk", "direct=maybe").unwrap();
+        let err = kv
+            .take_parsed("direct", parse_on_off)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("direct") && err.contains("maybe"), "{err}");
+    }
+
+    #[test]
+    fn value_may_contain_equals() {
+        let mut kv = KvList::parse("--serial", "file=/tmp/a=b").unwrap();
+        assert_eq!(kv.take("file").unwrap().as_deref(), Some("/tmp/a=b"));
+    }
+}

@@ -1,0 +1,87 @@
+//! The command line: `cloud-hypervisor --kernel ... --disk ...`.
+//!
+//! [`args::parse_args`] walks argv and hands each option's value to its
+//! group's parser ([`disk`], [`cpus`], [`memory`], [`serial`]), all built
+//! on the generic `key=value` syntax in [`kv`]. The result is a complete
+//! [`VmConfig`] (or help / version); nothing is opened until it is.
+
+pub mod args;
+pub mod cpus;
+pub mod disk;
+pub mod kv;
+pub mod memory;
+pub mod serial;
+pub mod size;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+pub use args::{parse_args, Command};
+pub use disk::DiskConfig;
+pub use serial::SerialMode;
+
+/// `--seccomp true|false|log`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SeccompMode {
+    /// Kill the process on a syscall outside the allow-list.
+    #[default]
+    Enforce,
+    /// No filter.
+    Off,
+    /// Allow everything, but log syscalls outside the allow-list (audit log).
+    Log,
+}
+
+/// Everything needed to boot.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    pub kernel: PathBuf,
+    pub initramfs: Option<PathBuf>,
+    pub cmdline: String,
+    pub cpus: u8,
+    pub memory: u64,
+    pub disks: Vec<DiskConfig>,
+    pub serial: SerialMode,
+    pub seccomp: SeccompMode,
+    /// Number of `-v`: 0 = warn, 1 = info, 2 = debug, 3+ = trace.
+    pub verbosity: u8,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("{option}: unknown key '{key}'")]
+    UnknownKey { option: &'static str, key: String },
+    #[error("{option}: key '{key}' given twice")]
+    DuplicateKey { option: &'static str, key: String },
+    #[error("{option}: key '{key}' needs a value ({key}=...)")]
+    MissingValue { option: &'static str, key: String },
+    #[error("{option}: missing required key '{key}'")]
+    MissingKey {
+        option: &'static str,
+        key: &'static str,
+    },
+    #[error("{option}: bad value '{value}' for '{key}': {reason}")]
+    BadValue {
+        option: &'static str,
+        key: String,
+        value: String,
+        reason: String,
+    },
+    #[error("{option}: cannot parse '{value}': {reason}")]
+    Syntax {
+        option: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("unknown argument '{0}' (see --help)")]
+    UnknownArgument(String),
+    #[error("{0} needs a value")]
+    MissingArgumentValue(String),
+    #[error("{0} given twice")]
+    RepeatedArgument(String),
+    #[error("--kernel is required")]
+    MissingKernel,
+    #[error("two disks share the id '{0}'")]
+    DuplicateDiskId(String),
+}

@@ -1,0 +1,12 @@
+//! Emulated devices the vCPU threads dispatch port and MMIO exits to:
+//! the [`bus::Bus`] address decoder, the 8250 [`serial`] port, the
+//! [`acpi_pm`] sleep and reset registers, the
+//! [`i8042`] reset line, the [`cmos`] real-time clock, and the [`pci`]
+//! host bridge with its virtio-pci functions.
+
+pub mod acpi_pm;
+pub mod bus;
+pub mod cmos;
+pub mod i8042;
+pub mod pci;
+pub mod serial;

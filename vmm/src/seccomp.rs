@@ -1,0 +1,325 @@
+//! seccomp-bpf allow-lists per thread kind, built with seccompiler.
+//!
+//! - [`ThreadKind::Vcpu`]: KVM_RUN and device emulation, including device
+//!   reset (draining workers) and starting the activation thread. `ioctl`
+//!   only with the KVM requests in [`hypervisor::ioctls::VCPU_THREAD_IOCTLS`]
+//!   (run, MSI routes, ioeventfd moves, IRQ line, MSI injection).
+//! - [`ThreadKind::QueueWorker`]: block queue workers: epoll, eventfds,
+//!   both engines (preadv/pwritev, fdatasync, fallocate;
+//!   io_uring_setup/enter/register), and creating threads (only
+//!   `clone` with CLONE_THREAD; `clone3`, whose flags a filter cannot
+//!   see, fails with ENOSYS so the C library falls back to `clone`). No
+//!   ioctl, no file opening. The virtio-pci transport installs it in the
+//!   thread that activates a device, so every worker inherits it.
+//! - [`ThreadKind::Main`]: waiting for the end, stopping vCPUs (tgkill),
+//!   and shutting devices down (joining workers, flushing, closing);
+//!   `ioctl` only for TCGETS/TCSETS (restoring the terminal).
+//!
+//! Enforce mode kills the process on anything else; log mode allows it
+//! but has the kernel log it (audit). Filters are installed after set-up,
+//! so opening images, loading the kernel and creating the VM are not
+//! restricted.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+use thiserror::Error;
+
+use crate::config::SeccompMode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadKind {
+    Main,
+    Vcpu,
+    QueueWorker,
+}
+
+#[derive(Debug, Error)]
+pub enum SeccompError {
+    #[error("cannot build seccomp filter")]
+    Build(#[source] seccompiler::BackendError),
+    #[error("cannot compile seccomp filter")]
+    Compile(#[source] seccompiler::BackendError),
+    #[error("cannot apply seccomp filter")]
+    Apply(#[source] seccompiler::Error),
+}
+
+/// Syscalls every thread kind makes.
+const COMMON: &[libc::c_long] = &[
+    libc::SYS_brk,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_close,
+    libc::SYS_epoll_create1,
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_wait,
+    libc::SYS_eventfd2,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_fallocate,
+    libc::SYS_fcntl,
+    libc::SYS_fdatasync,
+    libc::SYS_flock,
+    libc::SYS_fstat,
+    libc::SYS_fsync,
+    libc::SYS_futex,
+    libc::SYS_getpid,
+    libc::SYS_getrandom,
+    libc::SYS_gettid,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_lseek,
+    libc::SYS_madvise,
+    libc::SYS_mmap,
+    libc::SYS_mprotect,
+    libc::SYS_mremap,
+    libc::SYS_munmap,
+    libc::SYS_nanosleep,
+    libc::SYS_newfstatat,
+    libc::SYS_pread64,
+    libc::SYS_preadv,
+    libc::SYS_preadv2,
+    libc::SYS_pwrite64,
+    libc::SYS_pwritev,
+    libc::SYS_pwritev2,
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_restart_syscall,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_sched_yield,
+    libc::SYS_sigaltstack,
+    libc::SYS_statx,
+    libc::SYS_write,
+    libc::SYS_writev,
+];
+
+/// vCPU threads and the queue workers they spawn.
+const VCPU: &[libc::c_long] = &[
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_dup,
+    libc::SYS_fcntl,
+    libc::SYS_io_uring_setup,
+    libc::SYS_prctl,
+    libc::SYS_rseq,
+    libc::SYS_sched_getaffinity,
+    // The activation thread installs the workers' filters. seccomp(2)
+    // can only add restrictions, never lift them.
+    libc::SYS_seccomp,
+    libc::SYS_set_robust_list,
+];
+
+/// Queue workers (and the activation thread that spawns them); `clone`
+/// is added with a CLONE_THREAD condition.
+const WORKER: &[libc::c_long] = &[
+    libc::SYS_clone3,
+    libc::SYS_io_uring_setup,
+    libc::SYS_prctl,
+    libc::SYS_rseq,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_set_robust_list,
+];
+
+/// The main thread after set-up (`ioctl` is added with conditions).
+const MAIN: &[libc::c_long] = &[libc::SYS_tgkill];
+
+/// Terminal requests the main thread makes when it restores the tty.
+const MAIN_IOCTLS: &[u64] = &[libc::TCGETS, libc::TCSETS];
+
+/// `ioctl` allowed only with one of `requests` (argument 1; compared as
+/// 32 bits, the width the kernel uses for the request).
+fn ioctl_rules(requests: &[u64]) -> Result<(i64, Vec<SeccompRule>), SeccompError> {
+    let rules = requests
+        .iter()
+        .map(|&r| {
+            let cond = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, r)
+                .map_err(SeccompError::Build)?;
+            SeccompRule::new(vec![cond]).map_err(SeccompError::Build)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((libc::SYS_ioctl, rules))
+}
+
+fn allow_list(
+    syscalls: &[libc::c_long],
+    extra: Vec<(i64, Vec<SeccompRule>)>,
+    mismatch: SeccompAction,
+) -> Result<BpfProgram, SeccompError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        syscalls.iter().map(|&nr| (nr, Vec::new())).collect();
+    rules.extend(extra);
+    let f = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, TargetArch::x86_64)
+        .map_err(SeccompError::Build)?;
+    BpfProgram::try_from(f).map_err(SeccompError::Compile)
+}
+
+/// The BPF programs for `kind`, to be applied in order (empty when
+/// seccomp is off).
+pub fn filters(kind: ThreadKind, mode: SeccompMode) -> Result<Vec<BpfProgram>, SeccompError> {
+    let mismatch = match mode {
+        SeccompMode::Off => return Ok(Vec::new()),
+        SeccompMode::Enforce => SeccompAction::KillProcess,
+        SeccompMode::Log => SeccompAction::Log,
+    };
+    let list = |extra: &[libc::c_long]| -> Vec<libc::c_long> {
+        COMMON.iter().chain(extra).copied().collect()
+    };
+    match kind {
+        ThreadKind::Main => Ok(vec![allow_list(
+            &list(MAIN),
+            vec![ioctl_rules(MAIN_IOCTLS)?],
+            mismatch,
+        )?]),
+        ThreadKind::Vcpu => Ok(vec![allow_list(
+            &list(VCPU),
+            vec![ioctl_rules(hypervisor::ioctls::VCPU_THREAD_IOCTLS)?],
+            mismatch,
+        )?]),
+        ThreadKind::QueueWorker => {
+            let thread_only = SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+                libc::CLONE_THREAD as u64,
+            )
+            .map_err(SeccompError::Build)?;
+            let clone_rule = SeccompRule::new(vec![thread_only]).map_err(SeccompError::Build)?;
+            let allow = allow_list(
+                &list(WORKER),
+                vec![(libc::SYS_clone, vec![clone_rule])],
+                mismatch,
+            )?;
+            // clone3 passes its flags in memory: make it fail so the C
+            // library retries with clone, which the list above checks.
+            let mut rules = BTreeMap::new();
+            rules.insert(libc::SYS_clone3, Vec::new());
+            let no_clone3 = SeccompFilter::new(
+                rules,
+                SeccompAction::Allow,
+                SeccompAction::Errno(libc::ENOSYS as u32),
+                TargetArch::x86_64,
+            )
+            .map_err(SeccompError::Build)?;
+            let no_clone3 = BpfProgram::try_from(no_clone3).map_err(SeccompError::Compile)?;
+            // Order matters: the allow-list goes last, as it does not
+            // allow seccomp(2) itself.
+            Ok(vec![no_clone3, allow])
+        }
+    }
+}
+
+/// Installs `kind`'s filters on the calling thread.
+pub fn apply(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
+    apply_programs(&filters(kind, mode)?)
+}
+
+/// Installs already built programs on the calling thread.
+pub fn apply_programs(programs: &[BpfProgram]) -> Result<(), SeccompError> {
+    for p in programs {
+        seccompiler::apply_filter(p).map_err(SeccompError::Apply)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_compile_and_off_means_none() {
+        for kind in [ThreadKind::Main, ThreadKind::Vcpu, ThreadKind::QueueWorker] {
+            assert!(!filters(kind, SeccompMode::Enforce).unwrap().is_empty());
+            assert!(!filters(kind, SeccompMode::Log).unwrap().is_empty());
+            assert!(filters(kind, SeccompMode::Off).unwrap().is_empty());
+        }
+    }
+
+    /// Forks; the child applies `kind`'s enforced filters and runs
+    /// `body`, exiting with what it returns. Returns the wait status.
+    fn in_filtered_child(kind: ThreadKind, body: fn() -> i32) -> i32 {
+        let progs = filters(kind, SeccompMode::Enforce).unwrap();
+        // SAFETY: fork in a test process; the child only makes raw
+        // syscalls (prctl and seccomp in apply_filter, which does not
+        // allocate on success, ioctl, _exit), so locks held by other
+        // threads at fork time do not matter.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = if apply_programs(&progs).is_err() {
+                100
+            } else {
+                body()
+            };
+            // SAFETY: _exit in the forked child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child with a valid status pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        status
+    }
+
+    fn killed_by_sigsys(status: i32) -> bool {
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS
+    }
+
+    /// An ioctl on stdin with a harmless request the filters do not list.
+    fn fionread() -> i32 {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int through a valid pointer.
+        unsafe { libc::ioctl(0, libc::FIONREAD, &mut n) };
+        0
+    }
+
+    #[test]
+    fn worker_filter_blocks_every_ioctl() {
+        let status = in_filtered_child(ThreadKind::QueueWorker, fionread);
+        assert!(killed_by_sigsys(status), "status {status:#x}");
+    }
+
+    #[test]
+    fn vcpu_filter_allows_kvm_run_but_no_other_ioctl() {
+        // KVM_RUN on a bad fd passes the filter and fails with EBADF.
+        let status = in_filtered_child(ThreadKind::Vcpu, || {
+            // SAFETY: an ioctl on fd -1 only returns EBADF.
+            let rc = unsafe { libc::ioctl(-1, hypervisor::ioctls::KVM_RUN as _) };
+            let errno = std::io::Error::last_os_error().raw_os_error();
+            if rc == -1 && errno == Some(libc::EBADF) {
+                7
+            } else {
+                1
+            }
+        });
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7,
+            "status {status:#x}"
+        );
+        let status = in_filtered_child(ThreadKind::Vcpu, fionread);
+        assert!(killed_by_sigsys(status), "status {status:#x}");
+    }
+
+    #[test]
+    fn main_filter_allows_terminal_ioctls_only() {
+        let status = in_filtered_child(ThreadKind::Main, || {
+            let mut t = std::mem::MaybeUninit::<libc::termios>::zeroed();
+            // SAFETY: TCGETS on fd -1 only returns EBADF.
+            let rc = unsafe { libc::ioctl(-1, libc::TCGETS, t.as_mut_ptr()) };
+            if rc == -1 {
+                7
+            } else {
+                1
+            }
+        });
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7,
+            "status {status:#x}"
+        );
+        let status = in_filtered_child(ThreadKind::Main, fionread);
+        assert!(killed_by_sigsys(status), "status {status:#x}");
+    }
+}

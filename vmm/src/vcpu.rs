@@ -1,0 +1,93 @@
+//! vCPU threads: each runs `KVM_RUN` in a loop and dispatches port and
+//! MMIO exits to the device buses; events that end the VM (reset, power
+//! off, an exit we cannot handle) leave through the [`ExitSignal`].
+//!
+//! The main thread stops a vCPU by setting its stop flag and sending it
+//! [`kick_signal`], which interrupts `KVM_RUN` with EINTR.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use hypervisor::{SystemEvent, Vcpu, VcpuExit};
+
+use crate::devices::bus::Bus;
+use crate::vm::{ExitReason, ExitSignal};
+
+/// The signal that kicks a vCPU out of `KVM_RUN`.
+pub fn kick_signal() -> i32 {
+    libc::SIGRTMIN()
+}
+
+/// What a vCPU thread shares with the rest of the VMM.
+pub struct VcpuContext {
+    pub pio: Arc<Bus>,
+    pub mmio: Arc<Bus>,
+    pub exit: Arc<ExitSignal>,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Runs until told to stop or the VM ends.
+pub fn run_vcpu(mut vcpu: Vcpu, ctx: VcpuContext) {
+    let id = vcpu.id();
+    loop {
+        if ctx.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let exit = match vcpu.run() {
+            Ok(e) => e,
+            Err(e) => {
+                let cause = std::error::Error::source(&e)
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default();
+                ctx.exit.request(ExitReason::Fatal(format!("{e}{cause}")));
+                return;
+            }
+        };
+        let end = match exit {
+            VcpuExit::IoIn(port, data) => {
+                ctx.pio.read(u64::from(port), data);
+                None
+            }
+            VcpuExit::IoOut(port, data) => {
+                ctx.pio.write(u64::from(port), data);
+                None
+            }
+            VcpuExit::MmioRead(addr, data) => {
+                ctx.mmio.read(addr, data);
+                None
+            }
+            VcpuExit::MmioWrite(addr, data) => {
+                ctx.mmio.write(addr, data);
+                None
+            }
+            VcpuExit::Interrupted => None,
+            VcpuExit::Hlt => {
+                log::info!("vCPU {id} halted");
+                Some(ExitReason::PowerOff)
+            }
+            VcpuExit::Shutdown => {
+                log::info!("vCPU {id}: triple fault, treating as a reset");
+                Some(ExitReason::Reset)
+            }
+            VcpuExit::SystemEvent(SystemEvent::Reset) => Some(ExitReason::Reset),
+            VcpuExit::SystemEvent(SystemEvent::Shutdown) => Some(ExitReason::PowerOff),
+            VcpuExit::SystemEvent(ev) => Some(ExitReason::Fatal(format!(
+                "vCPU {id}: unexpected system event {ev:?}"
+            ))),
+            VcpuExit::Unhandled(what) => Some(ExitReason::Fatal(format!(
+                "vCPU {id}: unhandled exit: {what}"
+            ))),
+        };
+        if let Some(reason) = end {
+            ctx.exit.request(reason);
+            return;
+        }
+    }
+}
+
+/// A running vCPU thread and its stop flag.
+pub struct VcpuHandle {
+    pub thread: JoinHandle<()>,
+    pub stop: Arc<AtomicBool>,
+}

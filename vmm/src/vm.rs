@@ -1,0 +1,242 @@
+//! The VM's lifecycle: build it from a [`VmConfig`], run the vCPUs, wait
+//! for the end (guest reset or power-off, SIGTERM/SIGINT, or a fatal
+//! error), then stop the vCPUs and shut the devices down so every disk is
+//! drained, flushed and closed.
+//!
+//! Enters as a validated config; leaves as an [`ExitReason`] that `main`
+//! turns into the process exit code.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use hypervisor::{Vcpu, Vm};
+use thiserror::Error;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::Killable;
+
+use crate::boot::{self, BootEntry, BootError};
+use crate::config::VmConfig;
+use crate::device_manager::{DeviceError, DeviceManager, OpenedDisk};
+use crate::memory::{create_guest_memory, MemoryError};
+use crate::seccomp::{self, SeccompError, ThreadKind};
+use crate::vcpu::{kick_signal, run_vcpu, VcpuContext, VcpuHandle};
+
+/// Why the VM ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExitReason {
+    /// The guest asked for a reset (i8042, triple fault, PSCI-like event);
+    /// this VMM exits instead of rebooting.
+    Reset,
+    PowerOff,
+    /// SIGTERM or SIGINT.
+    Signal(i32),
+    /// Something we cannot continue from.
+    Fatal(String),
+}
+
+/// First reason wins; the main thread waits on the eventfd.
+pub struct ExitSignal {
+    reason: Mutex<Option<ExitReason>>,
+    evt: EventFd,
+}
+
+impl ExitSignal {
+    pub fn new() -> std::io::Result<Self> {
+        Ok(ExitSignal {
+            reason: Mutex::new(None),
+            evt: EventFd::new(0)?,
+        })
+    }
+
+    pub fn request(&self, reason: ExitReason) {
+        let mut r = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        if r.is_none() {
+            *r = Some(reason);
+        }
+        if let Err(e) = self.evt.write(1) {
+            log::error!("cannot signal VM exit: {e}");
+        }
+    }
+
+    /// The reason requested so far, if any.
+    pub fn peek(&self) -> Option<ExitReason> {
+        self.reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn eventfd(&self) -> &EventFd {
+        &self.evt
+    }
+
+    /// Blocks until some thread requested an exit.
+    pub fn wait(&self) -> ExitReason {
+        loop {
+            if let Some(r) = self.peek() {
+                return r;
+            }
+            // EINTR from a signal handler: recheck.
+            let _ = self.evt.read();
+            if let Some(sig) = crate::signals::take_pending() {
+                self.request(ExitReason::Signal(sig));
+            }
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum VmError {
+    #[error("cannot create the VM")]
+    CreateVm(#[source] hypervisor::HypervisorError),
+    #[error("cannot set up guest memory")]
+    Memory(#[source] MemoryError),
+    #[error("cannot load the guest")]
+    Boot(#[source] BootError),
+    #[error("cannot set up devices")]
+    Devices(#[source] DeviceError),
+    #[error("cannot create vCPU")]
+    CreateVcpu(#[source] hypervisor::HypervisorError),
+    #[error("cannot start vCPU thread")]
+    SpawnVcpu(#[source] std::io::Error),
+    #[error("cannot create exit eventfd")]
+    ExitEventFd(#[source] std::io::Error),
+    #[error("cannot install seccomp filter")]
+    Seccomp(#[source] SeccompError),
+    #[error("cannot install signal handlers")]
+    Signals(#[source] std::io::Error),
+}
+
+/// Boots the VM described by `config` with the already opened `disks` and
+/// runs it to the end.
+pub fn run(config: &VmConfig, disks: Vec<OpenedDisk>) -> Result<ExitReason, VmError> {
+    let exit = Arc::new(ExitSignal::new().map_err(VmError::ExitEventFd)?);
+    crate::signals::install(exit.eventfd()).map_err(VmError::Signals)?;
+
+    let vm = Vm::new().map_err(VmError::CreateVm)?;
+    let mem = create_guest_memory(&vm, config.memory).map_err(VmError::Memory)?;
+    let entry = boot::load_kernel(
+        &mem,
+        &config.kernel,
+        config.initramfs.as_deref(),
+        &config.cmdline,
+        config.memory,
+        config.cpus,
+    )
+    .map_err(VmError::Boot)?;
+    let devices =
+        DeviceManager::new(&vm, &mem, config, disks, exit.clone()).map_err(VmError::Devices)?;
+
+    let vcpus = create_vcpus(&vm, config.cpus, entry)?;
+    let handles = match start_vcpus(vcpus, &devices, &exit, config.seccomp) {
+        Ok(h) => h,
+        Err(e) => {
+            devices.shutdown();
+            return Err(e);
+        }
+    };
+    if let Err(e) = seccomp::apply(ThreadKind::Main, config.seccomp) {
+        stop_vcpus(handles);
+        devices.shutdown();
+        return Err(VmError::Seccomp(e));
+    }
+
+    let reason = exit.wait();
+    log::info!("VM exit: {reason:?}");
+    stop_vcpus(handles);
+    devices.shutdown();
+    // Devices hold the VM (MSI routes) and guest memory; the VM must go
+    // before the memory its slots point at (see `Vm::map_memory`).
+    drop(devices);
+    drop(vm);
+    drop(mem);
+    Ok(reason)
+}
+
+/// Creates `count` vCPUs; the first gets the boot protocol's entry state.
+fn create_vcpus(vm: &Vm, count: u8, entry: BootEntry) -> Result<Vec<Vcpu>, VmError> {
+    let mut vcpus = Vec::with_capacity(usize::from(count));
+    for id in 0..count {
+        let vcpu = vm.create_vcpu(id, count).map_err(VmError::CreateVcpu)?;
+        if id == 0 {
+            match entry {
+                BootEntry::Pvh { entry, start_info } => {
+                    vcpu.enter_protected_mode(entry, start_info)
+                }
+                BootEntry::Linux64 { entry, boot_params } => vcpu.enter_long_mode(
+                    entry,
+                    boot_params,
+                    crate::layout::PML4_START,
+                    crate::layout::GDT_START,
+                    (boot::bzimage::GDT.len() * 8 - 1) as u16,
+                ),
+            }
+            .map_err(VmError::CreateVcpu)?;
+        }
+        vcpus.push(vcpu);
+    }
+    Ok(vcpus)
+}
+
+/// Starts one thread per vCPU, each under the vCPU seccomp filter. If one
+/// cannot start, the ones already running are stopped.
+fn start_vcpus(
+    vcpus: Vec<Vcpu>,
+    devices: &DeviceManager,
+    exit: &Arc<ExitSignal>,
+    mode: crate::config::SeccompMode,
+) -> Result<Vec<VcpuHandle>, VmError> {
+    let filters = seccomp::filters(ThreadKind::Vcpu, mode).map_err(VmError::Seccomp)?;
+    let mut handles = Vec::with_capacity(vcpus.len());
+    for vcpu in vcpus {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ctx = VcpuContext {
+            pio: devices.pio.clone(),
+            mmio: devices.mmio.clone(),
+            exit: exit.clone(),
+            stop: stop.clone(),
+        };
+        let filters = filters.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("vcpu{}", vcpu.id()))
+            .spawn(move || {
+                if let Err(e) = seccomp::apply_programs(&filters) {
+                    ctx.exit
+                        .request(ExitReason::Fatal(format!("vCPU seccomp: {e}")));
+                    return;
+                }
+                run_vcpu(vcpu, ctx)
+            });
+        match spawned {
+            Ok(thread) => handles.push(VcpuHandle { thread, stop }),
+            Err(e) => {
+                stop_vcpus(handles);
+                return Err(VmError::SpawnVcpu(e));
+            }
+        }
+    }
+    Ok(handles)
+}
+
+/// Sets every stop flag and kicks the threads out of `KVM_RUN` until they
+/// have all returned.
+fn stop_vcpus(handles: Vec<VcpuHandle>) {
+    for h in &handles {
+        h.stop.store(true, Ordering::Release);
+    }
+    for h in handles {
+        // A kick that lands between the flag check and KVM_RUN is lost,
+        // so repeat until the thread is gone.
+        while !h.thread.is_finished() {
+            if let Err(e) = h.thread.kill(kick_signal()) {
+                log::warn!("cannot kick vCPU thread: {e}");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if h.thread.join().is_err() {
+            log::error!("a vCPU thread panicked");
+        }
+    }
+}
