@@ -226,8 +226,10 @@ fn main() {
     };
     let raw = prepare("raw");
     let paths: Vec<String> = cases.iter().map(|c| prepare(c)).collect();
-    let mut rows: Vec<(String, Vec<(f64, f64)>)> =
-        cases.iter().map(|c| (format!("ours {c}"), vec![])).collect();
+    let mut rows: Vec<(String, Vec<(f64, f64)>)> = cases
+        .iter()
+        .map(|c| (format!("ours {c}"), vec![]))
+        .collect();
     rows.push(("fio raw".into(), vec![]));
     let last = rows.len() - 1;
     // Interleaved rounds: the machine is noisy.

@@ -56,7 +56,16 @@ fn run(kind: EngineKind) {
     let dir = TempDir::new("discard-race");
     let path = dir.join("img.qcow2");
     let p = path.to_str().unwrap();
-    qemu_img(&["create", "-q", "-f", "qcow2", "-o", "cluster_size=65536", p, "4M"]);
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "cluster_size=65536",
+        p,
+        "4M",
+    ]);
     qemu_io("qcow2", &path, &["write -P 0xaa 0 64k"]);
 
     let mut o = DiskOptions::new(&path);
@@ -79,7 +88,13 @@ fn run(kind: EngineKind) {
 
     // Discard guest cluster 0, flush, and write guest cluster 16 (which
     // allocates: it would get host cluster H if the discard freed it).
-    qb.submit_batch_requests([op_req(2, RequestOp::Discard { len: CLUSTER as u64 }, 0)]);
+    qb.submit_batch_requests([op_req(
+        2,
+        RequestOp::Discard {
+            len: CLUSTER as u64,
+        },
+        0,
+    )]);
     drain_idle(&mut qb, &mut out_b);
     qb.submit_batch_requests([op_req(3, RequestOp::Flush, 0)]);
     for c in drive(&mut qb, &[3], &mut out_b) {
@@ -100,7 +115,10 @@ fn run(kind: EngineKind) {
         c.result.unwrap();
     }
 
-    let done = drive_batch(&mut qb, vec![read_req(5, g1, CLUSTER), read_req(6, 0, CLUSTER)]);
+    let done = drive_batch(
+        &mut qb,
+        vec![read_req(5, g1, CLUSTER), read_req(6, 0, CLUSTER)],
+    );
     let other = done[0].memory.owned_bytes().to_vec();
     assert!(
         other.iter().all(|&b| b == 0x22),
@@ -108,7 +126,10 @@ fn run(kind: EngineKind) {
         other[0]
     );
     let discarded = done[1].memory.owned_bytes().to_vec();
-    assert!(discarded.iter().all(|&b| b == 0), "guest cluster 0 reads zeroes");
+    assert!(
+        discarded.iter().all(|&b| b == 0),
+        "guest cluster 0 reads zeroes"
+    );
 
     drop(qa);
     drop(qb);

@@ -246,7 +246,7 @@ fn hostile_headers_are_refused_by_name() {
 }
 
 #[test]
-fn dirty_and_corrupt_images_open_read_only_only() {
+fn dirty_images_are_repaired_read_write_and_corrupt_ones_open_read_only_only() {
     let d = TempDir::new("dirty");
     let p = d.join("d.qcow2");
     run(
@@ -263,11 +263,78 @@ fn dirty_and_corrupt_images_open_read_only_only() {
         ],
     );
     patch(&p, 72, &1u64.to_be_bytes());
-    assert!(open_err(&p, false).to_string().contains("dirty"));
+    // Read-only: opens without repairing (the bit stays set).
     drop(open(&p, true));
+    assert_eq!(incompatible_bits(&p), 1);
+    // Read-write: the refcounts are rebuilt and the bit cleared.
+    drop(open(&p, false));
+    assert_eq!(incompatible_bits(&p), 0);
     patch(&p, 72, &2u64.to_be_bytes());
     assert!(open_err(&p, false).to_string().contains("corrupt"));
     drop(open(&p, true));
+}
+
+fn incompatible_bits(p: &std::path::Path) -> u64 {
+    let mut b = [0u8; 8];
+    std::fs::File::open(p)
+        .unwrap()
+        .read_exact_at(&mut b, 72)
+        .unwrap();
+    u64::from_be_bytes(b)
+}
+
+/// qemu-io killed mid-run leaves a lazy-refcounts image dirty (refcounts
+/// possibly never written); a read-write open repairs it, and writes on
+/// top of it keep the image consistent.
+#[test]
+fn image_left_dirty_by_a_killed_qemu_is_repaired_on_read_write_open() {
+    let d = TempDir::new("crashdirty");
+    let p = d.join("d.qcow2");
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            "lazy_refcounts=on",
+            s(&p),
+            "8M",
+        ],
+    );
+    // qemu-io exits by SIGKILL, so only its status differs from `run`.
+    let _ = run_status(
+        "qemu-io",
+        &["-c", "write -P 0x11 0 1M", "-c", "sigraise 9", s(&p)],
+    );
+    assert_eq!(incompatible_bits(&p) & 1, 1, "qemu-io left the image clean");
+    // Its refcounts are really missing (qemu-img check does not repair).
+    let (clean, out) = run_status("qemu-img", &["check", s(&p)]);
+    assert!(!clean && out.contains("refcount=0"), "{out}");
+    let r = Reference::new(d.join("ref.raw"), 8 << 20);
+    r.write(0, &vec![0x11; 1 << 20]);
+    // Read-only opens work and leave the image as it is.
+    let f = open(&p, true);
+    assert_same(
+        &read(&*f, 0, 2 << 20),
+        &r.read(0, 2 << 20),
+        "read-only read",
+    );
+    drop(f);
+    assert_eq!(incompatible_bits(&p) & 1, 1);
+    let f = open(&p, false);
+    let data = pattern(7, 300_000);
+    write(&*f, 700_000, &data);
+    r.write(700_000, &data);
+    write(&*f, 3 << 20, &data);
+    r.write(3 << 20, &data);
+    assert_same(&read(&*f, 0, 8 << 20), &r.read(0, 8 << 20), "read");
+    f.close().unwrap();
+    drop(f);
+    assert_eq!(incompatible_bits(&p), 0);
+    qemu_check(&p);
+    qemu_compare(&p, &r.1);
 }
 
 #[test]
@@ -328,4 +395,33 @@ fn unknown_autoclear_bits_are_cleared_on_read_write_open() {
     drop(open(&p, false));
     assert_eq!(autoclear(&p), 0, "bitmaps (bit 0) and unknown bits cleared");
     qemu_check(&p);
+}
+
+#[test]
+fn overlay_size_comes_from_the_backing_image() {
+    let d = TempDir::new("sizefrombacking");
+    std::fs::write(d.join("base.raw"), vec![0u8; 3 << 20]).unwrap();
+    let top = d.join("top.qcow2");
+    create_image(&CreateOptions {
+        path: top.clone(),
+        format: ImageType::Qcow2,
+        size: 0,
+        backing_file: Some("base.raw".into()),
+        backing_fmt: Some(ImageType::Raw),
+        ..Default::default()
+    })
+    .unwrap();
+    let out = run("qemu-img", &["info", "-U", "--output=json", s(&top)]);
+    assert!(out.contains("\"virtual-size\": 3145728"), "{out}");
+    assert!(out.contains("\"backing-filename\": \"base.raw\""), "{out}");
+    qemu_check(&top);
+    // A backing file that does not exist is refused at creation.
+    let e = create_image(&CreateOptions {
+        path: d.join("bad.qcow2"),
+        format: ImageType::Qcow2,
+        backing_file: Some("missing.raw".into()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("backing_file"), "{e}");
 }

@@ -91,6 +91,53 @@ fn create_with_backing_file_takes_its_size() {
     assert_eq!(info["backing-filename"], "base.qcow2");
     assert_eq!(info["backing-filename-format"], "qcow2");
     qemu_img(&["compare", &base, &top]);
+    // The "Formatting" line shows the size taken from the backing file.
+    let (q, c) = (dir.file("q.qcow2"), dir.file("c.qcow2"));
+    let qo = qemu_img(&[
+        "create",
+        "-f",
+        "qcow2",
+        "-b",
+        "base.qcow2",
+        "-F",
+        "qcow2",
+        &q,
+    ]);
+    let co = ch(&[
+        "create",
+        "-f",
+        "qcow2",
+        "-b",
+        "base.qcow2",
+        "-F",
+        "qcow2",
+        &c,
+    ]);
+    assert_eq!(qo.replace(&q, "IMG"), co.replace(&c, "IMG"));
+    // Like qemu-img 7.2, no guessing of the backing format.
+    let x = dir.file("x.qcow2");
+    assert_eq!(
+        code(&qemu_img_status(&[
+            "create",
+            "-f",
+            "qcow2",
+            "-b",
+            "base.qcow2",
+            &x
+        ])),
+        1
+    );
+    assert_eq!(
+        code(&ch_status(&[
+            "create",
+            "-f",
+            "qcow2",
+            "-b",
+            "base.qcow2",
+            &x
+        ])),
+        1
+    );
 }
 
 #[test]
@@ -132,7 +179,24 @@ fn info_matches_qemu_img_qcow2() {
     qemu_img(&[
         "create", "-q", "-f", "qcow2", "-b", "s.qcow2", "-F", "qcow2", &top,
     ]);
-    for image in [&img, &top] {
+    let v2 = dir.file("v2.qcow2");
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "compat=0.10",
+        &v2,
+        "1M",
+    ]);
+    let data = dir.file("data.qcow2");
+    let opts = format!("data_file={},data_file_raw=on", dir.file("data.raw"));
+    qemu_img(&["create", "-q", "-f", "qcow2", "-o", &opts, &data, "1M"]);
+    let zstd = dir.file("zstd.qcow2");
+    let opts = "compression_type=zstd,extended_l2=on,refcount_bits=64,lazy_refcounts=on";
+    qemu_img(&["create", "-q", "-f", "qcow2", "-o", opts, &zstd, "1M"]);
+    for image in [&img, &top, &v2, &data, &zstd] {
         for out in ["human", "json"] {
             let o = format!("--output={out}");
             assert_eq!(
@@ -417,4 +481,20 @@ fn qemu_img_status_or_skip_hang(args: &[&str]) -> std::process::Output {
         return ch_status(args);
     }
     qemu_img_status(args)
+}
+
+#[test]
+fn check_of_an_image_that_cannot_be_opened_exits_1() {
+    let dir = TempDir::new("cli");
+    let img = sample_qcow2(&dir, "t.qcow2");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(50)
+        .unwrap();
+    assert_eq!(code(&qemu_img_status(&["check", &img])), 1);
+    let c = ch_status(&["check", &img]);
+    assert_eq!(code(&c), 1);
+    assert!(String::from_utf8_lossy(&c.stderr).contains("truncated header"));
 }

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use crate::error::BlockError;
 
+mod bitmaps;
 mod qcow2;
 mod references;
 #[cfg(test)]

@@ -91,12 +91,13 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
         file: &file,
         header: &header,
         file_size,
-        refs: References::new(nb_clusters as usize, header.cluster_bits),
+        refs: References::new(file_size, header.cluster_bits),
         findings: Findings::default(),
     };
     walker.refs.add(0, cs, &mut walker.findings);
     walker.walk_l1(header.l1_table_offset, header.l1_size, true)?;
     walker.walk_snapshots()?;
+    super::bitmaps::walk_bitmaps(&mut walker)?;
     let table = read_refcount_table(&mut walker)?;
     let Walker {
         refs, mut findings, ..
@@ -124,10 +125,11 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
                 continue;
             }
         };
-        if refcount > 0 {
+        let reference = u64::from(reference);
+        // qemu-img's image end: the last cluster in use by either count.
+        if refcount > 0 || reference > 0 {
             highest = Some(i);
         }
-        let reference = u64::from(reference);
         if refcount == reference {
             continue;
         }

@@ -22,6 +22,7 @@ const MAX_SNAPSHOT_TABLE: u64 = 64 << 20;
 pub(super) struct References {
     pub refs: Vec<u32>,
     pub cluster_bits: u32,
+    file_size: u64,
 }
 
 /// One table entry whose COPIED flag must match "refcount == 1".
@@ -56,29 +57,37 @@ impl Findings {
 }
 
 impl References {
-    pub fn new(clusters: usize, cluster_bits: u32) -> Self {
+    /// One counter per cluster of a file of `file_size` bytes.
+    pub fn new(file_size: u64, cluster_bits: u32) -> Self {
+        let clusters = file_size.div_ceil(1 << cluster_bits) as usize;
         References {
             refs: vec![0; clusters],
             cluster_bits,
+            file_size,
         }
     }
 
-    /// Counts one reference to every cluster of `offset..offset+len`.
+    /// Counts one reference to every cluster of `offset..offset+len`. A
+    /// region that ends less than a cluster past the end of the file (the
+    /// last compressed cluster's sector count may) is counted up to the
+    /// end; one cluster or more past it is a corruption, as in qemu-img.
     pub fn add(&mut self, offset: u64, len: u64, f: &mut Findings) {
         if len == 0 {
             return;
         }
-        let first = offset >> self.cluster_bits;
-        let last = offset.saturating_add(len - 1) >> self.cluster_bits;
-        if last >= self.refs.len() as u64 {
+        let end = offset.saturating_add(len);
+        if end.saturating_sub(self.file_size) >= 1 << self.cluster_bits {
             f.corrupt(format!(
                 "ERROR: counting reference for region exceeding the end of the file by one cluster or more: offset {offset:#x} size {len:#x}"
             ));
             return;
         }
+        let first = offset >> self.cluster_bits;
+        let last = ((end - 1) >> self.cluster_bits).min(self.refs.len() as u64);
         for i in first..=last {
-            let r = &mut self.refs[i as usize];
-            *r = r.saturating_add(1);
+            if let Some(r) = self.refs.get_mut(i as usize) {
+                *r = r.saturating_add(1);
+            }
         }
     }
 }
@@ -173,6 +182,18 @@ impl Walker<'_> {
                     ));
                     continue;
                 }
+            };
+            // With an external data file, offset 0 is a real cluster: qemu
+            // tells it from "unallocated" by the COPIED flag (data-file
+            // clusters always have refcount 1).
+            let entry = match entry {
+                L2Entry::Unallocated if h.has_data_file() && raw & OFLAG_COPIED != 0 => {
+                    L2Entry::Normal {
+                        host: 0,
+                        copied: true,
+                    }
+                }
+                e => e,
             };
             match entry {
                 L2Entry::Unallocated | L2Entry::Zero { host: None, .. } => {}

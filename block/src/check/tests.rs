@@ -48,7 +48,10 @@ fn image(dir: &TempDir) -> PathBuf {
 
 fn be64(path: &Path, offset: u64) -> u64 {
     let mut b = [0u8; 8];
-    std::fs::File::open(path).unwrap().read_exact_at(&mut b, offset).unwrap();
+    std::fs::File::open(path)
+        .unwrap()
+        .read_exact_at(&mut b, offset)
+        .unwrap();
     u64::from_be_bytes(b)
 }
 
@@ -56,7 +59,8 @@ fn be64(path: &Path, offset: u64) -> u64 {
 fn set_refcount(path: &Path, index: u64, value: u16) {
     let block = be64(path, be64(path, 48));
     let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.write_all_at(&value.to_be_bytes(), block + 2 * index).unwrap();
+    f.write_all_at(&value.to_be_bytes(), block + 2 * index)
+        .unwrap();
 }
 
 #[test]
@@ -64,10 +68,18 @@ fn clean_image_has_no_findings() {
     let dir = TempDir::new("clean");
     let path = image(&dir);
     let r = check_image(&path, None).unwrap();
-    assert_eq!((r.corruptions, r.leaks, r.check_errors), (0, 0, 0), "{:?}", r.messages);
+    assert_eq!(
+        (r.corruptions, r.leaks, r.check_errors),
+        (0, 0, 0),
+        "{:?}",
+        r.messages
+    );
     assert_eq!(r.allocated_clusters, Some(2));
     assert_eq!(r.total_clusters, Some(64));
-    assert_eq!(r.image_end_offset, Some(std::fs::metadata(&path).unwrap().len()));
+    assert_eq!(
+        r.image_end_offset,
+        Some(std::fs::metadata(&path).unwrap().len())
+    );
 }
 
 #[test]
@@ -75,7 +87,12 @@ fn leak_is_found_and_repaired() {
     let dir = TempDir::new("leak");
     let path = image(&dir);
     let len = std::fs::metadata(&path).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len + 65536).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len + 65536)
+        .unwrap();
     set_refcount(&path, len / 65536, 1);
     let r = check_image(&path, None).unwrap();
     assert_eq!((r.corruptions, r.leaks), (0, 1), "{:?}", r.messages);
@@ -100,7 +117,12 @@ fn missing_refcount_is_corruption_and_repair_all_fixes_it() {
     let r = check_image(&path, Some(Repair::Leaks)).unwrap();
     assert_eq!(r.corruptions, 2, "-r leaks must not touch corruptions");
     let r = check_image(&path, Some(Repair::All)).unwrap();
-    assert_eq!((r.corruptions, r.corruptions_fixed), (0, 1), "{:?}", r.messages);
+    assert_eq!(
+        (r.corruptions, r.corruptions_fixed),
+        (0, 1),
+        "{:?}",
+        r.messages
+    );
     let r = check_image(&path, None).unwrap();
     assert_eq!((r.corruptions, r.leaks), (0, 0), "{:?}", r.messages);
 }
@@ -111,10 +133,17 @@ fn unaligned_l2_offset_is_reported_not_followed() {
     let path = image(&dir);
     let l1 = be64(&path, 40);
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    f.write_all_at(&(0x200u64 | 1 << 63).to_be_bytes(), l1).unwrap();
+    f.write_all_at(&(0x200u64 | 1 << 63).to_be_bytes(), l1)
+        .unwrap();
     let r = check_image(&path, None).unwrap();
     assert!(r.corruptions >= 1);
-    assert!(r.messages.iter().any(|m| m.contains("Table is not cluster aligned")), "{:?}", r.messages);
+    assert!(
+        r.messages
+            .iter()
+            .any(|m| m.contains("Table is not cluster aligned")),
+        "{:?}",
+        r.messages
+    );
 }
 
 #[test]

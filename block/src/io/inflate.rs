@@ -5,7 +5,8 @@
 //! decompression itself is the qcow2 format's
 //! `formats::qcow2::compressed::inflate_cluster`); a cluster of exactly
 //! `cluster_size` bytes leaves, or an error saying why the stream is bad.
-//! The cache lets sequential small reads inflate each cluster once.
+//! The cache (one per disk, shared by its queues) lets sequential small
+//! reads inflate each cluster once.
 
 use std::sync::Arc;
 
@@ -52,8 +53,12 @@ pub struct InflateCache {
     bytes: usize,
 }
 
-/// At most this many bytes of inflated clusters per queue.
-const CACHE_BYTES: usize = 4 << 20;
+/// At most this many bytes of inflated clusters per disk (shared by its
+/// queues).
+const CACHE_BYTES: usize = 8 << 20;
+
+/// And at most this many clusters (lookups are a linear search).
+const CACHE_ENTRIES: usize = 256;
 
 impl InflateCache {
     pub fn get(&mut self, ext: &CompressedExtent) -> Option<Arc<Vec<u8>>> {
@@ -72,7 +77,9 @@ impl InflateCache {
         }
         self.bytes += data.len();
         self.entries.push((key, data));
-        while self.bytes > CACHE_BYTES && self.entries.len() > 1 {
+        while (self.bytes > CACHE_BYTES || self.entries.len() > CACHE_ENTRIES)
+            && self.entries.len() > 1
+        {
             let (_, old) = self.entries.remove(0);
             self.bytes -= old.len();
         }
@@ -115,11 +122,16 @@ mod tests {
             cluster_size: 1 << 20,
             offset_in_cluster: 0,
         };
-        for i in 0..6 {
+        for i in 0..10 {
             c.insert(&ext(i), Arc::new(vec![0; 1 << 20]));
         }
         assert!(c.get(&ext(0)).is_none());
-        assert!(c.get(&ext(5)).is_some());
+        assert!(c.get(&ext(9)).is_some());
         assert!(c.bytes <= CACHE_BYTES);
+        for i in 0..1000 {
+            c.insert(&ext(100 + i), Arc::new(vec![0; 16]));
+        }
+        assert!(c.entries.len() <= CACHE_ENTRIES);
+        assert!(c.get(&ext(1099)).is_some());
     }
 }

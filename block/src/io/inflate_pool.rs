@@ -65,10 +65,7 @@ impl InflateReplies {
     }
 
     fn post(&self, d: InflateDone) {
-        self.done
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(d);
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).push(d);
         // Only fails on counter overflow, when a wake-up is pending anyway.
         let _ = self.eventfd.write(1);
     }
@@ -77,7 +74,11 @@ impl InflateReplies {
 impl InflateJob {
     fn run(self) {
         let len = usize::try_from(self.ext.compressed_len).unwrap_or(usize::MAX);
-        let result = match self.input.as_slice().get(self.skip..self.skip.saturating_add(len)) {
+        let result = match self
+            .input
+            .as_slice()
+            .get(self.skip..self.skip.saturating_add(len))
+        {
             Some(input) => inflate(self.ext.algorithm, input, self.ext.cluster_size),
             None => Err("compressed bytes past the read buffer".into()),
         };

@@ -2,7 +2,7 @@
 //! for the executor's own copies (zero fill, bounce buffers, inflated
 //! clusters).
 //!
-//! [`HostSegments::of`] translates an [`IoMemory`] once when the request
+//! [`HostSegments::fill`] translates an [`IoMemory`] once when the request
 //! enters the in-flight table; the pointers stay valid because that table
 //! owns the `IoMemory` (a guest-memory `Arc` or an owned `Vec` whose heap
 //! block never moves) until the request completes.
@@ -27,10 +27,20 @@ pub struct HostSegments {
 unsafe impl Send for HostSegments {}
 
 impl HostSegments {
-    /// Translates `memory`. Guest segments were checked to lie in one
-    /// region by [`IoMemory::guest`]; they are checked again here.
+    /// Translates `memory` into a new list (see [`HostSegments::fill`]).
+    #[cfg(test)]
     pub fn of(memory: &mut IoMemory) -> Result<Self, BlockError> {
-        let mut segs = Vec::new();
+        let mut s = HostSegments::default();
+        s.fill(memory)?;
+        Ok(s)
+    }
+
+    /// Translates `memory`, reusing this list's storage. Guest segments
+    /// were checked to lie in one region by [`IoMemory::guest`]; they are
+    /// checked again here.
+    pub fn fill(&mut self, memory: &mut IoMemory) -> Result<(), BlockError> {
+        self.clear();
+        let segs = &mut self.segs;
         let mut total = 0u64;
         match memory {
             IoMemory::None => {}
@@ -59,7 +69,19 @@ impl HostSegments {
                 }
             }
         }
-        Ok(HostSegments { segs, total })
+        self.total = total;
+        Ok(())
+    }
+
+    /// Forgets every range, keeping the storage.
+    pub fn clear(&mut self) {
+        self.segs.clear();
+        self.total = 0;
+    }
+
+    /// How many ranges the storage holds without growing.
+    pub fn capacity(&self) -> usize {
+        self.segs.capacity()
     }
 
     pub fn len(&self) -> u64 {

@@ -3,7 +3,9 @@
 //! Reads both images through the block read path in chunks and reports the
 //! first difference as qemu-img does ("Content mismatch at offset N!", N
 //! rounded down to a 512-byte sector). The longer image's tail must read as
-//! zeroes unless `-s` (strict), where a size difference is a mismatch.
+//! zeroes unless `-s` (strict), where a size difference is a mismatch and
+//! so is a difference in allocation status (present, zero, data flags of
+//! `block_status`).
 //! Exit 0 identical, 1 different, 2 error.
 
 use crate::args::{parse, OptSpec};
@@ -37,6 +39,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         return Ok(1);
     }
     let common = s1.min(s2);
+    if strict {
+        if let Some(off) = first_status_difference(&img1, &img2, common)? {
+            if !quiet {
+                println!("Strict mode: Offset {off} block status mismatch!");
+            }
+            return Ok(1);
+        }
+    }
     if let Some(off) = first_difference(&img1, Some(&img2), common)? {
         report(quiet, off);
         return Ok(1);
@@ -61,6 +71,32 @@ fn report(quiet: bool, offset: u64) {
     if !quiet {
         println!("Content mismatch at offset {}!", offset / 512 * 512);
     }
+}
+
+/// First offset in `0..end` where the two images' allocation status
+/// (present, zero, data) differs.
+fn first_status_difference(a: &ImageIo, b: &ImageIo, end: u64) -> Result<Option<u64>, CliError> {
+    let mut pos = 0u64;
+    while pos < end {
+        let status = |img: &ImageIo| {
+            img.format()
+                .block_status(pos, end - pos)
+                .map_err(|source| CliError::BlockStatus {
+                    offset: pos,
+                    source,
+                })
+        };
+        let (x, y) = (status(a)?, status(b)?);
+        if (x.present, x.zero, x.data) != (y.present, y.zero, y.data) {
+            return Ok(Some(pos));
+        }
+        let step = x.len.min(y.len).min(end - pos);
+        if step == 0 {
+            return Ok(Some(pos));
+        }
+        pos += step;
+    }
+    Ok(None)
 }
 
 /// First byte in `0..end` where `a` differs from `b` (or from zeroes).

@@ -57,6 +57,21 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "raw images do not support backing files".into(),
         ));
     }
+    if let (Some(backing), None) = (&opts.backing_file, opts.backing_fmt) {
+        // qemu-img (since 6.1) refuses to guess the backing format.
+        let detected = backing_image(&opts.path, backing, None)
+            .map(|img| img.format().name())
+            .unwrap_or("unknown");
+        return Err(CliError::Usage(format!(
+            "{}: Backing file specified without backing format\nDetected format of {detected}.",
+            opts.path.display()
+        )));
+    }
+    if opts.size == 0 {
+        if let Some(backing) = &opts.backing_file {
+            opts.size = backing_size(&opts.path, backing, opts.backing_fmt)?;
+        }
+    }
     if !p.flag("q") {
         println!("{}", formatting_line(&opts));
     }
@@ -98,4 +113,28 @@ fn formatting_line(o: &CreateOptions) -> String {
         o.refcount_bits.unwrap_or(16)
     ));
     s
+}
+
+/// The virtual size of the backing file (qemu-img takes the size from it).
+fn backing_size(
+    image: &std::path::Path,
+    backing: &str,
+    fmt: Option<ImageType>,
+) -> Result<u64, CliError> {
+    Ok(backing_image(image, backing, fmt)?.size())
+}
+
+/// Opens the backing file, resolved against the new image's folder as the
+/// image will resolve it.
+fn backing_image(
+    image: &std::path::Path,
+    backing: &str,
+    fmt: Option<ImageType>,
+) -> Result<crate::image_io::ImageIo, CliError> {
+    let path = match image.parent() {
+        Some(dir) if !std::path::Path::new(backing).is_absolute() => dir.join(backing),
+        _ => backing.into(),
+    };
+    let path = path.to_string_lossy().into_owned();
+    crate::options::open_image(&path, fmt.unwrap_or(ImageType::Auto), true)
 }

@@ -56,9 +56,6 @@ pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
         if let Some(c) = &info.compat {
             data.insert("compat".into(), json!(c));
         }
-        if let Some(d) = &info.data_file {
-            data.insert("data-file".into(), json!(d));
-        }
         if info.compat.as_deref() != Some("0.10") {
             if let Some(c) = info.compression_type {
                 data.insert("compression-type".into(), json!(c));
@@ -73,6 +70,10 @@ pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
             data.insert("refcount-bits".into(), json!(r));
         }
         if info.compat.as_deref() != Some("0.10") {
+            if let Some(d) = &info.data_file {
+                data.insert("data-file".into(), json!(d));
+                data.insert("data-file-raw".into(), json!(data_file_raw(path)));
+            }
             if let Some(c) = info.corrupt {
                 data.insert("corrupt".into(), json!(c));
             }
@@ -93,6 +94,18 @@ pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
     }
     m.insert("dirty-flag".into(), json!(info.dirty.unwrap_or(false)));
     Value::Object(m)
+}
+
+/// The qcow2 autoclear bit "data file is raw" (bit 1 of the header's
+/// autoclear_features at byte 88). Read here because
+/// [`block::formats::ImageInfo`] does not carry it (yet).
+fn data_file_raw(path: &str) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|f| f.read_exact_at(&mut b, 88))
+        .map(|()| u64::from_be_bytes(b) & 2 != 0)
+        .unwrap_or(false)
 }
 
 /// qemu-img's human-readable report.
@@ -141,13 +154,14 @@ pub fn human_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> String {
         if let Some(r) = info.refcount_bits {
             line("refcount bits", r.to_string());
         }
+        if let Some(d) = &info.data_file {
+            line("data file", d.clone());
+            line("data file raw", data_file_raw(path).to_string());
+        }
         if v3 {
             if let Some(c) = info.corrupt {
                 line("corrupt", c.to_string());
             }
-        }
-        if let Some(d) = &info.data_file {
-            line("data file", d.clone());
         }
         if v3 {
             if let Some(e) = info.extended_l2 {

@@ -4,7 +4,7 @@
 //!
 //! Options and the image's opened descriptor enter; a `Qcow2Image` leaves.
 //! Its `Format` implementation is split over `read`, `write`, `zero` and
-//! `status`; they share the [`State`] behind one mutex held only while
+//! `status`; they share the `State` behind one mutex held only while
 //! planning or committing, never during data I/O.
 
 use std::fs::{File, OpenOptions};
@@ -132,9 +132,20 @@ impl Qcow2Image {
                 path: path.clone(),
                 source,
             })?;
-        let (mut header, file_size) = read_header(&meta_file, &path)?;
+        let (mut header, mut file_size) = read_header(&meta_file, &path)?;
         if !opts.readonly {
             Self::check_writable_open(&path, &header)?;
+            if header.dirty() {
+                Self::repair_dirty(&path)?;
+                (header, file_size) = read_header(&meta_file, &path)?;
+                Self::check_writable_open(&path, &header)?;
+                if header.dirty() {
+                    return Err(BlockError::InvalidImage {
+                        path,
+                        reason: "image is still dirty after repairing its refcounts".into(),
+                    });
+                }
+            }
             let autoclear = header.autoclear & AUTOCLEAR_KNOWN;
             if header.version >= 3 && autoclear != header.autoclear {
                 write_at(
@@ -220,12 +231,31 @@ impl Qcow2Image {
                 "image is marked corrupt; open it read-only or repair it (qemu-img check -r all)",
             ));
         }
-        if h.dirty() {
-            return Err(refuse(
-                "image is dirty (lazy refcounts were in use when it was last closed); its refcounts must be \
-                 rebuilt first (qemu-img check -r all), or open it read-only",
-            ));
+        Ok(())
+    }
+
+    /// Rebuilds the refcounts of an image left dirty by a crash with lazy
+    /// refcounts (from its L1/L2 tables, as qemu does on open), which
+    /// also clears the dirty bit. We already hold the writer's lock.
+    fn repair_dirty(path: &Path) -> Result<(), BlockError> {
+        let report = crate::check::check_image(path, Some(crate::check::Repair::All))?;
+        if report.corruptions != 0 || report.check_errors != 0 {
+            return Err(BlockError::InvalidImage {
+                path: path.to_owned(),
+                reason: format!(
+                    "image is dirty and repairing its refcounts left {} corruptions and {} check errors; \
+                     run qemu-img check -r all",
+                    report.corruptions, report.check_errors
+                ),
+            });
         }
+        log::warn!(
+            "{}: image was not closed cleanly (lazy refcounts); rebuilt its refcounts \
+             ({} corruptions and {} leaks fixed) and cleared the dirty bit",
+            path.display(),
+            report.corruptions_fixed,
+            report.leaks_fixed
+        );
         Ok(())
     }
 

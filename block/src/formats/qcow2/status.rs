@@ -17,7 +17,8 @@ use crate::formats::{BlockStatus, Compression, FileId, ImageInfo};
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Data(u64),
-    Zero,
+    /// Reads as zeroes; keeps its host cluster when it has one.
+    Zero(Option<u64>),
     Compressed,
     Unallocated,
 }
@@ -48,14 +49,14 @@ impl Qcow2Image {
             };
             return Ok(match st {
                 SubclusterState::Allocated => (Kind::Data(host + in_c), n),
-                SubclusterState::Zero => (Kind::Zero, n),
+                SubclusterState::Zero => (Kind::Zero((host != 0).then_some(host + in_c)), n),
                 SubclusterState::Unallocated => (Kind::Unallocated, n),
             });
         }
         let n = cs - in_c;
         Ok(match e {
             L2Entry::Normal { host, .. } => (Kind::Data(host + in_c), n),
-            L2Entry::Zero { .. } => (Kind::Zero, n),
+            L2Entry::Zero { host, .. } => (Kind::Zero(host.map(|h| h + in_c)), n),
             L2Entry::Compressed(_) => (Kind::Compressed, n),
             L2Entry::Unallocated => (Kind::Unallocated, n),
         })
@@ -76,6 +77,7 @@ impl Qcow2Image {
                 let (k, m) = self.kind_at(&mut st.meta, offset + n)?;
                 let same = match (kind, k) {
                     (Kind::Data(a), Kind::Data(b)) => a + n == b,
+                    (Kind::Zero(Some(a)), Kind::Zero(Some(b))) => a + n == b,
                     (a, b) => a == b,
                 };
                 if !same {
@@ -97,15 +99,15 @@ impl Qcow2Image {
                 offset: Some(host),
                 file,
             },
-            Kind::Zero => BlockStatus {
+            Kind::Zero(host) => BlockStatus {
                 len: run,
                 depth: 0,
                 present: true,
                 zero: true,
                 data: false,
                 compressed: false,
-                offset: None,
-                file: None,
+                offset: host,
+                file: host.and(file),
             },
             Kind::Compressed => BlockStatus {
                 len: run,

@@ -104,7 +104,11 @@ mod tests {
         assert!(w.read().is_err(), "a is still in flight");
         assert!(!t.passed(barrier, &w));
         t.end(a);
-        assert_eq!(w.read().unwrap(), 1, "woken when the last older write ended");
+        assert_eq!(
+            w.read().unwrap(),
+            1,
+            "woken when the last older write ended"
+        );
         assert!(t.passed(barrier, &w), "c is newer than the barrier");
         t.end(c);
         assert!(t.passed(t.barrier(), &w));

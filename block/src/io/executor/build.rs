@@ -7,7 +7,7 @@
 //! enters the in-flight table with its ops pushed to the engine.
 
 use super::rmw::{new_owner, partial_blocks};
-use super::table::{token, InFlight, OpKind, OpSlot};
+use super::table::{token, AfterRead, InFlight, OpKind, OpSlot};
 use super::Executor;
 use crate::error::BlockError;
 use crate::formats::{FileId, WriteOutcome, WritePlan};
@@ -56,8 +56,9 @@ impl Executor {
                 this.shared.writes.end(seq);
             }
         };
-        let segs = match HostSegments::of(&mut req.memory) {
-            Ok(s) => s,
+        let mut segs = self.spares.segs();
+        let segs = match segs.fill(&mut req.memory) {
+            Ok(()) => segs,
             Err(e) => {
                 release(self);
                 return self.complete_now(req, Err(e));
@@ -169,6 +170,20 @@ impl Executor {
         if op.done {
             return;
         }
+        if let AfterRead::Inflate { ext, .. } = op.after {
+            if op.kind == OpKind::AwaitInflate {
+                if !self.joins.wait(&ext, token(slot, i as u32)) {
+                    // The leader failed while this request was built.
+                    let e = BlockError::Read {
+                        offset: ext.host_offset,
+                        source: std::io::Error::other("read of the compressed cluster failed"),
+                    };
+                    self.op_finished(slot, i, Some(e));
+                }
+                return;
+            }
+            self.joins.lead(&ext);
+        }
         if let Some(zero) = op.zero_source.as_ref() {
             let n = op.remaining.min(zero.len() as u64) as usize;
             op.iov.clear();
@@ -204,6 +219,8 @@ impl Executor {
                 offset: op.offset,
                 len: op.remaining,
             },
+            // Handled above; never reaches the engine.
+            OpKind::AwaitInflate => return,
         };
         // SAFETY: the iovecs point into `entry.memory` (through `segs`) or
         // into `op.buffers`/`op.zero_source`, all owned by this in-flight

@@ -105,7 +105,10 @@ impl Executor {
             return;
         }
         op.done = true;
-        if err.is_none() && entry.error.is_none() {
+        // A leader's compressed bytes are inflated even if its request
+        // already failed: other reads may be waiting for the cluster.
+        let leader = op.kind == OpKind::Read;
+        if err.is_none() && leader {
             if let AfterRead::Inflate { ext, skip, .. } = op.after {
                 if let Some(OpBuffer::Aligned(input)) = op.buffers.pop() {
                     // The op has been reaped: the kernel is done with the
@@ -121,6 +124,10 @@ impl Executor {
                 }
             }
         }
+        let failed_leader = match (&op.after, &err) {
+            (AfterRead::Inflate { ext, .. }, Some(_)) if leader => Some(*ext),
+            _ => None,
+        };
         entry.pending = entry.pending.saturating_sub(1);
         match err {
             Some(e) => entry.fail(e),
@@ -132,6 +139,9 @@ impl Executor {
                 }
             }
         }
+        if let Some(ext) = failed_leader {
+            self.serve_waiters(&ext, Err("read of the compressed cluster failed"));
+        }
         self.finish_if_done(slot);
     }
 
@@ -142,37 +152,41 @@ impl Executor {
         self.replies.take(&mut done);
         for d in done.drain(..) {
             let (slot, i) = split_token(d.tag);
-            let Some(entry) = self.table.get_mut(slot) else {
-                continue;
-            };
-            entry.pending = entry.pending.saturating_sub(1);
-            let piece = match entry.ops.get(i as usize).map(|op| &op.after) {
-                Some(AfterRead::Inflate { req_off, len, .. }) => Some((*req_off, *len)),
-                _ => None,
-            };
-            match (d.result, piece) {
-                (Ok(data), Some((req_off, len))) => {
-                    let from = d.ext.offset_in_cluster as usize;
-                    match data.get(from..from.saturating_add(len as usize)) {
-                        Some(bytes) => {
+            let data = d.result.map(Arc::new);
+            if let Some(entry) = self.table.get_mut(slot) {
+                entry.pending = entry.pending.saturating_sub(1);
+                let piece = match entry.ops.get(i as usize).map(|op| &op.after) {
+                    Some(AfterRead::Inflate { req_off, len, .. }) => Some((*req_off, *len)),
+                    _ => None,
+                };
+                match (&data, piece) {
+                    (Ok(data), Some((req_off, len))) => {
+                        let from = d.ext.offset_in_cluster as usize;
+                        match data.get(from..from.saturating_add(len as usize)) {
                             // SAFETY: the op that read these bytes is
                             // finished, no other op of the request touches
                             // this range (pieces do not overlap), and the
                             // entry owns the memory.
-                            unsafe { entry.segs.copy_in(req_off, bytes) };
-                            self.cache.insert(&d.ext, Arc::new(data));
+                            Some(bytes) => unsafe { entry.segs.copy_in(req_off, bytes) },
+                            None => entry.fail(BlockError::Decompress {
+                                offset: d.ext.host_offset,
+                                reason: "piece extends past its cluster".into(),
+                            }),
                         }
-                        None => entry.fail(BlockError::Decompress {
-                            offset: d.ext.host_offset,
-                            reason: "piece extends past its cluster".into(),
-                        }),
                     }
+                    (Err(reason), _) => entry.fail(BlockError::Decompress {
+                        offset: d.ext.host_offset,
+                        reason: reason.clone(),
+                    }),
+                    (Ok(_), None) => {}
                 }
-                (Err(reason), _) => entry.fail(BlockError::Decompress {
-                    offset: d.ext.host_offset,
-                    reason,
-                }),
-                (Ok(_), None) => {}
+            }
+            match &data {
+                Ok(data) => {
+                    self.inflate_cache().insert(&d.ext, data.clone());
+                    self.serve_waiters(&d.ext, Ok(data));
+                }
+                Err(reason) => self.serve_waiters(&d.ext, Err(reason)),
             }
             self.finish_if_done(slot);
         }
@@ -225,8 +239,10 @@ impl Executor {
             Some(e) => Err(e),
             None => Ok(entry.bytes),
         };
-        // The ops' iovecs point into `entry`; drop them before the memory.
-        entry.ops.clear();
+        // The ops' iovecs point into `entry`; recycle them (emptied)
+        // before the memory leaves.
+        self.spares.put_ops(std::mem::take(&mut entry.ops));
+        self.spares.put_segs(std::mem::take(&mut entry.segs));
         self.ready.push(Completion {
             user_data: entry.user_data,
             result,
@@ -239,7 +255,7 @@ impl Executor {
 fn op_error(op: &OpSlot, source: io::Error) -> BlockError {
     let offset = op.offset;
     match op.kind {
-        OpKind::Read => BlockError::Read { offset, source },
+        OpKind::Read | OpKind::AwaitInflate => BlockError::Read { offset, source },
         OpKind::Write => BlockError::Write { offset, source },
         OpKind::Fdatasync => BlockError::Flush(source),
         OpKind::PunchHole | OpKind::ZeroRange => BlockError::Fallocate { offset, source },

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use vmm_sys_util::eventfd::EventFd;
 
@@ -30,7 +30,9 @@ pub mod barrier;
 mod build;
 mod complete;
 mod read_ops;
+mod inflate_join;
 pub mod rmw;
+mod spares;
 pub mod table;
 mod write_ops;
 
@@ -48,11 +50,14 @@ pub struct Executor {
     table: RequestTable,
     ready: Vec<Completion>,
     parked: VecDeque<BlockRequest>,
-    cache: InflateCache,
     /// Where the inflate pool posts this queue's finished inflations.
     replies: Arc<InflateReplies>,
     inflated: Vec<InflateDone>,
+    /// Compressed clusters being read, and the reads waiting for them.
+    joins: inflate_join::InflateJoins,
     reaped: Vec<EngineCompletion>,
+    /// Vectors recycled from finished requests.
+    spares: spares::Spares,
     /// Zeroes that write ops point at.
     zero_page: Arc<AlignedBuf>,
     /// Bounce bytes the request being built may still allocate.
@@ -75,6 +80,8 @@ pub struct DiskShared {
     pub rmw: RmwLocks,
     /// Writes in flight, for discard barriers.
     pub writes: WriteTracker,
+    /// Recently inflated compressed clusters, for every queue.
+    pub inflated: Mutex<InflateCache>,
 }
 
 impl Executor {
@@ -100,10 +107,11 @@ impl Executor {
             table: RequestTable::default(),
             ready: Vec::new(),
             parked: VecDeque::new(),
-            cache: InflateCache::default(),
             replies,
             inflated: Vec::new(),
+            joins: Default::default(),
             reaped: Vec::new(),
+            spares: spares::Spares::default(),
             zero_page: Arc::new(zero_page),
             bounce_budget: 0,
             building_write: false,
@@ -181,6 +189,15 @@ impl Executor {
     /// Requests submitted and not yet drained.
     pub fn in_flight(&self) -> usize {
         self.table.len() + self.parked.len() + self.ready.len()
+    }
+
+    /// The disk's inflate cache (a poisoned lock only means another
+    /// queue panicked; the cache is still consistent).
+    fn inflate_cache(&self) -> MutexGuard<'_, InflateCache> {
+        self.shared
+            .inflated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn signal(&self) {

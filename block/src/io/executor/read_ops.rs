@@ -11,7 +11,7 @@ use super::build::{align_range, direct_ok, iovec_of, BOUNCE_CHUNK};
 use super::table::{AfterRead, OpBuffer, OpKind, OpSlot};
 use super::Executor;
 use crate::error::BlockError;
-use crate::formats::{CompressedExtent, FileId, ReadSource};
+use crate::formats::{CompressedExtent, FileId, ReadPlan, ReadSource};
 use crate::io::inflate::MAX_CLUSTER_SIZE;
 use crate::io::memory::HostSegments;
 use crate::request::BlockRequest;
@@ -22,9 +22,23 @@ impl Executor {
         req: &BlockRequest,
         segs: &HostSegments,
     ) -> Result<Vec<OpSlot>, BlockError> {
+        // The plan vector is reused from request to request.
+        let mut plan = std::mem::take(&mut self.spares.plan);
+        plan.clear();
+        let r = self.build_read_with(req, segs, &mut plan);
+        plan.clear();
+        self.spares.plan = plan;
+        r
+    }
+
+    fn build_read_with(
+        &mut self,
+        req: &BlockRequest,
+        segs: &HostSegments,
+        plan: &mut ReadPlan,
+    ) -> Result<Vec<OpSlot>, BlockError> {
         let len = segs.len();
-        let mut plan = Vec::new();
-        self.format.plan_read(req.offset, len, &mut plan)?;
+        self.format.plan_read(req.offset, len, plan)?;
         let planned: u64 = plan.iter().map(|p| p.len).fold(0, u64::saturating_add);
         if planned != len {
             return Err(BlockError::Read {
@@ -34,9 +48,10 @@ impl Executor {
                 )),
             });
         }
-        let mut ops = Vec::new();
+        merge_adjacent(plan);
+        let mut ops = self.spares.ops();
         let mut req_off = 0u64;
-        for piece in plan {
+        for piece in plan.iter() {
             match piece.source {
                 ReadSource::Zero => {
                     // SAFETY: the request's memory is owned by `req` and no
@@ -74,6 +89,7 @@ impl Executor {
         let a = self.file_align(file)?;
         let mut op = OpSlot::new(OpKind::Read, file, offset, len);
         op.align = a.offset;
+        op.iov = self.spares.iov();
         segs.iovecs(req_off, len, &mut op.iov);
         if direct_ok(a, offset, len, &op.iov) {
             ops.push(op);
@@ -136,12 +152,25 @@ impl Executor {
                 ext.compressed_len
             )));
         }
-        if let Some(data) = self.cache.get(&ext) {
+        let cached = self.inflate_cache().get(&ext);
+        if let Some(data) = cached {
             let from = ext.offset_in_cluster as usize;
             // SAFETY: the request's memory is owned by the caller's request
             // and none of its ops has been pushed yet.
             unsafe { segs.copy_in(req_off, &data[from..from + len as usize]) };
             return Ok(None);
+        }
+        if self.joins.leading(&ext) {
+            // Another read of this queue is fetching the cluster: wait for
+            // its inflation (see `inflate_join`).
+            let mut op = OpSlot::new(OpKind::AwaitInflate, ext.file, ext.host_offset, 0);
+            op.after = AfterRead::Inflate {
+                ext,
+                skip: 0,
+                req_off,
+                len,
+            };
+            return Ok(Some(op));
         }
         let a = self.file_align(ext.file)?;
         let (start, end) = align_range(ext.host_offset, ext.compressed_len, a.offset)
@@ -158,5 +187,68 @@ impl Executor {
             len,
         };
         Ok(Some(op))
+    }
+}
+
+/// Joins consecutive pieces that continue each other in the same file
+/// (adjacent clusters), so each contiguous host range is one op.
+fn merge_adjacent(plan: &mut ReadPlan) {
+    plan.dedup_by(|next, prev| match (prev.source, next.source) {
+        (
+            ReadSource::Host { file: f, offset: o },
+            ReadSource::Host {
+                file: nf,
+                offset: no,
+            },
+        ) if f == nf && o.checked_add(prev.len) == Some(no) => {
+            prev.len += next.len;
+            true
+        }
+        (ReadSource::Zero, ReadSource::Zero) => {
+            prev.len += next.len;
+            true
+        }
+        _ => false,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::ReadPiece;
+
+    #[test]
+    fn adjacent_host_pieces_merge_and_others_do_not() {
+        let host = |file, offset, len| ReadPiece {
+            len,
+            source: ReadSource::Host {
+                file: FileId(file),
+                offset,
+            },
+        };
+        let zero = |len| ReadPiece {
+            len,
+            source: ReadSource::Zero,
+        };
+        let mut plan = vec![
+            host(0, 0, 10),
+            host(0, 10, 5),
+            host(0, 20, 5),
+            host(1, 25, 5),
+            zero(3),
+            zero(4),
+            host(1, 30, 1),
+        ];
+        merge_adjacent(&mut plan);
+        assert_eq!(
+            plan,
+            vec![
+                host(0, 0, 15),
+                host(0, 20, 5),
+                host(1, 25, 5),
+                zero(7),
+                host(1, 30, 1),
+            ]
+        );
     }
 }

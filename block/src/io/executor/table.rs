@@ -22,6 +22,9 @@ pub enum OpKind {
     Fdatasync,
     PunchHole,
     ZeroRange,
+    /// No host I/O: waits for another op of this queue that reads and
+    /// inflates the same compressed cluster (see `inflate_join`).
+    AwaitInflate,
 }
 
 /// Memory an op owns (kept alive with the op's request).

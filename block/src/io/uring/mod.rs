@@ -356,10 +356,7 @@ mod tests {
         };
         e.inject_submit_results([libc::EBUSY, libc::EAGAIN, libc::EINTR, libc::EBUSY]);
         let out = read_all(&mut e);
-        assert!(
-            e.injected.is_empty(),
-            "every injected error was hit"
-        );
+        assert!(e.injected.is_empty(), "every injected error was hit");
         assert!(out.iter().all(|c| matches!(c.result, Ok(4096))));
         let _ = std::fs::remove_file(path);
     }
