@@ -21,6 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::BlockError;
 
+pub mod holes;
 pub mod open;
 pub mod probe;
 pub mod qcow2;

@@ -175,12 +175,15 @@ impl Format for RawImage {
 
     fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
         self.check_range(offset, len)?;
+        // Holes of the file read as zeroes; qemu-img map reports them so.
+        let (hole, until) =
+            super::holes::extent_at(&self.files[0], offset).unwrap_or((false, u64::MAX));
         Ok(BlockStatus {
-            len,
+            len: len.min(until - offset),
             depth: 0,
             present: true,
-            zero: false,
-            data: true,
+            zero: hole,
+            data: !hole,
             compressed: false,
             offset: Some(offset),
             file: Some(IMAGE),

@@ -1,0 +1,58 @@
+//! Where a host file has holes (SEEK_DATA / SEEK_HOLE), for `map`.
+
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
+
+/// Whether `offset` of `file` lies in a hole, and where that hole (or the
+/// data run) ends. `None` when the file system cannot say; callers then
+/// count the range as data.
+pub fn extent_at(file: &File, offset: u64) -> Option<(bool, u64)> {
+    let fd = file.as_raw_fd();
+    let off = libc::off_t::try_from(offset).ok()?;
+    // SAFETY: lseek on a descriptor `file` keeps open; it only moves the
+    // file position, which none of our I/O uses (all of it is positional).
+    let data = unsafe { libc::lseek(fd, off, libc::SEEK_DATA) };
+    if data < 0 {
+        return match std::io::Error::last_os_error().raw_os_error() {
+            // No data at or after `offset`: a hole up to the end.
+            Some(libc::ENXIO) => Some((true, u64::MAX)),
+            _ => None,
+        };
+    }
+    if data > off {
+        return Some((true, data as u64));
+    }
+    // SAFETY: as above.
+    let hole = unsafe { libc::lseek(fd, off, libc::SEEK_HOLE) };
+    (hole > off).then_some((false, hole as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn finds_data_between_holes() {
+        let path = std::env::temp_dir().join(format!("holes-{}", std::process::id()));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(4 << 20).unwrap();
+        file.write_all_at(&[1u8; 65536], 1 << 20).unwrap();
+        let at_start = extent_at(&file, 0);
+        let in_data = extent_at(&file, 1 << 20);
+        std::fs::remove_file(&path).unwrap();
+        // File systems without hole tracking report everything as data.
+        if let Some((hole, end)) = at_start {
+            if hole {
+                assert_eq!(end, 1 << 20);
+                assert_eq!(in_data, Some((false, (1 << 20) + 65536)));
+            }
+        }
+    }
+}
