@@ -402,7 +402,11 @@ fn map_raw_with_holes() {
     let dir = TempDir::new("interop");
     let img = dir.file("sparse.raw");
     qemu_img(&["create", "-q", "-f", "raw", &img, "4M"]);
-    qemu_io("raw", &img, &["write -P 0x31 512k 4k", "write -P 0x32 3M 128k"]);
+    qemu_io(
+        "raw",
+        &img,
+        &["write -P 0x31 512k 4k", "write -P 0x32 3M 128k"],
+    );
     assert_map_like_qemu(&img);
 }
 
