@@ -29,13 +29,7 @@ mkdir -p "$work"
 img="$work/disk.qcow2"
 rm -f "$img"
 echo "== creating $img"
-if [ -x "$chimg" ] && "$chimg" create -f qcow2 "$img" "${DEMO_SIZE:-256M}"; then
-    info_cmd=("$chimg" info "$img")
-else
-    echo "ch-img create failed; using qemu-img" >&2
-    qemu-img create -f qcow2 "$img" "${DEMO_SIZE:-256M}"
-    info_cmd=(qemu-img info "$img")
-fi
+"$chimg" create -f qcow2 "$img" "${DEMO_SIZE:-256M}"
 
 echo "== building the test guest"
 guest=$(scripts/build-test-guest.sh | tail -n 1)
@@ -53,8 +47,8 @@ set -e
 echo "== serial output"
 cat "$serial"
 echo "== image after the run"
-"${info_cmd[@]}" || true
-qemu-img check "$img" || true
+"$chimg" info "$img" || true
+"$chimg" check "$img" || true
 
 if [ "$rc" -ne 0 ]; then
     echo "run-demo: cloud-hypervisor exited with status $rc" >&2
