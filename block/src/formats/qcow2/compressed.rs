@@ -7,6 +7,8 @@
 //! when the stream is corrupt or too short. The engines call
 //! `inflate_cluster` for `ReadSource::Compressed` pieces too.
 
+use std::cell::RefCell;
+
 use flate2::{Decompress, FlushDecompress, Status};
 use zstd::stream::raw::{Decoder, Operation};
 
@@ -32,8 +34,22 @@ pub(crate) fn inflate_cluster(
     }
 }
 
+// One decoder per thread, reset for every cluster: creating a zstd
+// context per cluster cost more than decompressing it.
+thread_local! {
+    static DEFLATE: RefCell<Decompress> = RefCell::new(Decompress::new(false));
+    static ZSTD: RefCell<Option<Decoder<'static>>> = const { RefCell::new(None) };
+}
+
 fn inflate_deflate(input: &[u8], out: &mut [u8]) -> Result<(), String> {
-    let mut d = Decompress::new(false);
+    DEFLATE.with(|cell| {
+        let mut d = cell.borrow_mut();
+        d.reset(false);
+        inflate_deflate_with(&mut d, input, out)
+    })
+}
+
+fn inflate_deflate_with(d: &mut Decompress, input: &[u8], out: &mut [u8]) -> Result<(), String> {
     match d.decompress(input, out, FlushDecompress::Finish) {
         // qemu accepts a stream that filled the buffer without its end marker.
         Ok(Status::StreamEnd) | Ok(Status::Ok) | Ok(Status::BufError) => {}
@@ -50,7 +66,20 @@ fn inflate_deflate(input: &[u8], out: &mut [u8]) -> Result<(), String> {
 }
 
 fn inflate_zstd(input: &[u8], out: &mut [u8]) -> Result<(), String> {
-    let mut d = Decoder::new().map_err(|e| format!("zstd: {e}"))?;
+    ZSTD.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let d = match slot.as_mut() {
+            Some(d) => {
+                d.reinit().map_err(|e| format!("zstd: {e}"))?;
+                d
+            }
+            None => slot.insert(Decoder::new().map_err(|e| format!("zstd: {e}"))?),
+        };
+        inflate_zstd_with(d, input, out)
+    })
+}
+
+fn inflate_zstd_with(d: &mut Decoder<'static>, input: &[u8], out: &mut [u8]) -> Result<(), String> {
     let (mut read, mut written) = (0usize, 0usize);
     // Each round consumes input or produces output, or we stop.
     while written < out.len() {
@@ -94,6 +123,9 @@ mod tests {
         let mut big = vec![0u8; 8192];
         assert!(inflate_cluster(Compression::Deflate, &c, &mut big).is_err());
         assert!(inflate_cluster(Compression::Deflate, &[1, 2, 3], &mut out).is_err());
+        out.fill(0);
+        inflate_cluster(Compression::Deflate, &c, &mut out).unwrap();
+        assert_eq!(out, data);
     }
 
     #[test]
@@ -105,6 +137,10 @@ mod tests {
         inflate_cluster(Compression::Zstd, &c, &mut out).unwrap();
         assert_eq!(out, data);
         assert!(inflate_cluster(Compression::Zstd, &c[..10], &mut out).is_err());
+        // The thread's reused decoder starts clean after a failure.
+        out.fill(0);
+        inflate_cluster(Compression::Zstd, &c, &mut out).unwrap();
+        assert_eq!(out, data);
     }
 
     #[test]
