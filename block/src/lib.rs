@@ -18,6 +18,7 @@
 //! or writes from ([`request::IoMemory`]); it leaves as exactly one
 //! completion per request, which hands that memory back.
 
+pub mod aligned;
 pub mod check;
 pub mod create;
 pub mod disk;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
+use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 
 /// What a request asks for.
@@ -51,6 +52,9 @@ pub enum IoMemory {
     },
     /// A buffer owned by the request (tools, tests, bounce buffers).
     Owned(Vec<u8>),
+    /// An owned buffer aligned for O_DIRECT: it goes to the file without
+    /// a bounce copy (tools that benchmark or copy with `-t none`).
+    Aligned(AlignedBuf),
 }
 
 impl IoMemory {
@@ -79,6 +83,7 @@ impl IoMemory {
             IoMemory::None => 0,
             IoMemory::Guest { segments, .. } => segments.iter().map(|s| u64::from(s.len)).sum(),
             IoMemory::Owned(v) => v.len() as u64,
+            IoMemory::Aligned(b) => b.len() as u64,
         }
     }
 

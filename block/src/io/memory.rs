@@ -4,8 +4,8 @@
 //!
 //! [`HostSegments::fill`] translates an [`IoMemory`] once when the request
 //! enters the in-flight table; the pointers stay valid because that table
-//! owns the `IoMemory` (a guest-memory `Arc` or an owned `Vec` whose heap
-//! block never moves) until the request completes.
+//! owns the `IoMemory` (a guest-memory `Arc`, or an owned `Vec` or
+//! `AlignedBuf` whose heap block never moves) until the request completes.
 
 use crate::error::BlockError;
 use crate::request::IoMemory;
@@ -48,6 +48,12 @@ impl HostSegments {
                 if !v.is_empty() {
                     segs.push((v.as_mut_ptr(), v.len()));
                     total = v.len() as u64;
+                }
+            }
+            IoMemory::Aligned(b) => {
+                if !b.is_empty() {
+                    segs.push((b.as_mut_slice().as_mut_ptr(), b.len()));
+                    total = b.len() as u64;
                 }
             }
             IoMemory::Guest { mem, segments } => {

@@ -13,6 +13,7 @@
 use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 
+use block::aligned::AlignedBuf;
 use block::{BlockRequest, Disk, DiskOptions, EngineKind, IoMemory, RequestOp};
 use serde_json::json;
 
@@ -286,7 +287,8 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
     let span = disk_size - b.size;
     let mut rng = Rng(b.seed);
     let mut next_offset = b.offset.min(span);
-    let mut free_buffers: Vec<Vec<u8>> = Vec::new();
+    // Page-aligned, so O_DIRECT requests need no bounce copy.
+    let mut free_buffers: Vec<AlignedBuf> = Vec::new();
     let mut started: Vec<Option<Instant>> = vec![None; b.depth];
     let mut free_slots: Vec<usize> = (0..b.depth).rev().collect();
     let mut result = BenchResult {
@@ -331,11 +333,18 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
             };
             let is_read =
                 b.read_percent == 100 || (b.read_percent > 0 && rng.next() % 100 < b.read_percent);
-            let mut buf = free_buffers
-                .pop()
-                .unwrap_or_else(|| vec![b.pattern; b.size as usize]);
+            let mut buf = match free_buffers.pop() {
+                Some(buf) => buf,
+                None => {
+                    let mut buf = AlignedBuf::new(b.size as usize, 4096).ok_or_else(|| {
+                        CliError::Usage(format!("cannot allocate a {}-byte buffer", b.size))
+                    })?;
+                    buf.as_mut_slice().fill(b.pattern);
+                    buf
+                }
+            };
             if !is_read {
-                buf.fill(b.pattern);
+                buf.as_mut_slice().fill(b.pattern);
             }
             started[slot] = Some(Instant::now());
             batch.push(BlockRequest {
@@ -346,7 +355,7 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
                     RequestOp::Write
                 },
                 offset,
-                memory: IoMemory::Owned(buf),
+                memory: IoMemory::Aligned(buf),
             });
             submitted += 1;
             if !is_read {
@@ -373,7 +382,7 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
                 result.max_ns = result.max_ns.max(ns);
                 result.histogram[((ns / 1000) as usize).min(HIST_BUCKETS)] += 1;
             }
-            if let Some(buf) = c.memory.into_owned() {
+            if let IoMemory::Aligned(buf) = c.memory {
                 free_buffers.push(buf);
             }
             free_slots.push(slot);
