@@ -5,8 +5,8 @@
 //!
 //! Usage: cargo run --release -p block --example image_bench -- \
 //!        [WORKLOAD] [CASES] [SECONDS] [ROUNDS] [ENGINE]
-//! WORKLOAD: rand4k32 (4 KiB random, QD 32), rand4k1 (QD 1) or seq1m8
-//! (1 MiB sequential, QD 8). CASES: comma-separated of raw, qcow2, zlib,
+//! WORKLOAD: rand4k32 (4 KiB random, QD 32), rand4k1 (QD 1), seq4k32
+//! (4 KiB sequential, QD 32) or seq1m8 (1 MiB sequential, QD 8). CASES: comma-separated of raw, qcow2, zlib,
 //! zstd. ENGINE: io_uring (default) or sync. Always O_DIRECT. Images live
 //! in /var/tmp/image_bench (created on first use, 256 MiB, about 2:1
 //! compressible, qcow2 with 64 KiB clusters).
@@ -48,6 +48,11 @@ fn workload(name: &str) -> Workload {
             bs: 4096,
             qd: 1,
             random: true,
+        },
+        "seq4k32" => Workload {
+            bs: 4096,
+            qd: 32,
+            random: false,
         },
         "seq1m8" => Workload {
             bs: 1 << 20,

@@ -425,3 +425,54 @@ fn overlay_size_comes_from_the_backing_image() {
     .unwrap_err();
     assert!(e.to_string().contains("backing_file"), "{e}");
 }
+
+/// Allocating writes find the file already long enough (no extending
+/// direct writes); close cuts the unused tail, and a tail left by a crash
+/// is harmless to qemu-img and to us.
+#[test]
+fn file_size_runs_ahead_of_allocation_and_is_trimmed_on_close() {
+    let d = TempDir::new("reserve");
+    let p = d.join("r.qcow2");
+    run("qemu-img", &["create", "-q", "-f", "qcow2", s(&p), "64M"]);
+    let r = Reference::new(d.join("ref.raw"), 64 << 20);
+    let len = |p: &std::path::Path| std::fs::metadata(p).unwrap().len();
+    let f = open(&p, false);
+    let data = pattern(3, 1 << 20);
+    write(&*f, 0, &data);
+    r.write(0, &data);
+    assert!(len(&p) > 4 << 20, "file not grown ahead: {}", len(&p));
+    f.close().unwrap();
+    drop(f);
+    let end = qemu_end_offset(&p);
+    assert_eq!(len(&p), end, "tail not trimmed on close");
+    qemu_check(&p);
+    qemu_compare(&p, &r.1);
+    // A "crash": no close, no drop; the tail stays.
+    let f = open(&p, false);
+    write(&*f, 8 << 20, &data);
+    r.write(8 << 20, &data);
+    f.flush_metadata().unwrap();
+    std::mem::forget(f);
+    assert!(len(&p) > qemu_end_offset(&p));
+    qemu_check(&p);
+    qemu_compare(&p, &r.1);
+    // The forgotten handle still holds its lock (as a dead process's
+    // would not): reopen without locking.
+    let mut o = DiskOptions::new(&p);
+    o.lock = false;
+    let f = block::formats::open_format(&o).unwrap();
+    write(&*f, 16 << 20, &data);
+    r.write(16 << 20, &data);
+    f.close().unwrap();
+    drop(f);
+    qemu_check(&p);
+    qemu_compare(&p, &r.1);
+}
+
+fn qemu_end_offset(p: &std::path::Path) -> u64 {
+    let out = run("qemu-img", &["check", "-U", s(p)]);
+    out.lines()
+        .find_map(|l| l.strip_prefix("Image end offset: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no end offset in {out}"))
+}

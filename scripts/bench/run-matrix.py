@@ -530,14 +530,15 @@ def main():
     repo = os.path.dirname(os.path.dirname(here))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="fewer cases, 1 s runs (under 3 minutes)")
+                    help="fewer cases, 3 repeats of 1 s runs (under 3 minutes)")
     ap.add_argument("--dir", default=os.environ.get(
         "BENCH_DIR", "/var/tmp/ch-bench"), help="image folder")
     ap.add_argument("--bin", default=os.environ.get(
         "BENCH_BIN", os.path.join(os.environ.get(
             "CARGO_TARGET_DIR", os.path.join(repo, "target")), "release")),
         help="folder holding ch-img and blk-bench (release build)")
-    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="interleaved repeats per case (default 5, quick 3)")
     ap.add_argument("--seconds", type=float, default=None,
                     help="length of each run")
     ap.add_argument("--size", default="1G", help="image size (e.g. 1G)")
@@ -552,8 +553,11 @@ def main():
     repeats = a.repeats or (3 if a.quick else 5)
     seconds = a.seconds or (1.0 if a.quick else 2.0)
     mult = {"K": 1 << 10, "M": 1 << 20, "G": GIB}
-    size = int(a.size[:-1]) * mult[a.size[-1].upper()] \
-        if a.size[-1].upper() in mult else int(a.size)
+    m = re.fullmatch(r"([0-9]+)([KMG]?)", a.size.upper())
+    if not m or int(m.group(1)) == 0:
+        sys.exit(f"--size: expected a number with an optional K/M/G suffix, "
+                 f"not {a.size!r}")
+    size = int(m.group(1)) * mult.get(m.group(2), 1)
 
     for tool in ("ch-img", "blk-bench"):
         if not os.access(os.path.join(a.bin, tool), os.X_OK):

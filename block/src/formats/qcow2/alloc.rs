@@ -68,7 +68,9 @@ impl MetaState {
     }
 
     /// Adds `delta` to the refcounts of clusters `first..first+count`,
-    /// whose blocks exist; one write per block touched.
+    /// whose blocks exist, in the cache: the changed blocks stay pinned
+    /// until [`MetaState::write_refcounts`] (at the next barrier, L1/L2
+    /// write or flush, or when too many are pending).
     pub fn change_refcounts(
         &mut self,
         first: u64,
@@ -118,12 +120,37 @@ impl MetaState {
                 lo = lo.min(r.start);
                 hi = hi.max(r.end);
             }
-            let bytes = t[lo..hi].to_vec();
-            write_at(&self.file, off + lo as u64, &bytes, "refcount block")?;
+            self.rb_cache.pin(off);
+            let range = self.dirty_rb.entry(off).or_insert((lo, hi));
+            *range = (range.0.min(lo), range.1.max(hi));
             if let Some(m) = freed_min {
                 self.free_hint = self.free_hint.min(m);
             }
             c = stop;
+        }
+        if self.dirty_rb.len() >= self.max_dirty_rb {
+            self.write_refcounts()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the changed parts of every refcount block changed since the
+    /// last call (one pwrite per block) and unpins them. Callers run this
+    /// before anything that may reference a newly counted cluster reaches
+    /// the file; [`MetaState::barrier`] does it first.
+    pub fn write_refcounts(&mut self) -> Result<(), BlockError> {
+        // An entry leaves the set only once written, so a failed write is
+        // retried by the next caller.
+        while let Some((&off, &(lo, hi))) = self.dirty_rb.first_key_value() {
+            let bytes = self
+                .rb_cache
+                .get(off)
+                .and_then(|t| t.get(lo..hi))
+                .map(<[u8]>::to_vec)
+                .ok_or_else(|| self.invalid("a changed refcount block left the cache"))?;
+            write_at(&self.file, off + lo as u64, &bytes, "refcount block")?;
+            self.dirty_rb.remove(&off);
+            self.rb_cache.unpin(off);
         }
         Ok(())
     }
@@ -280,7 +307,8 @@ impl MetaState {
             new_blocks.insert(*b, ((start + n + k as u64) * cs, vec![0u8; cs as usize]));
         }
         // Refcounts covered by new blocks are set in memory; the others
-        // go through change_refcounts (existing blocks, write-through).
+        // go through change_refcounts (existing blocks, written at the
+        // next barrier, before anything can reference the new clusters).
         let mut c = start;
         let end = start + total;
         while c < end {
@@ -299,6 +327,7 @@ impl MetaState {
             write_at(&self.file, *off, t, "new refcount block")?;
         }
         self.file_size = self.file_size.max(end * cs);
+        self.reserve_to(self.file_size)?;
         if new_blocks.is_empty() {
             return Ok(());
         }

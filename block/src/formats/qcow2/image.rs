@@ -93,11 +93,15 @@ impl Drop for Qcow2Image {
         if self.readonly {
             return;
         }
-        if let Err(e) = self.lock().meta.flush_dirty() {
+        let mut st = self.lock();
+        if let Err(e) = st.meta.flush_dirty() {
             log::error!(
                 "{}: writing cached L2 entries failed: {e}",
                 self.path.display()
             );
+        }
+        if let Err(e) = st.meta.trim_reserve() {
+            log::warn!("{}: {e}", self.path.display());
         }
     }
 }

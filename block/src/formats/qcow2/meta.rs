@@ -3,8 +3,10 @@
 //! write-through updates of L1 and L2 entries.
 //!
 //! Guest offsets enter; raw table entries leave (decoded by `l2_entry`).
-//! Every change is written to the image (pwrite on the buffered metadata
-//! descriptor) before the in-memory copy is relied on by others. Refcount
+//! Table changes are written to the image (pwrite on the buffered metadata
+//! descriptor) before the in-memory copy is relied on by others; refcount
+//! changes are batched in the cache and written before the next barrier,
+//! L1/L2 write or flush (so before anything can point at a new cluster). Refcount
 //! updates and cluster allocation live in `alloc`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -74,6 +76,9 @@ pub(crate) struct MetaState {
     pub file: Arc<File>,
     /// The file's size, grown by every allocation.
     pub file_size: u64,
+    /// The size the file really has: `file_size` plus the headroom
+    /// `reserve` added for allocating writes.
+    pub reserved_end: u64,
     pub l1_offset: u64,
     pub l1: Vec<u64>,
     pub rt_offset: u64,
@@ -98,6 +103,10 @@ pub(crate) struct MetaState {
     /// Host cluster runs losing a reference once the L2 changes that
     /// dropped it are durable.
     pub deferred_release: Vec<(u64, u64)>,
+    /// Refcount blocks changed in the cache but not yet on disk: block
+    /// offset -> changed byte range. Their blocks are pinned.
+    pub dirty_rb: BTreeMap<u64, (usize, usize)>,
+    pub max_dirty_rb: usize,
 }
 
 impl MetaState {
@@ -131,6 +140,7 @@ impl MetaState {
             path,
             file,
             file_size,
+            reserved_end: file_size,
             l1_offset: h.l1_table_offset,
             l1,
             rt_offset: h.refcount_table_offset,
@@ -143,6 +153,8 @@ impl MetaState {
             dirty_entries: 0,
             max_dirty_tables: (tables(L2_CACHE_BYTES) / 2).max(1),
             deferred_release: Vec::new(),
+            dirty_rb: BTreeMap::new(),
+            max_dirty_rb: (tables(RB_CACHE_BYTES) / 2).max(1),
         })
     }
 
@@ -153,7 +165,10 @@ impl MetaState {
         }
     }
 
-    pub fn barrier(&self) -> Result<(), BlockError> {
+    /// Writes pending refcount changes, then (with barriers on) makes
+    /// everything written so far durable.
+    pub fn barrier(&mut self) -> Result<(), BlockError> {
+        self.write_refcounts()?;
         if self.barriers {
             sync(&self.file)?;
         }
@@ -305,6 +320,8 @@ impl MetaState {
     pub fn set_l2_entry(&mut self, guest: u64, raw: u64, bitmap: u64) -> Result<(), BlockError> {
         let (off, pos) = self.update_l2_cache(guest, raw, bitmap)?;
         let bytes = self.entry_bytes(raw, bitmap);
+        // Whatever the entry points at is counted on disk first.
+        self.write_refcounts()?;
         write_at(&self.file, off + pos as u64, &bytes, "L2 entry")
     }
 
@@ -339,11 +356,12 @@ impl MetaState {
             || self.deferred_release.len() >= MAX_DIRTY_ENTRIES
     }
 
-    /// Barrier, then every deferred L2 entry, barrier, then the refcount
-    /// drops that had to wait for those entries to be durable.
+    /// Pending refcounts and barrier, then every deferred L2 entry,
+    /// barrier, then the refcount drops that had to wait for those entries
+    /// to be durable (written too, for the caller's fdatasync).
     pub fn flush_dirty(&mut self) -> Result<(), BlockError> {
         if self.dirty_l2.is_empty() && self.deferred_release.is_empty() {
-            return Ok(());
+            return self.write_refcounts();
         }
         if !self.dirty_l2.is_empty() {
             self.barrier()?;
@@ -369,7 +387,7 @@ impl MetaState {
                 self.free_clusters(first, count)?;
             }
         }
-        Ok(())
+        self.write_refcounts()
     }
 
     fn update_l2_cache(
@@ -398,6 +416,7 @@ impl MetaState {
     }
 
     fn set_l1_entry(&mut self, i: usize, raw: u64) -> Result<(), BlockError> {
+        self.write_refcounts()?;
         write_at(
             &self.file,
             self.l1_offset + i as u64 * 8,

@@ -218,6 +218,7 @@ impl Qcow2Image {
         }
         let mut st = self.lock();
         st.meta.flush_dirty()?;
+        st.meta.trim_reserve()?;
         if st.inflight.pending_count() > 0 {
             log::warn!(
                 "{}: closing with writes in flight; leaving the image dirty",

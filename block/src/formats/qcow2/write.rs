@@ -1,23 +1,25 @@
 //! Write planning: in-place writes, allocating writes with copy-on-write
-//! of the rest of the cluster, and the commit/abort that publishes or
-//! drops their L2 entries.
+//! of the rest of the cluster, in-place filling of an extended-L2
+//! cluster's unallocated subclusters, and the commit/abort that publishes
+//! or drops their L2 entries.
 //!
 //! A guest range enters; a `WritePlan` leaves whose `HostWrite::Data` ops
 //! cover each contiguous host extent once (head COW + data + tail COW in
-//! one op). Ordering: new clusters get their refcount in `alloc` before
+//! one op). Copy-on-write sources are read by `cow` after the metadata
+//! lock is released, once the plan's clusters are registered in flight. Ordering: new clusters get their refcount in `alloc` before
 //! the plan is returned; `commit` (after the engine's data writes) puts
 //! the new L2 entries in the cache, and `MetaState::flush_dirty` (guest
 //! flush, close, or a full dirty set) writes them after a barrier that
 //! makes the data and refcounts durable, then drops the references to the
 //! clusters they replaced.
 
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
-use super::compressed::{compressed_read_len, inflate_cluster};
+use super::compressed::compressed_read_len;
+use super::cow::{CowJob, CowRead};
 use super::image::{Qcow2Image, State};
 use super::inflight::PendingCommit;
 use super::l2_entry::{normal_entry, subcluster_state, L2Entry, SubclusterState};
-use super::meta_io::read_at;
 use crate::error::BlockError;
 use crate::formats::{FileId, HostWrite, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan};
 
@@ -26,6 +28,8 @@ use crate::formats::{FileId, HostWrite, Waker, WriteCommit, WriteData, WriteOutc
 pub(crate) struct PlanBuilder {
     pub ops: Vec<HostWrite>,
     pub pending: PendingCommit,
+    /// New clusters whose old contents are read after the lock is released.
+    pub cow: Vec<CowJob>,
 }
 
 fn merge_part(parts: &mut Vec<WriteData>, part: WriteData) {
@@ -115,7 +119,7 @@ pub(crate) enum Source {
 }
 
 impl Source {
-    fn part(self, len: u64) -> WriteData {
+    pub(crate) fn part(self, len: u64) -> WriteData {
         match self {
             Source::Request(offset) => WriteData::Request { offset, len },
             Source::Zeroes => WriteData::Zeroes(len),
@@ -169,7 +173,7 @@ impl Qcow2Image {
         self.mark_dirty(&mut st)?;
         let mut b = PlanBuilder::default();
         self.write_range(&mut st, offset, len, Source::Request(0), &mut b)?;
-        Ok(Self::finish_plan(&mut st, b))
+        self.finish_plan(st, b)
     }
 
     /// Registers `waker` and says so when the range overlaps an allocation
@@ -184,13 +188,28 @@ impl Qcow2Image {
         false
     }
 
-    pub(crate) fn finish_plan(st: &mut State, b: PlanBuilder) -> WriteOutcome {
+    /// Registers the plan's pending commit (its clusters become busy),
+    /// then, without the metadata lock, reads the copy-on-write sources
+    /// and adds their data writes; a failed read aborts the commit.
+    pub(crate) fn finish_plan(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        mut b: PlanBuilder,
+    ) -> Result<WriteOutcome, BlockError> {
+        let jobs = std::mem::take(&mut b.cow);
         let commit = if b.pending.is_empty() {
             None
         } else {
-            Some(st.inflight.start(b.pending))
+            Some(st.inflight.start(std::mem::take(&mut b.pending)))
         };
-        WriteOutcome::Ready(WritePlan { ops: b.ops, commit })
+        drop(st);
+        if let Err(e) = self.fill_cow(jobs, &mut b) {
+            if let Some(c) = commit {
+                self.abort_impl(c);
+            }
+            return Err(e);
+        }
+        Ok(WriteOutcome::Ready(WritePlan { ops: b.ops, commit }))
     }
 
     /// Plans writing `src` over `offset..offset+len`.
@@ -223,6 +242,13 @@ impl Qcow2Image {
                     }
                     b.data(self.data_file, host + in_cluster, vec![seg_src.part(n)])
                 }
+                L2Entry::Normal { host, copied } if copied || dfile => {
+                    // Extended L2: fill the touched subclusters in place.
+                    if !dfile {
+                        st.meta.check_not_metadata(host)?;
+                    }
+                    self.fill_subclusters(st, pos, host, bitmap, in_cluster, n, seg_src, b)?;
+                }
                 old => allocs.push(Alloc {
                     cluster: pos - in_cluster,
                     in_cluster,
@@ -254,30 +280,31 @@ impl Qcow2Image {
         for (i, a) in allocs.into_iter().enumerate() {
             let host = start.map_or(a.cluster, |s| s + i as u64 * cs);
             let tail = cs - a.in_cluster - a.len;
-            let cow = if a.in_cluster > 0 || tail > 0 {
-                if st.meta.g.extended_l2 && !matches!(a.old, L2Entry::Compressed(_)) {
-                    Some(self.cow_source_extended(st, a.cluster, a.old, a.bitmap)?)
-                } else {
-                    self.cow_source(st, a.cluster, a.old)?
-                }
+            let read = if a.in_cluster > 0 || tail > 0 {
+                self.cow_read(st, a.old, a.bitmap)
             } else {
                 None
             };
-            let piece = |from: u64, n: u64| match &cow {
-                Some(buf) => {
-                    WriteData::Owned(Arc::new(buf[from as usize..(from + n) as usize].to_vec()))
+            match read {
+                Some(read) => b.cow.push(CowJob {
+                    cluster: a.cluster,
+                    host,
+                    in_cluster: a.in_cluster,
+                    len: a.len,
+                    src: a.src,
+                    read,
+                    span: (0, cs),
+                }),
+                None => {
+                    // Empty parts are dropped when merged.
+                    let parts = vec![
+                        WriteData::Zeroes(a.in_cluster),
+                        a.src.part(a.len),
+                        WriteData::Zeroes(tail),
+                    ];
+                    b.data(self.data_file, host, parts);
                 }
-                None => WriteData::Zeroes(n),
-            };
-            let mut parts = Vec::with_capacity(3);
-            if a.in_cluster > 0 {
-                parts.push(piece(0, a.in_cluster));
             }
-            parts.push(a.src.part(a.len));
-            if tail > 0 {
-                parts.push(piece(a.in_cluster + a.len, tail));
-            }
-            b.data(self.data_file, host, parts);
             // Extended L2: every subcluster of the new cluster is allocated.
             b.pending
                 .publish
@@ -287,6 +314,66 @@ impl Qcow2Image {
                 b.pending.release_clusters(r);
             }
         }
+        Ok(())
+    }
+
+    /// Plans a write into an allocated extended-L2 cluster some of whose
+    /// touched subclusters are unallocated or zero: one in-place write of
+    /// the touched subclusters (their uncovered parts copied from the
+    /// backing image, or zeroes) and, at commit, their bits set to
+    /// allocated. The other subclusters are left alone.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_subclusters(
+        &self,
+        st: &mut State,
+        guest: u64,
+        host: u64,
+        bitmap: u64,
+        in_cluster: u64,
+        len: u64,
+        src: Source,
+        b: &mut PlanBuilder,
+    ) -> Result<(), BlockError> {
+        let cs = self.cluster_size();
+        let sub = cs / 32;
+        let cluster = guest - in_cluster;
+        let (first, last) = (in_cluster / sub, (in_cluster + len - 1) / sub);
+        let mut new_bitmap = bitmap;
+        for i in first..=last {
+            new_bitmap |= 1 << i;
+            new_bitmap &= !(1 << (i + 32));
+        }
+        // Allocated subclusters at either end are not rewritten around
+        // the data: a concurrent in-place write may be updating them.
+        let allocated =
+            |i: u64| subcluster_state(bitmap, i as u32) == Ok(SubclusterState::Allocated);
+        let start = if allocated(first) {
+            in_cluster
+        } else {
+            first * sub
+        };
+        let end = if allocated(last) {
+            in_cluster + len
+        } else {
+            (last + 1) * sub
+        };
+        let span = (start, end);
+        b.cow.push(CowJob {
+            cluster,
+            host,
+            in_cluster,
+            len,
+            src,
+            read: CowRead::Subclusters {
+                file: Arc::clone(&self.cow_files[usize::from(self.data_file.0)]),
+                host: Some(host),
+                bitmap,
+            },
+            span,
+        });
+        let raw = st.meta.l2_raw(guest)?.0;
+        b.pending.publish.push((cluster, raw, new_bitmap));
+        b.pending.busy.push(cluster >> self.header.cluster_bits);
         Ok(())
     }
 
@@ -310,88 +397,30 @@ impl Qcow2Image {
         }
     }
 
-    /// The old contents of an extended-L2 cluster, subcluster by
-    /// subcluster (allocated, zero, or from the backing image).
-    fn cow_source_extended(
-        &self,
-        st: &mut State,
-        cluster: u64,
-        old: L2Entry,
-        bitmap: u64,
-    ) -> Result<Vec<u8>, BlockError> {
-        let cs = self.cluster_size();
-        let sub = cs / 32;
-        let host = match old {
-            L2Entry::Normal { host, .. }
-            | L2Entry::Zero {
-                host: Some(host), ..
-            } => Some(host),
-            _ => None,
-        };
-        let mut buf = vec![0u8; cs as usize];
-        for (i, chunk) in buf.chunks_mut(sub as usize).enumerate() {
-            let state = subcluster_state(bitmap, i as u32).map_err(|r| st.meta.invalid(r))?;
-            match (state, host) {
-                (SubclusterState::Allocated, Some(h)) => read_at(
-                    &self.cow_files[usize::from(self.data_file.0)],
-                    h + i as u64 * sub,
-                    chunk,
-                    "copy-on-write subcluster",
-                )?,
-                (SubclusterState::Allocated, None) => {
-                    return Err(st.meta.invalid("allocated subcluster without a cluster"))
-                }
-                (SubclusterState::Zero, _) => {}
-                (SubclusterState::Unallocated, _) => {
-                    if let Some(bk) = &self.backing {
-                        bk.read(cluster + i as u64 * sub, chunk)?;
-                    }
-                }
-            }
+    /// Where the old contents of a cluster come from (None: zeroes).
+    /// Offsets were checked by `l2_entry`; reading happens in `fill_cow`.
+    fn cow_read(&self, st: &State, old: L2Entry, bitmap: u64) -> Option<CowRead> {
+        let file = Arc::clone(&self.cow_files[usize::from(self.data_file.0)]);
+        if st.meta.g.extended_l2 && !matches!(old, L2Entry::Compressed(_)) {
+            let host = match old {
+                L2Entry::Normal { host, .. }
+                | L2Entry::Zero {
+                    host: Some(host), ..
+                } => Some(host),
+                _ => None,
+            };
+            return Some(CowRead::Subclusters { file, host, bitmap });
         }
-        Ok(buf)
-    }
-
-    /// The old contents of the guest cluster at `cluster` (None: zeroes).
-    fn cow_source(
-        &self,
-        st: &mut State,
-        cluster: u64,
-        old: L2Entry,
-    ) -> Result<Option<Vec<u8>>, BlockError> {
-        let cs = self.cluster_size() as usize;
         match old {
-            L2Entry::Zero { .. } => Ok(None),
-            L2Entry::Unallocated => match &self.backing {
-                Some(bk) => {
-                    let mut buf = vec![0u8; cs];
-                    bk.read(cluster, &mut buf)?;
-                    Ok(Some(buf))
-                }
-                None => Ok(None),
-            },
-            L2Entry::Normal { host, .. } => {
-                let mut buf = vec![0u8; cs];
-                read_at(&st.meta.file, host, &mut buf, "copy-on-write cluster")?;
-                Ok(Some(buf))
-            }
-            L2Entry::Compressed(d) => {
-                let mut input = vec![0u8; compressed_read_len(&d, st.meta.file_size) as usize];
-                read_at(
-                    &st.meta.file,
-                    d.host_offset,
-                    &mut input,
-                    "compressed cluster",
-                )?;
-                let mut buf = vec![0u8; cs];
-                inflate_cluster(st.meta.g.compression, &input, &mut buf).map_err(|reason| {
-                    BlockError::Decompress {
-                        offset: d.host_offset,
-                        reason,
-                    }
-                })?;
-                Ok(Some(buf))
-            }
+            L2Entry::Zero { .. } => None,
+            L2Entry::Unallocated => self.backing.as_ref().map(|_| CowRead::Backing),
+            L2Entry::Normal { host, .. } => Some(CowRead::Host(file, host)),
+            L2Entry::Compressed(desc) => Some(CowRead::Compressed {
+                file: Arc::clone(&st.meta.file),
+                read_len: compressed_read_len(&desc, st.meta.file_size),
+                desc,
+                compression: st.meta.g.compression,
+            }),
         }
     }
 

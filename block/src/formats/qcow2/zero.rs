@@ -63,7 +63,7 @@ impl Qcow2Image {
             }
             pos += n;
         }
-        Ok(Self::finish_plan(&mut st, b))
+        self.finish_plan(st, b)
     }
 
     /// Whether the cluster holding `guest` already reads as zeroes.

@@ -124,8 +124,9 @@ impl Executor {
                 }
             }
         }
-        let failed_leader = match (&op.after, &err) {
-            (AfterRead::Inflate { ext, .. }, Some(_)) if leader => Some(*ext),
+        // A leader that was not sent to the pool fails its waiters.
+        let failed_leader = match op.after {
+            AfterRead::Inflate { ext, .. } if leader => Some(ext),
             _ => None,
         };
         entry.pending = entry.pending.saturating_sub(1);

@@ -64,11 +64,7 @@ impl InflateJoins {
 impl Executor {
     /// Finishes every op waiting for the cluster of `ext`, copying its
     /// piece from `data` (the inflated cluster) or failing with `err`.
-    pub(super) fn serve_waiters(
-        &mut self,
-        ext: &CompressedExtent,
-        data: Result<&[u8], &str>,
-    ) {
+    pub(super) fn serve_waiters(&mut self, ext: &CompressedExtent, data: Result<&[u8], &str>) {
         for t in self.joins.finish(ext) {
             let (slot, i) = split_token(t);
             let i = i as usize;
@@ -77,7 +73,9 @@ impl Executor {
             };
             let piece = match entry.ops.get(i) {
                 Some(op) if op.kind == OpKind::AwaitInflate && !op.done => match op.after {
-                    AfterRead::Inflate { ext, req_off, len, .. } => (ext, req_off, len),
+                    AfterRead::Inflate {
+                        ext, req_off, len, ..
+                    } => (ext, req_off, len),
                     _ => continue,
                 },
                 _ => continue,

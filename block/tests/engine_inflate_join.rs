@@ -1,0 +1,126 @@
+//! Compressed clusters read by several requests in flight together: the
+//! cluster is read from the file and inflated once, every request gets
+//! its piece, and a failed read of the cluster fails every request that
+//! waited for it (exactly once each).
+
+mod engine_support;
+
+use std::io::Write;
+use std::sync::Arc;
+
+use block::io::new_engine;
+use block::{Disk, DiskOptions, DiskQueue, EngineKind};
+use engine_support::faults::{FaultEngine, FaultPlan, FaultStats};
+use engine_support::scripted::{Layout, ScriptedFormat};
+use engine_support::*;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+const CLUSTER: u32 = 65536;
+
+type Stats = Arc<std::sync::Mutex<FaultStats>>;
+
+/// Two compressed clusters (0 and 1); returns the queue and their data.
+fn setup(dir: &TempDir, kind: EngineKind, plan: FaultPlan) -> (Disk, DiskQueue, Stats, Vec<u8>) {
+    let path = dir.join("img");
+    let mut model = Vec::new();
+    let mut file_bytes = vec![0u8; 4096];
+    let mut table = Vec::new();
+    for c in 0..2u64 {
+        let mut data = vec![0u8; CLUSTER as usize];
+        Rng::new(c + 5).fill(&mut data[..CLUSTER as usize / 2]);
+        let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(&data).unwrap();
+        let comp = e.finish().unwrap();
+        table.push(Some((file_bytes.len() as u64, comp.len() as u64)));
+        file_bytes.extend_from_slice(&comp);
+        model.extend_from_slice(&data);
+    }
+    std::fs::write(&path, &file_bytes).unwrap();
+    let f = Arc::new(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap(),
+    );
+    let fmt = Arc::new(ScriptedFormat::new(
+        vec![f],
+        2 * u64::from(CLUSTER),
+        Layout::Compressed {
+            cluster: CLUSTER,
+            table,
+        },
+    ));
+    let mut o = DiskOptions::new("scripted");
+    o.engine = kind;
+    let disk = Disk::from_format(fmt.clone(), &o);
+    let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+    let inner = new_engine(kind, &fmt.files, efd).unwrap();
+    let (engine, stats) = FaultEngine::new(inner, plan);
+    let q = disk.queue_on(Box::new(engine));
+    (disk, q, stats, model)
+}
+
+#[test]
+fn reads_of_one_cluster_in_one_batch_read_it_once() {
+    for kind in [EngineKind::Sync, EngineKind::IoUring] {
+        if kind == EngineKind::IoUring && block::io::probe::uring_support().is_err() {
+            continue;
+        }
+        let dir = TempDir::new("inflate-join");
+        let (_disk, mut q, stats, model) = setup(&dir, kind, FaultPlan::default());
+        // 32 reads of 4 KiB over both clusters, all in flight together.
+        let reqs = (0..32u64).map(|i| read_req(i, i * 4096, 4096)).collect();
+        let done = run_batch_polling(&mut q, reqs);
+        for (i, c) in done.iter().enumerate() {
+            let got = match &c.memory {
+                block::IoMemory::Owned(v) => v.clone(),
+                _ => panic!("not owned"),
+            };
+            assert!(c.result.is_ok(), "{kind:?} read {i}: {:?}", c.result);
+            assert_eq!(got, model[i * 4096..][..4096], "{kind:?} read {i}");
+        }
+        assert_eq!(
+            stats.lock().unwrap().reads,
+            2,
+            "{kind:?}: each cluster read once"
+        );
+        // Later reads hit the cache.
+        let done = run_batch_polling(&mut q, vec![read_req(99, 8192, 4096)]);
+        assert!(done[0].result.is_ok());
+        assert_eq!(stats.lock().unwrap().reads, 2);
+    }
+}
+
+#[test]
+fn a_failed_cluster_read_fails_every_waiting_read_once() {
+    for kind in [EngineKind::Sync, EngineKind::IoUring] {
+        if kind == EngineKind::IoUring && block::io::probe::uring_support().is_err() {
+            continue;
+        }
+        let dir = TempDir::new("inflate-join-fail");
+        // The first push (cluster 0's read) fails with EIO.
+        let plan = FaultPlan {
+            fail_pushes: vec![1],
+            ..Default::default()
+        };
+        let (_disk, mut q, stats, model) = setup(&dir, kind, plan);
+        let reqs = (0..32u64).map(|i| read_req(i, i * 4096, 4096)).collect();
+        let done = run_batch_polling(&mut q, reqs);
+        assert_eq!(done.len(), 32);
+        for (i, c) in done.iter().enumerate() {
+            if i < 16 {
+                assert!(c.result.is_err(), "{kind:?} read {i} of the failed cluster");
+            } else {
+                assert!(c.result.is_ok(), "{kind:?} read {i}: {:?}", c.result);
+                if let block::IoMemory::Owned(v) = &c.memory {
+                    assert_eq!(v[..], model[i * 4096..][..4096]);
+                }
+            }
+        }
+        assert_eq!(stats.lock().unwrap().outstanding, 0);
+        // The cluster is not stuck: a new read fetches it.
+        let done = run_batch_polling(&mut q, vec![read_req(50, 4096, 4096)]);
+        assert!(done[0].result.is_ok(), "{kind:?}: {:?}", done[0].result);
+    }
+}
