@@ -6,12 +6,11 @@
 //! model.
 
 mod engine_support;
-
-use std::path::Path;
+mod support;
 
 use block::{Disk, DiskOptions, EngineKind, ImageType};
 use engine_support::conformance as body;
-use engine_support::*;
+use support::*;
 
 const SIZE: usize = 4 << 20;
 
@@ -29,26 +28,13 @@ enum Kind {
     Subclusters,
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// Makes the image; returns its path and the model of its contents.
 fn make(dir: &TempDir, kind: Kind) -> (std::path::PathBuf, Vec<u8>) {
     let img = dir.join("img.qcow2");
     let mut model = vec![0u8; SIZE];
     match kind {
         Kind::Plain => {
-            qemu_img(&[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-o",
-                "cluster_size=65536",
-                s(&img),
-                &SIZE.to_string(),
-            ]);
+            qemu_create("qcow2", s(&img), &SIZE.to_string(), "cluster_size=65536");
             qemu_io(
                 "qcow2",
                 &img,
@@ -63,28 +49,9 @@ fn make(dir: &TempDir, kind: Kind) -> (std::path::PathBuf, Vec<u8>) {
         }
         Kind::Backing => {
             let base = dir.join("base.qcow2");
-            qemu_img(&[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-o",
-                "cluster_size=4096",
-                s(&base),
-                &SIZE.to_string(),
-            ]);
+            qemu_create("qcow2", s(&base), &SIZE.to_string(), "cluster_size=4096");
             qemu_io("qcow2", &base, &["write -q -P 0x22 0 2M"]);
-            qemu_img(&[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-b",
-                "base.qcow2",
-                "-F",
-                "qcow2",
-                s(&img),
-            ]);
+            qemu_create_overlay("qcow2", s(&img), None, "", "base.qcow2", "qcow2");
             qemu_io("qcow2", &img, &["write -q -P 0x33 1M 512k"]);
             model[..2 << 20].fill(0x22);
             model[1 << 20..(1 << 20) + (512 << 10)].fill(0x33);
@@ -95,16 +62,7 @@ fn make(dir: &TempDir, kind: Kind) -> (std::path::PathBuf, Vec<u8>) {
                 Kind::Big => "cluster_size=2M",
                 _ => "cluster_size=2M,extended_l2=on",
             };
-            qemu_img(&[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-o",
-                opts,
-                s(&img),
-                &SIZE.to_string(),
-            ]);
+            qemu_create("qcow2", s(&img), &SIZE.to_string(), opts);
             qemu_io(
                 "qcow2",
                 &img,
@@ -164,18 +122,7 @@ fn case(engine: EngineKind, direct: bool, kind: Kind) {
     disk.close().unwrap();
     drop(disk);
     qemu_img(&["check", "-q", "-f", "qcow2", s(&img)]);
-    let reference = dir.join("model.raw");
-    std::fs::write(&reference, &model).unwrap();
-    qemu_img(&[
-        "compare",
-        "-q",
-        "-f",
-        "qcow2",
-        "-F",
-        "raw",
-        s(&img),
-        s(&reference),
-    ]);
+    qemu_compare_to_model(&dir, &img, "qcow2", &model);
 }
 
 macro_rules! cases {
@@ -244,18 +191,7 @@ fn faulty_case(direct: bool) {
     disk.close().unwrap();
     drop(disk);
     qemu_img(&["check", "-q", "-f", "qcow2", s(&img)]);
-    let reference = dir.join("model.raw");
-    std::fs::write(&reference, &model).unwrap();
-    qemu_img(&[
-        "compare",
-        "-q",
-        "-f",
-        "qcow2",
-        "-F",
-        "raw",
-        s(&img),
-        s(&reference),
-    ]);
+    qemu_compare_to_model(&dir, &img, "qcow2", &model);
 }
 
 #[test]

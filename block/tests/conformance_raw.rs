@@ -2,23 +2,17 @@
 //! (qemu-img creates them; qemu-img compare checks what we wrote).
 
 mod engine_support;
+mod support;
 
 use block::{Disk, DiskOptions, EngineKind, ImageType};
 use engine_support::conformance as body;
-use engine_support::*;
+use support::*;
 
 fn raw_case(engine: EngineKind, direct: bool) {
     let dir = TempDir::new("conf-raw");
     let path = dir.join("disk.raw");
     let size = 4u64 << 20;
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "raw",
-        path.to_str().unwrap(),
-        &size.to_string(),
-    ]);
+    qemu_create("raw", path.to_str().unwrap(), &size.to_string(), "");
     let mut o = DiskOptions::new(&path);
     o.engine = engine;
     o.direct = direct;
@@ -29,18 +23,7 @@ fn raw_case(engine: EngineKind, direct: bool) {
     let model = body::exercise(&disk, vec![0u8; size as usize], 0x5eed ^ u64::from(direct));
     disk.close().unwrap();
     drop(disk);
-    let reference = dir.join("model.raw");
-    std::fs::write(&reference, &model).unwrap();
-    qemu_img(&[
-        "compare",
-        "-q",
-        "-f",
-        "raw",
-        "-F",
-        "raw",
-        path.to_str().unwrap(),
-        reference.to_str().unwrap(),
-    ]);
+    qemu_compare_to_model(&dir, &path, "raw", &model);
 }
 
 #[test]

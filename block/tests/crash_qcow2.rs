@@ -10,46 +10,29 @@
 //! completed flush, and not rewritten after it, must read back (through
 //! `qemu-img convert`, an independent reader).
 
+mod support;
+
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use block::{Disk, DiskOptions, ImageType};
+use support::*;
 
 const ROUNDS: u64 = 50;
 const SIZE: u64 = 4 << 20;
 const SECTOR: u64 = 512;
 const FLUSH_EVERY: u64 = 8;
 
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Write `i` of run `seed`: offset, and its data (both deterministic).
 fn write_op(seed: u64, i: u64) -> (u64, Vec<u8>) {
-    let mut rng = Rng::new(seed.wrapping_mul(1_000_003).wrapping_add(i));
+    let mut rng = Rng::scrambled(seed.wrapping_mul(1_000_003).wrapping_add(i));
     let max_sectors = if rng.below(4) == 0 { 384 } else { 16 };
     let len = (1 + rng.below(max_sectors)) * SECTOR;
     let off = rng.below((SIZE - len) / SECTOR + 1) * SECTOR;
     let mut data = vec![0u8; len as usize];
-    for chunk in data.chunks_mut(8) {
-        let v = rng.next().to_le_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
-    }
+    rng.fill(&mut data);
     (off, data)
 }
 
@@ -83,12 +66,6 @@ fn crash_child_writer() {
     }
 }
 
-fn qemu_img(args: &[&str]) -> std::process::Output {
-    Command::new("qemu-img").args(args).output().expect(
-        "qemu-img is not installed: this test uses it as the oracle (apt-get install qemu-utils)",
-    )
-}
-
 /// (last write started, last write covered by a completed flush).
 fn parse_log(log: &Path) -> (Option<u64>, Option<u64>) {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -112,23 +89,14 @@ fn round(dir: &Path, seed: u64, lazy: bool) {
     } else {
         "65536"
     };
-    let out = qemu_img(&[
-        "create",
-        "-q",
-        "-f",
+    qemu_create(
         "qcow2",
-        "-o",
+        img_s,
+        &SIZE.to_string(),
         &format!(
             "cluster_size={cluster},lazy_refcounts={}",
             if lazy { "on" } else { "off" }
         ),
-        img_s,
-        &SIZE.to_string(),
-    ]);
-    assert!(
-        out.status.success(),
-        "qemu-img create: {}",
-        String::from_utf8_lossy(&out.stderr)
     );
     std::fs::write(&log, b"").unwrap();
 
@@ -148,7 +116,7 @@ fn round(dir: &Path, seed: u64, lazy: bool) {
         .expect("spawn child");
     // Kill after a seed-chosen number of completed flushes (1..=6), plus a
     // seed-chosen number of writes after it, so the kill lands anywhere.
-    let mut rng = Rng::new(seed ^ 0xc0ffee);
+    let mut rng = Rng::scrambled(seed ^ 0xc0ffee);
     let want_flushes = 1 + rng.below(6);
     let extra_writes = rng.below(FLUSH_EVERY);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -188,7 +156,7 @@ fn round(dir: &Path, seed: u64, lazy: bool) {
             "seed {seed}: {:?}",
             r.messages
         );
-        let check = qemu_img(&["check", img_s]);
+        let check = qemu_img_output(&["check", img_s]);
         assert!(
             check.status.success(),
             "seed {seed}: qemu-img check after ch-img check -r all:\n{}{}",
@@ -198,7 +166,7 @@ fn round(dir: &Path, seed: u64, lazy: bool) {
     }
 
     // No corruption; leaks are allowed (exit 3).
-    let check = qemu_img(&["check", "--output=json", img_s]);
+    let check = qemu_img_output(&["check", "--output=json", img_s]);
     let code = check.status.code().unwrap_or(-1);
     assert!(
         code == 0 || code == 3,
@@ -221,12 +189,7 @@ fn round(dir: &Path, seed: u64, lazy: bool) {
         }
     }
     let raw = dir.join(format!("crash-{seed}.raw"));
-    let out = qemu_img(&["convert", "-O", "raw", img_s, raw.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "seed {seed}: qemu-img convert: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    qemu_img(&["convert", "-O", "raw", img_s, s(&raw)]);
     let got = std::fs::read(&raw).unwrap();
     for (s, unsure) in uncertain.iter().enumerate() {
         let r = s * SECTOR as usize..(s + 1) * SECTOR as usize;
@@ -242,12 +205,10 @@ fn round(dir: &Path, seed: u64, lazy: bool) {
 
 #[test]
 fn crash_kill9_mid_writes_never_corrupts() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("ch-crash-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("ch-crash");
     for seed in 1..=ROUNDS {
-        round(&dir, seed, false);
+        round(dir.path(), seed, false);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// With lazy refcounts the image is left dirty: `check_image` with
@@ -255,10 +216,8 @@ fn crash_kill9_mid_writes_never_corrupts() {
 /// without losing flushed data.
 #[test]
 fn crash_with_lazy_refcounts_is_repaired_by_check() {
-    let dir: PathBuf = std::env::temp_dir().join(format!("ch-crash-lazy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("ch-crash-lazy");
     for seed in 1001..=1020 {
-        round(&dir, seed, true);
+        round(dir.path(), seed, true);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

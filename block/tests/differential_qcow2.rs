@@ -10,73 +10,13 @@
 //! runs; a failure prints the seed,
 //! the step and the last operations.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod support;
 
 use block::{Disk, DiskOptions, ImageType};
+use support::*;
 
 const FULL_EVERY: usize = 500;
 const SECTOR: u64 = 512;
-
-/// xorshift64*: small, seeded, good enough to pick operations.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-    }
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("ch-diff-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn file(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn qemu_img(args: &[&str]) -> std::process::Output {
-    Command::new("qemu-img").args(args).output().expect(
-        "qemu-img is not installed: this test uses it as the oracle (apt-get install qemu-utils)",
-    )
-}
-
-fn qemu_img_ok(args: &[&str]) {
-    let out = qemu_img(args);
-    assert!(
-        out.status.success(),
-        "qemu-img {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -165,41 +105,32 @@ fn run(c: &Config) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(c.seed);
     let dir = TempDir::new(c.name);
-    let img = dir.file("img.qcow2");
+    let img = dir.join("img.qcow2");
     let img_s = img.to_str().unwrap();
-    let mut rng = Rng::new(seed);
+    let mut rng = Rng::scrambled(seed);
     let mut model = vec![0u8; c.size as usize];
     let cs = c.cluster.to_string();
     if c.backing {
-        let base = dir.file("base.raw");
+        let base = dir.join("base.raw");
         rng.fill(&mut model);
         // Leave some of the base as zeroes, so zero/unallocated paths differ.
         model[..(c.size / 8) as usize].fill(0);
         std::fs::write(&base, &model).unwrap();
-        qemu_img_ok(&[
-            "create",
-            "-q",
-            "-f",
+        qemu_create_overlay(
             "qcow2",
-            "-o",
-            &format!("cluster_size={cs}"),
-            "-b",
-            "base.raw",
-            "-F",
-            "raw",
             img_s,
-        ]);
-    } else {
-        qemu_img_ok(&[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
+            None,
             &format!("cluster_size={cs}"),
+            "base.raw",
+            "raw",
+        );
+    } else {
+        qemu_create(
+            "qcow2",
             img_s,
             &c.size.to_string(),
-        ]);
+            &format!("cluster_size={cs}"),
+        );
     }
     let mut opts = DiskOptions::new(&img);
     opts.image_type = ImageType::Qcow2;
@@ -290,7 +221,7 @@ fn run(c: &Config) {
     disk.close().expect("close");
     drop(disk);
 
-    let check = qemu_img(&["check", img_s]);
+    let check = qemu_img_output(&["check", img_s]);
     assert!(
         check.status.success(),
         "{} seed {seed}: qemu-img check is not clean:\n{}{}",
@@ -298,17 +229,7 @@ fn run(c: &Config) {
         String::from_utf8_lossy(&check.stdout),
         String::from_utf8_lossy(&check.stderr)
     );
-    let reference = dir.file("model.raw");
-    std::fs::write(&reference, &model).unwrap();
-    qemu_img_ok(&[
-        "compare",
-        "-f",
-        "qcow2",
-        "-F",
-        "raw",
-        img_s,
-        reference.to_str().unwrap(),
-    ]);
+    qemu_compare_to_model(&dir, &img, "qcow2", &model);
 }
 
 fn config(name: &'static str, cluster: u64, backing: bool, seed: u64) -> Config {

@@ -13,11 +13,11 @@
 //! zone C blocks are intact, and qemu-img reads what we read.
 
 mod engine_support;
-
-use std::path::Path;
+mod support;
 
 use block::{BlockRequest, Disk, DiskOptions, EngineKind, ImageType, IoMemory, RequestOp};
 use engine_support::*;
+use support::*;
 
 const CLUSTER: u64 = 65536;
 const BLOCK: u64 = 4096;
@@ -199,20 +199,14 @@ fn run(engine: EngineKind, direct: bool) {
     let img = dir.join("img.qcow2");
     let backing: Vec<u8> = (0..SIZE).map(backing_byte).collect();
     std::fs::write(&base, &backing).unwrap();
-    let s = |p: &Path| p.to_str().unwrap().to_owned();
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
+    qemu_create_overlay(
         "qcow2",
-        "-o",
+        s(&img),
+        None,
         "cluster_size=65536",
-        "-b",
         "base.raw",
-        "-F",
         "raw",
-        &s(&img),
-    ]);
+    );
     let mut o = DiskOptions::new(&img);
     o.engine = engine;
     o.direct = direct;
@@ -228,7 +222,7 @@ fn run(engine: EngineKind, direct: bool) {
     let models: Vec<Vec<u8>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     disk.close().unwrap();
     drop(disk);
-    qemu_img(&["check", "-q", "-f", "qcow2", &s(&img)]);
+    qemu_img(&["check", "-q", "-f", "qcow2", s(&img)]);
 
     // What qemu reads equals what we read, and both match the model.
     let ours = {
@@ -245,8 +239,8 @@ fn run(engine: EngineKind, direct: bool) {
         "qcow2",
         "-O",
         "raw",
-        &s(&img),
-        &s(&theirs_path),
+        s(&img),
+        s(&theirs_path),
     ]);
     let theirs = std::fs::read(&theirs_path).unwrap();
     assert!(ours == theirs, "qemu-img reads different data than we do");

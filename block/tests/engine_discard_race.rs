@@ -9,6 +9,7 @@
 //! the test opens the gate.
 
 mod engine_support;
+mod support;
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -18,6 +19,7 @@ use block::io::new_engine;
 use block::{Completion, Disk, DiskOptions, DiskQueue, EngineKind, ImageType, RequestOp};
 use engine_support::hold::HoldEngine;
 use engine_support::*;
+use support::*;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 const CLUSTER: usize = 64 << 10;
@@ -56,16 +58,7 @@ fn run(kind: EngineKind) {
     let dir = TempDir::new("discard-race");
     let path = dir.join("img.qcow2");
     let p = path.to_str().unwrap();
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=65536",
-        p,
-        "4M",
-    ]);
+    qemu_create("qcow2", p, "4M", "cluster_size=65536");
     qemu_io("qcow2", &path, &["write -P 0xaa 0 64k"]);
 
     let mut o = DiskOptions::new(&path);
@@ -148,19 +141,6 @@ fn drive_batch(q: &mut DiskQueue, reqs: Vec<block::BlockRequest>) -> Vec<Complet
         assert!(c.result.is_ok(), "request {}: {:?}", c.user_data, c.result);
     }
     done
-}
-
-trait OwnedBytes {
-    fn owned_bytes(&self) -> &[u8];
-}
-
-impl OwnedBytes for block::IoMemory {
-    fn owned_bytes(&self) -> &[u8] {
-        match self {
-            block::IoMemory::Owned(v) => v,
-            _ => &[],
-        }
-    }
 }
 
 #[test]

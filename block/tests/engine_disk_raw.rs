@@ -6,9 +6,10 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use block::{BlockError, Disk, DiskOptions, ImageType};
-use engine_support::TempDir;
+use support::TempDir;
 
 mod engine_support;
+mod support;
 
 fn temp_image(name: &str, size: u64) -> (TempDir, PathBuf) {
     let dir = TempDir::new(name);

@@ -7,6 +7,7 @@
 //! with EIO (`UringEngine::inject_submit_results`).
 
 mod engine_support;
+mod support;
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use block::error::BlockError;
 use block::io::uring::UringEngine;
 use block::{Disk, DiskOptions, ImageType};
 use engine_support::*;
+use support::*;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 const BLOCK: usize = 4096;

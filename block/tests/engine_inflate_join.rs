@@ -4,16 +4,16 @@
 //! waited for it (exactly once each).
 
 mod engine_support;
+mod support;
 
 use std::io::Write;
 use std::sync::Arc;
 
-use block::io::new_engine;
-use block::{Disk, DiskOptions, DiskQueue, EngineKind};
-use engine_support::faults::{FaultEngine, FaultPlan, FaultStats};
+use block::{Disk, DiskQueue, EngineKind};
+use engine_support::faults::{faulty_queue, FaultPlan, FaultStats};
 use engine_support::scripted::{Layout, ScriptedFormat};
 use engine_support::*;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use support::*;
 
 const CLUSTER: u32 = 65536;
 
@@ -51,13 +51,7 @@ fn setup(dir: &TempDir, kind: EngineKind, plan: FaultPlan) -> (Disk, DiskQueue, 
             table,
         },
     ));
-    let mut o = DiskOptions::new("scripted");
-    o.engine = kind;
-    let disk = Disk::from_format(fmt.clone(), &o);
-    let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let inner = new_engine(kind, &fmt.files, efd).unwrap();
-    let (engine, stats) = FaultEngine::new(inner, plan);
-    let q = disk.queue_on(Box::new(engine));
+    let (disk, q, stats) = faulty_queue(fmt, kind, plan);
     (disk, q, stats, model)
 }
 

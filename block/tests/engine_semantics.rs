@@ -4,6 +4,7 @@
 //! pieces, a 4-entry SQ, and dropping a queue with I/O in flight.
 
 mod engine_support;
+mod support;
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -13,9 +14,10 @@ use std::sync::Arc;
 use block::error::BlockError;
 use block::io::{new_engine, uring::UringEngine, Engine};
 use block::{Disk, DiskOptions, DiskQueue, EngineKind};
-use engine_support::faults::{FaultEngine, FaultPlan, FaultStats};
+use engine_support::faults::{faulty_queue, FaultEngine, FaultPlan, FaultStats};
 use engine_support::scripted::{Layout, ScriptedFormat};
 use engine_support::*;
+use support::*;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 const ENGINES: [EngineKind; 2] = [EngineKind::Sync, EngineKind::IoUring];
@@ -27,22 +29,6 @@ fn open_file(path: &std::path::Path, direct: bool) -> Arc<File> {
         o.custom_flags(libc::O_DIRECT);
     }
     Arc::new(o.open(path).unwrap())
-}
-
-/// A disk over `format` and a queue on `kind` wrapped in a fault engine.
-fn faulty_queue(
-    format: Arc<ScriptedFormat>,
-    kind: EngineKind,
-    plan: FaultPlan,
-) -> (Disk, DiskQueue, Arc<std::sync::Mutex<FaultStats>>) {
-    let mut o = DiskOptions::new("scripted");
-    o.engine = kind;
-    let disk = Disk::from_format(format.clone(), &o);
-    let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let inner = new_engine(kind, &format.files, efd).unwrap();
-    let (engine, stats) = FaultEngine::new(inner, plan);
-    let q = disk.queue_on(Box::new(engine));
-    (disk, q, stats)
 }
 
 fn split_format_with(dir: &TempDir, size: u64, direct: bool, piece: u64) -> Arc<ScriptedFormat> {
@@ -100,13 +86,7 @@ fn short_transfers_are_resubmitted_until_complete() {
             assert_eq!(done.len(), 2);
             assert_eq!(done[0].result.as_ref().unwrap(), &65536);
             let done = run_batch_polling(&mut q, vec![read_req(3, 8192, 65536)]);
-            let back = done
-                .into_iter()
-                .next()
-                .unwrap()
-                .memory
-                .into_owned()
-                .unwrap();
+            let back = first_data(done);
             let want = split_expected_with(&data, 8192, 32768);
             let diff = back.iter().zip(&want).position(|(a, b)| a != b);
             assert_eq!(diff, None, "{kind:?} direct={direct}: first difference");
@@ -223,15 +203,7 @@ fn blocked_writes_are_parked_and_replanned_on_wake() {
         assert_eq!(fmt.blocked.load(Ordering::SeqCst), 2);
         assert_eq!(fmt.commits.load(Ordering::SeqCst), 1);
         let back = run_batch(&mut q, vec![read_req(9, 4096, 4096)]);
-        assert_eq!(
-            back.into_iter()
-                .next()
-                .unwrap()
-                .memory
-                .into_owned()
-                .unwrap(),
-            data
-        );
+        assert_eq!(first_data(back), data);
         for h in fmt.wakers.lock().unwrap().drain(..) {
             h.join().unwrap();
         }
@@ -267,19 +239,6 @@ fn reads_past_a_short_backing_file_are_zero() {
             );
             assert!(done[1].memory.owned_bytes().iter().all(|&b| b == 0));
             assert_eq!(done[0].result.as_ref().unwrap(), &8192);
-        }
-    }
-}
-
-trait OwnedRef {
-    fn owned_bytes(&self) -> &[u8];
-}
-
-impl OwnedRef for block::IoMemory {
-    fn owned_bytes(&self) -> &[u8] {
-        match self {
-            block::IoMemory::Owned(v) => v,
-            _ => panic!("not owned"),
         }
     }
 }

@@ -3,66 +3,24 @@
 //! panic, a huge allocation or a hang; `check_image` must not panic
 //! either. Every attempt runs in a thread with a time limit.
 
+mod support;
+
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use block::check::check_image;
 use block::{BlockError, Disk, DiskOptions, ImageType};
+use support::*;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("ch-hostile-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn file(&self, name: &str) -> String {
-        self.0.join(name).to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn qemu_img(args: &[&str]) {
-    let out = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img is not installed (apt-get install qemu-utils)");
-    assert!(
-        out.status.success(),
-        "qemu-img {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn qemu_io(img: &str, cmd: &str) {
-    let out = Command::new("qemu-io")
-        .args(["-f", "qcow2", "-c", cmd, img])
-        .output()
-        .expect("qemu-io is not installed (apt-get install qemu-utils)");
-    assert!(
-        out.status.success(),
-        "qemu-io {cmd}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A 4 MiB qcow2 image with some data, made by qemu-img.
 fn base_image(dir: &TempDir, name: &str) -> String {
-    let img = dir.file(name);
-    qemu_img(&["create", "-q", "-f", "qcow2", &img, "4M"]);
-    qemu_io(&img, "write -P 0x5a 0 128k");
+    let img = dir.join_string(name);
+    qemu_create("qcow2", &img, "4M", "");
+    qemu_io("qcow2", Path::new(&img), &["write -P 0x5a 0 128k"]);
     img
 }
 
@@ -232,8 +190,8 @@ fn backing_chain_that_loops() {
     hostile(
         "backing-loop",
         |d| {
-            let a = d.file("a.qcow2");
-            let b = d.file("b.qcow2");
+            let a = d.join_string("a.qcow2");
+            let b = d.join_string("b.qcow2");
             qemu_img(&[
                 "create", "-q", "-f", "qcow2", "-u", "-b", "b.qcow2", "-F", "qcow2", &a, "1M",
             ]);
@@ -251,8 +209,8 @@ fn backing_path_is_a_directory() {
     hostile(
         "backing-dir",
         |d| {
-            std::fs::create_dir_all(d.0.join("somedir")).unwrap();
-            let a = d.file("a.qcow2");
+            std::fs::create_dir_all(d.join("somedir")).unwrap();
+            let a = d.join_string("a.qcow2");
             qemu_img(&[
                 "create", "-q", "-f", "qcow2", "-u", "-b", "somedir", "-F", "raw", &a, "1M",
             ]);
@@ -268,7 +226,7 @@ fn garbage_in_a_compressed_cluster() {
         "compressed-garbage",
         |d| {
             let src = base_image(d, "src.qcow2");
-            let img = d.file("c.qcow2");
+            let img = d.join_string("c.qcow2");
             qemu_img(&["convert", "-c", "-O", "qcow2", &src, &img]);
             // The first L2 entry is a compressed descriptor: overwrite the
             // bytes it points at.

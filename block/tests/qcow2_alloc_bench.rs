@@ -8,7 +8,7 @@
 //! cargo test -p block --release --test qcow2_alloc_bench -- --ignored --nocapture
 //! (QCOW2_BENCH_ROUNDS, QCOW2_BENCH_COUNT override 5 rounds of 4096 writes.)
 
-mod qcow2_common;
+mod support;
 
 use std::path::Path;
 use std::process::Command;
@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use block::request::GuestSegment;
 use block::{BlockRequest, Disk, DiskOptions, EngineKind, ImageType, IoMemory, RequestOp};
-use qcow2_common::{run, TempDir};
+use support::{qemu_create, TempDir};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 const BS: u64 = 64 << 10;
@@ -34,18 +34,11 @@ fn env(name: &str, default: u64) -> u64 {
 fn fresh(p: &Path, qcow2: bool) {
     let _ = std::fs::remove_file(p);
     let fmt = if qcow2 { "qcow2" } else { "raw" };
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            fmt,
-            "-o",
-            "preallocation=off",
-            p.to_str().unwrap(),
-            &IMAGE.to_string(),
-        ],
+    qemu_create(
+        fmt,
+        p.to_str().unwrap(),
+        &IMAGE.to_string(),
+        "preallocation=off",
     );
 }
 
@@ -149,7 +142,7 @@ fn allocating_sequential_64k_writes_at_qd32() {
             q.push(qemu(&a, qcow2, count));
             o.push(ours(&b, qcow2, count));
             if qcow2 {
-                qcow2_common::qemu_check(&b);
+                support::qemu_check(&b);
             }
         }
         let (mo, mq) = (median(&mut o), median(&mut q));

@@ -4,12 +4,12 @@
 //! Data goes through the tests' synchronous plan runner (pwrite), so the
 //! numbers measure planning, metadata I/O and fdatasync barriers.
 
-mod qcow2_common;
+mod support;
 
 use std::time::Instant;
 
 use block::formats::Format;
-use qcow2_common::*;
+use support::*;
 
 #[test]
 #[ignore = "benchmark: prints a table"]
@@ -21,10 +21,7 @@ fn allocating_writes_per_second() {
         let mut rates = Vec::new();
         for round in 0..3 {
             let p = d.join(format!("b{round}.qcow2"));
-            run(
-                "qemu-img",
-                &["create", "-q", "-f", "qcow2", p.to_str().unwrap(), "1G"],
-            );
+            qemu_create("qcow2", p.to_str().unwrap(), "1G", "");
             let o = block::options::DiskOptions::new(&p);
             let file = block::formats::open::open_file(&o).unwrap();
             let img = block::formats::qcow2::Qcow2Image::open(&o, file).unwrap();

@@ -1,28 +1,16 @@
 //! Corrupted images: random bytes flipped in the metadata of a qemu-made
 //! image must give errors, never a panic, a hang or a huge allocation.
 
-mod qcow2_common;
+mod support;
 
 use std::os::unix::fs::FileExt;
 
 use block::options::DiskOptions;
-use qcow2_common::*;
+use support::*;
 
 fn fuzz_one(d: &TempDir, name: &str, create_opts: &str, writes: &[&str], meta_end: u64, seed: u64) {
     let good = d.join(format!("{name}.qcow2"));
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            create_opts,
-            good.to_str().unwrap(),
-            "4M",
-        ],
-    );
+    qemu_create("qcow2", good.to_str().unwrap(), "4M", create_opts);
     let mut args = Vec::new();
     for w in writes {
         args.extend(["-c", *w]);

@@ -2,18 +2,14 @@
 //! (refcount > 1), refcount table growth, external data files, v2 images
 //! over a backing file, and hostile or unusual images refused by name.
 
-mod qcow2_common;
+mod support;
 
 use std::os::unix::fs::FileExt;
 
 use block::create::{create_image, CreateOptions};
 use block::options::{DiskOptions, ImageType};
 use block::BlockError;
-use qcow2_common::*;
-
-fn s(p: &std::path::Path) -> &str {
-    p.to_str().unwrap()
-}
+use support::*;
 
 fn open_err(p: &std::path::Path, readonly: bool) -> BlockError {
     let mut o = DiskOptions::new(p);
@@ -35,7 +31,7 @@ fn patch(p: &std::path::Path, off: u64, bytes: &[u8]) {
 fn writes_after_internal_snapshot_copy_shared_clusters() {
     let d = TempDir::new("snap");
     let p = d.join("s.qcow2");
-    run("qemu-img", &["create", "-q", "-f", "qcow2", s(&p), "8M"]);
+    qemu_create("qcow2", s(&p), "8M", "");
     run("qemu-io", &["-c", "write -P 0x31 0 1M", s(&p)]);
     run("qemu-img", &["snapshot", "-c", "snap1", s(&p)]);
     let r = Reference::new(d.join("ref.raw"), 8 << 20);
@@ -48,11 +44,7 @@ fn writes_after_internal_snapshot_copy_shared_clusters() {
     r.write(4 << 20, &data);
     discard(&*f, 512 << 10, 128 << 10);
     r.write(512 << 10, &vec![0; 128 << 10]);
-    assert_same(&read(&*f, 0, 8 << 20), &r.read(0, 8 << 20), "read");
-    f.close().unwrap();
-    drop(f);
-    qemu_check(&p);
-    qemu_compare(&p, &r.1);
+    close_and_verify(f, &p, &r, 8 << 20, "read");
     // The snapshot still holds the old data.
     let snap = d.join("snap.raw");
     run(
@@ -70,19 +62,7 @@ fn refcount_table_grows_when_full() {
     let p = d.join("g.qcow2");
     // 512-byte clusters, 64-bit refcounts: one refcount block covers 64
     // clusters and the one-cluster table covers 2 MiB of file.
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            "cluster_size=512,refcount_bits=64",
-            s(&p),
-            "8M",
-        ],
-    );
+    qemu_create("qcow2", s(&p), "8M", "cluster_size=512,refcount_bits=64");
     let before = std::fs::read(&p).unwrap()[56..60].to_vec();
     let r = Reference::new(d.join("ref.raw"), 8 << 20);
     let f = open(&p, false);
@@ -92,8 +72,7 @@ fn refcount_table_grows_when_full() {
     drop(f);
     let after = std::fs::read(&p).unwrap()[56..60].to_vec();
     assert_ne!(before, after, "refcount_table_clusters did not change");
-    qemu_check(&p);
-    qemu_compare(&p, &r.1);
+    qemu_verify(&p, &r);
 }
 
 #[test]
@@ -107,10 +86,7 @@ fn external_data_file_reads_and_writes() {
             s(&data),
             if raw { "on" } else { "off" }
         );
-        run(
-            "qemu-img",
-            &["create", "-q", "-f", "qcow2", "-o", &o, s(&p), "4M"],
-        );
+        qemu_create("qcow2", s(&p), "4M", &o);
         run(
             "qemu-io",
             &[
@@ -139,11 +115,7 @@ fn external_data_file_reads_and_writes() {
         r.write(65536, &[0; 65536]);
         write_zeroes(&*f, 3 << 20, 65536, false);
         r.write(3 << 20, &[0; 65536]);
-        assert_same(&read(&*f, 0, 4 << 20), &r.read(0, 4 << 20), "read");
-        f.close().unwrap();
-        drop(f);
-        qemu_check(&p);
-        qemu_compare(&p, &r.1);
+        close_and_verify(f, &p, &r, 4 << 20, "read");
         if raw {
             // The data file stays a usable raw image of the disk.
             let mut bytes = std::fs::read(&data).unwrap();
@@ -159,22 +131,7 @@ fn v2_discard_over_backing_reads_zero() {
     let base = d.join("base.raw");
     std::fs::write(&base, vec![0x77u8; 1 << 20]).unwrap();
     let top = d.join("top.qcow2");
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            "compat=0.10",
-            "-b",
-            "base.raw",
-            "-F",
-            "raw",
-            s(&top),
-        ],
-    );
+    qemu_create_overlay("qcow2", s(&top), None, "compat=0.10", "base.raw", "raw");
     let f = open(&top, false);
     discard(&*f, 65536, 131072);
     write_zeroes(&*f, 300_000, 1000, true);
@@ -192,7 +149,7 @@ fn hostile_headers_are_refused_by_name() {
     let d = TempDir::new("hostile");
     let mk = |name: &str| {
         let p = d.join(name);
-        run("qemu-img", &["create", "-q", "-f", "qcow2", s(&p), "1G"]);
+        qemu_create("qcow2", s(&p), "1G", "");
         p
     };
     let p = mk("l1.qcow2");
@@ -249,19 +206,7 @@ fn hostile_headers_are_refused_by_name() {
 fn dirty_images_are_repaired_read_write_and_corrupt_ones_open_read_only_only() {
     let d = TempDir::new("dirty");
     let p = d.join("d.qcow2");
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            "lazy_refcounts=on",
-            s(&p),
-            "4M",
-        ],
-    );
+    qemu_create("qcow2", s(&p), "4M", "lazy_refcounts=on");
     patch(&p, 72, &1u64.to_be_bytes());
     // Read-only: opens without repairing (the bit stays set).
     drop(open(&p, true));
@@ -290,19 +235,7 @@ fn incompatible_bits(p: &std::path::Path) -> u64 {
 fn image_left_dirty_by_a_killed_qemu_is_repaired_on_read_write_open() {
     let d = TempDir::new("crashdirty");
     let p = d.join("d.qcow2");
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            "lazy_refcounts=on",
-            s(&p),
-            "8M",
-        ],
-    );
+    qemu_create("qcow2", s(&p), "8M", "lazy_refcounts=on");
     // qemu-io exits by SIGKILL, so only its status differs from `run`.
     let _ = run_status(
         "qemu-io",
@@ -333,8 +266,7 @@ fn image_left_dirty_by_a_killed_qemu_is_repaired_on_read_write_open() {
     f.close().unwrap();
     drop(f);
     assert_eq!(incompatible_bits(&p), 0);
-    qemu_check(&p);
-    qemu_compare(&p, &r.1);
+    qemu_verify(&p, &r);
 }
 
 #[test]
@@ -381,7 +313,7 @@ fn backing_chain_errors() {
 fn unknown_autoclear_bits_are_cleared_on_read_write_open() {
     let d = TempDir::new("autoclear");
     let p = d.join("a.qcow2");
-    run("qemu-img", &["create", "-q", "-f", "qcow2", s(&p), "4M"]);
+    qemu_create("qcow2", s(&p), "4M", "");
     patch(&p, 88, &((1u64 << 7) | 1).to_be_bytes());
     drop(open(&p, true));
     let autoclear = |p: &std::path::Path| {
@@ -433,7 +365,7 @@ fn overlay_size_comes_from_the_backing_image() {
 fn file_size_runs_ahead_of_allocation_and_is_trimmed_on_close() {
     let d = TempDir::new("reserve");
     let p = d.join("r.qcow2");
-    run("qemu-img", &["create", "-q", "-f", "qcow2", s(&p), "64M"]);
+    qemu_create("qcow2", s(&p), "64M", "");
     let r = Reference::new(d.join("ref.raw"), 64 << 20);
     let len = |p: &std::path::Path| std::fs::metadata(p).unwrap().len();
     let f = open(&p, false);
@@ -445,8 +377,7 @@ fn file_size_runs_ahead_of_allocation_and_is_trimmed_on_close() {
     drop(f);
     let end = qemu_end_offset(&p);
     assert_eq!(len(&p), end, "tail not trimmed on close");
-    qemu_check(&p);
-    qemu_compare(&p, &r.1);
+    qemu_verify(&p, &r);
     // A "crash": no close, no drop; the tail stays.
     let f = open(&p, false);
     write(&*f, 8 << 20, &data);
@@ -454,8 +385,7 @@ fn file_size_runs_ahead_of_allocation_and_is_trimmed_on_close() {
     f.flush_metadata().unwrap();
     std::mem::forget(f);
     assert!(len(&p) > qemu_end_offset(&p));
-    qemu_check(&p);
-    qemu_compare(&p, &r.1);
+    qemu_verify(&p, &r);
     // The forgotten handle still holds its lock (as a dead process's
     // would not): reopen without locking.
     let mut o = DiskOptions::new(&p);
@@ -465,8 +395,7 @@ fn file_size_runs_ahead_of_allocation_and_is_trimmed_on_close() {
     r.write(16 << 20, &data);
     f.close().unwrap();
     drop(f);
-    qemu_check(&p);
-    qemu_compare(&p, &r.1);
+    qemu_verify(&p, &r);
 }
 
 fn qemu_end_offset(p: &std::path::Path) -> u64 {

@@ -1,15 +1,11 @@
 //! qcow2 against qemu-img: images qemu made are read correctly, images we
 //! write pass `qemu-img check` and compare equal to a raw reference.
 
-mod qcow2_common;
+mod support;
 
 use block::create::{create_image, CreateOptions};
 use block::options::ImageType;
-use qcow2_common::*;
-
-fn s(p: &std::path::Path) -> &str {
-    p.to_str().unwrap()
-}
+use support::*;
 
 fn info_json(p: &std::path::Path) -> String {
     run("qemu-img", &["info", "-U", "--output=json", s(p)])
@@ -141,10 +137,7 @@ fn reads_what_qemu_wrote() {
         ("c512", "cluster_size=512,refcount_bits=1"),
     ] {
         let p = d.join(name);
-        run(
-            "qemu-img",
-            &["create", "-q", "-f", "qcow2", "-o", opts, s(&p), "16M"],
-        );
+        qemu_create("qcow2", s(&p), "16M", opts);
         run(
             "qemu-io",
             &[
@@ -230,8 +223,7 @@ fn writes_pass_qemu_check_and_compare() {
         .unwrap();
         let r = Reference::new(d.join(format!("{name}.raw")), size);
         exercise(&p, &r, size, cs + u64::from(rb), 60);
-        qemu_check(&p);
-        qemu_compare(&p, &r.1);
+        qemu_verify(&p, &r);
     }
 }
 
@@ -241,10 +233,7 @@ fn overlay_copies_on_write_from_backing() {
     let size = 8u64 << 20;
     for base_fmt in ["qcow2", "raw"] {
         let base = d.join(format!("base.{base_fmt}"));
-        run(
-            "qemu-img",
-            &["create", "-q", "-f", base_fmt, s(&base), "6M"],
-        );
+        qemu_create(base_fmt, s(&base), "6M", "");
         run(
             "qemu-io",
             &["-f", base_fmt, "-c", "write -P 0x11 0 6M", s(&base)],
@@ -284,8 +273,7 @@ fn overlay_copies_on_write_from_backing() {
         assert_eq!((st.depth, st.present, st.data), (1, true, true), "{st:?}");
         f.close().unwrap();
         drop(f);
-        qemu_check(&top);
-        qemu_compare(&top, &r.1);
+        qemu_verify(&top, &r);
         let j = info_json(&top);
         assert!(
             j.contains(&format!("\"backing-filename-format\": \"{base_fmt}\"")),
@@ -328,11 +316,7 @@ fn compressed_clusters_read_and_rewrite() {
         r2.write(3 * 65536 + 100, &data);
         discard(&*f, 5 * 65536, 65536);
         r2.write(5 * 65536, &vec![0; 65536]);
-        assert_same(&read(&*f, 0, 4 << 20), &r2.read(0, 4 << 20), ct);
-        f.close().unwrap();
-        drop(f);
-        qemu_check(&p);
-        qemu_compare(&p, &r2.1);
+        close_and_verify(f, &p, &r2, 4 << 20, ct);
     }
 }
 
@@ -340,7 +324,7 @@ fn compressed_clusters_read_and_rewrite() {
 fn allocation_in_flight_blocks_overlapping_writes() {
     let d = TempDir::new("inflight");
     let p = d.join("i.qcow2");
-    run("qemu-img", &["create", "-q", "-f", "qcow2", s(&p), "4M"]);
+    qemu_create("qcow2", s(&p), "4M", "");
     let f = open(&p, false);
     let w1 = waker();
     let w2 = waker();
@@ -381,7 +365,7 @@ fn allocation_in_flight_blocks_overlapping_writes() {
 fn locks_are_seen_by_qemu_and_qemu_locks_are_seen_by_us() {
     let d = TempDir::new("lock");
     let p = d.join("l.qcow2");
-    run("qemu-img", &["create", "-q", "-f", "qcow2", s(&p), "4M"]);
+    qemu_create("qcow2", s(&p), "4M", "");
     let f = open(&p, false);
     let (ok, out) = run_status("qemu-img", &["info", s(&p)]);
     assert!(!ok, "qemu-img info should fail: {out}");
@@ -512,15 +496,7 @@ fn extended_l2_reads_and_writes() {
         r.write(65536 * 10 + 512, &vec![0; 3 * 65536]);
         discard(&*f, 65536 * 20, 2 * 65536);
         r.write(65536 * 20, &vec![0; 2 * 65536]);
-        assert_same(
-            &read(&*f, 0, 4 << 20),
-            &r.read(0, 4 << 20),
-            &format!("backing {with_backing}"),
-        );
-        f.close().unwrap();
-        drop(f);
-        qemu_check(&p);
-        qemu_compare(&p, &r.1);
+        close_and_verify(f, &p, &r, 4 << 20, &format!("backing {with_backing}"));
     }
 }
 
@@ -556,7 +532,7 @@ fn resize_grows_and_lazy_refcounts_mark_dirty() {
 fn refcounts_reach_the_file_before_l2_entries() {
     let d = TempDir::new("ordering");
     let p = d.join("o.qcow2");
-    run("qemu-img", &["create", "-q", "-f", "qcow2", s(&p), "4M"]);
+    qemu_create("qcow2", s(&p), "4M", "");
     // Leave a free cluster inside the file (qemu-img check ignores
     // refcounts past the end of the file).
     run(
@@ -592,21 +568,7 @@ fn plans_have_one_host_write_per_contiguous_extent() {
     let p = d.join("p.qcow2");
     let base = d.join("b.raw");
     std::fs::write(&base, vec![0x44u8; 1 << 20]).unwrap();
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "b.raw",
-            "-F",
-            "raw",
-            s(&p),
-            "4M",
-        ],
-    );
+    qemu_create_overlay("qcow2", s(&p), Some("4M"), "", "b.raw", "raw");
     let f = open(&p, false);
     // Three whole clusters, unallocated: one op, request data only.
     let WriteOutcome::Ready(plan) = f.plan_write(65536, 3 * 65536, &waker()).unwrap() else {
@@ -709,24 +671,10 @@ fn parse_map(json: &str) -> Vec<MapEntry> {
 fn block_status_matches_qemu_img_map() {
     let d = TempDir::new("map");
     let base = d.join("base.qcow2");
-    run("qemu-img", &["create", "-q", "-f", "qcow2", s(&base), "2M"]);
+    qemu_create("qcow2", s(&base), "2M", "");
     run("qemu-io", &["-c", "write -P 1 0 1M", s(&base)]);
     let top = d.join("top.qcow2");
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "base.qcow2",
-            "-F",
-            "qcow2",
-            s(&top),
-            "4M",
-        ],
-    );
+    qemu_create_overlay("qcow2", s(&top), Some("4M"), "", "base.qcow2", "qcow2");
     run(
         "qemu-io",
         &[
@@ -763,22 +711,9 @@ fn block_status_matches_qemu_img_map() {
 fn backing_files_are_locked_shared() {
     let d = TempDir::new("locksh");
     let base = d.join("base.qcow2");
-    run("qemu-img", &["create", "-q", "-f", "qcow2", s(&base), "4M"]);
+    qemu_create("qcow2", s(&base), "4M", "");
     let top = d.join("top.qcow2");
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-b",
-            "base.qcow2",
-            "-F",
-            "qcow2",
-            s(&top),
-        ],
-    );
+    qemu_create_overlay("qcow2", s(&top), None, "", "base.qcow2", "qcow2");
     let f = open(&top, false);
     // Readers of the backing file are welcome, writers are not.
     run("qemu-io", &["-r", "-c", "read 0 4k", s(&base)]);
@@ -808,22 +743,13 @@ fn extended_l2_writes_allocate_only_touched_subclusters() {
     let base = d.join("base.raw");
     std::fs::write(&base, pattern(9, 1 << 20)).unwrap();
     let p = d.join("o.qcow2");
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-o",
-            "extended_l2=on,cluster_size=64k",
-            "-b",
-            "base.raw",
-            "-F",
-            "raw",
-            s(&p),
-            "1M",
-        ],
+    qemu_create_overlay(
+        "qcow2",
+        s(&p),
+        Some("1M"),
+        "extended_l2=on,cluster_size=64k",
+        "base.raw",
+        "raw",
     );
     // Subcluster 0 (2 KiB each) allocated by qemu, 2 zeroed.
     run(
@@ -852,11 +778,7 @@ fn extended_l2_writes_allocate_only_touched_subclusters() {
         write(&*f, off, &data);
         r.write(off, &data);
     }
-    assert_same(&read(&*f, 0, 1 << 20), &r.read(0, 1 << 20), "read back");
-    f.close().unwrap();
-    drop(f);
-    qemu_check(&p);
-    qemu_compare(&p, &r.1);
+    close_and_verify(f, &p, &r, 1 << 20, "read back");
     let map = run("qemu-img", &["map", "--output=json", s(&p)]);
     // Subcluster 1 (2048..4096) and 4 (8192..10240) still come from the
     // backing file (depth 1); the whole-cluster copy would allocate them.

@@ -4,13 +4,9 @@
 //! steps and checked with `qemu-img check` and `qemu-img compare` at the
 //! end. `QCOW2_RANDOM_ROUNDS=n` runs longer, `QCOW2_RANDOM_SEED=n` varies it.
 
-mod qcow2_common;
+mod support;
 
-use qcow2_common::*;
-
-fn s(p: &std::path::Path) -> &str {
-    p.to_str().unwrap()
-}
+use support::*;
 
 struct Shape {
     name: &'static str,
@@ -62,41 +58,20 @@ fn run_shape(d: &TempDir, sh: &Shape, seed: u64) {
         r.write(0, &data);
     } else if sh.backing {
         let base = d.join(format!("{}-base.qcow2", sh.name));
-        run("qemu-img", &["create", "-q", "-f", "qcow2", s(&base), "4M"]);
+        qemu_create("qcow2", s(&base), "4M", "");
         run("qemu-io", &["-c", "write -P 0x5b 0 4M", s(&base)]);
         r.write(0, &vec![0x5b; 4 << 20]);
         let bname = format!("{}-base.qcow2", sh.name);
-        run(
-            "qemu-img",
-            &[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-o",
-                sh.create,
-                "-b",
-                &bname,
-                "-F",
-                "qcow2",
-                s(&img),
-                &SIZE.to_string(),
-            ],
+        qemu_create_overlay(
+            "qcow2",
+            s(&img),
+            Some(&SIZE.to_string()),
+            sh.create,
+            &bname,
+            "qcow2",
         );
     } else {
-        run(
-            "qemu-img",
-            &[
-                "create",
-                "-q",
-                "-f",
-                "qcow2",
-                "-o",
-                sh.create,
-                s(&img),
-                &SIZE.to_string(),
-            ],
-        );
+        qemu_create("qcow2", s(&img), &SIZE.to_string(), sh.create);
     }
     for cmd in sh.prep {
         run("qemu-io", &["-c", cmd, s(&img)]);
@@ -157,15 +132,7 @@ fn run_shape(d: &TempDir, sh: &Shape, seed: u64) {
             );
         }
     }
-    assert_same(
-        &read(&*f, 0, SIZE as usize),
-        &r.read(0, SIZE as usize),
-        sh.name,
-    );
-    f.close().unwrap();
-    drop(f);
-    qemu_check(&img);
-    qemu_compare(&img, &r.1);
+    close_and_verify(f, &img, &r, SIZE as usize, sh.name);
 }
 
 #[test]

@@ -5,7 +5,8 @@
 
 use block::{BlockRequest, Disk, DiskQueue, IoMemory, RequestOp};
 
-use super::{guest_memory, guest_read, guest_write, run_batch, scattered, Rng};
+use super::{first_data, guest_memory, guest_read, guest_write, run_batch, scattered};
+use crate::support::Rng;
 
 const SLOT: u64 = 64 << 10;
 
@@ -166,13 +167,7 @@ fn run(disk: &Disk, mut q: DiskQueue, mut model: Vec<u8>, seed: u64, writes: boo
     }
     // One big read of everything (multi-chunk bounce under O_DIRECT).
     let done = run_batch(&mut q, vec![super::read_req(99, 0, size as usize)]);
-    let data = done
-        .into_iter()
-        .next()
-        .unwrap()
-        .memory
-        .into_owned()
-        .unwrap();
+    let data = first_data(done);
     assert!(data == model, "final full read differs from the model");
     model
 }

@@ -6,8 +6,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use block::error::BlockError;
-use block::io::{Engine, EngineCompletion, HostOp, OpToken, RawIovecs};
-use vmm_sys_util::eventfd::EventFd;
+use block::io::{new_engine, Engine, EngineCompletion, HostOp, OpToken, RawIovecs};
+use block::{Disk, DiskOptions, DiskQueue, EngineKind};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::scripted::ScriptedFormat;
 
 /// What to do to the Nth push (1-based, counting every push including
 /// resubmissions).
@@ -209,4 +212,21 @@ impl Engine for FaultEngine {
     fn eventfd(&self) -> &Arc<EventFd> {
         self.inner.eventfd()
     }
+}
+
+/// A disk over `format` and a queue on `kind` wrapped in a fault engine
+/// following `plan`; the stats count what the engine did.
+pub fn faulty_queue(
+    format: Arc<ScriptedFormat>,
+    kind: EngineKind,
+    plan: FaultPlan,
+) -> (Disk, DiskQueue, Arc<Mutex<FaultStats>>) {
+    let mut o = DiskOptions::new("scripted");
+    o.engine = kind;
+    let disk = Disk::from_format(format.clone(), &o);
+    let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+    let inner = new_engine(kind, &format.files, efd).unwrap();
+    let (engine, stats) = FaultEngine::new(inner, plan);
+    let q = disk.queue_on(Box::new(engine));
+    (disk, q, stats)
 }

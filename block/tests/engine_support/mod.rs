@@ -1,6 +1,8 @@
-//! Shared helpers for the engine and conformance tests: temp dirs, image
-//! creation with qemu-img, a blocking driver over a `DiskQueue`, guest
-//! memory requests, and a deterministic PRNG.
+//! Engine-specific helpers for the engine and conformance tests: a
+//! blocking driver over a `DiskQueue`, request builders, guest memory
+//! scatter/gather, and fault-injecting engines and formats (submodules).
+//! Temp dirs, qemu tools and the PRNG live in `support` (the test file
+//! includes both with `mod support; mod engine_support;`).
 #![allow(dead_code)]
 
 pub mod conformance;
@@ -8,111 +10,11 @@ pub mod faults;
 pub mod hold;
 pub mod scripted;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use block::request::GuestSegment;
 use block::{BlockRequest, Completion, DiskQueue, IoMemory, RequestOp};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
-
-/// A self-cleaning temporary directory.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(name: &str) -> Self {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        // Cargo's per-target scratch dir (on the build disk, where O_DIRECT
-        // behaves like on a real image store); else the system temp dir.
-        let base = option_env!("CARGO_TARGET_TMPDIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        let p = base.join(format!(
-            "{name}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-
-    pub fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Runs a command, panicking with its output on failure.
-pub fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-pub fn qemu_img(args: &[&str]) -> String {
-    run(Command::new("qemu-img").args(args))
-}
-
-pub fn qemu_io(fmt: &str, path: &Path, cmds: &[&str]) -> String {
-    let mut c = Command::new("qemu-io");
-    c.arg("-f").arg(fmt);
-    for cmd in cmds {
-        c.arg("-c").arg(cmd);
-    }
-    c.arg(path);
-    run(&mut c)
-}
-
-/// xorshift64*: deterministic, dependency-free.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.max(1))
-    }
-
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-    }
-}
 
 /// Submits `reqs` and blocks until each has completed; returns the
 /// completions in user_data order.
@@ -229,4 +131,29 @@ pub fn guest_write(mem: &GuestMemoryMmap, segs: &[GuestSegment], data: &[u8]) {
             .unwrap();
         pos += s.len as usize;
     }
+}
+
+/// The bytes of a completed request's owned buffer.
+pub trait OwnedBytes {
+    /// Panics unless the memory is [`IoMemory::Owned`].
+    fn owned_bytes(&self) -> &[u8];
+}
+
+impl OwnedBytes for IoMemory {
+    fn owned_bytes(&self) -> &[u8] {
+        match self {
+            IoMemory::Owned(v) => v,
+            _ => panic!("request memory is not owned"),
+        }
+    }
+}
+
+/// The data of the only (or first) completion, which must own its buffer.
+pub fn first_data(done: Vec<Completion>) -> Vec<u8> {
+    done.into_iter()
+        .next()
+        .expect("a completion")
+        .memory
+        .into_owned()
+        .expect("owned request memory")
 }

@@ -1,0 +1,90 @@
+//! Wrappers around qemu-img and qemu-io, the independent oracle of these
+//! tests. Arguments go in as strings; the tool's output comes back as text,
+//! and a failing command panics with the command line and its stderr.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const MISSING: &str =
+    "is not installed: the tests use it as the oracle (apt-get install qemu-utils)";
+
+/// A path as `&str` for a command line (test paths are always UTF-8).
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("test paths are UTF-8")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `prog` (qemu-img or qemu-io) and returns whether it succeeded,
+/// with its stdout and stderr.
+pub fn run_status(prog: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{prog} {MISSING}: {e}"));
+    (out.status.success(), text(&out))
+}
+
+/// Runs `prog` (qemu-img or qemu-io); returns stdout and stderr, and
+/// panics with them unless it succeeds.
+pub fn run(prog: &str, args: &[&str]) -> String {
+    let (ok, text) = run_status(prog, args);
+    assert!(ok, "{prog} {args:?} failed: {text}");
+    text
+}
+
+/// Runs a command; returns its stdout, panics with its output on failure.
+pub fn run_cmd(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// qemu-img with `args`; returns stdout, panics on failure.
+pub fn qemu_img(args: &[&str]) -> String {
+    run_cmd(Command::new("qemu-img").args(args))
+}
+
+/// qemu-img with `args`, whatever its exit status (for checks whose
+/// failure the caller reports itself).
+pub fn qemu_img_output(args: &[&str]) -> Output {
+    Command::new("qemu-img")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("qemu-img {MISSING}: {e}"))
+}
+
+/// qemu-io on `path` opened as `fmt`, one `-c` per command; returns stdout,
+/// panics on failure.
+pub fn qemu_io(fmt: &str, path: &Path, cmds: &[&str]) -> String {
+    let mut c = Command::new("qemu-io");
+    c.arg("-f").arg(fmt);
+    for cmd in cmds {
+        c.arg("-c").arg(cmd);
+    }
+    c.arg(path);
+    run_cmd(&mut c)
+}
+
+/// `qemu-img check` finds no errors and no leaks.
+pub fn qemu_check(p: &Path) {
+    let out = run("qemu-img", &["check", "-U", s(p)]);
+    assert!(
+        out.contains("No errors were found"),
+        "qemu-img check: {out}"
+    );
+    assert!(!out.contains("leaked"), "qemu-img check: {out}");
+}
+
+/// `qemu-img compare` finds the two images' contents identical.
+pub fn qemu_compare(a: &Path, b: &Path) {
+    run("qemu-img", &["compare", "-U", s(a), s(b)]);
+}
