@@ -53,6 +53,10 @@ pub struct BlockDeviceConfig {
     pub optimal_io_size: u32,
     /// Most data segments per request; `None` means `queue_size - 2`.
     pub seg_max: Option<u32>,
+    /// Busy-poll budget in microseconds before a queue worker sleeps while
+    /// requests are in flight (0, the default: never poll). See
+    /// docs/virtio-blk.md for when it helps.
+    pub poll_us: u32,
 }
 
 impl Default for BlockDeviceConfig {
@@ -65,6 +69,7 @@ impl Default for BlockDeviceConfig {
             physical_block_size: 512,
             optimal_io_size: 0,
             seg_max: None,
+            poll_us: 0,
         }
     }
 }

@@ -55,6 +55,20 @@ where
     M::Target: GuestMemory,
 {
     let mut walked = WalkedChain::default();
+    walk_chain_into(chain, keep, &mut walked);
+    walked
+}
+
+/// Like [`walk_chain`], but refills `walked` (reusing its allocation, so a
+/// queue worker walks chains without allocating).
+pub fn walk_chain_into<M>(chain: DescriptorChain<M>, keep: usize, walked: &mut WalkedChain)
+where
+    M: Deref,
+    M::Target: GuestMemory,
+{
+    walked.descriptors.clear();
+    walked.total = 0;
+    walked.last = None;
     let mut ended = false;
     for desc in chain {
         let d = ChainDescriptor {
@@ -72,5 +86,4 @@ where
         ended = !desc.has_next();
     }
     walked.complete = ended && walked.total > 0;
-    walked
 }

@@ -271,6 +271,8 @@ impl BlockDevice {
             limits,
             device_id,
             writeback: Arc::clone(&self.writeback),
+            poll: std::time::Duration::from_micros(u64::from(self.config.poll_us)),
+            submit_each: self.disk.engine() != block::EngineKind::IoUring,
         };
         let handle = std::thread::Builder::new()
             .name(format!("virtio-blk-q{index}"))

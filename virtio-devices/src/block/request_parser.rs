@@ -30,7 +30,7 @@ use vm_memory::{
     GuestMemoryRegion,
 };
 
-pub use super::descriptor_walk::{walk_chain, ChainDescriptor, WalkedChain};
+pub use super::descriptor_walk::{walk_chain, walk_chain_into, ChainDescriptor, WalkedChain};
 
 /// Size of `struct virtio_blk_outhdr` (type, reserved/ioprio, sector).
 pub const HEADER_LEN: u64 = 16;
@@ -171,8 +171,62 @@ where
     M: Deref,
     M::Target: GuestMemory,
 {
-    let walked = walk_chain(chain, limits.descriptors_to_keep());
-    parse_walked(mem, &walked, limits)
+    parse_chain_with(mem, chain, limits, &mut ParseScratch::default())
+}
+
+/// Segment lists kept for reuse at most.
+const POOL_MAX: usize = 256;
+/// Reused buffers larger than this many entries are shrunk back, so one
+/// long chain does not pin memory.
+const KEEP_CAPACITY: usize = 256;
+
+/// Buffers the parser reuses from one chain to the next: a queue worker
+/// keeps one, so parsing does not allocate in the steady state.
+#[derive(Debug, Default)]
+pub struct ParseScratch {
+    walked: WalkedChain,
+    parts: Parts,
+    /// Segment lists handed back by completed requests.
+    pool: Vec<Vec<GuestSegment>>,
+}
+
+impl ParseScratch {
+    /// Takes back the segment list of a completed request for reuse.
+    pub fn recycle(&mut self, mut segments: Vec<GuestSegment>) {
+        if self.pool.len() < POOL_MAX && segments.capacity() <= KEEP_CAPACITY {
+            segments.clear();
+            self.pool.push(segments);
+        }
+    }
+
+    fn trim(&mut self) {
+        self.walked.descriptors.shrink_to(KEEP_CAPACITY);
+        self.parts.readable.shrink_to(KEEP_CAPACITY);
+        self.parts.writable.shrink_to(KEEP_CAPACITY);
+    }
+}
+
+/// Like [`parse_chain`], reusing `scratch`'s buffers.
+pub fn parse_chain_with<M>(
+    mem: &GuestMemoryMmap,
+    chain: DescriptorChain<M>,
+    limits: &ParserLimits,
+    scratch: &mut ParseScratch,
+) -> ParsedChain
+where
+    M: Deref,
+    M::Target: GuestMemory,
+{
+    walk_chain_into(chain, limits.descriptors_to_keep(), &mut scratch.walked);
+    let parsed = parse_walked_in(
+        mem,
+        &scratch.walked,
+        limits,
+        &mut scratch.parts,
+        &mut scratch.pool,
+    );
+    scratch.trim();
+    parsed
 }
 
 /// Parses a walked chain.
@@ -180,6 +234,16 @@ pub fn parse_walked(
     mem: &GuestMemoryMmap,
     chain: &WalkedChain,
     limits: &ParserLimits,
+) -> ParsedChain {
+    parse_walked_in(mem, chain, limits, &mut Parts::default(), &mut Vec::new())
+}
+
+fn parse_walked_in(
+    mem: &GuestMemoryMmap,
+    chain: &WalkedChain,
+    limits: &ParserLimits,
+    parts: &mut Parts,
+    pool: &mut Vec<Vec<GuestSegment>>,
 ) -> ParsedChain {
     if !chain.complete {
         return ParsedChain::Unanswerable(ChainError::Broken);
@@ -193,7 +257,7 @@ pub fn parse_walked(
         Some(a) => return ParsedChain::Unanswerable(ChainError::StatusUnmapped(a)),
         None => return ParsedChain::Unanswerable(ChainError::StatusUnmapped(last.addr)),
     };
-    let work = match parse_request(mem, chain, limits) {
+    let work = match parse_request(mem, chain, limits, parts, pool) {
         Ok(work) => work,
         Err(e) => RequestWork::Reject(e),
     };
@@ -205,16 +269,15 @@ pub fn parse_walked(
 
 /// The device-readable part and the device-writable part (minus the
 /// status byte) of a chain, as byte ranges.
+#[derive(Debug, Default)]
 struct Parts {
     readable: Vec<(u64, u64)>,
     writable: Vec<(u64, u64)>,
 }
 
-fn split_parts(chain: &WalkedChain) -> Result<Parts, RequestError> {
-    let mut parts = Parts {
-        readable: Vec::new(),
-        writable: Vec::new(),
-    };
+fn split_parts(chain: &WalkedChain, parts: &mut Parts) -> Result<(), RequestError> {
+    parts.readable.clear();
+    parts.writable.clear();
     let mut seen_writable = false;
     for d in &chain.descriptors {
         if d.writable {
@@ -237,7 +300,7 @@ fn split_parts(chain: &WalkedChain) -> Result<Parts, RequestError> {
             }
         }
     }
-    Ok(parts)
+    Ok(())
 }
 
 /// The byte ranges of `ranges` after skipping `skip` bytes.
@@ -292,6 +355,16 @@ pub fn to_guest_segments(
     ranges: &[(u64, u64)],
 ) -> Result<Vec<GuestSegment>, RequestError> {
     let mut out = Vec::with_capacity(ranges.len());
+    to_guest_segments_into(mem, ranges, &mut out)?;
+    Ok(out)
+}
+
+/// Like [`to_guest_segments`], appending to `out`.
+fn to_guest_segments_into(
+    mem: &GuestMemoryMmap,
+    ranges: &[(u64, u64)],
+    out: &mut Vec<GuestSegment>,
+) -> Result<(), RequestError> {
     for &(addr, len) in ranges {
         let unmapped = RequestError::DataUnmapped { addr, len };
         let mut at = addr;
@@ -315,7 +388,7 @@ pub fn to_guest_segments(
             };
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 fn check_range(limits: &ParserLimits, sector: u64, bytes: u64) -> Result<u64, RequestError> {
@@ -337,8 +410,10 @@ fn parse_request(
     mem: &GuestMemoryMmap,
     chain: &WalkedChain,
     limits: &ParserLimits,
+    parts: &mut Parts,
+    pool: &mut Vec<Vec<GuestSegment>>,
 ) -> Result<RequestWork, RequestError> {
-    let parts = split_parts(chain)?;
+    split_parts(chain, parts)?;
     let readable_len = total_len(&parts.readable);
     if readable_len < HEADER_LEN {
         return Err(RequestError::HeaderTooShort(readable_len));
@@ -350,16 +425,16 @@ fn parse_request(
     sector_bytes.copy_from_slice(&header[8..16]);
     let sector = u64::from_le_bytes(sector_bytes);
     let out_data = ranges_after(&parts.readable, HEADER_LEN);
-    let in_data = parts.writable;
+    let in_data = &parts.writable;
     let too_long = chain.total > chain.descriptors.len();
 
     match request_type {
         VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
             let is_read = request_type == VIRTIO_BLK_T_IN;
             let (data, other) = if is_read {
-                (&in_data, &out_data)
+                (in_data, &out_data)
             } else {
-                (&out_data, &in_data)
+                (&out_data, in_data)
             };
             if !other.is_empty() {
                 let n = total_len(other);
@@ -382,7 +457,8 @@ fn parse_request(
                 return Err(RequestError::ReadOnly);
             }
             let offset = check_range(limits, sector, len)?;
-            let segments = to_guest_segments(mem, data)?;
+            let mut segments = pool.pop().unwrap_or_default();
+            to_guest_segments_into(mem, data, &mut segments)?;
             if len == 0 {
                 return Ok(RequestWork::Nothing);
             }
@@ -402,7 +478,7 @@ fn parse_request(
                 return Err(RequestError::UnexpectedReadableData(total_len(&out_data)));
             }
             if !in_data.is_empty() {
-                return Err(RequestError::UnexpectedWritableData(total_len(&in_data)));
+                return Err(RequestError::UnexpectedWritableData(total_len(in_data)));
             }
             Ok(RequestWork::Disk {
                 op: RequestOp::Flush,
@@ -419,7 +495,7 @@ fn parse_request(
             }
             let mut left = DEVICE_ID_LEN as u64;
             let mut ranges = Vec::new();
-            for &(addr, len) in &in_data {
+            for &(addr, len) in in_data {
                 if left == 0 {
                     break;
                 }
@@ -431,7 +507,7 @@ fn parse_request(
             Ok(RequestWork::GetId { segments })
         }
         VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES => {
-            parse_discard(mem, request_type, &out_data, &in_data, too_long, limits)
+            parse_discard(mem, request_type, &out_data, in_data, too_long, limits)
         }
         other => Err(RequestError::UnsupportedType(other)),
     }

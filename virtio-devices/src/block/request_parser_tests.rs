@@ -654,6 +654,9 @@ fn random_rings_never_panic() {
     let mut rng = Rng(0x1234_5678_9abc_def1);
     let types = [0u32, 1, 4, 8, 11, 13, 2, 14, 0xffff_ffff];
     let (mut disk, mut rejected, mut dropped) = (0, 0, 0);
+    // One scratch for every chain, as a queue worker keeps it: reused
+    // buffers must never change an outcome.
+    let mut scratch = ParseScratch::default();
     for _ in 0..3000 {
         let m = GuestMemoryMmap::<()>::from_ranges(&[
             (GuestAddress(0), 0x8000),
@@ -757,7 +760,17 @@ fn random_rings_never_panic() {
             max_discard_seg: 1,
         };
         while let Some(chain) = q.pop_descriptor_chain(&m) {
-            match parse_chain(&m, chain, &l) {
+            let reused = parse_chain_with(&m, chain.clone(), &l, &mut scratch);
+            let parsed = parse_chain(&m, chain, &l);
+            assert_eq!(format!("{reused:?}"), format!("{parsed:?}"));
+            if let ParsedChain::Request {
+                work: RequestWork::Disk { segments, .. },
+                ..
+            } = reused
+            {
+                scratch.recycle(segments);
+            }
+            match parsed {
                 ParsedChain::Unanswerable(_) => dropped += 1,
                 ParsedChain::Request { status, work } => {
                     assert!(m.address_in_range(status));

@@ -28,6 +28,9 @@ Usage: blk-bench --image PATH [options]
   --batch N              requests posted per batch in think mode
                          (default: qd)
   --queue-size N         virtqueue size (default 256)
+  --poll-us N            device worker busy-poll budget before sleeping
+                         while requests are in flight (default 0: off;
+                         capped at 1000)
   --output json|table    result format (default table); --output=json works
   --compare-fio          run fio (io_uring, direct=1, same pattern) and us
                          interleaved, --repeats times, and print medians
@@ -77,6 +80,7 @@ pub struct Options {
     pub think_us: u64,
     pub batch: u16,
     pub queue_size: u16,
+    pub poll_us: u32,
     pub json: bool,
     pub compare_fio: bool,
     pub repeats: u32,
@@ -132,6 +136,7 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
         think_us: 0,
         batch: 0,
         queue_size: 256,
+        poll_us: 0,
         json: false,
         compare_fio: false,
         repeats: 3,
@@ -192,6 +197,12 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
             "--think-us" => o.think_us = number(name, value(name, inline, &mut it)?, 0)?,
             "--batch" => o.batch = number(name, value(name, inline, &mut it)?, 1)?,
             "--queue-size" => o.queue_size = number(name, value(name, inline, &mut it)?, 4)?,
+            "--poll-us" => {
+                o.poll_us = number(name, value(name, inline, &mut it)?, 0)?;
+                if o.poll_us > 1000 {
+                    return Err("--poll-us: at most 1000".into());
+                }
+            }
             "--output" => {
                 o.json = match value(name, inline, &mut it)? {
                     "json" => true,
@@ -235,13 +246,13 @@ mod tests {
         assert_eq!(parse_size("1M"), Some(1 << 20));
         assert_eq!(parse_size("x"), None);
         let o = parse(&args(
-            "--image a --qd 32 --bs=64k --rw read --output=json --queues 4",
+            "--image a --qd 32 --bs=64k --rw read --output=json --queues 4 --poll-us 20",
         ))
         .unwrap()
         .unwrap();
         assert_eq!(
-            (o.qd, o.bs, o.rw, o.json, o.queues, o.batch),
-            (32, 65536, Pattern::Read, true, 4, 32)
+            (o.qd, o.bs, o.rw, o.json, o.queues, o.batch, o.poll_us),
+            (32, 65536, Pattern::Read, true, 4, 32, 20)
         );
     }
 
@@ -256,6 +267,9 @@ mod tests {
         assert!(parse(&args("--image a --rw mixed"))
             .unwrap_err()
             .contains("--rw"));
+        assert!(parse(&args("--image a --poll-us 1001"))
+            .unwrap_err()
+            .contains("--poll-us"));
         assert!(parse(&args("--qd 1")).unwrap_err().contains("--image"));
         assert!(parse(&args("--image a --bogus"))
             .unwrap_err()

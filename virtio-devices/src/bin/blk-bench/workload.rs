@@ -178,6 +178,7 @@ pub fn run_ours(o: &Options) -> Result<RunStats, String> {
     let config = BlockDeviceConfig {
         num_queues: o.queues,
         queue_size: o.queue_size,
+        poll_us: o.poll_us,
         ..Default::default()
     };
     let driver = DriverOptions {
