@@ -60,6 +60,7 @@ fn main() -> ExitCode {
         _ => log::LevelFilter::Trace,
     });
 
+    vmm::seccomp::fix_malloc_arena_limit();
     let disks = match vmm::device_manager::open_disks(&config.disks) {
         Ok(d) => d,
         Err(e) => {

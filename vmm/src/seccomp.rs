@@ -47,6 +47,21 @@ pub enum SeccompError {
     Apply(#[source] seccompiler::Error),
 }
 
+/// Fixes glibc's malloc arena limit before any filter is installed.
+///
+/// Left unset, glibc computes it the first time a thread needs a new arena
+/// (more than 8 threads allocating at once) by reading
+/// /sys/devices/system/cpu/online; under our filters that `openat` kills
+/// the process with SIGSYS, at a moment that depends on thread timing. The
+/// limit we set is glibc's own default (8 arenas per CPU).
+pub fn fix_malloc_arena_limit() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let arenas = libc::c_int::try_from(cpus.saturating_mul(8)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: mallopt only sets a malloc tunable; it is called on the main
+    // thread before the vCPU and worker threads exist.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
+}
+
 /// Syscalls every thread kind makes.
 const COMMON: &[libc::c_long] = &[
     libc::SYS_brk,
