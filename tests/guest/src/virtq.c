@@ -131,11 +131,14 @@ void virtq_start(struct vdev *d, int q, const struct vchain *chains, int n)
 	vq->inflight = (u16)n;
 	if (vdev_has(d, VIRTIO_F_RING_EVENT_IDX))
 		*used_event(vq) = vq->last_used;
+	/* Count interrupts from before the device can see the batch: a device
+	 * that polls its avail ring may complete it, and interrupt, before
+	 * the kick below. */
+	vq->irqs_before = irq_count[vq->cpu_vector];
 	barrier(); /* descriptors and ring entries before the index */
 	vq->avail->idx = vq->avail_idx;
 	mb(); /* the index before reading avail_event */
 
-	vq->irqs_before = irq_count[vq->cpu_vector];
 	if (!vdev_has(d, VIRTIO_F_RING_EVENT_IDX) || need_kick(vq, old_idx, vq->avail_idx))
 		mmio_write16(vq->notify_addr, vq->index);
 	else
