@@ -152,6 +152,14 @@ fn all_allocated(bitmap: u64, in_cluster: u64, len: u64, cluster_size: u64) -> b
     (first..=last).all(|i| subcluster_state(bitmap, i as u32) == Ok(SubclusterState::Allocated))
 }
 
+/// How a metadata-changing plan starts (see [`Qcow2Image::begin_update`]).
+pub(crate) enum UpdateStart<'a> {
+    /// Plan under this lock.
+    Locked(MutexGuard<'a, State>),
+    /// Nothing to plan: the outcome is already known.
+    Decided(WriteOutcome),
+}
+
 /// Subcluster bitmap with all 32 allocation bits set, no zero bits.
 const ALL_ALLOCATED: u64 = 0xffff_ffff;
 
@@ -162,23 +170,43 @@ impl Qcow2Image {
         len: u64,
         waker: &Waker,
     ) -> Result<WriteOutcome, BlockError> {
-        self.check_writable(offset, len)?;
-        if len == 0 {
-            return Ok(WriteOutcome::Ready(WritePlan::default()));
-        }
-        let mut st = self.lock();
-        if self.blocked(&mut st, offset, len, waker) {
-            return Ok(WriteOutcome::Blocked);
-        }
-        self.mark_dirty(&mut st)?;
+        let mut st = match self.begin_update(offset, len, waker)? {
+            UpdateStart::Locked(st) => st,
+            UpdateStart::Decided(outcome) => return Ok(outcome),
+        };
         let mut b = PlanBuilder::default();
         self.write_range(&mut st, offset, len, Source::Request(0), &mut b)?;
         self.finish_plan(st, b)
     }
 
+    /// The common start of every metadata-changing plan (write,
+    /// write-zeroes, discard): the range is checked, an empty range is
+    /// done, a range overlapping an allocation in flight is blocked (the
+    /// waker is kept), and otherwise the image is marked dirty and the
+    /// locked state is handed to the planner.
+    pub(crate) fn begin_update(
+        &self,
+        offset: u64,
+        len: u64,
+        waker: &Waker,
+    ) -> Result<UpdateStart<'_>, BlockError> {
+        self.check_writable(offset, len)?;
+        if len == 0 {
+            return Ok(UpdateStart::Decided(WriteOutcome::Ready(
+                WritePlan::default(),
+            )));
+        }
+        let mut st = self.lock();
+        if self.blocked(&mut st, offset, len, waker) {
+            return Ok(UpdateStart::Decided(WriteOutcome::Blocked));
+        }
+        self.mark_dirty(&mut st)?;
+        Ok(UpdateStart::Locked(st))
+    }
+
     /// Registers `waker` and says so when the range overlaps an allocation
     /// in flight.
-    pub(crate) fn blocked(&self, st: &mut State, offset: u64, len: u64, waker: &Waker) -> bool {
+    fn blocked(&self, st: &mut State, offset: u64, len: u64, waker: &Waker) -> bool {
         let cb = self.header.cluster_bits;
         let (first, last) = (offset >> cb, (offset + len - 1) >> cb);
         if st.inflight.overlaps(first, last) {

@@ -12,9 +12,9 @@
 
 use super::image::{Qcow2Image, State};
 use super::l2_entry::{L2Entry, OFLAG_COPIED, OFLAG_ZERO};
-use super::write::{PlanBuilder, Source};
+use super::write::{PlanBuilder, Source, UpdateStart};
 use crate::error::BlockError;
-use crate::formats::{Waker, WriteOutcome, WritePlan};
+use crate::formats::{Waker, WriteOutcome};
 
 /// Extended L2 bitmap: all 32 subclusters read as zeroes.
 const ALL_ZERO: u64 = 0xffff_ffff << 32;
@@ -27,15 +27,10 @@ impl Qcow2Image {
         may_unmap: bool,
         waker: &Waker,
     ) -> Result<WriteOutcome, BlockError> {
-        self.check_writable(offset, len)?;
-        if len == 0 {
-            return Ok(WriteOutcome::Ready(WritePlan::default()));
-        }
-        let mut st = self.lock();
-        if self.blocked(&mut st, offset, len, waker) {
-            return Ok(WriteOutcome::Blocked);
-        }
-        self.mark_dirty(&mut st)?;
+        let mut st = match self.begin_update(offset, len, waker)? {
+            UpdateStart::Locked(st) => st,
+            UpdateStart::Decided(outcome) => return Ok(outcome),
+        };
         let cs = self.cluster_size();
         let end = offset + len;
         let mut pos = offset;
