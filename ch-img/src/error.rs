@@ -37,6 +37,8 @@ pub enum CliError {
         #[source]
         source: BlockError,
     },
+    #[error("error while flushing the image")]
+    Flush(#[source] BlockError),
     #[error("error while closing the image")]
     Close(#[source] BlockError),
     #[error("Error resizing image")]

@@ -287,8 +287,13 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
     let span = disk_size - b.size;
     let mut rng = Rng(b.seed);
     let mut next_offset = b.offset.min(span);
-    // Page-aligned, so O_DIRECT requests need no bounce copy.
-    let mut free_buffers: Vec<AlignedBuf> = Vec::new();
+    // Page-aligned, so O_DIRECT requests need no bounce copy. Buffers
+    // that hold the pattern are kept apart from those a read overwrote,
+    // so writes refill a buffer only after a read used it.
+    let mut pattern_buffers: Vec<AlignedBuf> = Vec::new();
+    let mut read_buffers: Vec<AlignedBuf> = Vec::new();
+    // Per slot: whether its request reads, and its offset (for errors).
+    let mut slot_op: Vec<(bool, u64)> = vec![(true, 0); b.depth];
     let mut started: Vec<Option<Instant>> = vec![None; b.depth];
     let mut free_slots: Vec<usize> = (0..b.depth).rev().collect();
     let mut result = BenchResult {
@@ -333,19 +338,24 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
             };
             let is_read =
                 b.read_percent == 100 || (b.read_percent > 0 && rng.next() % 100 < b.read_percent);
-            let mut buf = match free_buffers.pop() {
-                Some(buf) => buf,
-                None => {
-                    let mut buf = AlignedBuf::new(b.size as usize, 4096).ok_or_else(|| {
-                        CliError::Usage(format!("cannot allocate a {}-byte buffer", b.size))
-                    })?;
-                    buf.as_mut_slice().fill(b.pattern);
-                    buf
+            let buf = if is_read {
+                match read_buffers.pop().or_else(|| pattern_buffers.pop()) {
+                    Some(buf) => buf,
+                    None => new_buffer(b.size, b.pattern)?,
+                }
+            } else {
+                match pattern_buffers.pop() {
+                    Some(buf) => buf,
+                    None => match read_buffers.pop() {
+                        Some(mut buf) => {
+                            buf.as_mut_slice().fill(b.pattern);
+                            buf
+                        }
+                        None => new_buffer(b.size, b.pattern)?,
+                    },
                 }
             };
-            if !is_read {
-                buf.as_mut_slice().fill(b.pattern);
-            }
+            slot_op[slot] = (is_read, offset);
             started[slot] = Some(Instant::now());
             batch.push(BlockRequest {
                 user_data: slot as u64,
@@ -368,14 +378,22 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
         wait_readable(queue.completion_eventfd().as_raw_fd())?;
         queue.drain_completions(&mut out);
         for c in out.drain(..) {
-            if let Err(source) = c.result {
-                return Err(CliError::Write { offset: 0, source });
-            }
             if c.user_data == FLUSH_TAG {
+                if let Err(source) = c.result {
+                    return Err(CliError::Flush(source));
+                }
                 flush_in_flight = false;
                 continue;
             }
             let slot = c.user_data as usize;
+            let (was_read, offset) = slot_op.get(slot).copied().unwrap_or((false, 0));
+            if let Err(source) = c.result {
+                return Err(if was_read {
+                    CliError::Read { offset, source }
+                } else {
+                    CliError::Write { offset, source }
+                });
+            }
             if let Some(t) = started.get_mut(slot).and_then(Option::take) {
                 let ns = t.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
                 result.latency_sum_ns += u128::from(ns);
@@ -383,7 +401,11 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
                 result.histogram[((ns / 1000) as usize).min(HIST_BUCKETS)] += 1;
             }
             if let IoMemory::Aligned(buf) = c.memory {
-                free_buffers.push(buf);
+                if was_read {
+                    read_buffers.push(buf);
+                } else {
+                    pattern_buffers.push(buf);
+                }
             }
             free_slots.push(slot);
             completed += 1;
@@ -414,4 +436,12 @@ fn wait_readable(fd: i32) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// A page-aligned request buffer filled with `pattern`.
+fn new_buffer(size: u64, pattern: u8) -> Result<AlignedBuf, CliError> {
+    let mut buf = AlignedBuf::new(size as usize, 4096)
+        .ok_or_else(|| CliError::Usage(format!("cannot allocate a {size}-byte buffer")))?;
+    buf.as_mut_slice().fill(pattern);
+    Ok(buf)
 }
