@@ -61,6 +61,9 @@ pub enum CliError {
         #[source]
         source: io::Error,
     },
+    /// `map`'s table cannot show a data extent without a host offset.
+    #[error("File contains external, encrypted or compressed clusters.")]
+    NotMappable,
     #[error("could not write to standard output")]
     Stdout(#[source] io::Error),
 }

@@ -229,6 +229,35 @@ fn map_matches_qemu_img() {
     }
 }
 
+/// qemu-img's map table cannot show compressed clusters: it prints the
+/// header and what came before, then fails with exit status 1.
+#[test]
+fn human_map_of_compressed_clusters_fails_like_qemu_img() {
+    let dir = TempDir::new("cli");
+    let img = dir.file("c.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &img, "1M"]);
+    qemu_io(
+        "qcow2",
+        &img,
+        &["write -P 0x22 0 64k", "write -c -P 0x11 64k 64k"],
+    );
+    let q = qemu_img_status(&["map", &img]);
+    let c = ch_status(&["map", &img]);
+    assert_eq!(code(&q), 1);
+    assert_eq!(code(&c), 1);
+    assert_eq!(stdout(&q), stdout(&c));
+    assert!(
+        String::from_utf8_lossy(&c.stderr)
+            .contains("File contains external, encrypted or compressed clusters."),
+        "{c:?}"
+    );
+    // The JSON form shows them.
+    assert_eq!(
+        qemu_img(&["map", "--output=json", &img]),
+        ch(&["map", "--output=json", &img])
+    );
+}
+
 #[test]
 fn check_clean_image_matches_qemu_img() {
     let dir = TempDir::new("cli");

@@ -37,11 +37,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let image = open_image(path, parse_format(p.value("f"))?, true)?;
     let entries = map_entries(&image)?;
     let names = chain_names(path, &image);
-    let text = match output {
-        OutputFormat::Json => json_map(&entries),
+    let (text, complete) = match output {
+        OutputFormat::Json => (json_map(&entries), true),
         OutputFormat::Human => human_map(&entries, &names),
     };
     print!("{text}");
+    if !complete {
+        return Err(CliError::NotMappable);
+    }
     Ok(0)
 }
 
@@ -116,16 +119,22 @@ pub fn json_map(entries: &[MapEntry]) -> String {
     s
 }
 
-/// qemu-img map's table: extents with data at a known host offset.
-pub fn human_map(entries: &[MapEntry], names: &[String]) -> String {
+/// qemu-img map's table: extents that hold data (not reading as zero) at
+/// a known host offset. Like qemu-img, the table stops at the first data
+/// extent without a host offset (a compressed cluster): the bool is false
+/// then, and the verb fails.
+pub fn human_map(entries: &[MapEntry], names: &[String]) -> (String, bool) {
     let mut s = format!(
         "{:<16}{:<16}{:<16}{}\n",
         "Offset", "Length", "Mapped to", "File"
     );
     for e in entries {
         let st = &e.status;
-        let Some(offset) = st.offset.filter(|_| st.data) else {
+        if !st.data || st.zero {
             continue;
+        }
+        let Some(offset) = st.offset else {
+            return (s, false);
         };
         let name = names
             .get(st.depth as usize)
@@ -140,7 +149,7 @@ pub fn human_map(entries: &[MapEntry], names: &[String]) -> String {
             name
         );
     }
-    s
+    (s, true)
 }
 
 fn hex(v: u64) -> String {

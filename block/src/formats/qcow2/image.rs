@@ -29,6 +29,9 @@ pub(crate) struct State {
     pub inflight: InFlight,
     /// Incompatible feature bits as currently on disk.
     pub incompatible: u64,
+    /// Whether the image looks metadata-preallocated (decided on the
+    /// first block-status query; see `prealloc_detect`).
+    pub metadata_prealloc: Option<bool>,
 }
 
 pub struct Qcow2Image {
@@ -212,6 +215,7 @@ impl Qcow2Image {
                 meta,
                 inflight: InFlight::default(),
                 incompatible: header.incompatible,
+                metadata_prealloc: None,
             }),
             path,
             files,

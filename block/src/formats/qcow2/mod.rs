@@ -42,6 +42,7 @@ pub(crate) mod l2_entry;
 pub(crate) mod meta;
 pub(crate) mod meta_io;
 pub(crate) mod plan_exec;
+pub(crate) mod prealloc_detect;
 pub(crate) mod read;
 pub(crate) mod refcount;
 pub(crate) mod reserve;

@@ -11,6 +11,7 @@ use super::header::OFF_SIZE;
 use super::image::Qcow2Image;
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
 use super::meta_io::write_at;
+use super::prealloc_detect;
 use crate::error::BlockError;
 use crate::formats::{BlockStatus, Compression, FileId, ImageInfo};
 
@@ -69,8 +70,17 @@ impl Qcow2Image {
     ) -> Result<BlockStatus, BlockError> {
         self.check_range(offset, len)?;
         let end = offset + len;
-        let (kind, run) = {
+        let (kind, run, prealloc) = {
             let mut st = self.lock();
+            let prealloc = match st.metadata_prealloc {
+                Some(p) => p,
+                None => {
+                    let p =
+                        prealloc_detect::looks_metadata_preallocated(&mut st.meta, &self.files[0])?;
+                    st.metadata_prealloc = Some(p);
+                    p
+                }
+            };
             let (kind, mut n) = self.kind_at(&mut st.meta, offset)?;
             n = n.min(len);
             while offset + n < end {
@@ -85,20 +95,32 @@ impl Qcow2Image {
                 }
                 n = (n + m).min(len);
             }
-            (kind, n)
+            (kind, n, prealloc)
         };
         let file = Some(self.data_file);
         Ok(match kind {
-            Kind::Data(host) => BlockStatus {
-                len: run,
-                depth: 0,
-                present: true,
-                zero: false,
-                data: true,
-                compressed: false,
-                offset: Some(host),
-                file,
-            },
+            Kind::Data(host) => {
+                // Metadata preallocation: a hole in the file reads as zero.
+                let (run, zero) = if prealloc {
+                    prealloc_detect::file_extent(
+                        &self.files[usize::from(self.data_file.0)],
+                        host,
+                        run,
+                    )
+                } else {
+                    (run, false)
+                };
+                BlockStatus {
+                    len: run,
+                    depth: 0,
+                    present: true,
+                    zero,
+                    data: true,
+                    compressed: false,
+                    offset: Some(host),
+                    file,
+                }
+            }
             Kind::Zero(host) => BlockStatus {
                 len: run,
                 depth: 0,
