@@ -27,7 +27,7 @@ const MAX_ALLOC_ROUNDS: usize = 64;
 
 impl MetaState {
     /// Offset of refcount block `b`, if allocated.
-    fn refblock(&self, b: u64) -> Result<Option<u64>, BlockError> {
+    pub(crate) fn refblock(&self, b: u64) -> Result<Option<u64>, BlockError> {
         let Some(&raw) = usize::try_from(b).ok().and_then(|i| self.rt.get(i)) else {
             return Ok(None);
         };

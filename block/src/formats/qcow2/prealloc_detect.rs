@@ -17,36 +17,63 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 
 use super::meta::MetaState;
-use crate::error::BlockError;
 use crate::formats::holes;
 
+/// At most this many refcount entries are read by the detection (about
+/// a second): a hostile or huge image is then taken as not preallocated
+/// rather than keeping `map` busy for hours.
+const SCAN_BUDGET: u64 = 1 << 26;
+
 /// Whether the image whose metadata is `meta` (in `file`) looks
-/// metadata-preallocated (step 1 of the module docs). A file whose size
-/// or allocation cannot be read is taken as not preallocated.
-pub(crate) fn looks_metadata_preallocated(
-    meta: &mut MetaState,
-    file: &File,
-) -> Result<bool, BlockError> {
+/// metadata-preallocated (step 1 of the module docs). As in qemu, any
+/// failure (unreadable size or refcounts) means "no": the answer only
+/// refines `map`'s zero flags.
+pub(crate) fn looks_metadata_preallocated(meta: &mut MetaState, file: &File) -> bool {
     let Ok(md) = file.metadata() else {
-        return Ok(false);
+        return false;
     };
     if !md.file_type().is_file() {
-        return Ok(false);
+        return false;
     }
     let cs = meta.g.cluster_size;
+    let rbe = meta.g.rb_entries;
     let real_clusters = md.blocks().saturating_mul(512) / cs;
     let threshold = (real_clusters.saturating_mul(10) / 9).max(real_clusters + 2);
     let file_clusters = md.len().div_ceil(cs);
+    let blocks = meta.rt.len() as u64;
+    let mut budget = SCAN_BUDGET;
     let mut in_use = 0u64;
-    for c in 0..file_clusters {
-        if in_use >= threshold {
+    let mut c = 0u64;
+    while c < file_clusters && in_use < threshold {
+        let block = c / rbe;
+        if block >= blocks {
             break;
         }
-        if meta.refcount(c)? != 0 {
-            in_use += 1;
+        let next_block = (block + 1).saturating_mul(rbe);
+        match meta.refblock(block) {
+            Ok(Some(_)) => {}
+            // No refcount block: every cluster it would cover is free.
+            Ok(None) => {
+                c = next_block;
+                continue;
+            }
+            Err(_) => return false,
+        }
+        let end = next_block.min(file_clusters);
+        while c < end && in_use < threshold {
+            if budget == 0 {
+                return false;
+            }
+            budget -= 1;
+            match meta.refcount(c) {
+                Ok(0) => {}
+                Ok(_) => in_use += 1,
+                Err(_) => return false,
+            }
+            c += 1;
         }
     }
-    Ok(in_use >= threshold)
+    in_use >= threshold
 }
 
 /// Step 2 of the module docs for a data run of `len` bytes at host offset

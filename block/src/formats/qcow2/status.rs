@@ -76,7 +76,7 @@ impl Qcow2Image {
                 Some(p) => p,
                 None => {
                     let p =
-                        prealloc_detect::looks_metadata_preallocated(&mut st.meta, &self.files[0])?;
+                        prealloc_detect::looks_metadata_preallocated(&mut st.meta, &self.files[0]);
                     st.metadata_prealloc = Some(p);
                     p
                 }
