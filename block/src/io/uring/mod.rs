@@ -210,7 +210,7 @@ impl UringEngine {
     /// (docs/perf-notes.md). fio submits one request per enter.
     fn should_submit_early(&self) -> bool {
         let queued = self.unsubmitted.len();
-        let in_kernel = self.in_ring - queued;
+        let in_kernel = self.in_ring.saturating_sub(queued);
         queued >= (in_kernel / EARLY_SUBMIT_DIVISOR).max(1)
     }
 
