@@ -351,10 +351,14 @@ def block_cases(t, im, quick):
                                    mib, count=t.count_for(
                                        "seq/ours", mib, mib, im.size)),
         "fio": lambda: t.fio(im.raw, "read", "1M", 8),
+        "fio-same": lambda: t.fio(im.alloc, "read", "1M", 8,
+                                  extent=im.alloc_data),
         "qemu": lambda: t.qemu_bench("seq/qemu", im.alloc, "qcow2", 8, mib,
                                      mib, count=t.count_for(
                                          "seq/qemu", mib, mib, im.size)),
     }, [("ours/fio", "ours", "fio", "iops", 0.90, True),
+        ("ours/fio (same file, data clusters)", "ours", "fio-same", "iops",
+         0.90, True),
         ("ours/qemu", "ours", "qemu", "iops", None, True)]))
 
     # 4 KiB random write into allocated clusters, QD 32.
@@ -454,6 +458,13 @@ def device_cases(t, im, quick):
         "randread", "4k", 32)
     dev("qcow2 overlay 4k randread 1q QD32 io_uring direct", im.overlay,
         "randread", "4k", 32)
+    # Sparse: reads of unallocated clusters (zeroes, no I/O), then random
+    # writes that allocate (this case grows sparse.qcow2, so it runs last;
+    # the image is made anew by the next invocation).
+    dev("qcow2 sparse 4k randread 1q QD32 io_uring direct", im.sparse,
+        "randread", "4k", 32)
+    dev("qcow2 sparse 4k randwrite 1q QD32 io_uring direct (allocating)",
+        im.sparse, "randwrite", "4k", 32)
     return cases
 
 
