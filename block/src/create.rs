@@ -31,6 +31,9 @@ pub struct CreateOptions {
     pub refcount_bits: Option<u32>,
     pub lazy_refcounts: bool,
     pub extended_l2: bool,
+    /// Compress clusters with zstd instead of zlib (`compression_type`;
+    /// needs compat=1.1).
+    pub zstd: bool,
 }
 
 fn bad(opts: &CreateOptions, option: &str, why: impl std::fmt::Display) -> BlockError {
@@ -60,6 +63,7 @@ fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
         (opts.refcount_bits.is_some(), "refcount_bits"),
         (opts.lazy_refcounts, "lazy_refcounts"),
         (opts.extended_l2, "extended_l2"),
+        (opts.zstd, "compression_type"),
     ] {
         if set {
             return Err(bad(opts, name, "not a raw image option"));
@@ -133,6 +137,9 @@ fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
         if opts.extended_l2 {
             return Err(bad(opts, "extended_l2", "needs compat=1.1"));
         }
+        if opts.zstd {
+            return Err(bad(opts, "compression_type", "zstd needs compat=1.1"));
+        }
     }
     if opts.extended_l2 && cluster_size < 16384 {
         return Err(bad(
@@ -176,6 +183,7 @@ fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
             refcount_order: refcount_bits.trailing_zeros(),
             lazy_refcounts: opts.lazy_refcounts,
             extended_l2: opts.extended_l2,
+            zstd: opts.zstd,
             backing_file: opts.backing_file.clone(),
             backing_format,
         },

@@ -48,11 +48,17 @@ pub fn apply_create_options(opts: &mut CreateOptions, values: &[&str]) -> Result
                 "refcount_bits" => opts.refcount_bits = Some(val.parse().map_err(|_| bad())?),
                 "lazy_refcounts" => opts.lazy_refcounts = parse_bool(val).ok_or_else(bad)?,
                 "extended_l2" => opts.extended_l2 = parse_bool(val).ok_or_else(bad)?,
-                "compression_type" if val == "zlib" => {}
+                "compression_type" => {
+                    opts.zstd = match val {
+                        "zlib" => false,
+                        "zstd" => true,
+                        _ => return Err(bad()),
+                    }
+                }
                 "preallocation" if val == "off" => {}
                 _ => {
                     return Err(CliError::Usage(format!(
-                        "Invalid parameter '{key}' (ch-img supports size, cluster_size, backing_file, backing_fmt, compat, refcount_bits, lazy_refcounts, extended_l2, compression_type=zlib, preallocation=off)"
+                        "Invalid parameter '{key}' (ch-img supports size, cluster_size, backing_file, backing_fmt, compat, refcount_bits, lazy_refcounts, extended_l2, compression_type, preallocation=off)"
                     )))
                 }
             }

@@ -244,6 +244,19 @@ pub trait Format: Send + Sync {
     /// The format's name ("raw", "qcow2").
     fn name(&self) -> &'static str;
 
+    /// Writes the whole cluster at `offset` (cluster aligned, `data` one
+    /// cluster long, zero-padded past the disk's end) compressed, into an
+    /// unallocated cluster. `Ok(false)`: compression would not shrink it,
+    /// nothing was written, write it normally. For tools that own the
+    /// image (convert -c), not for queues.
+    fn write_compressed(&self, offset: u64, data: &[u8]) -> Result<bool, BlockError> {
+        let _ = (offset, data);
+        Err(BlockError::Unsupported {
+            path: std::path::PathBuf::new(),
+            feature: format!("compressed writes to {} images", self.name()),
+        })
+    }
+
     /// True for a raw image whose format was probed, not given: the engine
     /// must refuse writes to its first sector that carry another format's
     /// magic (see [`crate::formats::probe::looks_like_image_header`]).

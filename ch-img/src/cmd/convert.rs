@@ -1,10 +1,16 @@
-//! `ch-img convert [-f fmt] [-O raw|qcow2] [-o opts] [-q] [-p] [-S size] SRC DST`
+//! `ch-img convert [-c] [-f fmt] [-O raw|qcow2] [-o opts] [-q] [-p] [-S size] SRC DST`
 //!
 //! Reads the source through the block read path, extent by extent as
 //! `block_status` reports them. Extents that read as zeroes are skipped,
 //! and so are zero blocks (4 KiB granularity, or `-S`) inside data
 //! extents, so the output stays sparse: a raw output is a sparse file, a
 //! qcow2 output allocates only clusters with data.
+//!
+//! With `-c` (qcow2 output only) the copy goes cluster by cluster instead:
+//! clusters that read as zeroes stay unallocated, the others are written
+//! compressed (`Format::write_compressed`), or normally when compression
+//! does not shrink them; the last cluster is zero-padded, as qemu-img
+//! does.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -59,11 +65,7 @@ impl Output {
 
 pub fn run(args: &[String]) -> Result<u8, CliError> {
     let p = parse(args, &SPEC)?;
-    if p.flag("c") {
-        return Err(CliError::Usage(
-            "ch-img convert does not write compressed clusters (-c)".into(),
-        ));
-    }
+    let compress = p.flag("c");
     if p.value("B").is_some() || p.flag("n") {
         return Err(CliError::Usage(
             "ch-img convert supports neither -B nor -n".into(),
@@ -84,6 +86,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         ImageType::Auto => ImageType::Raw,
         f => f,
     };
+    if compress && out_fmt != ImageType::Qcow2 {
+        return Err(CliError::Usage(
+            "Compression not supported for this file format".into(),
+        ));
+    }
     let input = open_image(src, parse_format(p.value("f"))?, true)?;
     let size = input.size();
     let output = match out_fmt {
@@ -122,7 +129,10 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             Output::Raw(f)
         }
     };
-    copy(&input, &output, size, block)?;
+    match (&output, compress) {
+        (Output::Image(img), true) => copy_compressed(&input, img, size)?,
+        _ => copy(&input, &output, size, block)?,
+    }
     output.finish()?;
     Ok(0)
 }
@@ -195,6 +205,57 @@ fn copy_extent(
             i = run_end;
         }
         done += n as u64;
+    }
+    Ok(())
+}
+
+/// `-c`: copies cluster by cluster, compressed where that shrinks the
+/// cluster (see the module docs).
+fn copy_compressed(input: &ImageIo, output: &ImageIo, size: u64) -> Result<(), CliError> {
+    let cs = output.format().info().cluster_size.unwrap_or(65536);
+    let mut buf = vec![0u8; cs as usize];
+    let mut pos = 0u64;
+    while pos < size {
+        let n = (size - pos).min(cs);
+        let status =
+            input
+                .format()
+                .block_status(pos, n)
+                .map_err(|source| CliError::BlockStatus {
+                    offset: pos,
+                    source,
+                })?;
+        if status.zero && status.len >= n {
+            pos += n;
+            continue;
+        }
+        buf.fill(0);
+        input
+            .read_at(pos, &mut buf[..n as usize])
+            .map_err(|source| CliError::Read {
+                offset: pos,
+                source,
+            })?;
+        if buf.iter().all(|&b| b == 0) {
+            pos += n;
+            continue;
+        }
+        let written = output
+            .format()
+            .write_compressed(pos, &buf)
+            .map_err(|source| CliError::Write {
+                offset: pos,
+                source,
+            })?;
+        if !written {
+            output
+                .write_at(pos, &buf[..n as usize])
+                .map_err(|source| CliError::Write {
+                    offset: pos,
+                    source,
+                })?;
+        }
+        pos += n;
     }
     Ok(())
 }

@@ -90,9 +90,10 @@ fn formatting_line(o: &CreateOptions) -> String {
     }
     let onoff = |b: bool| if b { "on" } else { "off" };
     let mut s = format!(
-        "Formatting '{path}', fmt=qcow2 cluster_size={} extended_l2={} compression_type=zlib size={}",
+        "Formatting '{path}', fmt=qcow2 cluster_size={} extended_l2={} compression_type={} size={}",
         o.cluster_size.unwrap_or(65536),
         onoff(o.extended_l2),
+        if o.zstd { "zstd" } else { "zlib" },
         o.size
     );
     if let Some(b) = &o.backing_file {

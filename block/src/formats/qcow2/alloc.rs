@@ -80,6 +80,9 @@ impl MetaState {
         let rbe = self.g.rb_entries;
         let order = self.g.refcount_order;
         let max = max_refcount(order);
+        if delta < 0 {
+            self.compressed_tail = 0;
+        }
         let mut c = first;
         let end = first + count;
         while c < end {

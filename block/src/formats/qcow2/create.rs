@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_EXTL2};
+use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_COMPRESSION, INCOMPAT_EXTL2};
 use super::header::{Header, EXT_BACKING_FORMAT, EXT_END, V2_HEADER_LEN, V3_HEADER_LEN};
 use super::meta_io::write_at;
 use super::refcount::{entries_per_block, write_refcount_entry};
@@ -21,6 +21,8 @@ pub struct Qcow2Params {
     pub refcount_order: u32,
     pub lazy_refcounts: bool,
     pub extended_l2: bool,
+    /// zstd compression type (incompatible bit 3; version 3 only).
+    pub zstd: bool,
     pub backing_file: Option<String>,
     pub backing_format: Option<String>,
 }
@@ -78,7 +80,8 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         refcount_table_clusters: rt_clusters as u32,
         nb_snapshots: 0,
         snapshots_offset: 0,
-        incompatible: if p.extended_l2 { INCOMPAT_EXTL2 } else { 0 },
+        incompatible: if p.extended_l2 { INCOMPAT_EXTL2 } else { 0 }
+            | if p.zstd { INCOMPAT_COMPRESSION } else { 0 },
         compatible: if p.lazy_refcounts {
             COMPAT_LAZY_REFCOUNTS
         } else {
@@ -91,7 +94,11 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         } else {
             V2_HEADER_LEN
         },
-        compression: Compression::Deflate,
+        compression: if p.zstd {
+            Compression::Zstd
+        } else {
+            Compression::Deflate
+        },
         backing_file: None,
         backing_format: None,
         data_file: None,

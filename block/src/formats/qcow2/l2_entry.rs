@@ -148,6 +148,15 @@ pub(crate) fn subcluster_state(bitmap: u64, index: u32) -> Result<SubclusterStat
     }
 }
 
+/// Encodes a compressed cluster descriptor for `len` bytes at host byte
+/// offset `host` (x = 62 - (cluster_bits - 8): offset in bits 0..x, the
+/// count of 512-byte sectors after the first in bits x..62).
+pub(crate) fn compressed_entry(host: u64, len: u64, cluster_bits: u32) -> u64 {
+    let x = 62 - (cluster_bits - 8);
+    let extra_sectors = (host + len - 1) / 512 - host / 512;
+    OFLAG_COMPRESSED | (extra_sectors << x) | host
+}
+
 /// Encodes a standard allocated entry with COPIED set.
 pub(crate) fn normal_entry(host: u64) -> u64 {
     host | OFLAG_COPIED
@@ -191,6 +200,31 @@ mod tests {
                 copied: true
             }
         );
+    }
+
+    #[test]
+    fn compressed_entries_decode_to_what_was_encoded() {
+        for cb in [9u32, 12, 16, 21] {
+            let cs = 1u64 << cb;
+            // Compressed data is always shorter than a cluster.
+            for (host, len) in [
+                (cs, 1),
+                (cs + 100, cs / 2),
+                (3 * cs - 10, cs / 2 + 3),
+                (5 * cs, cs - 1),
+            ] {
+                let raw = compressed_entry(host, len, cb);
+                let Ok(L2Entry::Compressed(d)) = decode_l2(raw, cb, 3, false) else {
+                    panic!("cb {cb}: {raw:#x} does not decode as compressed");
+                };
+                assert_eq!(d.host_offset, host);
+                // The descriptor covers the data, up to its last sector's end.
+                assert!(
+                    d.max_len >= len && d.max_len - len < 512,
+                    "cb {cb} {host} {len}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -89,6 +89,10 @@ pub(crate) struct MetaState {
     pub rb_cache: TableCache,
     /// No cluster below this index is free.
     pub free_hint: u64,
+    /// End of the last compressed cluster written, where the next may be
+    /// packed (0: none). Reset whenever a refcount drops, so it never
+    /// points into a cluster that was freed and reused meanwhile.
+    pub compressed_tail: u64,
     /// fdatasync between a refcount/data write and the metadata that
     /// depends on it (power-loss ordering, not just process-crash ordering).
     pub barriers: bool,
@@ -147,6 +151,7 @@ impl MetaState {
             refblocks: rt.iter().map(|e| e & !0x1ff).filter(|o| *o != 0).collect(),
             rt,
             free_hint: 0,
+            compressed_tail: 0,
             barriers: true,
             l2_write_through: false,
             dirty_l2: BTreeMap::new(),

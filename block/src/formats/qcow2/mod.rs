@@ -31,6 +31,7 @@ use crate::formats::{
 pub(crate) mod alloc;
 pub(crate) mod backing;
 pub(crate) mod cache;
+pub(crate) mod compress_write;
 pub(crate) mod compressed;
 pub(crate) mod cow;
 pub mod create;
@@ -133,5 +134,9 @@ impl Format for Qcow2Image {
 
     fn name(&self) -> &'static str {
         "qcow2"
+    }
+
+    fn write_compressed(&self, offset: u64, data: &[u8]) -> Result<bool, BlockError> {
+        self.write_compressed_impl(offset, data)
     }
 }

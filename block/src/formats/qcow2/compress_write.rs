@@ -1,0 +1,150 @@
+//! Writing compressed clusters (`ch-img convert -c`), as qemu-img does.
+//!
+//! A whole guest cluster enters; it is compressed with the image's
+//! compression type (raw deflate with a 4 KiB window, which is what qemu
+//! inflates with, or a zstd frame). When that does not make it smaller
+//! than a cluster the caller writes it as a normal cluster instead.
+//! Otherwise:
+//! 1. the cluster's L2 table is made writable (the target cluster must be
+//!    unallocated: compressed data never replaces a mapped cluster);
+//! 2. bytes are taken from the end of the previous compressed cluster when
+//!    they fit there (or in freshly allocated clusters right behind it),
+//!    else from new clusters; every host cluster the data touches gets one
+//!    more reference (`alloc_compressed_bytes`);
+//! 3. the data is written, and the L2 entry (compressed descriptor) is
+//!    published like any allocating write's: it reaches the disk at the
+//!    next flush, after a barrier has made data and refcounts durable.
+//!
+//! Only for tools writing an image on their own (convert): there is no
+//! in-flight tracking against queues writing the same clusters.
+
+use flate2::{Compress, FlushCompress, Status};
+
+use super::image::Qcow2Image;
+use super::l2_entry::{compressed_entry, L2Entry};
+use super::meta::MetaState;
+use super::meta_io::write_at;
+use super::refcount::max_refcount;
+use crate::error::BlockError;
+use crate::formats::Compression;
+
+/// qemu inflates compressed clusters with a 2^12-byte deflate window.
+const DEFLATE_WINDOW_BITS: u8 = 12;
+
+impl Qcow2Image {
+    pub(crate) fn write_compressed_impl(
+        &self,
+        guest: u64,
+        data: &[u8],
+    ) -> Result<bool, BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        let cs = self.header.cluster_size();
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        if !guest.is_multiple_of(cs) || data.len() as u64 != cs || guest >= size {
+            return Err(BlockError::OutOfRange {
+                offset: guest,
+                len: data.len() as u64,
+                size,
+            });
+        }
+        if self.header.has_data_file() {
+            return Err(BlockError::Unsupported {
+                path: self.path.clone(),
+                feature: "compressed clusters in an image with an external data file".into(),
+            });
+        }
+        let Some(packed) = compress_cluster(self.header.compression, data)? else {
+            return Ok(false);
+        };
+        let mut st = self.lock();
+        let meta = &mut st.meta;
+        match meta.l2_entry(guest)?.0 {
+            L2Entry::Unallocated | L2Entry::Zero { host: None, .. } => {}
+            _ => {
+                return Err(BlockError::Unsupported {
+                    path: self.path.clone(),
+                    feature: format!("a compressed write over the allocated cluster at {guest:#x}"),
+                })
+            }
+        }
+        meta.writable_l2(guest)?;
+        let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
+        write_at(&meta.file, host, &packed, "compressed cluster")?;
+        let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
+        meta.publish_l2_entry(guest, raw, 0)?;
+        if meta.should_flush() {
+            meta.flush_dirty()?;
+        }
+        Ok(true)
+    }
+}
+
+/// `data` compressed, or `None` when the result would not be smaller than
+/// `data` minus one byte (qemu's limit).
+fn compress_cluster(algorithm: Compression, data: &[u8]) -> Result<Option<Vec<u8>>, BlockError> {
+    let limit = data.len() - 1;
+    let out = match algorithm {
+        Compression::Deflate => {
+            let mut c = Compress::new_with_window_bits(
+                flate2::Compression::default(),
+                false,
+                DEFLATE_WINDOW_BITS,
+            );
+            let mut out = Vec::with_capacity(limit);
+            match c.compress_vec(data, &mut out, FlushCompress::Finish) {
+                Ok(Status::StreamEnd) => out,
+                // The output buffer filled up first: not compressible.
+                Ok(_) => return Ok(None),
+                Err(e) => return Err(compress_error(e.to_string())),
+            }
+        }
+        Compression::Zstd => {
+            zstd::bulk::compress(data, 0).map_err(|e| compress_error(e.to_string()))?
+        }
+    };
+    Ok((out.len() <= limit).then_some(out))
+}
+
+fn compress_error(reason: String) -> BlockError {
+    BlockError::Write {
+        offset: 0,
+        source: std::io::Error::other(format!("compressing a cluster: {reason}")),
+    }
+}
+
+/// Host bytes for `len` bytes of compressed data (step 2 of the module
+/// docs); every cluster they touch is counted once more.
+fn alloc_compressed_bytes(meta: &mut MetaState, len: u64) -> Result<u64, BlockError> {
+    let cs = meta.g.cluster_size;
+    let tail = meta.compressed_tail;
+    if !tail.is_multiple_of(cs) {
+        let c = tail / cs;
+        let r = meta.refcount(c)?;
+        // Shared only while the cluster is still ours and may count more.
+        if r >= 1 && r < max_refcount(meta.g.refcount_order) {
+            let room = cs - tail % cs;
+            if len <= room {
+                meta.change_refcounts(c, 1, 1)?;
+                meta.compressed_tail = tail + len;
+                return Ok(tail);
+            }
+            let extra = (len - room).div_ceil(cs);
+            let new = meta.alloc_clusters(extra)?;
+            if new == (c + 1) * cs {
+                meta.change_refcounts(c, 1, 1)?;
+                meta.compressed_tail = tail + len;
+                return Ok(tail);
+            }
+            if extra * cs >= len {
+                meta.compressed_tail = new + len;
+                return Ok(new);
+            }
+            meta.free_clusters(new / cs, extra)?;
+        }
+    }
+    let new = meta.alloc_clusters(len.div_ceil(cs))?;
+    meta.compressed_tail = new + len;
+    Ok(new)
+}
