@@ -230,6 +230,69 @@ fn map_matches_qemu_img() {
     }
 }
 
+/// info --backing-chain over qcow2 -> qcow2 -> raw, the chain in a
+/// subfolder (relative backing names resolved against each image).
+#[test]
+fn info_backing_chain_matches_qemu_img() {
+    let dir = TempDir::new("cli");
+    std::fs::create_dir_all(dir.file("sub")).unwrap();
+    let base = dir.file("sub/base.raw");
+    let mid = dir.file("sub/mid.qcow2");
+    let top = dir.file("sub/top.qcow2");
+    qemu_img(&["create", "-q", "-f", "raw", &base, "2M"]);
+    qemu_img(&[
+        "create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", &mid,
+    ]);
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        "mid.qcow2",
+        "-F",
+        "qcow2",
+        &top,
+    ]);
+    qemu_io("qcow2", &top, &["write -P 0x11 0 64k"]);
+    for out in ["--output=human", "--output=json"] {
+        let args = ["info", "--backing-chain", out, &top];
+        assert_eq!(qemu_img(&args), ch(&args), "{out}");
+    }
+}
+
+/// --start-offset / --max-length, including empty and partial ranges.
+#[test]
+fn map_ranges_match_qemu_img() {
+    let dir = TempDir::new("cli");
+    let base = sample_qcow2(&dir, "s.qcow2");
+    let top = dir.file("top.qcow2");
+    qemu_img(&[
+        "create", "-q", "-f", "qcow2", "-b", "s.qcow2", "-F", "qcow2", &top,
+    ]);
+    qemu_io("qcow2", &top, &["write -P 0x11 2M 64k"]);
+    for image in [&base, &top] {
+        for range in [
+            &["--start-offset=65536", "--max-length=2162688"][..],
+            &["--start-offset=1000", "--max-length=100"],
+            &["--start-offset=1048600"],
+            &["--start-offset=1G"],
+            &["--max-length=1"],
+            &["--start-offset=1k", "--max-length=0"],
+        ] {
+            for out in ["--output=human", "--output=json"] {
+                let mut args = vec!["map", out];
+                args.extend_from_slice(range);
+                args.push(image);
+                assert_eq!(qemu_img(&args), ch(&args), "{args:?}");
+            }
+        }
+    }
+    let bad = ch_status(&["map", "--start-offset=abc", &base]);
+    assert_eq!(code(&bad), 1);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("Invalid start offset specified"));
+}
+
 /// qemu-img's map table cannot show compressed clusters: it prints the
 /// header and what came before, then fails with exit status 1.
 #[test]

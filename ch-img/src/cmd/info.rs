@@ -1,8 +1,11 @@
-//! `ch-img info [-f fmt] [--output=human|json] [-U] FILE`
+//! `ch-img info [-f fmt] [--output=human|json] [--backing-chain] [-U] FILE`
 //!
 //! Opens the image read-only, takes [`block::formats::ImageInfo`] and the
 //! file's allocated size, and prints them as qemu-img does (human text, or
-//! JSON with qemu-img's key names and order).
+//! JSON with qemu-img's key names and order). With `--backing-chain` it
+//! does the same for every backing image in turn (opened by its full
+//! backing file name and `backing_fmt`): human reports separated by a
+//! blank line, or a JSON list.
 
 use block::formats::ImageInfo;
 use serde_json::{json, Map, Value};
@@ -26,12 +29,41 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let [path] = p.operands.as_slice() else {
         return Err(CliError::Usage("Expecting one image file name".into()));
     };
-    let image = open_image(path, parse_format(p.value("f"))?, true)?;
-    let info = image.format().info();
-    let actual = allocated_bytes(path.as_ref());
+    let chain = p.flag("backing-chain");
+    let mut layers = Vec::new();
+    let mut next = Some((path.clone(), parse_format(p.value("f"))?));
+    while let Some((path, format)) = next.take() {
+        let image = open_image(&path, format, true)?;
+        let info = image.format().info();
+        let actual = allocated_bytes(path.as_ref());
+        if chain {
+            if let Some(backing) = &info.full_backing_filename {
+                // Opening the top image already bounded the chain's depth
+                // and refused cycles.
+                let fmt = parse_format(info.backing_filename_format.as_deref())?;
+                next = Some((backing.clone(), fmt));
+            }
+        }
+        layers.push((path, info, actual));
+    }
     match output {
-        OutputFormat::Json => print_json(&json_info(path, &info, actual))?,
-        OutputFormat::Human => print!("{}", human_info(path, &info, actual)),
+        OutputFormat::Json if chain => print_json(&Value::Array(
+            layers
+                .iter()
+                .map(|(path, info, actual)| json_info(path, info, *actual))
+                .collect(),
+        ))?,
+        OutputFormat::Json => {
+            let (path, info, actual) = &layers[0];
+            print_json(&json_info(path, info, *actual))?
+        }
+        OutputFormat::Human => {
+            let reports: Vec<String> = layers
+                .iter()
+                .map(|(path, info, actual)| human_info(path, info, *actual))
+                .collect();
+            print!("{}", reports.join("\n"));
+        }
     }
     Ok(0)
 }

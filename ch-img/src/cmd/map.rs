@@ -1,8 +1,10 @@
-//! `ch-img map [-f fmt] [--output=human|json] FILE`
+//! `ch-img map [-f fmt] [--output=human|json] [--start-offset=OFFSET]
+//! [--max-length=LEN] FILE`
 //!
-//! Walks the virtual disk with [`block::formats::Format::block_status`],
-//! merges neighbouring extents as qemu-img does (same flags, same depth,
-//! same file, host offsets contiguous) and prints them.
+//! Walks the virtual disk (or the range asked for) with
+//! [`block::formats::Format::block_status`], merges neighbouring extents
+//! as qemu-img does (same flags, same depth, same file, host offsets
+//! contiguous) and prints them.
 
 use std::fmt::Write as _;
 
@@ -13,6 +15,9 @@ use crate::cmd::OutputFormat;
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::options::{open_image, parse_format};
+use crate::size::parse_size;
+
+const SUFFIX_HINT: &str = "You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.";
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "f",
@@ -34,8 +39,37 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let [path] = p.operands.as_slice() else {
         return Err(CliError::Usage("Expecting one image file name".into()));
     };
+    let range_value = |name: &str, what: &str| -> Result<Option<u64>, CliError> {
+        p.value(name)
+            .map(|v| {
+                parse_size(v).ok_or_else(|| {
+                    CliError::Usage(format!("Invalid {what} specified. {SUFFIX_HINT}"))
+                })
+            })
+            .transpose()
+    };
+    let start = range_value("start-offset", "start offset")?.unwrap_or(0);
+    let max_len = range_value("max-length", "max length")?;
     let image = open_image(path, parse_format(p.value("f"))?, true)?;
-    let entries = map_entries(&image)?;
+    let end = max_len.map_or(u64::MAX, |l| start.saturating_add(l));
+    let end = end.min(image.size());
+    let mut entries = map_range(&image, start, end)?;
+    if entries.is_empty() {
+        // qemu-img's answer for an empty range: one empty extent.
+        entries.push(MapEntry {
+            start,
+            status: BlockStatus {
+                len: 0,
+                depth: 0,
+                present: false,
+                zero: false,
+                data: false,
+                compressed: false,
+                offset: None,
+                file: None,
+            },
+        });
+    }
     let names = chain_names(path, &image);
     let (text, complete) = match output {
         OutputFormat::Json => (json_map(&entries), true),
@@ -48,11 +82,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     Ok(0)
 }
 
-/// The merged extents covering the whole disk.
-pub fn map_entries(image: &ImageIo) -> Result<Vec<MapEntry>, CliError> {
-    let size = image.size();
+/// The merged extents covering `start..end` (none when it is empty).
+pub fn map_range(image: &ImageIo, start: u64, end: u64) -> Result<Vec<MapEntry>, CliError> {
+    let size = end.min(image.size());
     let mut out: Vec<MapEntry> = Vec::new();
-    let mut pos = 0u64;
+    let mut pos = start;
     while pos < size {
         let status = image
             .format()
