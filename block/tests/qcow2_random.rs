@@ -1,8 +1,8 @@
 //! Randomized writes, write-zeroes, discards, flushes and reopens on qcow2
-//! images of many shapes qemu made (backing chains, snapshots, compressed
-//! data, extended L2, v2), compared with a raw reference after every few
-//! steps and checked with `qemu-img check` and `qemu-img compare` at the
-//! end. `QCOW2_RANDOM_ROUNDS=n` runs longer, `QCOW2_RANDOM_SEED=n` varies it.
+//! images of many shapes (backing chains, snapshots, compressed data that
+//! qemu-img or our own `write_compressed` wrote, extended L2, v2), compared
+//! with a raw reference after every few steps and checked with `qemu-img
+//! check` and `qemu-img compare` at the end. `QCOW2_RANDOM_ROUNDS=n` runs longer, `QCOW2_RANDOM_SEED=n` varies it.
 
 mod support;
 
@@ -15,6 +15,29 @@ struct Shape {
     prep: &'static [&'static str],
     snapshot: bool,
     compress_base: bool,
+    /// Fill the first 3 MiB with clusters written by our own
+    /// `Format::write_compressed` (mostly compressible, some not).
+    compress_ours: bool,
+}
+
+/// Data that compresses: runs of one byte, the byte and run length drawn
+/// from `seed`; every fourth cluster is random (incompressible).
+fn compressible(seed: u64, len: usize, cluster: usize) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        if (v.len() / cluster) % 4 == 3 {
+            let mut c = vec![0u8; cluster.min(len - v.len())];
+            rng.fill(&mut c);
+            v.extend_from_slice(&c);
+            continue;
+        }
+        let run = 1 + rng.below(300) as usize;
+        let byte = rng.below(256) as u8;
+        let n = run.min(len - v.len()).min(cluster - v.len() % cluster);
+        v.extend(std::iter::repeat_n(byte, n));
+    }
+    v
 }
 
 const SIZE: u64 = 6 << 20;
@@ -72,6 +95,29 @@ fn run_shape(d: &TempDir, sh: &Shape, seed: u64) {
         );
     } else {
         qemu_create("qcow2", s(&img), &SIZE.to_string(), sh.create);
+    }
+    if sh.compress_ours {
+        let f = open(&img, false);
+        let cluster = f.info().cluster_size.unwrap() as usize;
+        let data = compressible(seed, 3 << 20, cluster);
+        let mut packed = 0;
+        for (i, c) in data.chunks(cluster).enumerate() {
+            let off = (i * cluster) as u64;
+            if f.write_compressed(off, c).unwrap() {
+                packed += 1;
+            } else {
+                write(&*f, off, c);
+            }
+        }
+        assert!(
+            packed > data.len() / cluster / 2,
+            "{}: {packed} compressed",
+            sh.name
+        );
+        f.close().unwrap();
+        drop(f);
+        qemu_check(&img);
+        r.write(0, &data);
     }
     for cmd in sh.prep {
         run("qemu-io", &["-c", cmd, s(&img)]);
@@ -146,6 +192,7 @@ fn random_operations_on_many_image_shapes() {
             prep: &[],
             snapshot: false,
             compress_base: false,
+            compress_ours: false,
         },
         Shape {
             name: "backing-4k",
@@ -154,6 +201,7 @@ fn random_operations_on_many_image_shapes() {
             prep: &[],
             snapshot: false,
             compress_base: false,
+            compress_ours: false,
         },
         Shape {
             name: "v2-backing",
@@ -162,6 +210,7 @@ fn random_operations_on_many_image_shapes() {
             prep: &[],
             snapshot: false,
             compress_base: false,
+            compress_ours: false,
         },
         Shape {
             name: "snapshot",
@@ -170,6 +219,7 @@ fn random_operations_on_many_image_shapes() {
             prep: &["write -P 0x77 0 2M"],
             snapshot: true,
             compress_base: false,
+            compress_ours: false,
         },
         Shape {
             name: "zstd",
@@ -178,6 +228,7 @@ fn random_operations_on_many_image_shapes() {
             prep: &[],
             snapshot: false,
             compress_base: true,
+            compress_ours: false,
         },
         Shape {
             name: "deflate-snap",
@@ -186,6 +237,7 @@ fn random_operations_on_many_image_shapes() {
             prep: &[],
             snapshot: true,
             compress_base: true,
+            compress_ours: false,
         },
         Shape {
             name: "extl2-backing",
@@ -194,6 +246,7 @@ fn random_operations_on_many_image_shapes() {
             prep: &[],
             snapshot: false,
             compress_base: false,
+            compress_ours: false,
         },
         Shape {
             name: "rb1-512",
@@ -202,6 +255,34 @@ fn random_operations_on_many_image_shapes() {
             prep: &["write -P 0x77 1M 100k"],
             snapshot: false,
             compress_base: false,
+            compress_ours: false,
+        },
+        Shape {
+            name: "ours-deflate-4k",
+            create: "cluster_size=4096",
+            backing: false,
+            prep: &[],
+            snapshot: false,
+            compress_base: false,
+            compress_ours: true,
+        },
+        Shape {
+            name: "ours-zstd-64k-snap",
+            create: "cluster_size=65536,compression_type=zstd",
+            backing: false,
+            prep: &[],
+            snapshot: true,
+            compress_base: false,
+            compress_ours: true,
+        },
+        Shape {
+            name: "ours-rb2-512",
+            create: "cluster_size=512,refcount_bits=2",
+            backing: false,
+            prep: &[],
+            snapshot: false,
+            compress_base: false,
+            compress_ours: true,
         },
     ];
     for (i, sh) in shapes.iter().enumerate() {
