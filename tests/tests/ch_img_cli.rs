@@ -230,6 +230,41 @@ fn map_matches_qemu_img() {
     }
 }
 
+/// Internal snapshots: `snapshot -l` and the "Snapshot list:" /
+/// "snapshots" parts of `info`, as qemu-img prints them.
+#[test]
+fn snapshot_list_and_info_match_qemu_img() {
+    let dir = TempDir::new("cli");
+    let img = sample_qcow2(&dir, "s.qcow2");
+    qemu_img(&["snapshot", "-c", "first", &img]);
+    qemu_io("qcow2", &img, &["write -P 0x21 1M 64k"]);
+    qemu_img(&[
+        "snapshot",
+        "-c",
+        "a snapshot name longer than sixteen characters",
+        &img,
+    ]);
+    for args in [
+        &["snapshot", "-l", &img][..],
+        &["snapshot", &img],
+        &["info", &img],
+        &["info", "--output=json", &img],
+    ] {
+        assert_eq!(qemu_img(args), ch(args), "{args:?}");
+    }
+    qemu_img(&["snapshot", "-d", "first", &img]);
+    assert_eq!(
+        qemu_img(&["snapshot", "-l", &img]),
+        ch(&["snapshot", "-l", &img])
+    );
+    // What is not implemented says so and changes nothing.
+    let before = std::fs::read(&img).unwrap();
+    let c = ch_status(&["snapshot", "-c", "third", &img]);
+    assert_eq!(code(&c), 1);
+    assert!(String::from_utf8_lossy(&c.stderr).contains("not implemented"));
+    assert!(std::fs::read(&img).unwrap() == before);
+}
+
 /// info --backing-chain over qcow2 -> qcow2 -> raw, the chain in a
 /// subfolder (relative backing names resolved against each image).
 #[test]

@@ -13,10 +13,7 @@ use crate::formats::qcow2::l2_entry::{
     decode_l1, decode_l2, L2Entry, OFLAG_COMPRESSED, OFLAG_COPIED,
 };
 use crate::formats::qcow2::meta_io::{be64_at, read_at};
-
-/// qemu's limit on snapshots, and on the snapshot table's size.
-const MAX_SNAPSHOTS: u32 = 65536;
-const MAX_SNAPSHOT_TABLE: u64 = 64 << 20;
+use crate::formats::qcow2::snapshot_table::read_snapshot_table;
 
 /// References per host cluster of the file (index = offset >> cluster_bits).
 pub(super) struct References {
@@ -252,44 +249,23 @@ impl Walker<'_> {
     /// Counts the snapshot table and every snapshot's L1 tree.
     pub fn walk_snapshots(&mut self) -> Result<(), BlockError> {
         let h = self.header;
-        if h.nb_snapshots == 0 {
-            return Ok(());
-        }
-        if h.nb_snapshots > MAX_SNAPSHOTS {
-            self.findings.corrupt(format!(
-                "ERROR: {} snapshots is more than qcow2 allows",
-                h.nb_snapshots
-            ));
-            return Ok(());
-        }
-        let mut pos = h.snapshots_offset;
-        let mut l1s = Vec::new();
-        for n in 0..h.nb_snapshots {
-            let mut fixed = [0u8; 40];
-            if pos.checked_add(40).is_none_or(|e| e > self.file_size)
-                || pos - h.snapshots_offset > MAX_SNAPSHOT_TABLE
-            {
-                self.findings.corrupt(format!(
-                    "ERROR: snapshot table entry {n} lies outside the image"
-                ));
+        let (entries, table_len) = match read_snapshot_table(self.file, h, self.file_size) {
+            Ok(t) => t,
+            Err(reason) => {
+                self.findings.corrupt(reason);
                 return Ok(());
             }
-            read_at(self.file, pos, &mut fixed, "snapshot table")?;
-            let l1_offset = u64::from_be_bytes(fixed[0..8].try_into().unwrap_or_default());
-            let l1_size = u32::from_be_bytes(fixed[8..12].try_into().unwrap_or_default());
-            let id_len = u64::from(u16::from_be_bytes([fixed[12], fixed[13]]));
-            let name_len = u64::from(u16::from_be_bytes([fixed[14], fixed[15]]));
-            let extra = u64::from(u32::from_be_bytes(
-                fixed[36..40].try_into().unwrap_or_default(),
-            ));
-            l1s.push((n, l1_offset, l1_size));
-            pos += (40 + extra + id_len + name_len).div_ceil(8) * 8;
+        };
+        if entries.is_empty() {
+            return Ok(());
         }
-        self.refs.add(
-            h.snapshots_offset,
-            pos - h.snapshots_offset,
-            &mut self.findings,
-        );
+        self.refs
+            .add(h.snapshots_offset, table_len, &mut self.findings);
+        let l1s: Vec<(usize, u64, u32)> = entries
+            .iter()
+            .enumerate()
+            .map(|(n, e)| (n, e.l1_offset, e.l1_size))
+            .collect();
         for (n, off, size) in l1s {
             let bytes = u64::from(size) * 8;
             if !off.is_multiple_of(self.cs())

@@ -182,6 +182,8 @@ pub struct ImageInfo {
     pub backing_filename_format: Option<String>,
     pub data_file: Option<String>,
     pub dirty: Option<bool>,
+    /// Internal snapshots (qcow2), in table order.
+    pub snapshots: Vec<qcow2::snapshot_table::SnapshotInfo>,
 }
 
 /// One opened image format (with its backing chain).

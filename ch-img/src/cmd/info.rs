@@ -11,6 +11,7 @@ use block::formats::ImageInfo;
 use serde_json::{json, Map, Value};
 
 use crate::args::{parse, OptSpec};
+use crate::cmd::snapshot::{snapshot_json, snapshot_list};
 use crate::cmd::{print_json, OutputFormat};
 use crate::error::CliError;
 use crate::options::{allocated_bytes, open_image, parse_format};
@@ -73,6 +74,10 @@ pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
     let mut m = Map::new();
     if let Some(f) = &info.backing_filename_format {
         m.insert("backing-filename-format".into(), json!(f));
+    }
+    if !info.snapshots.is_empty() {
+        let list = info.snapshots.iter().map(snapshot_json).collect();
+        m.insert("snapshots".into(), Value::Array(list));
     }
     m.insert("virtual-size".into(), json!(info.virtual_size));
     m.insert("filename".into(), json!(path));
@@ -167,6 +172,9 @@ pub fn human_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> String {
         if let Some(f) = &info.backing_filename_format {
             s.push_str(&format!("backing file format: {f}\n"));
         }
+    }
+    if !info.snapshots.is_empty() {
+        s.push_str(&snapshot_list(&info.snapshots));
     }
     if info.format == "qcow2" {
         s.push_str("Format specific information:\n");

@@ -9,6 +9,7 @@ pub mod create;
 pub mod info;
 pub mod map;
 pub mod resize;
+pub mod snapshot;
 
 use std::io::Write;
 

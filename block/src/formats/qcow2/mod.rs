@@ -47,6 +47,7 @@ pub(crate) mod prealloc_detect;
 pub(crate) mod read;
 pub(crate) mod refcount;
 pub(crate) mod reserve;
+pub mod snapshot_table;
 pub(crate) mod status;
 pub(crate) mod write;
 pub(crate) mod zero;

@@ -12,6 +12,7 @@ use super::image::Qcow2Image;
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
 use super::meta_io::write_at;
 use super::prealloc_detect;
+use super::snapshot_table::read_snapshot_table;
 use crate::error::BlockError;
 use crate::formats::{BlockStatus, Compression, FileId, ImageInfo};
 
@@ -195,6 +196,12 @@ impl Qcow2Image {
             backing_filename_format: h.backing_format.clone(),
             data_file: h.data_file.clone(),
             dirty: Some(incompatible & INCOMPAT_DIRTY != 0),
+            // An unreadable table lists nothing here; `check` reports it.
+            snapshots: crate::formats::raw::file_size(&self.cow_files[0])
+                .ok()
+                .and_then(|len| read_snapshot_table(&self.cow_files[0], h, len).ok())
+                .map(|(entries, _)| entries)
+                .unwrap_or_default(),
         }
     }
 

@@ -1,0 +1,102 @@
+//! The internal snapshot table: parsing its entries for `info`,
+//! `snapshot -l` and `check`.
+//!
+//! The header's (`nb_snapshots`, `snapshots_offset`) and the file enter;
+//! the entries leave, or a reason when the table is not where the header
+//! says or does not fit. Entry layout (qcow2 spec): L1 offset (8), L1 size
+//! (4), id length (2), name length (2), date seconds (4), date
+//! nanoseconds (4), VM clock in ns (8), VM state size (4), extra data size
+//! (4), the extra data (optionally: 64-bit VM state size, virtual disk
+//! size, instruction count), the id, the name, padding to 8 bytes.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use super::header::Header;
+
+/// qemu's limits: more snapshots, or a larger table, are refused.
+pub(crate) const MAX_SNAPSHOTS: u32 = 65536;
+pub(crate) const MAX_SNAPSHOT_TABLE: u64 = 64 << 20;
+
+/// One snapshot as the table describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub id: String,
+    pub name: String,
+    pub l1_offset: u64,
+    pub l1_size: u32,
+    pub date_sec: u32,
+    pub date_nsec: u32,
+    pub vm_clock_nsec: u64,
+    pub vm_state_size: u64,
+    /// Instruction count at the snapshot, when recorded (not -1).
+    pub icount: Option<u64>,
+}
+
+/// The entries of the table and the table's length in bytes.
+pub(crate) fn read_snapshot_table(
+    file: &File,
+    h: &Header,
+    file_size: u64,
+) -> Result<(Vec<SnapshotInfo>, u64), String> {
+    if h.nb_snapshots == 0 {
+        return Ok((Vec::new(), 0));
+    }
+    if h.nb_snapshots > MAX_SNAPSHOTS {
+        return Err(format!(
+            "ERROR: {} snapshots is more than qcow2 allows",
+            h.nb_snapshots
+        ));
+    }
+    let read = |pos: u64, buf: &mut [u8], n: u32| -> Result<(), String> {
+        let end = pos.checked_add(buf.len() as u64);
+        if end.is_none_or(|e| e > file_size || e - h.snapshots_offset > MAX_SNAPSHOT_TABLE) {
+            return Err(format!(
+                "ERROR: snapshot table entry {n} lies outside the image"
+            ));
+        }
+        file.read_exact_at(buf, pos)
+            .map_err(|e| format!("ERROR: reading snapshot table entry {n}: {e}"))
+    };
+    let mut pos = h.snapshots_offset;
+    let mut out = Vec::new();
+    for n in 0..h.nb_snapshots {
+        let mut fixed = [0u8; 40];
+        read(pos, &mut fixed, n)?;
+        let be16 = |i: usize| u16::from_be_bytes([fixed[i], fixed[i + 1]]) as u64;
+        let be32 =
+            |i: usize| u32::from_be_bytes([fixed[i], fixed[i + 1], fixed[i + 2], fixed[i + 3]]);
+        let be64 = |b: &[u8], i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_be_bytes(w)
+        };
+        let (id_len, name_len) = (be16(12), be16(14));
+        let extra_len = u64::from(be32(36));
+        let mut rest = vec![0u8; (extra_len + id_len + name_len) as usize];
+        read(pos + 40, &mut rest, n)?;
+        let extra = &rest[..extra_len as usize];
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let id = text(&rest[extra_len as usize..(extra_len + id_len) as usize]);
+        let name = text(&rest[(extra_len + id_len) as usize..]);
+        out.push(SnapshotInfo {
+            id,
+            name,
+            l1_offset: be64(&fixed, 0),
+            l1_size: be32(8),
+            date_sec: be32(16),
+            date_nsec: be32(20),
+            vm_clock_nsec: be64(&fixed, 24),
+            vm_state_size: if extra.len() >= 8 {
+                be64(extra, 0)
+            } else {
+                u64::from(be32(32))
+            },
+            icount: (extra.len() >= 24)
+                .then(|| be64(extra, 16))
+                .filter(|&c| c != u64::MAX),
+        });
+        pos += (40 + extra_len + id_len + name_len).div_ceil(8) * 8;
+    }
+    Ok((out, pos - h.snapshots_offset))
+}
