@@ -61,6 +61,12 @@ pub enum CliError {
         #[source]
         source: io::Error,
     },
+    #[error("Could not {what}")]
+    Snapshot {
+        what: String,
+        #[source]
+        source: BlockError,
+    },
     /// `map`'s table cannot show a data extent without a host offset.
     #[error("File contains external, encrypted or compressed clusters.")]
     NotMappable,

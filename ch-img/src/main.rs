@@ -22,6 +22,11 @@ commands: create, info, check, convert, map, compare, resize, bench, snapshot
 See docs/ch-img.md for the options of each command.";
 
 fn main() -> ExitCode {
+    // Like qemu-img, die quietly when stdout is a closed pipe (`| head`)
+    // instead of failing every later print.
+    // SAFETY: restoring the default action of a signal the Rust runtime
+    // set to "ignore"; no handler runs.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let Some((verb, rest)) = argv.split_first() else {
         eprintln!("ch-img: Not enough arguments\n{USAGE}");

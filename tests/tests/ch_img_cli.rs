@@ -259,10 +259,113 @@ fn snapshot_list_and_info_match_qemu_img() {
     );
     // What is not implemented says so and changes nothing.
     let before = std::fs::read(&img).unwrap();
-    let c = ch_status(&["snapshot", "-c", "third", &img]);
+    let c = ch_status(&["snapshot", "-a", "first", &img]);
     assert_eq!(code(&c), 1);
     assert!(String::from_utf8_lossy(&c.stderr).contains("not implemented"));
     assert!(std::fs::read(&img).unwrap() == before);
+}
+
+/// Snapshots we create hold the disk as it was, whoever writes after
+/// (qemu-io, or our own block layer through `ch-img bench -w`); qemu-img
+/// applies them; deleting (ours or qemu-img's) leaves a clean image with
+/// the active data intact; compressed and zero clusters included.
+#[test]
+fn snapshot_create_and_delete_keep_data_and_refcounts_right() {
+    let dir = TempDir::new("cli");
+    for opts in [
+        "cluster_size=65536",
+        "cluster_size=4096",
+        "cluster_size=65536,extended_l2=on",
+        "compat=0.10,cluster_size=16384",
+    ] {
+        let img = dir.file("img.qcow2");
+        qemu_img(&["create", "-q", "-f", "qcow2", "-o", opts, &img, "8M"]);
+        qemu_io(
+            "qcow2",
+            &img,
+            &[
+                "write -P 0x11 0 1M",
+                "write -c -P 0x33 2M 64k",
+                "write -z 3M 64k",
+            ],
+        );
+        let at_s1 = dir.file("at-s1.qcow2");
+        std::fs::copy(&img, &at_s1).unwrap();
+        ch(&["snapshot", "-c", "s1", &img]);
+        qemu_img(&["check", &img]);
+        // Writes after the snapshot: qemu's, then our block layer's.
+        qemu_io(
+            "qcow2",
+            &img,
+            &["write -P 0x22 512k 1M", "write -P 0x44 2M 4k"],
+        );
+        ch(&[
+            "bench",
+            "-w",
+            "-c",
+            "64",
+            "-s",
+            "4096",
+            "-S",
+            "65536",
+            "--pattern=0x55",
+            &img,
+        ]);
+        qemu_img(&["check", &img]);
+        let at_s2 = dir.file("at-s2.qcow2");
+        std::fs::copy(&img, &at_s2).unwrap();
+        qemu_img(&["snapshot", "-c", "s2", &img]);
+        qemu_io("qcow2", &img, &["write -P 0x66 0 64k"]);
+        let active = dir.file("active.raw");
+        qemu_img(&["convert", "-O", "raw", &img, &active]);
+        // Each snapshot, applied by qemu-img, is the disk at its time.
+        for (name, expect) in [("s1", &at_s1), ("s2", &at_s2)] {
+            let copy = dir.file("applied.qcow2");
+            std::fs::copy(&img, &copy).unwrap();
+            qemu_img(&["snapshot", "-a", name, &copy]);
+            qemu_img(&["compare", expect, &copy]);
+        }
+        // Delete ours and qemu's snapshot; the active disk stays as it was.
+        ch(&["snapshot", "-d", "s1", &img]);
+        qemu_img(&["check", &img]);
+        qemu_img(&["compare", "-F", "raw", &img, &active]);
+        ch(&["snapshot", "-d", "s2", &img]);
+        qemu_img(&["check", &img]);
+        qemu_img(&["compare", "-F", "raw", &img, &active]);
+        assert_eq!(ch(&["snapshot", "-l", &img]), "", "{opts}");
+        let missing = ch_status(&["snapshot", "-d", "s1", &img]);
+        assert_eq!(code(&missing), 1);
+        assert!(String::from_utf8_lossy(&missing.stderr).contains("snapshot not found"));
+    }
+}
+
+/// A snapshot that would push a refcount past refcount_bits is refused
+/// before anything changes (qemu-img fails half way with EINVAL).
+#[test]
+fn snapshot_create_refuses_refcount_overflow_cleanly() {
+    let dir = TempDir::new("cli");
+    let img = dir.file("rb4.qcow2");
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "cluster_size=4096,refcount_bits=4",
+        &img,
+        "8M",
+    ]);
+    // 16 compressed 4 KiB clusters packed into host clusters counted 15.
+    qemu_io("qcow2", &img, &["write -c -P 0x33 2M 64k"]);
+    let before = std::fs::read(&img).unwrap();
+    let c = ch_status(&["snapshot", "-c", "s1", &img]);
+    assert_eq!(code(&c), 1);
+    assert!(
+        String::from_utf8_lossy(&c.stderr).contains("cannot take another reference"),
+        "{c:?}"
+    );
+    assert!(std::fs::read(&img).unwrap() == before);
+    qemu_img(&["check", &img]);
 }
 
 /// info --backing-chain over qcow2 -> qcow2 -> raw, the chain in a

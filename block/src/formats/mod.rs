@@ -253,10 +253,30 @@ pub trait Format: Send + Sync {
     /// image (convert -c), not for queues.
     fn write_compressed(&self, offset: u64, data: &[u8]) -> Result<bool, BlockError> {
         let _ = (offset, data);
-        Err(BlockError::Unsupported {
+        Err(self.unsupported("compressed writes"))
+    }
+
+    /// Adds an internal snapshot `name` of the disk as it is now, dated
+    /// (seconds, nanoseconds) since the epoch. For tools that own the
+    /// image, not for queues.
+    fn snapshot_create(&self, name: &str, date: (u32, u32)) -> Result<(), BlockError> {
+        let _ = (name, date);
+        Err(self.unsupported("internal snapshots"))
+    }
+
+    /// Deletes the first internal snapshot named `name`; `Ok(false)` when
+    /// there is none. For tools that own the image, not for queues.
+    fn snapshot_delete(&self, name: &str) -> Result<bool, BlockError> {
+        let _ = name;
+        Err(self.unsupported("internal snapshots"))
+    }
+
+    /// The error of an operation this format does not have.
+    fn unsupported(&self, what: &str) -> BlockError {
+        BlockError::Unsupported {
             path: std::path::PathBuf::new(),
-            feature: format!("compressed writes to {} images", self.name()),
-        })
+            feature: format!("{what} in {} images", self.name()),
+        }
     }
 
     /// True for a raw image whose format was probed, not given: the engine

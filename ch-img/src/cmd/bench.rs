@@ -96,9 +96,20 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
 fn number(p: &crate::args::Parsed, name: &str, default: u64) -> Result<u64, CliError> {
     match p.value(name) {
         None => Ok(default),
-        Some(v) => v
-            .parse()
-            .map_err(|_| CliError::Usage(format!("Invalid value '{v}' for option -{name}"))),
+        Some(v) => c_number(v)
+            .ok_or_else(|| CliError::Usage(format!("Invalid value '{v}' for option -{name}"))),
+    }
+}
+
+/// A number as qemu-img reads these options (strtoul with base 0):
+/// `0x` hexadecimal, a leading `0` octal, else decimal.
+fn c_number(v: &str) -> Option<u64> {
+    if let Some(hex) = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        u64::from_str_radix(hex, 16).ok()
+    } else if v.len() > 1 && v.starts_with('0') {
+        u64::from_str_radix(&v[1..], 8).ok()
+    } else {
+        v.parse().ok()
     }
 }
 
@@ -140,9 +151,9 @@ fn params(p: &crate::args::Parsed) -> Result<BenchParams, CliError> {
     };
     let pattern = match p.value("pattern") {
         None => 0xa5,
-        Some(v) => v
-            .parse::<u8>()
-            .map_err(|_| CliError::Usage(format!("Invalid pattern byte specified: '{v}'")))?,
+        Some(v) => c_number(v)
+            .and_then(|n| u8::try_from(n).ok())
+            .ok_or_else(|| CliError::Usage(format!("Invalid pattern byte specified: '{v}'")))?,
     };
     let flush_interval = number(p, "flush-interval", 0)?;
     let drain = !p.flag("no-drain");

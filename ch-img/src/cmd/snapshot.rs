@@ -1,11 +1,12 @@
-//! `ch-img snapshot -l [-f fmt] [-U] FILE`
+//! `ch-img snapshot [-l | -c NAME | -d NAME] [-f fmt] [-U] FILE`
 //!
 //! Lists a qcow2 image's internal snapshots as qemu-img does, from the
 //! snapshot table the block crate parses
-//! ([`block::formats::qcow2::snapshot_table`]). The same table is what
+//! ([`block::formats::qcow2::snapshot_table`]); the same table is what
 //! `info` prints under "Snapshot list:" (human) and "snapshots" (JSON).
-//! Creating, deleting and applying snapshots (`-c`, `-d`, `-a`) is not
-//! implemented: those are refused with a clear message.
+//! `-c` creates a snapshot and `-d` deletes the first one with that name
+//! ([`block::formats::Format::snapshot_create`] / `snapshot_delete`).
+//! Applying one (`-a`) is not implemented and is refused.
 
 use block::formats::qcow2::snapshot_table::SnapshotInfo;
 use serde_json::{json, Map, Value};
@@ -32,16 +33,41 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     if changes + usize::from(list) > 1 {
         return Err(CliError::Usage("Cannot mix '-l', '-a', '-c', '-d'".into()));
     }
-    if changes > 0 {
+    if p.value("a").is_some() {
         return Err(CliError::Usage(
-            "ch-img snapshot lists snapshots (-l) only; creating, applying and deleting internal snapshots (-c, -a, -d) is not implemented"
-                .into(),
+            "ch-img snapshot cannot apply snapshots (-a): not implemented".into(),
         ));
     }
     let [path] = p.operands.as_slice() else {
         return Err(CliError::Usage("Expecting one image file name".into()));
     };
-    let image = open_image(path, parse_format(p.value("f"))?, true)?;
+    let image = open_image(path, parse_format(p.value("f"))?, changes == 0)?;
+    if let Some(name) = p.value("c") {
+        let result = image.format().snapshot_create(name, now());
+        // Close (flush, clean) whatever happened; report the first error.
+        let closed = image.close();
+        result.and(closed).map_err(|source| CliError::Snapshot {
+            what: format!("create snapshot '{name}'"),
+            source,
+        })?;
+        return Ok(0);
+    }
+    if let Some(name) = p.value("d") {
+        let result = image.format().snapshot_delete(name);
+        let closed = image.close();
+        let found = result
+            .and_then(|found| closed.map(|()| found))
+            .map_err(|source| CliError::Snapshot {
+                what: format!("delete snapshot '{name}'"),
+                source,
+            })?;
+        if !found {
+            return Err(CliError::Usage(format!(
+                "Could not delete snapshot '{name}': snapshot not found"
+            )));
+        }
+        return Ok(0);
+    }
     // Like qemu-img 7.2, no action lists nothing.
     if list {
         let snapshots = image.format().info().snapshots;
@@ -102,6 +128,15 @@ pub fn snapshot_json(sn: &SnapshotInfo) -> Value {
     m.insert("id".into(), json!(sn.id));
     m.insert("vm-state-size".into(), json!(sn.vm_state_size));
     Value::Object(m)
+}
+
+/// Now, as (seconds, nanoseconds) since the epoch, to the microsecond as
+/// qemu-img records it.
+fn now() -> (u32, u32) {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.as_secs() as u32, t.subsec_micros() * 1000)
 }
 
 /// `YYYY-MM-DD HH:MM:SS` in local time, as qemu-img prints dates.

@@ -47,6 +47,7 @@ pub(crate) mod prealloc_detect;
 pub(crate) mod read;
 pub(crate) mod refcount;
 pub(crate) mod reserve;
+pub(crate) mod snapshot_ops;
 pub mod snapshot_table;
 pub(crate) mod status;
 pub(crate) mod write;
@@ -139,5 +140,13 @@ impl Format for Qcow2Image {
 
     fn write_compressed(&self, offset: u64, data: &[u8]) -> Result<bool, BlockError> {
         self.write_compressed_impl(offset, data)
+    }
+
+    fn snapshot_create(&self, name: &str, date: (u32, u32)) -> Result<(), BlockError> {
+        self.snapshot_create_impl(name, date)
+    }
+
+    fn snapshot_delete(&self, name: &str) -> Result<bool, BlockError> {
+        self.snapshot_delete_impl(name)
     }
 }

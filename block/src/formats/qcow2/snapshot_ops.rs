@@ -1,0 +1,343 @@
+//! Creating and deleting internal snapshots (`ch-img snapshot -c / -d`).
+//!
+//! qcow2 counts a cluster once for every L1 tree (the active one and each
+//! snapshot's) that reaches it, whether or not an L2 table on the way is
+//! shared. So:
+//!
+//! Create: flush; add one reference to every L2 table and every cluster
+//! the active tree maps (made durable), then clear OFLAG_COPIED in the
+//! active L1 and L2 entries (nothing is exclusively owned any more, so
+//! every later write copies first); write a copy of the active L1 table; then a new
+//! snapshot table (old entries plus the new one) in new clusters, a
+//! barrier, the header's (nb_snapshots, snapshots_offset) in one write,
+//! a barrier, and the old table freed. A crash on the way can only leak
+//! clusters (references are added before anything names them).
+//!
+//! Delete (by name, first match, as qemu-img does): write the table
+//! without the entry and switch the header to it first, so nothing names
+//! the snapshot any more; then drop the references its tree held (L2
+//! tables, clusters, the L1 copy), and set OFLAG_COPIED again in the
+//! active tree wherever a refcount fell back to one (qemu-img check
+//! requires it). A crash after the header switch leaks, never corrupts.
+//!
+//! Only for tools that own the image; queues must not be running.
+
+use super::header::Header;
+use super::image::{read_header, Qcow2Image};
+use super::l2_entry::{decode_l1, decode_l2, OFFSET_MASK, OFLAG_COMPRESSED, OFLAG_COPIED};
+use super::meta::MetaState;
+use super::meta_io::{be64_at, read_at, write_at};
+use super::refcount::max_refcount;
+use super::snapshot_table::{read_snapshot_table, SnapshotInfo};
+use crate::error::BlockError;
+
+/// Bytes of extra data per entry qemu writes: 64-bit VM state size,
+/// virtual disk size, instruction count.
+const EXTRA_DATA: usize = 24;
+
+impl Qcow2Image {
+    /// Adds snapshot `name` of the current disk; `date` is (seconds,
+    /// nanoseconds) since the epoch.
+    pub(crate) fn snapshot_create_impl(
+        &self,
+        name: &str,
+        date: (u32, u32),
+    ) -> Result<(), BlockError> {
+        self.check_snapshot_op()?;
+        let mut st = self.lock();
+        let meta = &mut st.meta;
+        meta.flush_dirty()?;
+        meta.barrier()?;
+        let (h, mut entries) = self.current_table(meta)?;
+        if name.len() > u16::MAX as usize {
+            return Err(meta.invalid("snapshot name too long"));
+        }
+        // Refuse before changing anything if a count would overflow (a
+        // cluster reached twice, e.g. by several compressed clusters, can
+        // still fail below: that leaks references, nothing worse).
+        self.walk_active(meta, Pass::CheckRoom)?;
+        self.walk_active(meta, Pass::AddReference)?;
+        meta.barrier()?;
+        // Every refcount is now at least two: this clears OFLAG_COPIED.
+        self.walk_active(meta, Pass::RestoreCopied)?;
+        let l1_copy = copy_l1(meta)?;
+        write_l1(meta)?;
+        let id = entries
+            .iter()
+            .filter_map(|e| e.id.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        entries.push(SnapshotInfo {
+            id: id.to_string(),
+            name: name.to_string(),
+            l1_offset: l1_copy,
+            l1_size: meta.l1.len() as u32,
+            date_sec: date.0,
+            date_nsec: date.1,
+            vm_clock_nsec: 0,
+            vm_state_size: 0,
+            icount: Some(0),
+        });
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        replace_table(meta, &h, &entries, size)
+    }
+
+    /// Deletes the first snapshot named `name`. `Ok(false)`: none is.
+    pub(crate) fn snapshot_delete_impl(&self, name: &str) -> Result<bool, BlockError> {
+        self.check_snapshot_op()?;
+        let mut st = self.lock();
+        let meta = &mut st.meta;
+        meta.flush_dirty()?;
+        meta.barrier()?;
+        let (h, mut entries) = self.current_table(meta)?;
+        let Some(at) = entries.iter().position(|e| e.name == name) else {
+            return Ok(false);
+        };
+        let gone = entries.remove(at);
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        replace_table(meta, &h, &entries, size)?;
+        self.drop_tree(meta, &gone)?;
+        self.walk_active(meta, Pass::RestoreCopied)?;
+        write_l1(meta)?;
+        meta.barrier()?;
+        Ok(true)
+    }
+
+    fn check_snapshot_op(&self) -> Result<(), BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        if self.header.has_data_file() {
+            return Err(BlockError::Unsupported {
+                path: self.path.clone(),
+                feature: "internal snapshots of an image with an external data file".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The header as it is on disk now (an earlier operation of this
+    /// process may have moved the table) and the table's entries.
+    fn current_table(&self, meta: &MetaState) -> Result<(Header, Vec<SnapshotInfo>), BlockError> {
+        let (h, file_size) = read_header(&meta.file, &self.path)?;
+        let (entries, _) =
+            read_snapshot_table(&meta.file, &h, file_size).map_err(|r| meta.invalid(r))?;
+        Ok((h, entries))
+    }
+
+    /// One pass over the active tree (see [`Pass`]).
+    fn walk_active(&self, meta: &mut MetaState, pass: Pass) -> Result<(), BlockError> {
+        let cb = meta.g.cluster_bits;
+        let max = max_refcount(meta.g.refcount_order);
+        let room = |meta: &mut MetaState, first: u64, count: u64| -> Result<(), BlockError> {
+            for c in first..first + count {
+                if meta.refcount(c)? >= max {
+                    return Err(meta.invalid(format!(
+                        "cluster {c} cannot take another reference (refcount_bits allow {max})"
+                    )));
+                }
+            }
+            Ok(())
+        };
+        for i in 0..meta.l1.len() {
+            let Some((off, _)) = meta.l2_table(i)? else {
+                continue;
+            };
+            let table_ref = meta.refcount(off >> cb)?;
+            match pass {
+                Pass::CheckRoom => room(meta, off >> cb, 1)?,
+                Pass::AddReference => meta.change_refcounts(off >> cb, 1, 1)?,
+                Pass::RestoreCopied => {}
+            }
+            let table = load_table(meta, off)?;
+            let mut new = table.clone();
+            let words = meta.g.l2_entry_size as usize / 8;
+            for j in 0..meta.g.l2_entries as usize {
+                let raw = be64_at(&table, j * words);
+                let e = decode_l2(raw, cb, self.header.version, meta.g.extended_l2)
+                    .map_err(|r| meta.invalid(r))?;
+                let refs = self.references(e);
+                let copied = match (pass, refs) {
+                    (Pass::CheckRoom, Some((first, n))) => {
+                        room(meta, first, n)?;
+                        raw & OFLAG_COPIED != 0
+                    }
+                    (Pass::AddReference, Some((first, n))) => {
+                        meta.change_refcounts(first, n, 1)?;
+                        raw & OFLAG_COPIED != 0
+                    }
+                    // Only a table of this tree alone may own its clusters.
+                    (Pass::RestoreCopied, Some((first, 1)))
+                        if table_ref == 1 && raw & OFLAG_COMPRESSED == 0 =>
+                    {
+                        meta.refcount(first)? == 1
+                    }
+                    (Pass::RestoreCopied, _) => false,
+                    (_, None) => raw & OFLAG_COPIED != 0,
+                };
+                let want = if copied {
+                    raw | OFLAG_COPIED
+                } else {
+                    raw & !OFLAG_COPIED
+                };
+                new[j * words * 8..j * words * 8 + 8].copy_from_slice(&want.to_be_bytes());
+            }
+            if pass == Pass::RestoreCopied {
+                if new != table {
+                    write_at(&meta.file, off, &new, "L2 table")?;
+                    meta.l2_cache.insert(off, new);
+                }
+                let owned = pass == Pass::RestoreCopied && meta.refcount(off >> cb)? == 1;
+                meta.l1[i] = if owned {
+                    meta.l1[i] | OFLAG_COPIED
+                } else {
+                    meta.l1[i] & !OFLAG_COPIED
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the references snapshot `sn`'s tree held.
+    fn drop_tree(&self, meta: &mut MetaState, sn: &SnapshotInfo) -> Result<(), BlockError> {
+        let cb = meta.g.cluster_bits;
+        let cs = meta.g.cluster_size;
+        let mut l1 = vec![0u8; sn.l1_size as usize * 8];
+        read_at(&meta.file, sn.l1_offset, &mut l1, "snapshot L1 table")?;
+        for i in 0..sn.l1_size as usize {
+            let Some((off, _)) = decode_l1(be64_at(&l1, i), cs).map_err(|r| meta.invalid(r))?
+            else {
+                continue;
+            };
+            meta.check_table(off, "snapshot L2 table")?;
+            let table = load_table(meta, off)?;
+            let words = meta.g.l2_entry_size as usize / 8;
+            for j in 0..meta.g.l2_entries as usize {
+                let e = decode_l2(
+                    be64_at(&table, j * words),
+                    cb,
+                    self.header.version,
+                    meta.g.extended_l2,
+                )
+                .map_err(|r| meta.invalid(r))?;
+                if let Some((first, n)) = self.references(e) {
+                    meta.change_refcounts(first, n, -1)?;
+                }
+            }
+            meta.change_refcounts(off >> cb, 1, -1)?;
+            if meta.refcount(off >> cb)? == 0 {
+                meta.l2_cache.remove(off);
+            }
+        }
+        if sn.l1_size > 0 {
+            let clusters = (u64::from(sn.l1_size) * 8).div_ceil(cs);
+            meta.change_refcounts(sn.l1_offset >> cb, clusters, -1)?;
+        }
+        Ok(())
+    }
+}
+
+/// What [`Qcow2Image::walk_active`] does to each table and entry.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Fail if any reference could not be added; change nothing.
+    CheckRoom,
+    /// Add one reference (tables untouched).
+    AddReference,
+    /// Set OFLAG_COPIED exactly where the refcount is one.
+    RestoreCopied,
+}
+
+fn load_table(meta: &mut MetaState, off: u64) -> Result<Vec<u8>, BlockError> {
+    meta.load_l2(off)?;
+    meta.l2_cache
+        .get(off)
+        .map(<[u8]>::to_vec)
+        .ok_or_else(|| meta.invalid("L2 cache lost a table"))
+}
+
+/// Writes the active L1 table (as `meta.l1` holds it) to its place.
+fn write_l1(meta: &mut MetaState) -> Result<(), BlockError> {
+    meta.write_refcounts()?;
+    let bytes: Vec<u8> = meta.l1.iter().flat_map(|e| e.to_be_bytes()).collect();
+    write_at(&meta.file, meta.l1_offset, &bytes, "L1 table")
+}
+
+/// A copy of the active L1 table in new clusters; returns its offset.
+fn copy_l1(meta: &mut MetaState) -> Result<u64, BlockError> {
+    let bytes: Vec<u8> = meta.l1.iter().flat_map(|e| e.to_be_bytes()).collect();
+    let clusters = (bytes.len() as u64).div_ceil(meta.g.cluster_size).max(1);
+    let off = meta.alloc_clusters(clusters)?;
+    let mut padded = bytes;
+    padded.resize((clusters * meta.g.cluster_size) as usize, 0);
+    write_at(&meta.file, off, &padded, "snapshot L1 table")?;
+    Ok(off)
+}
+
+/// Writes `entries` as the new snapshot table and points the header at
+/// it (see the module docs for the order), then frees the old table.
+fn replace_table(
+    meta: &mut MetaState,
+    h: &Header,
+    entries: &[SnapshotInfo],
+    disk_size: u64,
+) -> Result<(), BlockError> {
+    let cs = meta.g.cluster_size;
+    let bytes = encode_table(entries, disk_size);
+    let new_off = if bytes.is_empty() {
+        0
+    } else {
+        let clusters = (bytes.len() as u64).div_ceil(cs);
+        let off = meta.alloc_clusters(clusters)?;
+        let mut padded = bytes.clone();
+        padded.resize((clusters * cs) as usize, 0);
+        write_at(&meta.file, off, &padded, "snapshot table")?;
+        off
+    };
+    meta.barrier()?;
+    let mut fields = (entries.len() as u32).to_be_bytes().to_vec();
+    fields.extend_from_slice(&new_off.to_be_bytes());
+    write_at(&meta.file, 60, &fields, "header snapshot fields")?;
+    meta.barrier()?;
+    if h.nb_snapshots > 0 {
+        let old_len = table_len(meta, h)?;
+        meta.change_refcounts(h.snapshots_offset / cs, old_len.div_ceil(cs).max(1), -1)?;
+    }
+    Ok(())
+}
+
+/// Bytes of the table the header `h` names.
+fn table_len(meta: &MetaState, h: &Header) -> Result<u64, BlockError> {
+    let file_size =
+        crate::formats::raw::file_size(&meta.file).map_err(|source| BlockError::Open {
+            path: meta.path.clone(),
+            source,
+        })?;
+    let (_, len) = read_snapshot_table(&meta.file, h, file_size).map_err(|r| meta.invalid(r))?;
+    Ok(len)
+}
+
+/// The table's bytes: per entry the fixed part, qemu's 24 bytes of extra
+/// data, the id, the name, padding to 8 bytes.
+fn encode_table(entries: &[SnapshotInfo], disk_size: u64) -> Vec<u8> {
+    let mut b = Vec::new();
+    for e in entries {
+        b.extend_from_slice(&(e.l1_offset & OFFSET_MASK).to_be_bytes());
+        b.extend_from_slice(&e.l1_size.to_be_bytes());
+        b.extend_from_slice(&(e.id.len() as u16).to_be_bytes());
+        b.extend_from_slice(&(e.name.len() as u16).to_be_bytes());
+        b.extend_from_slice(&e.date_sec.to_be_bytes());
+        b.extend_from_slice(&e.date_nsec.to_be_bytes());
+        b.extend_from_slice(&e.vm_clock_nsec.to_be_bytes());
+        b.extend_from_slice(&(e.vm_state_size.min(u32::MAX as u64) as u32).to_be_bytes());
+        b.extend_from_slice(&(EXTRA_DATA as u32).to_be_bytes());
+        b.extend_from_slice(&e.vm_state_size.to_be_bytes());
+        b.extend_from_slice(&disk_size.to_be_bytes());
+        b.extend_from_slice(&e.icount.unwrap_or(u64::MAX).to_be_bytes());
+        b.extend_from_slice(e.id.as_bytes());
+        b.extend_from_slice(e.name.as_bytes());
+        b.resize(b.len().div_ceil(8) * 8, 0);
+    }
+    b
+}
