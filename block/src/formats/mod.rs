@@ -271,6 +271,13 @@ pub trait Format: Send + Sync {
         Err(self.unsupported("internal snapshots"))
     }
 
+    /// Makes the internal snapshot with id or name `name` the active
+    /// disk; `Ok(false)` when there is none. For tools that own the image.
+    fn snapshot_apply(&self, name: &str) -> Result<bool, BlockError> {
+        let _ = name;
+        Err(self.unsupported("internal snapshots"))
+    }
+
     /// The error of an operation this format does not have.
     fn unsupported(&self, what: &str) -> BlockError {
         BlockError::Unsupported {

@@ -1,12 +1,13 @@
-//! `ch-img snapshot [-l | -c NAME | -d NAME] [-f fmt] [-U] FILE`
+//! `ch-img snapshot [-l | -c NAME | -a NAME | -d NAME] [-f fmt] [-U] FILE`
 //!
 //! Lists a qcow2 image's internal snapshots as qemu-img does, from the
 //! snapshot table the block crate parses
 //! ([`block::formats::qcow2::snapshot_table`]); the same table is what
 //! `info` prints under "Snapshot list:" (human) and "snapshots" (JSON).
-//! `-c` creates a snapshot and `-d` deletes the first one with that name
-//! ([`block::formats::Format::snapshot_create`] / `snapshot_delete`).
-//! Applying one (`-a`) is not implemented and is refused.
+//! `-c` creates a snapshot, `-a` reverts the disk to the one with that id
+//! or name, `-d` deletes the first one with that name
+//! ([`block::formats::Format::snapshot_create`], `snapshot_apply`,
+//! `snapshot_delete`).
 
 use block::formats::qcow2::snapshot_table::SnapshotInfo;
 use serde_json::{json, Map, Value};
@@ -33,11 +34,6 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     if changes + usize::from(list) > 1 {
         return Err(CliError::Usage("Cannot mix '-l', '-a', '-c', '-d'".into()));
     }
-    if p.value("a").is_some() {
-        return Err(CliError::Usage(
-            "ch-img snapshot cannot apply snapshots (-a): not implemented".into(),
-        ));
-    }
     let [path] = p.operands.as_slice() else {
         return Err(CliError::Usage("Expecting one image file name".into()));
     };
@@ -52,18 +48,30 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         })?;
         return Ok(0);
     }
-    if let Some(name) = p.value("d") {
-        let result = image.format().snapshot_delete(name);
+    for (opt, verb, missing) in [
+        ("d", "delete", "snapshot not found"),
+        (
+            "a",
+            "apply",
+            "Failed to load snapshot: No such file or directory",
+        ),
+    ] {
+        let Some(name) = p.value(opt) else { continue };
+        let result = if opt == "d" {
+            image.format().snapshot_delete(name)
+        } else {
+            image.format().snapshot_apply(name)
+        };
         let closed = image.close();
         let found = result
             .and_then(|found| closed.map(|()| found))
             .map_err(|source| CliError::Snapshot {
-                what: format!("delete snapshot '{name}'"),
+                what: format!("{verb} snapshot '{name}'"),
                 source,
             })?;
         if !found {
             return Err(CliError::Usage(format!(
-                "Could not delete snapshot '{name}': snapshot not found"
+                "Could not {verb} snapshot '{name}': {missing}"
             )));
         }
         return Ok(0);

@@ -149,4 +149,8 @@ impl Format for Qcow2Image {
     fn snapshot_delete(&self, name: &str) -> Result<bool, BlockError> {
         self.snapshot_delete_impl(name)
     }
+
+    fn snapshot_apply(&self, name: &str) -> Result<bool, BlockError> {
+        self.snapshot_apply_impl(name)
+    }
 }

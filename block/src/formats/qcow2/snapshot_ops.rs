@@ -1,26 +1,36 @@
-//! Creating and deleting internal snapshots (`ch-img snapshot -c / -d`).
+//! Creating, applying and deleting internal snapshots (`ch-img snapshot
+//! -c / -a / -d`).
 //!
 //! qcow2 counts a cluster once for every L1 tree (the active one and each
 //! snapshot's) that reaches it, whether or not an L2 table on the way is
 //! shared. So:
 //!
 //! Create: flush; add one reference to every L2 table and every cluster
-//! the active tree maps (made durable), then clear OFLAG_COPIED in the
-//! active L1 and L2 entries (nothing is exclusively owned any more, so
-//! every later write copies first); write a copy of the active L1 table; then a new
-//! snapshot table (old entries plus the new one) in new clusters, a
-//! barrier, the header's (nb_snapshots, snapshots_offset) in one write,
-//! a barrier, and the old table freed. A crash on the way can only leak
-//! clusters (references are added before anything names them).
+//! the active tree maps (after checking none would overflow) and make
+//! that durable; clear OFLAG_COPIED in the active L1 and L2 entries
+//! (nothing is exclusively owned any more, so every later write copies
+//! first); write a copy of the active L1 table; then a new snapshot table
+//! (old entries plus the new one) in new clusters, a barrier, the
+//! header's (nb_snapshots, snapshots_offset) in one write, a barrier, and
+//! the old table freed.
+//!
+//! Apply (by id or name, as qemu-img does): add a reference to the
+//! snapshot's tree, make it durable, make the snapshot's L1 entries the
+//! active ones, then drop the old active tree's references and set
+//! OFLAG_COPIED again wherever a refcount is back to one.
 //!
 //! Delete (by name, first match, as qemu-img does): write the table
 //! without the entry and switch the header to it first, so nothing names
 //! the snapshot any more; then drop the references its tree held (L2
-//! tables, clusters, the L1 copy), and set OFLAG_COPIED again in the
-//! active tree wherever a refcount fell back to one (qemu-img check
-//! requires it). A crash after the header switch leaks, never corrupts.
+//! tables, clusters, the L1 copy), and restore OFLAG_COPIED in the active
+//! tree (qemu-img check requires it where a refcount is one).
 //!
-//! Only for tools that own the image; queues must not be running.
+//! References are always added before anything names them and dropped
+//! after nothing does, so a crash on the way can only leak clusters. Only
+//! for tools that own the image; queues must not be running. Entries are
+//! rewritten with qemu's 24 bytes of extra data (VM state size, disk size,
+//! instruction count); longer extra data of future qemu versions is not
+//! kept.
 
 use super::header::Header;
 use super::image::{read_header, Qcow2Image};
@@ -34,6 +44,15 @@ use crate::error::BlockError;
 /// Bytes of extra data per entry qemu writes: 64-bit VM state size,
 /// virtual disk size, instruction count.
 const EXTRA_DATA: usize = 24;
+
+/// What [`Qcow2Image::tree_references`] does to every cluster of a tree.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TreeOp {
+    /// Fail if any could not take one more reference; change nothing.
+    CheckRoom,
+    Add,
+    Drop,
+}
 
 impl Qcow2Image {
     /// Adds snapshot `name` of the current disk; `date` is (seconds,
@@ -52,14 +71,14 @@ impl Qcow2Image {
         if name.len() > u16::MAX as usize {
             return Err(meta.invalid("snapshot name too long"));
         }
-        // Refuse before changing anything if a count would overflow (a
-        // cluster reached twice, e.g. by several compressed clusters, can
-        // still fail below: that leaks references, nothing worse).
-        self.walk_active(meta, Pass::CheckRoom)?;
-        self.walk_active(meta, Pass::AddReference)?;
+        let active = meta.l1.clone();
+        // A cluster reached twice (several compressed clusters in one host
+        // cluster) can still overflow below; that leaks, nothing worse.
+        self.tree_references(meta, &active, TreeOp::CheckRoom)?;
+        self.tree_references(meta, &active, TreeOp::Add)?;
         meta.barrier()?;
         // Every refcount is now at least two: this clears OFLAG_COPIED.
-        self.walk_active(meta, Pass::RestoreCopied)?;
+        self.restore_copied(meta)?;
         let l1_copy = copy_l1(meta)?;
         write_l1(meta)?;
         let id = entries
@@ -68,6 +87,7 @@ impl Qcow2Image {
             .max()
             .unwrap_or(0)
             + 1;
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
         entries.push(SnapshotInfo {
             id: id.to_string(),
             name: name.to_string(),
@@ -77,10 +97,51 @@ impl Qcow2Image {
             date_nsec: date.1,
             vm_clock_nsec: 0,
             vm_state_size: 0,
+            disk_size: Some(size),
             icount: Some(0),
         });
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
         replace_table(meta, &h, &entries, size)
+    }
+
+    /// Makes the snapshot with id or name `name` the active disk.
+    /// `Ok(false)`: there is none.
+    pub(crate) fn snapshot_apply_impl(&self, name: &str) -> Result<bool, BlockError> {
+        self.check_snapshot_op()?;
+        let mut st = self.lock();
+        let meta = &mut st.meta;
+        meta.flush_dirty()?;
+        meta.barrier()?;
+        let (_, entries) = self.current_table(meta)?;
+        let Some(sn) = entries
+            .iter()
+            .find(|e| e.id == name)
+            .or_else(|| entries.iter().find(|e| e.name == name))
+        else {
+            return Ok(false);
+        };
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        if sn.disk_size.is_some_and(|s| s != size) {
+            return Err(BlockError::Unsupported {
+                path: self.path.clone(),
+                feature: "applying a snapshot taken at another disk size".into(),
+            });
+        }
+        let sn_l1 = read_l1(meta, sn)?;
+        self.tree_references(meta, &sn_l1, TreeOp::CheckRoom)?;
+        self.tree_references(meta, &sn_l1, TreeOp::Add)?;
+        meta.barrier()?;
+        meta.grow_l1(sn_l1.len())?;
+        let old = meta.l1.clone();
+        for (i, e) in meta.l1.iter_mut().enumerate() {
+            *e = sn_l1.get(i).copied().unwrap_or(0) & !OFLAG_COPIED;
+        }
+        write_l1(meta)?;
+        meta.barrier()?;
+        self.tree_references(meta, &old, TreeOp::Drop)?;
+        self.restore_copied(meta)?;
+        write_l1(meta)?;
+        meta.barrier()?;
+        Ok(true)
     }
 
     /// Deletes the first snapshot named `name`. `Ok(false)`: none is.
@@ -97,8 +158,13 @@ impl Qcow2Image {
         let gone = entries.remove(at);
         let size = self.size.load(std::sync::atomic::Ordering::Acquire);
         replace_table(meta, &h, &entries, size)?;
-        self.drop_tree(meta, &gone)?;
-        self.walk_active(meta, Pass::RestoreCopied)?;
+        let gone_l1 = read_l1(meta, &gone)?;
+        self.tree_references(meta, &gone_l1, TreeOp::Drop)?;
+        if gone.l1_size > 0 {
+            let clusters = (u64::from(gone.l1_size) * 8).div_ceil(meta.g.cluster_size);
+            meta.change_refcounts(gone.l1_offset >> meta.g.cluster_bits, clusters, -1)?;
+        }
+        self.restore_copied(meta)?;
         write_l1(meta)?;
         meta.barrier()?;
         Ok(true)
@@ -126,91 +192,39 @@ impl Qcow2Image {
         Ok((h, entries))
     }
 
-    /// One pass over the active tree (see [`Pass`]).
-    fn walk_active(&self, meta: &mut MetaState, pass: Pass) -> Result<(), BlockError> {
+    /// Applies `op` to every L2 table `l1` names and every cluster those
+    /// tables map.
+    fn tree_references(
+        &self,
+        meta: &mut MetaState,
+        l1: &[u64],
+        op: TreeOp,
+    ) -> Result<(), BlockError> {
         let cb = meta.g.cluster_bits;
         let max = max_refcount(meta.g.refcount_order);
-        let room = |meta: &mut MetaState, first: u64, count: u64| -> Result<(), BlockError> {
-            for c in first..first + count {
-                if meta.refcount(c)? >= max {
-                    return Err(meta.invalid(format!(
-                        "cluster {c} cannot take another reference (refcount_bits allow {max})"
-                    )));
+        let apply = |meta: &mut MetaState, first: u64, count: u64| -> Result<(), BlockError> {
+            match op {
+                TreeOp::CheckRoom => {
+                    for c in first..first + count {
+                        if meta.refcount(c)? >= max {
+                            return Err(meta.invalid(format!(
+                                "cluster {c} cannot take another reference (refcount_bits allow {max})"
+                            )));
+                        }
+                    }
+                    Ok(())
                 }
+                TreeOp::Add => meta.change_refcounts(first, count, 1),
+                TreeOp::Drop => meta.change_refcounts(first, count, -1),
             }
-            Ok(())
         };
-        for i in 0..meta.l1.len() {
-            let Some((off, _)) = meta.l2_table(i)? else {
-                continue;
-            };
-            let table_ref = meta.refcount(off >> cb)?;
-            match pass {
-                Pass::CheckRoom => room(meta, off >> cb, 1)?,
-                Pass::AddReference => meta.change_refcounts(off >> cb, 1, 1)?,
-                Pass::RestoreCopied => {}
-            }
-            let table = load_table(meta, off)?;
-            let mut new = table.clone();
-            let words = meta.g.l2_entry_size as usize / 8;
-            for j in 0..meta.g.l2_entries as usize {
-                let raw = be64_at(&table, j * words);
-                let e = decode_l2(raw, cb, self.header.version, meta.g.extended_l2)
-                    .map_err(|r| meta.invalid(r))?;
-                let refs = self.references(e);
-                let copied = match (pass, refs) {
-                    (Pass::CheckRoom, Some((first, n))) => {
-                        room(meta, first, n)?;
-                        raw & OFLAG_COPIED != 0
-                    }
-                    (Pass::AddReference, Some((first, n))) => {
-                        meta.change_refcounts(first, n, 1)?;
-                        raw & OFLAG_COPIED != 0
-                    }
-                    // Only a table of this tree alone may own its clusters.
-                    (Pass::RestoreCopied, Some((first, 1)))
-                        if table_ref == 1 && raw & OFLAG_COMPRESSED == 0 =>
-                    {
-                        meta.refcount(first)? == 1
-                    }
-                    (Pass::RestoreCopied, _) => false,
-                    (_, None) => raw & OFLAG_COPIED != 0,
-                };
-                let want = if copied {
-                    raw | OFLAG_COPIED
-                } else {
-                    raw & !OFLAG_COPIED
-                };
-                new[j * words * 8..j * words * 8 + 8].copy_from_slice(&want.to_be_bytes());
-            }
-            if pass == Pass::RestoreCopied {
-                if new != table {
-                    write_at(&meta.file, off, &new, "L2 table")?;
-                    meta.l2_cache.insert(off, new);
-                }
-                let owned = pass == Pass::RestoreCopied && meta.refcount(off >> cb)? == 1;
-                meta.l1[i] = if owned {
-                    meta.l1[i] | OFLAG_COPIED
-                } else {
-                    meta.l1[i] & !OFLAG_COPIED
-                };
-            }
-        }
-        Ok(())
-    }
-
-    /// Drops the references snapshot `sn`'s tree held.
-    fn drop_tree(&self, meta: &mut MetaState, sn: &SnapshotInfo) -> Result<(), BlockError> {
-        let cb = meta.g.cluster_bits;
-        let cs = meta.g.cluster_size;
-        let mut l1 = vec![0u8; sn.l1_size as usize * 8];
-        read_at(&meta.file, sn.l1_offset, &mut l1, "snapshot L1 table")?;
-        for i in 0..sn.l1_size as usize {
-            let Some((off, _)) = decode_l1(be64_at(&l1, i), cs).map_err(|r| meta.invalid(r))?
+        for &raw in l1 {
+            let Some((off, _)) =
+                decode_l1(raw, meta.g.cluster_size).map_err(|r| meta.invalid(r))?
             else {
                 continue;
             };
-            meta.check_table(off, "snapshot L2 table")?;
+            meta.check_table(off, "L2 table")?;
             let table = load_table(meta, off)?;
             let words = meta.g.l2_entry_size as usize / 8;
             for j in 0..meta.g.l2_entries as usize {
@@ -222,31 +236,60 @@ impl Qcow2Image {
                 )
                 .map_err(|r| meta.invalid(r))?;
                 if let Some((first, n)) = self.references(e) {
-                    meta.change_refcounts(first, n, -1)?;
+                    apply(meta, first, n)?;
                 }
             }
-            meta.change_refcounts(off >> cb, 1, -1)?;
-            if meta.refcount(off >> cb)? == 0 {
+            apply(meta, off >> cb, 1)?;
+            if op == TreeOp::Drop && meta.refcount(off >> cb)? == 0 {
                 meta.l2_cache.remove(off);
             }
         }
-        if sn.l1_size > 0 {
-            let clusters = (u64::from(sn.l1_size) * 8).div_ceil(cs);
-            meta.change_refcounts(sn.l1_offset >> cb, clusters, -1)?;
+        Ok(())
+    }
+
+    /// Sets OFLAG_COPIED in the active L1 and L2 entries exactly where
+    /// the table or cluster has refcount one (compressed clusters never),
+    /// and clears it elsewhere; rewrites the L2 tables that change (the
+    /// caller writes the L1 table).
+    fn restore_copied(&self, meta: &mut MetaState) -> Result<(), BlockError> {
+        let cb = meta.g.cluster_bits;
+        for i in 0..meta.l1.len() {
+            let Some((off, _)) = meta.l2_table(i)? else {
+                continue;
+            };
+            let owned_table = meta.refcount(off >> cb)? == 1;
+            let table = load_table(meta, off)?;
+            let mut new = table.clone();
+            let words = meta.g.l2_entry_size as usize / 8;
+            for j in 0..meta.g.l2_entries as usize {
+                let raw = be64_at(&table, j * words);
+                let e = decode_l2(raw, cb, self.header.version, meta.g.extended_l2)
+                    .map_err(|r| meta.invalid(r))?;
+                let owned = match self.references(e) {
+                    Some((first, 1)) if owned_table && raw & OFLAG_COMPRESSED == 0 => {
+                        meta.refcount(first)? == 1
+                    }
+                    _ => false,
+                };
+                let want = if owned {
+                    raw | OFLAG_COPIED
+                } else {
+                    raw & !OFLAG_COPIED
+                };
+                new[j * words * 8..j * words * 8 + 8].copy_from_slice(&want.to_be_bytes());
+            }
+            if new != table {
+                write_at(&meta.file, off, &new, "L2 table")?;
+                meta.l2_cache.insert(off, new);
+            }
+            meta.l1[i] = if owned_table {
+                meta.l1[i] | OFLAG_COPIED
+            } else {
+                meta.l1[i] & !OFLAG_COPIED
+            };
         }
         Ok(())
     }
-}
-
-/// What [`Qcow2Image::walk_active`] does to each table and entry.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Pass {
-    /// Fail if any reference could not be added; change nothing.
-    CheckRoom,
-    /// Add one reference (tables untouched).
-    AddReference,
-    /// Set OFLAG_COPIED exactly where the refcount is one.
-    RestoreCopied,
 }
 
 fn load_table(meta: &mut MetaState, off: u64) -> Result<Vec<u8>, BlockError> {
@@ -255,6 +298,23 @@ fn load_table(meta: &mut MetaState, off: u64) -> Result<Vec<u8>, BlockError> {
         .get(off)
         .map(<[u8]>::to_vec)
         .ok_or_else(|| meta.invalid("L2 cache lost a table"))
+}
+
+/// A snapshot's L1 entries, read from its table.
+fn read_l1(meta: &MetaState, sn: &SnapshotInfo) -> Result<Vec<u64>, BlockError> {
+    let bytes = u64::from(sn.l1_size) * 8;
+    if bytes > super::header::MAX_L1_BYTES {
+        return Err(meta.invalid(format!(
+            "snapshot {} has an L1 table of {} entries",
+            sn.id, sn.l1_size
+        )));
+    }
+    if sn.l1_size > 0 {
+        meta.check_table(sn.l1_offset, "snapshot L1 table")?;
+    }
+    let mut buf = vec![0u8; bytes as usize];
+    read_at(&meta.file, sn.l1_offset, &mut buf, "snapshot L1 table")?;
+    Ok((0..sn.l1_size as usize).map(|i| be64_at(&buf, i)).collect())
 }
 
 /// Writes the active L1 table (as `meta.l1` holds it) to its place.
@@ -290,7 +350,7 @@ fn replace_table(
     } else {
         let clusters = (bytes.len() as u64).div_ceil(cs);
         let off = meta.alloc_clusters(clusters)?;
-        let mut padded = bytes.clone();
+        let mut padded = bytes;
         padded.resize((clusters * cs) as usize, 0);
         write_at(&meta.file, off, &padded, "snapshot table")?;
         off
@@ -301,21 +361,16 @@ fn replace_table(
     write_at(&meta.file, 60, &fields, "header snapshot fields")?;
     meta.barrier()?;
     if h.nb_snapshots > 0 {
-        let old_len = table_len(meta, h)?;
+        let file_size =
+            crate::formats::raw::file_size(&meta.file).map_err(|source| BlockError::Open {
+                path: meta.path.clone(),
+                source,
+            })?;
+        let (_, old_len) =
+            read_snapshot_table(&meta.file, h, file_size).map_err(|r| meta.invalid(r))?;
         meta.change_refcounts(h.snapshots_offset / cs, old_len.div_ceil(cs).max(1), -1)?;
     }
     Ok(())
-}
-
-/// Bytes of the table the header `h` names.
-fn table_len(meta: &MetaState, h: &Header) -> Result<u64, BlockError> {
-    let file_size =
-        crate::formats::raw::file_size(&meta.file).map_err(|source| BlockError::Open {
-            path: meta.path.clone(),
-            source,
-        })?;
-    let (_, len) = read_snapshot_table(&meta.file, h, file_size).map_err(|r| meta.invalid(r))?;
-    Ok(len)
 }
 
 /// The table's bytes: per entry the fixed part, qemu's 24 bytes of extra
@@ -330,10 +385,10 @@ fn encode_table(entries: &[SnapshotInfo], disk_size: u64) -> Vec<u8> {
         b.extend_from_slice(&e.date_sec.to_be_bytes());
         b.extend_from_slice(&e.date_nsec.to_be_bytes());
         b.extend_from_slice(&e.vm_clock_nsec.to_be_bytes());
-        b.extend_from_slice(&(e.vm_state_size.min(u32::MAX as u64) as u32).to_be_bytes());
+        b.extend_from_slice(&(e.vm_state_size.min(u64::from(u32::MAX)) as u32).to_be_bytes());
         b.extend_from_slice(&(EXTRA_DATA as u32).to_be_bytes());
         b.extend_from_slice(&e.vm_state_size.to_be_bytes());
-        b.extend_from_slice(&disk_size.to_be_bytes());
+        b.extend_from_slice(&e.disk_size.unwrap_or(disk_size).to_be_bytes());
         b.extend_from_slice(&e.icount.unwrap_or(u64::MAX).to_be_bytes());
         b.extend_from_slice(e.id.as_bytes());
         b.extend_from_slice(e.name.as_bytes());

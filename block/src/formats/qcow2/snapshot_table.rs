@@ -29,6 +29,8 @@ pub struct SnapshotInfo {
     pub date_nsec: u32,
     pub vm_clock_nsec: u64,
     pub vm_state_size: u64,
+    /// Virtual disk size at the snapshot, when recorded.
+    pub disk_size: Option<u64>,
     /// Instruction count at the snapshot, when recorded (not -1).
     pub icount: Option<u64>,
 }
@@ -92,6 +94,7 @@ pub(crate) fn read_snapshot_table(
             } else {
                 u64::from(be32(32))
             },
+            disk_size: (extra.len() >= 16).then(|| be64(extra, 8)),
             icount: (extra.len() >= 24)
                 .then(|| be64(extra, 16))
                 .filter(|&c| c != u64::MAX),
