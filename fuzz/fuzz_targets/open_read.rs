@@ -1,7 +1,8 @@
 //! Fuzz target: open arbitrary bytes as a qcow2 image and read from it.
 //!
 //! The input is written to a temporary file, opened read-only as qcow2
-//! (no lock), and a few ranges are read and their block status queried.
+//! (no lock), a few ranges are read and their block status queried, and
+//! the image's info (snapshot table included) is taken.
 //! Any outcome but a panic, a hang or an abort is fine: hostile images
 //! must produce errors.
 
@@ -34,6 +35,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = disk.read_at(off, &mut buf[..len]);
             let _ = disk.format().block_status(off, 1 << 20);
         }
+        let _ = disk.format().info();
     }
     let _ = std::fs::remove_file(&path);
 });

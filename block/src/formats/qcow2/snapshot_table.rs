@@ -14,9 +14,11 @@ use std::os::unix::fs::FileExt;
 
 use super::header::Header;
 
-/// qemu's limits: more snapshots, or a larger table, are refused.
+/// qemu's limits: more snapshots, a larger table, or more extra data per
+/// entry are refused.
 pub(crate) const MAX_SNAPSHOTS: u32 = 65536;
 pub(crate) const MAX_SNAPSHOT_TABLE: u64 = 64 << 20;
+pub(crate) const MAX_EXTRA_DATA: u64 = 1024;
 
 /// One snapshot as the table describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,6 +77,13 @@ pub(crate) fn read_snapshot_table(
         };
         let (id_len, name_len) = (be16(12), be16(14));
         let extra_len = u64::from(be32(36));
+        if extra_len > MAX_EXTRA_DATA {
+            return Err(format!(
+                "ERROR: snapshot table entry {n} has {extra_len} bytes of extra data"
+            ));
+        }
+        // At most 1024 + 2 x 65535 bytes, and read() checks them against
+        // the file before anything is trusted.
         let mut rest = vec![0u8; (extra_len + id_len + name_len) as usize];
         read(pos + 40, &mut rest, n)?;
         let extra = &rest[..extra_len as usize];
@@ -102,4 +111,83 @@ pub(crate) fn read_snapshot_table(
         pos += (40 + extra_len + id_len + name_len).div_ceil(8) * 8;
     }
     Ok((out, pos - h.snapshots_offset))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A header naming a one-entry table at `off` in a file holding `bytes`.
+    fn table_file(entry: &[u8]) -> (File, Header, u64, std::path::PathBuf) {
+        let path =
+            std::env::temp_dir().join(format!("snaptable-{}-{}", std::process::id(), entry.len()));
+        let mut data = vec![0u8; 4096];
+        data.extend_from_slice(entry);
+        std::fs::write(&path, &data).unwrap();
+        let file = File::open(&path).unwrap();
+        let h = Header {
+            version: 3,
+            backing_file_offset: 0,
+            backing_file_size: 0,
+            cluster_bits: 12,
+            size: 1 << 20,
+            crypt_method: 0,
+            l1_size: 1,
+            l1_table_offset: 4096,
+            refcount_table_offset: 4096,
+            refcount_table_clusters: 1,
+            nb_snapshots: 1,
+            snapshots_offset: 4096,
+            incompatible: 0,
+            compatible: 0,
+            autoclear: 0,
+            refcount_order: 4,
+            header_length: super::super::header::V3_HEADER_LEN,
+            compression: crate::formats::Compression::Deflate,
+            backing_file: None,
+            backing_format: None,
+            data_file: None,
+        };
+        (file, h, data.len() as u64, path)
+    }
+
+    fn entry(extra_len: u32, id: &[u8], name: &[u8]) -> Vec<u8> {
+        let mut e = vec![0u8; 40];
+        e[12..14].copy_from_slice(&(id.len() as u16).to_be_bytes());
+        e[14..16].copy_from_slice(&(name.len() as u16).to_be_bytes());
+        e[36..40].copy_from_slice(&extra_len.to_be_bytes());
+        e.extend(std::iter::repeat_n(0u8, extra_len.min(4096) as usize));
+        e.extend_from_slice(id);
+        e.extend_from_slice(name);
+        e
+    }
+
+    #[test]
+    fn parses_an_entry() {
+        let (file, h, len, path) = table_file(&entry(24, b"7", b"seven"));
+        let (entries, table_len) = read_snapshot_table(&file, &h, len).unwrap();
+        std::fs::remove_file(path).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(
+            (entries[0].id.as_str(), entries[0].name.as_str()),
+            ("7", "seven")
+        );
+        assert_eq!(entries[0].disk_size, Some(0));
+        assert_eq!(table_len, (40 + 24 + 1 + 5u64).div_ceil(8) * 8);
+    }
+
+    /// Hostile sizes are refused before any buffer is sized by them.
+    #[test]
+    fn refuses_huge_extra_data_and_entries_past_the_file() {
+        let (file, h, len, path) = table_file(&entry(u32::MAX, b"1", b"x"));
+        let err = read_snapshot_table(&file, &h, len).unwrap_err();
+        assert!(err.contains("extra data"), "{err}");
+        std::fs::remove_file(path).unwrap();
+        let mut e = entry(0, b"1", b"x");
+        e[14..16].copy_from_slice(&u16::MAX.to_be_bytes());
+        let (file, h, len, path) = table_file(&e);
+        let err = read_snapshot_table(&file, &h, len).unwrap_err();
+        assert!(err.contains("outside the image"), "{err}");
+        std::fs::remove_file(path).unwrap();
+    }
 }
