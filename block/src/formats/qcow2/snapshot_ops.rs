@@ -32,8 +32,10 @@
 //! instruction count); longer extra data of future qemu versions is not
 //! kept.
 
+use std::sync::MutexGuard;
+
 use super::header::Header;
-use super::image::{read_header, Qcow2Image};
+use super::image::{read_header, Qcow2Image, State};
 use super::l2_entry::{decode_l1, decode_l2, OFFSET_MASK, OFLAG_COMPRESSED, OFLAG_COPIED};
 use super::meta::MetaState;
 use super::meta_io::{be64_at, read_at, write_at};
@@ -62,11 +64,8 @@ impl Qcow2Image {
         name: &str,
         date: (u32, u32),
     ) -> Result<(), BlockError> {
-        self.check_snapshot_op()?;
-        let mut st = self.lock();
+        let mut st = self.begin_snapshot_op()?;
         let meta = &mut st.meta;
-        meta.flush_dirty()?;
-        meta.barrier()?;
         let (h, mut entries) = self.current_table(meta)?;
         if name.len() > u16::MAX as usize {
             return Err(meta.invalid("snapshot name too long"));
@@ -106,11 +105,8 @@ impl Qcow2Image {
     /// Makes the snapshot with id or name `name` the active disk.
     /// `Ok(false)`: there is none.
     pub(crate) fn snapshot_apply_impl(&self, name: &str) -> Result<bool, BlockError> {
-        self.check_snapshot_op()?;
-        let mut st = self.lock();
+        let mut st = self.begin_snapshot_op()?;
         let meta = &mut st.meta;
-        meta.flush_dirty()?;
-        meta.barrier()?;
         let (_, entries) = self.current_table(meta)?;
         let Some(sn) = entries
             .iter()
@@ -146,11 +142,8 @@ impl Qcow2Image {
 
     /// Deletes the first snapshot named `name`. `Ok(false)`: none is.
     pub(crate) fn snapshot_delete_impl(&self, name: &str) -> Result<bool, BlockError> {
-        self.check_snapshot_op()?;
-        let mut st = self.lock();
+        let mut st = self.begin_snapshot_op()?;
         let meta = &mut st.meta;
-        meta.flush_dirty()?;
-        meta.barrier()?;
         let (h, mut entries) = self.current_table(meta)?;
         let Some(at) = entries.iter().position(|e| e.name == name) else {
             return Ok(false);
@@ -170,7 +163,9 @@ impl Qcow2Image {
         Ok(true)
     }
 
-    fn check_snapshot_op(&self) -> Result<(), BlockError> {
+    /// Checks the image may take snapshot operations, locks it, and makes
+    /// everything cached durable first.
+    fn begin_snapshot_op(&self) -> Result<MutexGuard<'_, State>, BlockError> {
         if self.readonly {
             return Err(BlockError::ReadOnly);
         }
@@ -180,7 +175,10 @@ impl Qcow2Image {
                 feature: "internal snapshots of an image with an external data file".into(),
             });
         }
-        Ok(())
+        let mut st = self.lock();
+        st.meta.flush_dirty()?;
+        st.meta.barrier()?;
+        Ok(st)
     }
 
     /// The header as it is on disk now (an earlier operation of this
