@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use error::{chain, CliError};
 
 const USAGE: &str = "usage: ch-img COMMAND [OPTIONS] ...
-commands: create, info, check, convert, map, compare, resize, bench, snapshot
+commands: create, info, check, convert, map, compare, resize, bench, snapshot, rebase
 See docs/ch-img.md for the options of each command.";
 
 fn main() -> ExitCode {
@@ -42,6 +42,7 @@ fn main() -> ExitCode {
         "resize" => (cmd::resize::run(rest), 1),
         "bench" => (cmd::bench::run(rest), 1),
         "snapshot" => (cmd::snapshot::run(rest), 1),
+        "rebase" => (cmd::rebase::run(rest), 1),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

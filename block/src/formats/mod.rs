@@ -278,6 +278,14 @@ pub trait Format: Send + Sync {
         Err(self.unsupported("internal snapshots"))
     }
 
+    /// Points the image's header at backing file `name` (format `format`)
+    /// or at none, without copying any data (`rebase -u`). For tools that
+    /// own the image; the open image keeps its old chain until reopened.
+    fn set_backing_file(&self, name: Option<&str>, format: Option<&str>) -> Result<(), BlockError> {
+        let _ = (name, format);
+        Err(self.unsupported("backing files"))
+    }
+
     /// The error of an operation this format does not have.
     fn unsupported(&self, what: &str) -> BlockError {
         BlockError::Unsupported {

@@ -30,6 +30,7 @@ use crate::formats::{
 
 pub(crate) mod alloc;
 pub(crate) mod backing;
+pub(crate) mod backing_rewrite;
 pub(crate) mod cache;
 pub(crate) mod compress_write;
 pub(crate) mod compressed;
@@ -152,5 +153,9 @@ impl Format for Qcow2Image {
 
     fn snapshot_apply(&self, name: &str) -> Result<bool, BlockError> {
         self.snapshot_apply_impl(name)
+    }
+
+    fn set_backing_file(&self, name: Option<&str>, format: Option<&str>) -> Result<(), BlockError> {
+        self.set_backing_impl(name, format)
     }
 }
