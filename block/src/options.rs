@@ -65,6 +65,11 @@ pub struct DiskOptions {
     /// Take OFD locks (shared for read-only, exclusive for read-write) the
     /// way qemu does, so two writers cannot open one image.
     pub lock: bool,
+    /// Do not open the backing chain: unallocated ranges read as zeroes.
+    /// Read-only opens only (a write would copy zeroes instead of the
+    /// backing data); for tools that read just what the image allocates
+    /// while they write its backing file (`ch-img commit`).
+    pub no_backing: bool,
 }
 
 impl DiskOptions {

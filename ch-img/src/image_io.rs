@@ -57,6 +57,20 @@ impl ImageIo {
             .map(|_| ())
     }
 
+    /// Makes `offset..offset+len` read as zeroes (a qcow2 v3 image keeps a
+    /// zero cluster for it, as qemu-img commit leaves one).
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        self.run(
+            RequestOp::WriteZeroes {
+                len,
+                may_unmap: false,
+            },
+            offset,
+            IoMemory::None,
+        )
+        .map(|_| ())
+    }
+
     /// Flushes, then marks the image clean.
     pub fn close(&self) -> Result<(), BlockError> {
         self.run(RequestOp::Flush, 0, IoMemory::None)?;

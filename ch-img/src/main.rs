@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use error::{chain, CliError};
 
 const USAGE: &str = "usage: ch-img COMMAND [OPTIONS] ...
-commands: create, info, check, convert, map, compare, resize, bench, snapshot, rebase
+commands: create, info, check, convert, map, compare, resize, bench, snapshot, rebase, commit
 See docs/ch-img.md for the options of each command.";
 
 fn main() -> ExitCode {
@@ -43,6 +43,7 @@ fn main() -> ExitCode {
         "bench" => (cmd::bench::run(rest), 1),
         "snapshot" => (cmd::snapshot::run(rest), 1),
         "rebase" => (cmd::rebase::run(rest), 1),
+        "commit" => (cmd::commit::run(rest), 1),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

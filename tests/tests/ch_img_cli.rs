@@ -440,6 +440,86 @@ fn rebase_matches_qemu_img() {
     assert_eq!(info(&theirs), info(&df));
 }
 
+/// commit: the backing file ends up as qemu-img's commit leaves it, and
+/// the image is emptied (or kept with -d); qcow2 and raw backing files,
+/// and a backing file smaller than the image.
+#[test]
+fn commit_matches_qemu_img() {
+    let dir = TempDir::new("cli");
+    for (base_fmt, base_size, top_size, keep) in [
+        ("qcow2", "4M", None, false),
+        ("raw", "4M", None, false),
+        ("qcow2", "4M", None, true),
+        ("qcow2", "2M", Some("6M"), false),
+    ] {
+        let mut made = Vec::new();
+        for tool in ["theirs", "ours"] {
+            let base = dir.file(&format!("base-{tool}.img"));
+            let top = dir.file(&format!("top-{tool}.qcow2"));
+            qemu_img(&["create", "-q", "-f", base_fmt, &base, base_size]);
+            qemu_io(base_fmt, &base, &["write -P 0x11 0 1M"]);
+            let mut create = vec!["create", "-q", "-f", "qcow2", "-b"];
+            let base_name = format!("base-{tool}.img");
+            create.extend([base_name.as_str(), "-F", base_fmt, top.as_str()]);
+            if let Some(size) = top_size {
+                create.push(size);
+            }
+            qemu_img(&create);
+            qemu_io(
+                "qcow2",
+                &top,
+                &[
+                    "write -P 0x22 512k 64k",
+                    "write -z 128k 64k",
+                    "write -P 0x33 1536k 4k",
+                ],
+            );
+            let before = dir.file(&format!("before-{tool}.raw"));
+            qemu_img(&["convert", "-O", "raw", &top, &before]);
+            let mut args = vec!["commit"];
+            if keep {
+                args.push("-d");
+            }
+            args.push(&top);
+            let out = if tool == "theirs" {
+                qemu_img(&args)
+            } else {
+                ch(&args)
+            };
+            assert_eq!(out, "Image committed.\n");
+            qemu_img(&["check", &top]);
+            if base_fmt == "qcow2" {
+                qemu_img(&["check", &base]);
+            }
+            // The image still reads as before, and so does its backing file
+            // now (over the image's size).
+            qemu_img(&["compare", "-F", "raw", &top, &before]);
+            qemu_img(&["compare", "-f", base_fmt, "-F", "raw", &base, &before]);
+            made.push((base, top));
+        }
+        let (tb, tt) = &made[0];
+        let (ob, ot) = &made[1];
+        qemu_img(&["compare", "-f", base_fmt, "-F", base_fmt, tb, ob]);
+        // Same extents and flags (host offsets follow allocation order).
+        let layout = |img: &str| {
+            let mut j = json(&qemu_img(&["map", "--output=json", img]));
+            for e in j.as_array_mut().unwrap() {
+                e.as_object_mut().unwrap().remove("offset");
+            }
+            j
+        };
+        assert_eq!(layout(tt), layout(ot), "{base_fmt} keep={keep}");
+        if base_fmt == "qcow2" {
+            assert_eq!(layout(tb), layout(ob), "base, keep={keep}");
+        }
+    }
+    let lone = dir.file("lone.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &lone, "1M"]);
+    let c = ch_status(&["commit", &lone]);
+    assert_eq!(code(&c), 1);
+    assert!(String::from_utf8_lossy(&c.stderr).contains("Image does not have a backing file"));
+}
+
 /// A snapshot that would push a refcount past refcount_bits is refused
 /// before anything changes (qemu-img fails half way with EINVAL).
 #[test]

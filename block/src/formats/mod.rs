@@ -286,6 +286,12 @@ pub trait Format: Send + Sync {
         Err(self.unsupported("backing files"))
     }
 
+    /// Unmaps every cluster so the disk reads through to its backing file
+    /// (`commit` without `-d`). For tools that own the image.
+    fn make_empty(&self) -> Result<(), BlockError> {
+        Err(self.unsupported("emptying"))
+    }
+
     /// The error of an operation this format does not have.
     fn unsupported(&self, what: &str) -> BlockError {
         BlockError::Unsupported {

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod check;
+pub mod commit;
 pub mod compare;
 pub mod convert;
 pub mod create;

@@ -111,6 +111,7 @@ pub(crate) fn open_backing(
         image_type: ImageType::Auto,
         engine: opts.engine,
         lock: opts.lock,
+        no_backing: false,
     };
     let file = open_file(&bopts)?;
     let buffered = File::open(&path).map_err(|source| BlockError::Open {

@@ -128,6 +128,12 @@ impl Qcow2Image {
         chain: &mut Vec<PathBuf>,
     ) -> Result<Self, BlockError> {
         let path = opts.path.clone();
+        if opts.no_backing && !opts.readonly {
+            return Err(BlockError::Unsupported {
+                path,
+                feature: "a writable open without the backing chain".into(),
+            });
+        }
         if opts.lock {
             crate::lock::lock_image(&file, &path, !opts.readonly)?;
         }
@@ -189,14 +195,14 @@ impl Qcow2Image {
         }
         let backing_base = files.len() as u16;
         let backing = match header.backing_file.clone() {
-            Some(name) => Some(open_backing(
+            Some(name) if !opts.no_backing => Some(open_backing(
                 &path,
                 &name,
                 header.backing_format.as_deref(),
                 opts,
                 chain,
             )?),
-            None => None,
+            _ => None,
         };
         if let Some(b) = &backing {
             if files.len() + b.image.files().len() > usize::from(u16::MAX) {

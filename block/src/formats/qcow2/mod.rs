@@ -158,4 +158,8 @@ impl Format for Qcow2Image {
     fn set_backing_file(&self, name: Option<&str>, format: Option<&str>) -> Result<(), BlockError> {
         self.set_backing_impl(name, format)
     }
+
+    fn make_empty(&self) -> Result<(), BlockError> {
+        self.make_empty_impl()
+    }
 }

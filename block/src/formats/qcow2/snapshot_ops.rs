@@ -163,6 +163,20 @@ impl Qcow2Image {
         Ok(true)
     }
 
+    /// Unmaps every cluster of the active disk, so it reads through to the
+    /// backing file (`commit` without `-d`): the L1 table is zeroed first,
+    /// then the references the old tree held are dropped.
+    pub(crate) fn make_empty_impl(&self) -> Result<(), BlockError> {
+        let mut st = self.begin_snapshot_op()?;
+        let meta = &mut st.meta;
+        let entries = meta.l1.len();
+        let old = std::mem::replace(&mut meta.l1, vec![0; entries]);
+        write_l1(meta)?;
+        meta.barrier()?;
+        self.tree_references(meta, &old, TreeOp::Drop)?;
+        meta.barrier()
+    }
+
     /// Checks the image may take snapshot operations, locks it, and makes
     /// everything cached durable first.
     fn begin_snapshot_op(&self) -> Result<MutexGuard<'_, State>, BlockError> {
