@@ -9,7 +9,9 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use block::formats::Format;
+use block::formats::{BlockStatus, Format};
+
+use crate::error::CliError;
 use block::{
     BlockError, BlockRequest, Disk, DiskOptions, DiskQueue, EngineKind, IoMemory, RequestOp,
 };
@@ -55,6 +57,30 @@ impl ImageIo {
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BlockError> {
         self.run(RequestOp::Write, offset, IoMemory::Owned(data.to_vec()))
             .map(|_| ())
+    }
+
+    /// The block status of the extent starting at `pos`, cut at `end`. A
+    /// zero-length answer is an error: a walk over extents would not move.
+    pub fn extent_at(&self, pos: u64, end: u64) -> Result<BlockStatus, CliError> {
+        let mut status = self
+            .format()
+            .block_status(pos, end - pos)
+            .map_err(|source| CliError::BlockStatus {
+                offset: pos,
+                source,
+            })?;
+        if status.len == 0 {
+            return Err(CliError::BlockStatus {
+                offset: pos,
+                source: BlockError::OutOfRange {
+                    offset: pos,
+                    len: 0,
+                    size: end,
+                },
+            });
+        }
+        status.len = status.len.min(end - pos);
+        Ok(status)
     }
 
     /// Makes `offset..offset+len` read as zeroes (a qcow2 v3 image keeps a

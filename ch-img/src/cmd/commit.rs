@@ -98,14 +98,8 @@ fn copy_allocated(top: &ImageIo, base: &ImageIo) -> Result<(), CliError> {
     let mut buf = vec![0u8; CHUNK as usize];
     let mut pos = 0u64;
     while pos < size {
-        let status = top
-            .format()
-            .block_status(pos, size - pos)
-            .map_err(|source| CliError::BlockStatus {
-                offset: pos,
-                source,
-            })?;
-        let end = pos + status.len.clamp(1, size - pos);
+        let status = top.extent_at(pos, size)?;
+        let end = pos + status.len;
         if !(status.depth == 0 && status.present) {
             pos = end;
             continue;

@@ -78,15 +78,7 @@ fn report(quiet: bool, offset: u64) {
 fn first_status_difference(a: &ImageIo, b: &ImageIo, end: u64) -> Result<Option<u64>, CliError> {
     let mut pos = 0u64;
     while pos < end {
-        let status = |img: &ImageIo| {
-            img.format()
-                .block_status(pos, end - pos)
-                .map_err(|source| CliError::BlockStatus {
-                    offset: pos,
-                    source,
-                })
-        };
-        let (x, y) = (status(a)?, status(b)?);
+        let (x, y) = (a.extent_at(pos, end)?, b.extent_at(pos, end)?);
         if (x.present, x.zero, x.data) != (y.present, y.zero, y.data) {
             return Ok(Some(pos));
         }

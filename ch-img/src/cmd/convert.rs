@@ -141,24 +141,8 @@ fn copy(input: &ImageIo, output: &Output, size: u64, block: u64) -> Result<(), C
     let mut buf = vec![0u8; CHUNK as usize];
     let mut pos = 0u64;
     while pos < size {
-        let status = input
-            .format()
-            .block_status(pos, size - pos)
-            .map_err(|source| CliError::BlockStatus {
-                offset: pos,
-                source,
-            })?;
-        let len = status.len.min(size - pos);
-        if len == 0 {
-            return Err(CliError::BlockStatus {
-                offset: pos,
-                source: block::BlockError::OutOfRange {
-                    offset: pos,
-                    len: 0,
-                    size,
-                },
-            });
-        }
+        let status = input.extent_at(pos, size)?;
+        let len = status.len;
         if !status.zero {
             copy_extent(input, output, pos, len, block, &mut buf)?;
         }
@@ -217,14 +201,7 @@ fn copy_compressed(input: &ImageIo, output: &ImageIo, size: u64) -> Result<(), C
     let mut pos = 0u64;
     while pos < size {
         let n = (size - pos).min(cs);
-        let status =
-            input
-                .format()
-                .block_status(pos, n)
-                .map_err(|source| CliError::BlockStatus {
-                    offset: pos,
-                    source,
-                })?;
+        let status = input.extent_at(pos, pos + n)?;
         if status.zero && status.len >= n {
             pos += n;
             continue;

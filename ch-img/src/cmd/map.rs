@@ -88,23 +88,7 @@ pub fn map_range(image: &ImageIo, start: u64, end: u64) -> Result<Vec<MapEntry>,
     let mut out: Vec<MapEntry> = Vec::new();
     let mut pos = start;
     while pos < size {
-        let status = image
-            .format()
-            .block_status(pos, size - pos)
-            .map_err(|source| CliError::BlockStatus {
-                offset: pos,
-                source,
-            })?;
-        if status.len == 0 || status.len > size - pos {
-            return Err(CliError::BlockStatus {
-                offset: pos,
-                source: block::BlockError::OutOfRange {
-                    offset: pos,
-                    len: status.len,
-                    size,
-                },
-            });
-        }
+        let status = image.extent_at(pos, size)?;
         let len = status.len;
         match out.last_mut() {
             Some(prev) if mergeable(prev, &status) => prev.status.len += len,

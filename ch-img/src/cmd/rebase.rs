@@ -96,14 +96,8 @@ fn copy_differences(image: &ImageIo, new: Option<&ImageIo>) -> Result<(), CliErr
     let mut new_buf = vec![0u8; cs as usize];
     let mut pos = 0u64;
     while pos < size {
-        let status = image
-            .format()
-            .block_status(pos, size - pos)
-            .map_err(|source| CliError::BlockStatus {
-                offset: pos,
-                source,
-            })?;
-        let end = pos + status.len.clamp(1, size - pos);
+        let status = image.extent_at(pos, size)?;
+        let end = pos + status.len;
         if status.depth == 0 && status.present {
             // The image's own data (or zero clusters): the backing file
             // does not show through.
