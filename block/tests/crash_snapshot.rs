@@ -45,7 +45,11 @@ fn snapshot_crash_child() {
 fn round(dir: &TempDir, seed: u64) {
     let img = dir.join(format!("snap-{seed}.qcow2"));
     let img_s = s(&img).to_string();
-    let cluster = if seed % 2 == 0 { "65536" } else { "4096" };
+    let cluster = if seed.is_multiple_of(2) {
+        "65536"
+    } else {
+        "4096"
+    };
     qemu_create(
         "qcow2",
         &img_s,
