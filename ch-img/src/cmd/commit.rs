@@ -2,7 +2,8 @@
 //!
 //! Writes what a qcow2 image allocates into its backing file, then (unless
 //! `-d`) empties the image so it reads through to the backing file again,
-//! as qemu-img does. The flow, with qemu's locks kept throughout:
+//! as qemu-img does. The flow (qemu's OFD locks are held during each step;
+//! between the steps the files are briefly closed and reopened):
 //! 1. open the image read-only *without* its backing chain (so the
 //!    backing file is not held open read-only by us) and the backing file
 //!    read-write;
