@@ -48,6 +48,7 @@ pub(crate) mod prealloc_detect;
 pub(crate) mod read;
 pub(crate) mod refcount;
 pub(crate) mod reserve;
+pub(crate) mod shrink;
 pub(crate) mod snapshot_ops;
 pub mod snapshot_table;
 pub(crate) mod status;

@@ -49,7 +49,7 @@ const EXTRA_DATA: usize = 24;
 
 /// What [`Qcow2Image::tree_references`] does to every cluster of a tree.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum TreeOp {
+pub(super) enum TreeOp {
     /// Fail if any could not take one more reference; change nothing.
     CheckRoom,
     Add,
@@ -206,7 +206,7 @@ impl Qcow2Image {
 
     /// Applies `op` to every L2 table `l1` names and every cluster those
     /// tables map.
-    fn tree_references(
+    pub(super) fn tree_references(
         &self,
         meta: &mut MetaState,
         l1: &[u64],
@@ -304,7 +304,7 @@ impl Qcow2Image {
     }
 }
 
-fn load_table(meta: &mut MetaState, off: u64) -> Result<Vec<u8>, BlockError> {
+pub(super) fn load_table(meta: &mut MetaState, off: u64) -> Result<Vec<u8>, BlockError> {
     meta.load_l2(off)?;
     meta.l2_cache
         .get(off)
@@ -330,7 +330,7 @@ fn read_l1(meta: &MetaState, sn: &SnapshotInfo) -> Result<Vec<u64>, BlockError> 
 }
 
 /// Writes the active L1 table (as `meta.l1` holds it) to its place.
-fn write_l1(meta: &mut MetaState) -> Result<(), BlockError> {
+pub(super) fn write_l1(meta: &mut MetaState) -> Result<(), BlockError> {
     meta.write_refcounts()?;
     let bytes: Vec<u8> = meta.l1.iter().flat_map(|e| e.to_be_bytes()).collect();
     write_at(&meta.file, meta.l1_offset, &bytes, "L1 table")

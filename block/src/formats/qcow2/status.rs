@@ -211,11 +211,6 @@ impl Qcow2Image {
         }
         let mut st = self.lock();
         let old = self.size.load(Ordering::Acquire);
-        if new_size < old {
-            return Err(BlockError::Resize(
-                "shrinking a qcow2 image is not supported".into(),
-            ));
-        }
         if !new_size.is_multiple_of(512) {
             return Err(BlockError::Resize(
                 "size must be a multiple of 512 bytes".into(),
@@ -225,6 +220,9 @@ impl Qcow2Image {
             return Err(BlockError::Resize(
                 "images with a data file or snapshots cannot be resized".into(),
             ));
+        }
+        if new_size < old {
+            self.unmap_past(&mut st.meta, new_size)?;
         }
         let l1_needed = new_size.div_ceil(st.meta.g.l2_coverage());
         let l1_needed =
