@@ -14,7 +14,8 @@ use super::references::{Findings, References, Walker};
 use super::{CheckReport, Repair};
 use crate::error::BlockError;
 use crate::formats::qcow2::features::{INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
-use crate::formats::qcow2::header::{Header, HeaderError, OFF_INCOMPAT};
+use crate::formats::qcow2::header::{Header, OFF_INCOMPAT};
+use crate::formats::qcow2::image::read_header;
 use crate::formats::qcow2::l2_entry::OFLAG_COPIED;
 use crate::formats::qcow2::meta_io::{be64_at, read_at, sync, write_at};
 use crate::formats::qcow2::refcount::{
@@ -69,14 +70,7 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
             path: path.to_owned(),
             source,
         })?;
-    let file_size = file
-        .metadata()
-        .map_err(|source| BlockError::Open {
-            path: path.to_owned(),
-            source,
-        })?
-        .len();
-    let header = read_header(&file, file_size, path)?;
+    let (header, file_size) = read_header(&file, path)?;
     let cs = header.cluster_size();
     let nb_clusters = file_size.div_ceil(cs);
     if nb_clusters > MAX_CHECKED_CLUSTERS {
@@ -271,26 +265,6 @@ fn clear_flags(path: &Path, repair: Repair) -> Result<(), BlockError> {
         sync(&file)?;
     }
     Ok(())
-}
-
-fn read_header(file: &File, file_size: u64, path: &Path) -> Result<Header, BlockError> {
-    let mut fixed = [0u8; 24];
-    read_at(file, 0, &mut fixed, "image header")?;
-    let bits = u32::from_be_bytes([fixed[20], fixed[21], fixed[22], fixed[23]]);
-    // Header::parse checks the range again; this only bounds the read.
-    let len = 1u64 << bits.clamp(9, 21);
-    let mut buf = vec![0u8; len.min(file_size) as usize];
-    read_at(file, 0, &mut buf, "image header")?;
-    Header::parse(&buf, file_size).map_err(|e| match e {
-        HeaderError::Invalid(reason) => BlockError::InvalidImage {
-            path: path.to_owned(),
-            reason,
-        },
-        HeaderError::Unsupported(feature) => BlockError::Unsupported {
-            path: path.to_owned(),
-            feature,
-        },
-    })
 }
 
 /// Reads the refcount table, counting its clusters and its blocks.
