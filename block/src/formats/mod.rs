@@ -253,7 +253,7 @@ pub trait Format: Send + Sync {
     /// image (convert -c), not for queues.
     fn write_compressed(&self, offset: u64, data: &[u8]) -> Result<bool, BlockError> {
         let _ = (offset, data);
-        Err(self.unsupported("compressed writes"))
+        Err(unsupported(self.name(), "compressed writes"))
     }
 
     /// Adds an internal snapshot `name` of the disk as it is now, dated
@@ -261,21 +261,21 @@ pub trait Format: Send + Sync {
     /// image, not for queues.
     fn snapshot_create(&self, name: &str, date: (u32, u32)) -> Result<(), BlockError> {
         let _ = (name, date);
-        Err(self.unsupported("internal snapshots"))
+        Err(unsupported(self.name(), "internal snapshots"))
     }
 
     /// Deletes the first internal snapshot named `name`; `Ok(false)` when
     /// there is none. For tools that own the image, not for queues.
     fn snapshot_delete(&self, name: &str) -> Result<bool, BlockError> {
         let _ = name;
-        Err(self.unsupported("internal snapshots"))
+        Err(unsupported(self.name(), "internal snapshots"))
     }
 
     /// Makes the internal snapshot with id or name `name` the active
     /// disk; `Ok(false)` when there is none. For tools that own the image.
     fn snapshot_apply(&self, name: &str) -> Result<bool, BlockError> {
         let _ = name;
-        Err(self.unsupported("internal snapshots"))
+        Err(unsupported(self.name(), "internal snapshots"))
     }
 
     /// Points the image's header at backing file `name` (format `format`)
@@ -283,21 +283,13 @@ pub trait Format: Send + Sync {
     /// own the image; the open image keeps its old chain until reopened.
     fn set_backing_file(&self, name: Option<&str>, format: Option<&str>) -> Result<(), BlockError> {
         let _ = (name, format);
-        Err(self.unsupported("backing files"))
+        Err(unsupported(self.name(), "backing files"))
     }
 
     /// Unmaps every cluster so the disk reads through to its backing file
     /// (`commit` without `-d`). For tools that own the image.
     fn make_empty(&self) -> Result<(), BlockError> {
-        Err(self.unsupported("emptying"))
-    }
-
-    /// The error of an operation this format does not have.
-    fn unsupported(&self, what: &str) -> BlockError {
-        BlockError::Unsupported {
-            path: std::path::PathBuf::new(),
-            feature: format!("{what} in {} images", self.name()),
-        }
+        Err(unsupported(self.name(), "emptying"))
     }
 
     /// True for a raw image whose format was probed, not given: the engine
@@ -305,5 +297,14 @@ pub trait Format: Send + Sync {
     /// magic (see [`crate::formats::probe::looks_like_image_header`]).
     fn guards_first_sector(&self) -> bool {
         false
+    }
+}
+
+/// The error of an operation format `name` does not have (the default of
+/// the tool-only `Format` methods).
+fn unsupported(name: &str, what: &str) -> BlockError {
+    BlockError::Unsupported {
+        path: std::path::PathBuf::new(),
+        feature: format!("{what} in {name} images"),
     }
 }
