@@ -18,6 +18,8 @@
 //! Only for tools writing an image on their own (convert): there is no
 //! in-flight tracking against queues writing the same clusters.
 
+use std::cell::RefCell;
+
 use flate2::{Compress, FlushCompress, Status};
 
 use super::image::Qcow2Image;
@@ -30,6 +32,16 @@ use crate::formats::Compression;
 
 /// qemu inflates compressed clusters with a 2^12-byte deflate window.
 const DEFLATE_WINDOW_BITS: u8 = 12;
+
+// One compressor per thread, reset for every cluster (setting one up
+// allocates its window and hash tables).
+thread_local! {
+    static DEFLATE: RefCell<Compress> = RefCell::new(Compress::new_with_window_bits(
+        flate2::Compression::default(),
+        false,
+        DEFLATE_WINDOW_BITS,
+    ));
+}
 
 impl Qcow2Image {
     pub(crate) fn write_compressed_impl(
@@ -87,13 +99,13 @@ fn compress_cluster(algorithm: Compression, data: &[u8]) -> Result<Option<Vec<u8
     let limit = data.len() - 1;
     let out = match algorithm {
         Compression::Deflate => {
-            let mut c = Compress::new_with_window_bits(
-                flate2::Compression::default(),
-                false,
-                DEFLATE_WINDOW_BITS,
-            );
             let mut out = Vec::with_capacity(limit);
-            match c.compress_vec(data, &mut out, FlushCompress::Finish) {
+            let status = DEFLATE.with(|cell| {
+                let mut c = cell.borrow_mut();
+                c.reset();
+                c.compress_vec(data, &mut out, FlushCompress::Finish)
+            });
+            match status {
                 Ok(Status::StreamEnd) => out,
                 // The output buffer filled up first: not compressible.
                 Ok(_) => return Ok(None),
