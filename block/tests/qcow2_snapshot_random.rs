@@ -71,6 +71,17 @@ fn run_shape(d: &TempDir, name: &str, create: &str, seed: u64) {
                 model[off as usize..(off + len) as usize].copy_from_slice(&data);
             }
         }
+        // The open image sees the table where the last operation left it.
+        let mut listed: Vec<String> = f.info().snapshots.into_iter().map(|s| s.name).collect();
+        listed.sort();
+        assert_eq!(
+            listed,
+            snapshots.keys().cloned().collect::<Vec<_>>(),
+            "{what}"
+        );
+        if !snapshots.is_empty() {
+            assert!(f.resize(SIZE / 2).is_err(), "{what}: shrink with snapshots");
+        }
         if round % 5 == 0 {
             assert_same(&read(&*f, 0, SIZE as usize), &model, &what);
         }

@@ -13,7 +13,7 @@ use crate::formats::qcow2::l2_entry::{
     decode_l1, decode_l2, L2Entry, OFLAG_COMPRESSED, OFLAG_COPIED,
 };
 use crate::formats::qcow2::meta_io::{be64_at, read_at};
-use crate::formats::qcow2::snapshot_table::read_snapshot_table;
+use crate::formats::qcow2::snapshot_table::{read_snapshot_table, TableLocation};
 
 /// References per host cluster of the file (index = offset >> cluster_bits).
 pub(super) struct References {
@@ -249,13 +249,14 @@ impl Walker<'_> {
     /// Counts the snapshot table and every snapshot's L1 tree.
     pub fn walk_snapshots(&mut self) -> Result<(), BlockError> {
         let h = self.header;
-        let (entries, table_len) = match read_snapshot_table(self.file, h, self.file_size) {
-            Ok(t) => t,
-            Err(reason) => {
-                self.findings.corrupt(reason);
-                return Ok(());
-            }
-        };
+        let (entries, table_len) =
+            match read_snapshot_table(self.file, TableLocation::of(h), self.file_size) {
+                Ok(t) => t,
+                Err(reason) => {
+                    self.findings.corrupt(reason);
+                    return Ok(());
+                }
+            };
         if entries.is_empty() {
             return Ok(());
         }

@@ -19,6 +19,7 @@ use super::header::{within, Header};
 use super::l2_entry::{decode_l1, decode_l2_in, L2Entry, OFLAG_COPIED};
 use super::meta_io::{be64_at, read_at, sync, write_at};
 use super::refcount::entries_per_block;
+use super::snapshot_table::TableLocation;
 use crate::error::BlockError;
 use crate::formats::Compression;
 
@@ -89,6 +90,8 @@ pub(crate) struct MetaState {
     pub rb_cache: TableCache,
     /// No cluster below this index is free.
     pub free_hint: u64,
+    /// Where the internal snapshot table is now.
+    pub snapshots: TableLocation,
     /// End of the last compressed cluster written, where the next may be
     /// packed (0: none). Reset whenever a refcount drops, so it never
     /// points into a cluster that was freed and reused meanwhile.
@@ -151,6 +154,7 @@ impl MetaState {
             refblocks: rt.iter().map(|e| e & !0x1ff).filter(|o| *o != 0).collect(),
             rt,
             free_hint: 0,
+            snapshots: TableLocation::of(h),
             compressed_tail: 0,
             barriers: true,
             l2_write_through: false,

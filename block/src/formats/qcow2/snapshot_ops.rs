@@ -34,13 +34,12 @@
 
 use std::sync::MutexGuard;
 
-use super::header::Header;
-use super::image::{read_header, Qcow2Image, State};
+use super::image::{Qcow2Image, State};
 use super::l2_entry::{decode_l1, decode_l2, OFFSET_MASK, OFLAG_COMPRESSED, OFLAG_COPIED};
 use super::meta::MetaState;
 use super::meta_io::{be64_at, read_at, write_at};
 use super::refcount::max_refcount;
-use super::snapshot_table::{read_snapshot_table, SnapshotInfo};
+use super::snapshot_table::{read_snapshot_table, SnapshotInfo, TableLocation};
 use crate::error::BlockError;
 
 /// Bytes of extra data per entry qemu writes: 64-bit VM state size,
@@ -66,7 +65,7 @@ impl Qcow2Image {
     ) -> Result<(), BlockError> {
         let mut st = self.begin_snapshot_op()?;
         let meta = &mut st.meta;
-        let (h, mut entries) = self.current_table(meta)?;
+        let (mut entries, old_len) = self.current_table(meta)?;
         if name.len() > u16::MAX as usize {
             return Err(meta.invalid("snapshot name too long"));
         }
@@ -99,7 +98,7 @@ impl Qcow2Image {
             disk_size: Some(size),
             icount: Some(0),
         });
-        replace_table(meta, &h, &entries, size)
+        replace_table(meta, old_len, &entries, size)
     }
 
     /// Makes the snapshot with id or name `name` the active disk.
@@ -107,7 +106,7 @@ impl Qcow2Image {
     pub(crate) fn snapshot_apply_impl(&self, name: &str) -> Result<bool, BlockError> {
         let mut st = self.begin_snapshot_op()?;
         let meta = &mut st.meta;
-        let (_, entries) = self.current_table(meta)?;
+        let (entries, _) = self.current_table(meta)?;
         let Some(sn) = entries
             .iter()
             .find(|e| e.id == name)
@@ -144,13 +143,13 @@ impl Qcow2Image {
     pub(crate) fn snapshot_delete_impl(&self, name: &str) -> Result<bool, BlockError> {
         let mut st = self.begin_snapshot_op()?;
         let meta = &mut st.meta;
-        let (h, mut entries) = self.current_table(meta)?;
+        let (mut entries, old_len) = self.current_table(meta)?;
         let Some(at) = entries.iter().position(|e| e.name == name) else {
             return Ok(false);
         };
         let gone = entries.remove(at);
         let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        replace_table(meta, &h, &entries, size)?;
+        replace_table(meta, old_len, &entries, size)?;
         let gone_l1 = read_l1(meta, &gone)?;
         self.tree_references(meta, &gone_l1, TreeOp::Drop)?;
         if gone.l1_size > 0 {
@@ -195,13 +194,14 @@ impl Qcow2Image {
         Ok(st)
     }
 
-    /// The header as it is on disk now (an earlier operation of this
-    /// process may have moved the table) and the table's entries.
-    fn current_table(&self, meta: &MetaState) -> Result<(Header, Vec<SnapshotInfo>), BlockError> {
-        let (h, file_size) = read_header(&meta.file, &self.path)?;
-        let (entries, _) =
-            read_snapshot_table(&meta.file, &h, file_size).map_err(|r| meta.invalid(r))?;
-        Ok((h, entries))
+    /// The entries of the snapshot table where it is now, and its length.
+    fn current_table(&self, meta: &MetaState) -> Result<(Vec<SnapshotInfo>, u64), BlockError> {
+        let file_size =
+            crate::formats::raw::file_size(&meta.file).map_err(|source| BlockError::Open {
+                path: meta.path.clone(),
+                source,
+            })?;
+        read_snapshot_table(&meta.file, meta.snapshots, file_size).map_err(|r| meta.invalid(r))
     }
 
     /// Applies `op` to every L2 table `l1` names and every cluster those
@@ -347,11 +347,12 @@ fn copy_l1(meta: &mut MetaState) -> Result<u64, BlockError> {
     Ok(off)
 }
 
-/// Writes `entries` as the new snapshot table and points the header at
-/// it (see the module docs for the order), then frees the old table.
+/// Writes `entries` as the new snapshot table and points the header (and
+/// `meta.snapshots`) at it (see the module docs for the order), then
+/// frees the old table, `old_len` bytes long.
 fn replace_table(
     meta: &mut MetaState,
-    h: &Header,
+    old_len: u64,
     entries: &[SnapshotInfo],
     disk_size: u64,
 ) -> Result<(), BlockError> {
@@ -372,15 +373,15 @@ fn replace_table(
     fields.extend_from_slice(&new_off.to_be_bytes());
     write_at(&meta.file, 60, &fields, "header snapshot fields")?;
     meta.barrier()?;
-    if h.nb_snapshots > 0 {
-        let file_size =
-            crate::formats::raw::file_size(&meta.file).map_err(|source| BlockError::Open {
-                path: meta.path.clone(),
-                source,
-            })?;
-        let (_, old_len) =
-            read_snapshot_table(&meta.file, h, file_size).map_err(|r| meta.invalid(r))?;
-        meta.change_refcounts(h.snapshots_offset / cs, old_len.div_ceil(cs).max(1), -1)?;
+    let old = std::mem::replace(
+        &mut meta.snapshots,
+        TableLocation {
+            count: entries.len() as u32,
+            offset: new_off,
+        },
+    );
+    if old.count > 0 {
+        meta.change_refcounts(old.offset / cs, old_len.div_ceil(cs).max(1), -1)?;
     }
     Ok(())
 }

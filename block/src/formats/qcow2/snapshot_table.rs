@@ -1,7 +1,8 @@
 //! The internal snapshot table: parsing its entries for `info`,
 //! `snapshot -l` and `check`.
 //!
-//! The header's (`nb_snapshots`, `snapshots_offset`) and the file enter;
+//! Where the table is ([`TableLocation`], from the header or as snapshot
+//! operations moved it) and the file enter;
 //! the entries leave, or a reason when the table is not where the header
 //! says or does not fit. Entry layout (qcow2 spec): L1 offset (8), L1 size
 //! (4), id length (2), name length (2), date seconds (4), date
@@ -37,24 +38,42 @@ pub struct SnapshotInfo {
     pub icount: Option<u64>,
 }
 
+/// Where the snapshot table is: the header's `nb_snapshots` and
+/// `snapshots_offset`. An open image keeps it in `MetaState`, so snapshot
+/// operations that move the table are seen by the rest of the image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TableLocation {
+    pub count: u32,
+    pub offset: u64,
+}
+
+impl TableLocation {
+    pub fn of(h: &Header) -> Self {
+        TableLocation {
+            count: h.nb_snapshots,
+            offset: h.snapshots_offset,
+        }
+    }
+}
+
 /// The entries of the table and the table's length in bytes.
 pub(crate) fn read_snapshot_table(
     file: &File,
-    h: &Header,
+    at: TableLocation,
     file_size: u64,
 ) -> Result<(Vec<SnapshotInfo>, u64), String> {
-    if h.nb_snapshots == 0 {
+    if at.count == 0 {
         return Ok((Vec::new(), 0));
     }
-    if h.nb_snapshots > MAX_SNAPSHOTS {
+    if at.count > MAX_SNAPSHOTS {
         return Err(format!(
             "ERROR: {} snapshots is more than qcow2 allows",
-            h.nb_snapshots
+            at.count
         ));
     }
     let read = |pos: u64, buf: &mut [u8], n: u32| -> Result<(), String> {
         let end = pos.checked_add(buf.len() as u64);
-        if end.is_none_or(|e| e > file_size || e - h.snapshots_offset > MAX_SNAPSHOT_TABLE) {
+        if end.is_none_or(|e| e > file_size || e - at.offset > MAX_SNAPSHOT_TABLE) {
             return Err(format!(
                 "ERROR: snapshot table entry {n} lies outside the image"
             ));
@@ -62,9 +81,9 @@ pub(crate) fn read_snapshot_table(
         file.read_exact_at(buf, pos)
             .map_err(|e| format!("ERROR: reading snapshot table entry {n}: {e}"))
     };
-    let mut pos = h.snapshots_offset;
+    let mut pos = at.offset;
     let mut out = Vec::new();
-    for n in 0..h.nb_snapshots {
+    for n in 0..at.count {
         let mut fixed = [0u8; 40];
         read(pos, &mut fixed, n)?;
         let be16 = |i: usize| u16::from_be_bytes([fixed[i], fixed[i + 1]]) as u64;
@@ -110,7 +129,7 @@ pub(crate) fn read_snapshot_table(
         });
         pos += (40 + extra_len + id_len + name_len).div_ceil(8) * 8;
     }
-    Ok((out, pos - h.snapshots_offset))
+    Ok((out, pos - at.offset))
 }
 
 #[cfg(test)]
@@ -165,7 +184,7 @@ mod tests {
     #[test]
     fn parses_an_entry() {
         let (file, h, len, path) = table_file(&entry(24, b"7", b"seven"));
-        let (entries, table_len) = read_snapshot_table(&file, &h, len).unwrap();
+        let (entries, table_len) = read_snapshot_table(&file, TableLocation::of(&h), len).unwrap();
         std::fs::remove_file(path).unwrap();
         assert_eq!(entries.len(), 1);
         assert_eq!(
@@ -180,13 +199,13 @@ mod tests {
     #[test]
     fn refuses_huge_extra_data_and_entries_past_the_file() {
         let (file, h, len, path) = table_file(&entry(u32::MAX, b"1", b"x"));
-        let err = read_snapshot_table(&file, &h, len).unwrap_err();
+        let err = read_snapshot_table(&file, TableLocation::of(&h), len).unwrap_err();
         assert!(err.contains("extra data"), "{err}");
         std::fs::remove_file(path).unwrap();
         let mut e = entry(0, b"1", b"x");
         e[14..16].copy_from_slice(&u16::MAX.to_be_bytes());
         let (file, h, len, path) = table_file(&e);
-        let err = read_snapshot_table(&file, &h, len).unwrap_err();
+        let err = read_snapshot_table(&file, TableLocation::of(&h), len).unwrap_err();
         assert!(err.contains("outside the image"), "{err}");
         std::fs::remove_file(path).unwrap();
     }

@@ -176,7 +176,10 @@ impl Qcow2Image {
 
     pub(crate) fn info_impl(&self) -> ImageInfo {
         let h = &self.header;
-        let incompatible = self.lock().incompatible;
+        let (incompatible, snapshots_at) = {
+            let st = self.lock();
+            (st.incompatible, st.meta.snapshots)
+        };
         let v3 = h.version >= 3;
         ImageInfo {
             format: "qcow2",
@@ -199,7 +202,7 @@ impl Qcow2Image {
             // An unreadable table lists nothing here; `check` reports it.
             snapshots: crate::formats::raw::file_size(&self.cow_files[0])
                 .ok()
-                .and_then(|len| read_snapshot_table(&self.cow_files[0], h, len).ok())
+                .and_then(|len| read_snapshot_table(&self.cow_files[0], snapshots_at, len).ok())
                 .map(|(entries, _)| entries)
                 .unwrap_or_default(),
         }
@@ -216,7 +219,7 @@ impl Qcow2Image {
                 "size must be a multiple of 512 bytes".into(),
             ));
         }
-        if self.header.has_data_file() || self.header.nb_snapshots > 0 {
+        if self.header.has_data_file() || st.meta.snapshots.count > 0 {
             return Err(BlockError::Resize(
                 "images with a data file or snapshots cannot be resized".into(),
             ));
