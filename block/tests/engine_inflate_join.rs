@@ -1,7 +1,8 @@
 //! Compressed clusters read by several requests in flight together: the
 //! cluster is read from the file and inflated once, every request gets
 //! its piece, and a failed read of the cluster fails every request that
-//! waited for it (exactly once each).
+//! waited for it (exactly once each). Clusters the queue inflates itself
+//! (zstd) come back a few per drain, each drain waking the next.
 
 mod engine_support;
 mod support;
@@ -9,6 +10,7 @@ mod support;
 use std::io::Write;
 use std::sync::Arc;
 
+use block::formats::Compression;
 use block::{Disk, DiskQueue, EngineKind};
 use engine_support::faults::{faulty_queue, FaultPlan, FaultStats};
 use engine_support::scripted::{Layout, ScriptedFormat};
@@ -21,16 +23,33 @@ type Stats = Arc<std::sync::Mutex<FaultStats>>;
 
 /// Two compressed clusters (0 and 1); returns the queue and their data.
 fn setup(dir: &TempDir, kind: EngineKind, plan: FaultPlan) -> (Disk, DiskQueue, Stats, Vec<u8>) {
+    setup_clusters(dir, kind, plan, 2, Compression::Deflate)
+}
+
+/// `clusters` compressed clusters with `algorithm`, half random, half zero.
+fn setup_clusters(
+    dir: &TempDir,
+    kind: EngineKind,
+    plan: FaultPlan,
+    clusters: u64,
+    algorithm: Compression,
+) -> (Disk, DiskQueue, Stats, Vec<u8>) {
     let path = dir.join("img");
     let mut model = Vec::new();
     let mut file_bytes = vec![0u8; 4096];
     let mut table = Vec::new();
-    for c in 0..2u64 {
+    for c in 0..clusters {
         let mut data = vec![0u8; CLUSTER as usize];
         Rng::new(c + 5).fill(&mut data[..CLUSTER as usize / 2]);
-        let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
-        e.write_all(&data).unwrap();
-        let comp = e.finish().unwrap();
+        let comp = match algorithm {
+            Compression::Deflate => {
+                let mut e =
+                    flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+                e.write_all(&data).unwrap();
+                e.finish().unwrap()
+            }
+            Compression::Zstd => zstd::bulk::compress(&data, 1).unwrap(),
+        };
         table.push(Some((file_bytes.len() as u64, comp.len() as u64)));
         file_bytes.extend_from_slice(&comp);
         model.extend_from_slice(&data);
@@ -45,10 +64,11 @@ fn setup(dir: &TempDir, kind: EngineKind, plan: FaultPlan) -> (Disk, DiskQueue, 
     );
     let fmt = Arc::new(ScriptedFormat::new(
         vec![f],
-        2 * u64::from(CLUSTER),
+        clusters * u64::from(CLUSTER),
         Layout::Compressed {
             cluster: CLUSTER,
             table,
+            algorithm,
         },
     ));
     let (disk, q, stats) = faulty_queue(fmt, kind, plan);
@@ -116,5 +136,62 @@ fn a_failed_cluster_read_fails_every_waiting_read_once() {
         // The cluster is not stuck: a new read fetches it.
         let done = run_batch_polling(&mut q, vec![read_req(50, 4096, 4096)]);
         assert!(done[0].result.is_ok(), "{kind:?}: {:?}", done[0].result);
+    }
+}
+
+/// Sixteen zstd clusters whose reads all completed before the first drain:
+/// the queue inflates a few per drain and wakes its eventfd for the rest,
+/// so a caller that sleeps on the eventfd between drains gets every one
+/// (without the wake-up it would sleep forever after the first drain).
+#[test]
+fn queue_inflated_clusters_come_back_a_few_per_drain() {
+    use std::os::fd::AsRawFd;
+    for kind in [EngineKind::Sync, EngineKind::IoUring] {
+        if kind == EngineKind::IoUring && block::io::probe::uring_support().is_err() {
+            continue;
+        }
+        let dir = TempDir::new("inflate-backlog");
+        let (_disk, mut q, stats, model) =
+            setup_clusters(&dir, kind, FaultPlan::default(), 16, Compression::Zstd);
+        let reqs: Vec<_> = (0..16u64)
+            .map(|i| read_req(i, i * u64::from(CLUSTER) + 8192, 4096))
+            .collect();
+        q.submit_batch_requests(reqs);
+        // Let every read reach its CQE before the first drain.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut out = Vec::new();
+        let mut drains = 0;
+        while out.len() < 16 {
+            let mut pfd = libc::pollfd {
+                fd: q.completion_eventfd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the duration of the call.
+            let r = unsafe { libc::poll(&mut pfd, 1, 5_000) };
+            assert!(
+                r > 0,
+                "{kind:?}: no wake-up after {} of 16 completions",
+                out.len()
+            );
+            q.drain_completions(&mut out);
+            drains += 1;
+        }
+        assert_eq!(out.len(), 16);
+        assert!(
+            drains >= 16 / block::io::INFLATIONS_PER_DRAIN,
+            "{kind:?}: {drains} drains inflated 16 clusters"
+        );
+        out.sort_by_key(|c| c.user_data);
+        for (i, c) in out.iter().enumerate() {
+            assert!(c.result.is_ok(), "{kind:?} read {i}: {:?}", c.result);
+            let block::IoMemory::Owned(v) = &c.memory else {
+                panic!("not owned")
+            };
+            let at = i * CLUSTER as usize + 8192;
+            assert_eq!(v[..], model[at..at + 4096], "{kind:?} read {i}");
+        }
+        assert_eq!(stats.lock().unwrap().reads, 16);
+        assert_eq!(q.in_flight(), 0);
     }
 }

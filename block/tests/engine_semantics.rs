@@ -271,7 +271,11 @@ fn compressed_clusters_inflate_once_for_sequential_reads() {
             let fmt = Arc::new(ScriptedFormat::new(
                 vec![f],
                 4 * u64::from(cluster),
-                Layout::Compressed { cluster, table },
+                Layout::Compressed {
+                    cluster,
+                    table,
+                    algorithm: block::formats::Compression::Deflate,
+                },
             ));
             let (_disk, mut q, stats) = faulty_queue(fmt, kind, FaultPlan::default());
             let mut model = c0.clone();

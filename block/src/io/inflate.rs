@@ -20,9 +20,7 @@ pub fn inflate(algorithm: Compression, input: &[u8], cluster_size: u32) -> Resul
     if cluster_size == 0 || cluster_size > MAX_CLUSTER_SIZE {
         return Err(format!("cluster size {cluster_size} out of range"));
     }
-    let mut out = vec![0u8; cluster_size as usize];
-    crate::formats::qcow2::compressed::inflate_cluster(algorithm, input, &mut out)?;
-    Ok(out)
+    crate::formats::qcow2::compressed::inflate_cluster(algorithm, input, cluster_size as usize)
 }
 
 /// Identifies a compressed cluster's bytes in the image.

@@ -23,6 +23,7 @@ use crate::formats::FileId;
 
 pub mod align;
 pub(crate) mod executor;
+pub use executor::INFLATIONS_PER_DRAIN;
 pub mod inflate;
 pub mod inflate_pool;
 pub(crate) mod memory;

@@ -21,11 +21,12 @@ pub enum Layout {
     /// Everything reads from file 1 at the same offset (a short backing
     /// file: past its end reads zeroes).
     Backing,
-    /// Cluster `i` (of `cluster` bytes) is compressed at `table[i]` in file
-    /// 0, or zero when absent.
+    /// Cluster `i` (of `cluster` bytes) is compressed with `algorithm` at
+    /// `table[i]` in file 0, or zero when absent.
     Compressed {
         cluster: u32,
         table: Vec<Option<(u64, u64)>>,
+        algorithm: block::formats::Compression,
     },
 }
 
@@ -110,7 +111,11 @@ impl Format for ScriptedFormat {
                     offset,
                 },
             }),
-            Layout::Compressed { cluster, table } => {
+            Layout::Compressed {
+                cluster,
+                table,
+                algorithm,
+            } => {
                 let c = u64::from(*cluster);
                 let mut off = offset;
                 while off < offset + len {
@@ -120,7 +125,7 @@ impl Format for ScriptedFormat {
                             file: FileId(0),
                             host_offset: host,
                             compressed_len: clen,
-                            algorithm: block::formats::Compression::Deflate,
+                            algorithm: *algorithm,
                             cluster_size: *cluster,
                             offset_in_cluster: (off % c) as u32,
                         }),

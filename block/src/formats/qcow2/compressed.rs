@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 
 use flate2::{Decompress, FlushDecompress, Status};
-use zstd::stream::raw::{Decoder, Operation};
+use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
 
 use super::l2_entry::CompressedDescriptor;
 use crate::formats::Compression;
@@ -21,17 +21,35 @@ pub(crate) fn compressed_read_len(desc: &CompressedDescriptor, file_size: u64) -
     desc.max_len.min(file_size.saturating_sub(desc.host_offset))
 }
 
-/// Inflates `input` into `out`, which must be filled completely (one
-/// cluster). Trailing bytes after the stream are ignored.
+/// Inflates `input` into one cluster of `cluster_size` bytes. The
+/// decoders write straight into the new vector's spare capacity (exactly
+/// `cluster_size`, as `Vec::with_capacity` guarantees), so the cluster is
+/// not zeroed first: that cost as much as inflating a zstd cluster.
+/// Trailing bytes after the stream are ignored; a stream that stops short
+/// of the cluster is an error.
 pub(crate) fn inflate_cluster(
     algorithm: Compression,
     input: &[u8],
-    out: &mut [u8],
-) -> Result<(), String> {
-    match algorithm {
-        Compression::Deflate => inflate_deflate(input, out),
-        Compression::Zstd => inflate_zstd(input, out),
+    cluster_size: usize,
+) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(cluster_size);
+    let name = match algorithm {
+        Compression::Deflate => {
+            inflate_deflate(input, &mut out)?;
+            "deflate"
+        }
+        Compression::Zstd => {
+            inflate_zstd(input, &mut out)?;
+            "zstd"
+        }
+    };
+    if out.len() != cluster_size {
+        return Err(format!(
+            "{name} stream inflates to {} bytes, expected {cluster_size}",
+            out.len()
+        ));
     }
+    Ok(out)
 }
 
 // One decoder per thread, reset for every cluster: creating a zstd
@@ -41,31 +59,21 @@ thread_local! {
     static ZSTD: RefCell<Option<Decoder<'static>>> = const { RefCell::new(None) };
 }
 
-fn inflate_deflate(input: &[u8], out: &mut [u8]) -> Result<(), String> {
+/// Inflates into `out`'s spare capacity (never past it).
+fn inflate_deflate(input: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     DEFLATE.with(|cell| {
         let mut d = cell.borrow_mut();
         d.reset(false);
-        inflate_deflate_with(&mut d, input, out)
+        match d.decompress_vec(input, out, FlushDecompress::Finish) {
+            // qemu accepts a stream that filled the buffer without its end marker.
+            Ok(Status::StreamEnd) | Ok(Status::Ok) | Ok(Status::BufError) => Ok(()),
+            Err(e) => Err(format!("deflate: {e}")),
+        }
     })
 }
 
-fn inflate_deflate_with(d: &mut Decompress, input: &[u8], out: &mut [u8]) -> Result<(), String> {
-    match d.decompress(input, out, FlushDecompress::Finish) {
-        // qemu accepts a stream that filled the buffer without its end marker.
-        Ok(Status::StreamEnd) | Ok(Status::Ok) | Ok(Status::BufError) => {}
-        Err(e) => return Err(format!("deflate: {e}")),
-    }
-    if d.total_out() != out.len() as u64 {
-        return Err(format!(
-            "deflate stream inflates to {} bytes, expected {}",
-            d.total_out(),
-            out.len()
-        ));
-    }
-    Ok(())
-}
-
-fn inflate_zstd(input: &[u8], out: &mut [u8]) -> Result<(), String> {
+/// Inflates into `out`'s spare capacity (never past it).
+fn inflate_zstd(input: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     ZSTD.with(|cell| {
         let mut slot = cell.borrow_mut();
         let d = match slot.as_mut() {
@@ -75,30 +83,19 @@ fn inflate_zstd(input: &[u8], out: &mut [u8]) -> Result<(), String> {
             }
             None => slot.insert(Decoder::new().map_err(|e| format!("zstd: {e}"))?),
         };
-        inflate_zstd_with(d, input, out)
-    })
-}
-
-fn inflate_zstd_with(d: &mut Decoder<'static>, input: &[u8], out: &mut [u8]) -> Result<(), String> {
-    let (mut read, mut written) = (0usize, 0usize);
-    // Each round consumes input or produces output, or we stop.
-    while written < out.len() {
-        let st = d
-            .run_on_buffers(&input[read..], &mut out[written..])
-            .map_err(|e| format!("zstd: {e}"))?;
-        read += st.bytes_read;
-        written += st.bytes_written;
-        if st.remaining == 0 || (st.bytes_read == 0 && st.bytes_written == 0) {
-            break;
+        let mut input = InBuffer::around(input);
+        // Each round consumes input or produces output, or we stop.
+        while out.len() < out.capacity() {
+            let (read, written) = (input.pos(), out.len());
+            let remaining = d
+                .run(&mut input, &mut OutBuffer::around(&mut *out))
+                .map_err(|e| format!("zstd: {e}"))?;
+            if remaining == 0 || (input.pos() == read && out.len() == written) {
+                break;
+            }
         }
-    }
-    if written != out.len() {
-        return Err(format!(
-            "zstd stream inflates to {written} bytes, expected {}",
-            out.len()
-        ));
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -117,15 +114,22 @@ mod tests {
         e.write_all(&data).unwrap();
         let mut c = e.finish().unwrap();
         c.extend_from_slice(&[0xff; 300]);
-        let mut out = vec![0u8; 4096];
-        inflate_cluster(Compression::Deflate, &c, &mut out).unwrap();
-        assert_eq!(out, data);
-        let mut big = vec![0u8; 8192];
-        assert!(inflate_cluster(Compression::Deflate, &c, &mut big).is_err());
-        assert!(inflate_cluster(Compression::Deflate, &[1, 2, 3], &mut out).is_err());
-        out.fill(0);
-        inflate_cluster(Compression::Deflate, &c, &mut out).unwrap();
-        assert_eq!(out, data);
+        assert_eq!(
+            inflate_cluster(Compression::Deflate, &c, 4096).unwrap(),
+            data
+        );
+        // Short of the cluster: an error.
+        assert!(inflate_cluster(Compression::Deflate, &c, 8192).is_err());
+        assert!(inflate_cluster(Compression::Deflate, &[1, 2, 3], 4096).is_err());
+        // Longer than the cluster: its first cluster_size bytes, as qemu.
+        assert_eq!(
+            inflate_cluster(Compression::Deflate, &c, 1000).unwrap(),
+            &data[..1000]
+        );
+        assert_eq!(
+            inflate_cluster(Compression::Deflate, &c, 4096).unwrap(),
+            data
+        );
     }
 
     #[test]
@@ -133,14 +137,11 @@ mod tests {
         let data = sample();
         let mut c = zstd::bulk::compress(&data, 3).unwrap();
         c.extend_from_slice(&[0u8; 100]);
-        let mut out = vec![0u8; 4096];
-        inflate_cluster(Compression::Zstd, &c, &mut out).unwrap();
-        assert_eq!(out, data);
-        assert!(inflate_cluster(Compression::Zstd, &c[..10], &mut out).is_err());
+        assert_eq!(inflate_cluster(Compression::Zstd, &c, 4096).unwrap(), data);
+        assert!(inflate_cluster(Compression::Zstd, &c[..10], 4096).is_err());
+        assert!(inflate_cluster(Compression::Zstd, &c, 8192).is_err());
         // The thread's reused decoder starts clean after a failure.
-        out.fill(0);
-        inflate_cluster(Compression::Zstd, &c, &mut out).unwrap();
-        assert_eq!(out, data);
+        assert_eq!(inflate_cluster(Compression::Zstd, &c, 4096).unwrap(), data);
     }
 
     #[test]

@@ -114,7 +114,7 @@ impl Qcow2Image {
             } => {
                 let mut input = vec![0u8; *read_len as usize];
                 read_at(file, desc.host_offset, &mut input, "compressed cluster")?;
-                inflate_cluster(*compression, &input, &mut buf).map_err(|reason| {
+                buf = inflate_cluster(*compression, &input, cs as usize).map_err(|reason| {
                     BlockError::Decompress {
                         offset: desc.host_offset,
                         reason,

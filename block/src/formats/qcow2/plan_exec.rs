@@ -42,13 +42,11 @@ pub(crate) fn execute_read(
                 let f = file_of(files, c.file.0)?;
                 let mut input = vec![0u8; c.compressed_len as usize];
                 read_at(f, c.host_offset, &mut input, "compressed cluster")?;
-                let mut cluster = vec![0u8; c.cluster_size as usize];
-                inflate_cluster(c.algorithm, &input, &mut cluster).map_err(|reason| {
-                    BlockError::Decompress {
+                let cluster = inflate_cluster(c.algorithm, &input, c.cluster_size as usize)
+                    .map_err(|reason| BlockError::Decompress {
                         offset: c.host_offset,
                         reason,
-                    }
-                })?;
+                    })?;
                 let start = c.offset_in_cluster as usize;
                 let src =
                     cluster

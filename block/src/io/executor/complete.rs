@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::table::{split_token, token, AfterRead, InFlight, OpBuffer, OpKind, OpSlot};
 use super::Executor;
 use crate::error::BlockError;
-use crate::io::inflate_pool::InflateJob;
+use crate::io::inflate_pool::{inflates_in_queue, InflateJob};
 use crate::io::EngineCompletion;
 use crate::request::Completion;
 
@@ -92,8 +92,9 @@ impl Executor {
 
     /// Marks op `i` of `slot` finished (with `err` if it failed), runs its
     /// post-read work, and completes the request after its last op. A
-    /// compressed read goes to the inflate pool first and stays pending
-    /// until [`Executor::take_inflated`] sees its result.
+    /// compressed read goes to the inflate pool (or the queue's own
+    /// backlog) first and stays pending until [`Executor::take_inflated`]
+    /// sees its result.
     pub(super) fn op_finished(&mut self, slot: u32, i: usize, err: Option<BlockError>) {
         let Some(entry) = self.table.get_mut(slot) else {
             return;
@@ -112,14 +113,19 @@ impl Executor {
             if let AfterRead::Inflate { ext, skip, .. } = op.after {
                 if let Some(OpBuffer::Aligned(input)) = op.buffers.pop() {
                     // The op has been reaped: the kernel is done with the
-                    // buffer, which moves to the pool.
-                    crate::io::inflate_pool::submit(InflateJob {
+                    // buffer, which moves to the job.
+                    let job = InflateJob {
                         tag: token(slot, i as u32),
                         ext,
                         input,
                         skip,
                         replies: self.replies.clone(),
-                    });
+                    };
+                    if inflates_in_queue(ext.algorithm) {
+                        self.inflate_backlog.push_back(job);
+                    } else {
+                        crate::io::inflate_pool::submit(job);
+                    }
                     return;
                 }
             }

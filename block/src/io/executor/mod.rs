@@ -8,6 +8,15 @@
 //! plans into ops; [`complete`] accounts op results (short transfers,
 //! EOF, first error wins, commit/abort) and queues the request's
 //! completion. Completions leave through [`Executor::drain`].
+//!
+//! Compressed clusters the queue inflates itself (zstd, see
+//! [`crate::io::inflate_pool::inflates_in_queue`]) wait in a backlog; each
+//! drain inflates at most [`INFLATIONS_PER_DRAIN`] of them and, if more
+//! are left, signals the eventfd so the caller drains again at once. The
+//! requests finished so far thus go back to the caller (which resubmits)
+//! instead of all waiting for a whole burst of completions to inflate:
+//! with no bound, 4 KiB random reads of a zstd image at QD 32 kept the
+//! disk a third idle (completions arrive in bursts of up to the depth).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -19,12 +28,16 @@ use crate::error::BlockError;
 use crate::formats::Format;
 use crate::io::align::{file_alignment, AlignedBuf, DioAlign};
 use crate::io::inflate::InflateCache;
-use crate::io::inflate_pool::{InflateDone, InflateReplies};
+use crate::io::inflate_pool::{InflateDone, InflateJob, InflateReplies};
 use crate::io::{Engine, EngineCompletion};
 use crate::request::{BlockRequest, Completion};
 
 /// Size of the shared zero page.
 const ZERO_PAGE: usize = 1 << 20;
+
+/// Clusters a drain inflates in the queue's thread before it hands the
+/// requests finished so far back (measured best of 1, 2, 4, 8, unbounded).
+pub const INFLATIONS_PER_DRAIN: usize = 2;
 
 pub mod barrier;
 mod build;
@@ -53,6 +66,8 @@ pub struct Executor {
     /// Where the inflate pool posts this queue's finished inflations.
     replies: Arc<InflateReplies>,
     inflated: Vec<InflateDone>,
+    /// Reaped compressed reads this queue inflates itself, oldest first.
+    inflate_backlog: VecDeque<InflateJob>,
     /// Compressed clusters being read, and the reads waiting for them.
     joins: inflate_join::InflateJoins,
     reaped: Vec<EngineCompletion>,
@@ -109,6 +124,7 @@ impl Executor {
             parked: VecDeque::new(),
             replies,
             inflated: Vec::new(),
+            inflate_backlog: VecDeque::new(),
             joins: Default::default(),
             reaped: Vec::new(),
             spares: spares::Spares::default(),
@@ -153,6 +169,7 @@ impl Executor {
             self.on_op_complete(c);
         }
         self.reaped = reaped;
+        self.inflate_some();
         self.take_inflated();
         for slot in std::mem::take(&mut self.deferred) {
             self.finish_if_done(slot);
@@ -170,6 +187,10 @@ impl Executor {
             self.drain(out);
             if out.len() > start || self.in_flight() == 0 {
                 return Ok(());
+            }
+            if !self.inflate_backlog.is_empty() {
+                // The next drain inflates more without waiting.
+                continue;
             }
             if self.engine.in_flight() > 0 {
                 let mut reaped = std::mem::take(&mut self.reaped);
@@ -198,6 +219,20 @@ impl Executor {
             .inflated
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Inflates up to [`INFLATIONS_PER_DRAIN`] backlog clusters (their
+    /// results join this drain) and signals the eventfd if any is left.
+    fn inflate_some(&mut self) {
+        for _ in 0..INFLATIONS_PER_DRAIN {
+            let Some(job) = self.inflate_backlog.pop_front() else {
+                return;
+            };
+            self.inflated.push(job.inflate());
+        }
+        if !self.inflate_backlog.is_empty() {
+            self.signal();
+        }
     }
 
     fn signal(&self) {
