@@ -1,5 +1,9 @@
 //! Four queues on four threads doing random reads, writes, write-zeroes,
-//! discards and flushes on one qcow2 overlay with a backing file.
+//! discards and flushes on one qcow2 overlay with a backing file, or on a
+//! qcow2 image whose every cluster starts zstd-compressed (the same data,
+//! no backing file: first writes copy compressed clusters, discards free
+//! host clusters that other compressed clusters share, and reads inflate
+//! in the queue while other queues write).
 //!
 //! The model stays well defined under concurrency:
 //! - zone A (interleaved): 4 KiB block `b` belongs to thread `b % 4`, so
@@ -244,20 +248,51 @@ fn worker(disk: Disk, tid: u64, mut model: Vec<u8>) -> Vec<u8> {
     model
 }
 
-fn run(engine: EngineKind, direct: bool) {
+/// Where the initial data (`backing_byte`) comes from.
+#[derive(Clone, Copy, PartialEq)]
+enum Start {
+    /// A raw backing file under an empty overlay.
+    RawBacking,
+    /// The image's own clusters, every one zstd-compressed.
+    ZstdClusters,
+}
+
+fn run(engine: EngineKind, direct: bool, start: Start) {
     let dir = TempDir::new("concurrency");
     let base = dir.join("base.raw");
     let img = dir.join("img.qcow2");
     let backing: Vec<u8> = (0..SIZE).map(backing_byte).collect();
     std::fs::write(&base, &backing).unwrap();
-    qemu_create_overlay(
-        "qcow2",
-        s(&img),
-        None,
-        "cluster_size=65536",
-        "base.raw",
-        "raw",
-    );
+    match start {
+        Start::RawBacking => qemu_create_overlay(
+            "qcow2",
+            s(&img),
+            None,
+            "cluster_size=65536",
+            "base.raw",
+            "raw",
+        ),
+        Start::ZstdClusters => {
+            qemu_img(&[
+                "convert",
+                "-q",
+                "-c",
+                "-f",
+                "raw",
+                "-O",
+                "qcow2",
+                "-o",
+                "cluster_size=65536,compression_type=zstd",
+                s(&base),
+                s(&img),
+            ]);
+            let check = qemu_img(&["check", "--output=json", s(&img)]);
+            assert!(
+                check.contains(&format!("\"compressed-clusters\": {}", SIZE / CLUSTER)),
+                "not every cluster is compressed: {check}"
+            );
+        }
+    }
     let mut o = DiskOptions::new(&img);
     o.engine = engine;
     o.direct = direct;
@@ -322,15 +357,25 @@ fn run(engine: EngineKind, direct: bool) {
 
 #[test]
 fn four_queues_sync_engine() {
-    run(EngineKind::Sync, false);
+    run(EngineKind::Sync, false, Start::RawBacking);
 }
 
 #[test]
 fn four_queues_uring_engine() {
-    run(EngineKind::IoUring, false);
+    run(EngineKind::IoUring, false, Start::RawBacking);
 }
 
 #[test]
 fn four_queues_uring_engine_direct() {
-    run(EngineKind::IoUring, true);
+    run(EngineKind::IoUring, true, Start::RawBacking);
+}
+
+#[test]
+fn four_queues_sync_engine_over_zstd_clusters() {
+    run(EngineKind::Sync, false, Start::ZstdClusters);
+}
+
+#[test]
+fn four_queues_uring_engine_direct_over_zstd_clusters() {
+    run(EngineKind::IoUring, true, Start::ZstdClusters);
 }
