@@ -145,7 +145,6 @@ fn a_failed_cluster_read_fails_every_waiting_read_once() {
 /// (without the wake-up it would sleep forever after the first drain).
 #[test]
 fn queue_inflated_clusters_come_back_a_few_per_drain() {
-    use std::os::fd::AsRawFd;
     for kind in [EngineKind::Sync, EngineKind::IoUring] {
         if kind == EngineKind::IoUring && block::io::probe::uring_support().is_err() {
             continue;
@@ -162,15 +161,8 @@ fn queue_inflated_clusters_come_back_a_few_per_drain() {
         let mut out = Vec::new();
         let mut drains = 0;
         while out.len() < 16 {
-            let mut pfd = libc::pollfd {
-                fd: q.completion_eventfd().as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd for the duration of the call.
-            let r = unsafe { libc::poll(&mut pfd, 1, 5_000) };
             assert!(
-                r > 0,
+                completion_signalled(&q, 5_000),
                 "{kind:?}: no wake-up after {} of 16 completions",
                 out.len()
             );

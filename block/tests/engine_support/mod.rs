@@ -36,20 +36,12 @@ pub fn run_batch(q: &mut DiskQueue, reqs: Vec<BlockRequest>) -> Vec<Completion> 
 /// leaves work unsubmitted when it returns (say, a resubmitted short read)
 /// never wakes, and this panics after 10 s instead of hanging.
 pub fn run_batch_polling(q: &mut DiskQueue, reqs: Vec<BlockRequest>) -> Vec<Completion> {
-    use std::os::fd::AsRawFd;
     let n = reqs.len();
     q.submit_batch_requests(reqs);
     let mut out = Vec::new();
     while out.len() < n {
-        let mut pfd = libc::pollfd {
-            fd: q.completion_eventfd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let r = unsafe { libc::poll(&mut pfd, 1, 10_000) };
         assert!(
-            r != 0,
+            completion_signalled(q, 10_000),
             "queue stalled: {} of {n} completions after 10 s",
             out.len()
         );
@@ -59,6 +51,18 @@ pub fn run_batch_polling(q: &mut DiskQueue, reqs: Vec<BlockRequest>) -> Vec<Comp
     assert_eq!(q.in_flight(), 0);
     out.sort_by_key(|c| c.user_data);
     out
+}
+
+/// Waits up to `ms` for the queue's completion eventfd; whether it fired.
+pub fn completion_signalled(q: &DiskQueue, ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: q.completion_eventfd().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
 }
 
 pub fn read_req(user_data: u64, offset: u64, len: usize) -> BlockRequest {
