@@ -11,6 +11,7 @@ mod cmd;
 mod error;
 mod image_io;
 mod options;
+mod qcow2_space;
 mod size;
 
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ use std::process::ExitCode;
 use error::{chain, CliError};
 
 const USAGE: &str = "usage: ch-img COMMAND [OPTIONS] ...
-commands: create, info, check, convert, map, compare, resize, bench, snapshot, rebase, commit
+commands: create, info, check, convert, map, measure, compare, resize, bench, snapshot, rebase, commit
 See docs/ch-img.md for the options of each command.";
 
 fn main() -> ExitCode {
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
         "check" => (cmd::check::run(rest), 1),
         "convert" => (cmd::convert::run(rest), 1),
         "map" => (cmd::map::run(rest), 1),
+        "measure" => (cmd::measure::run(rest), 1),
         "compare" => (cmd::compare::run(rest), 2),
         "resize" => (cmd::resize::run(rest), 1),
         "bench" => (cmd::bench::run(rest), 1),

@@ -35,36 +35,51 @@ pub fn open_image(path: &str, fmt: ImageType, readonly: bool) -> Result<ImageIo,
 
 /// Applies `-o` option strings ("a=1,b=2", possibly repeated) to `opts`.
 pub fn apply_create_options(opts: &mut CreateOptions, values: &[&str]) -> Result<(), CliError> {
-    for value in values {
-        for item in value.split(',').filter(|s| !s.is_empty()) {
-            let (key, val) = item.split_once('=').unwrap_or((item, "on"));
-            let bad = || CliError::Usage(format!("Invalid value '{val}' for option '{key}'"));
-            match key {
-                "size" => opts.size = parse_size(val).ok_or_else(bad)?,
-                "cluster_size" => opts.cluster_size = Some(parse_size(val).ok_or_else(bad)?),
-                "backing_file" => opts.backing_file = Some(val.to_string()),
-                "backing_fmt" => opts.backing_fmt = Some(parse_format(Some(val))?),
-                "compat" => opts.compat = Some(val.to_string()),
-                "refcount_bits" => opts.refcount_bits = Some(val.parse().map_err(|_| bad())?),
-                "lazy_refcounts" => opts.lazy_refcounts = parse_bool(val).ok_or_else(bad)?,
-                "extended_l2" => opts.extended_l2 = parse_bool(val).ok_or_else(bad)?,
-                "compression_type" => {
-                    opts.zstd = match val {
-                        "zlib" => false,
-                        "zstd" => true,
-                        _ => return Err(bad()),
-                    }
-                }
-                "preallocation" if val == "off" => {}
-                _ => {
-                    return Err(CliError::Usage(format!(
-                        "Invalid parameter '{key}' (ch-img supports size, cluster_size, backing_file, backing_fmt, compat, refcount_bits, lazy_refcounts, extended_l2, compression_type, preallocation=off)"
-                    )))
-                }
-            }
+    for (key, val) in option_items(values) {
+        if (key == "preallocation" && val == "off") || set_create_option(opts, key, val)? {
+            continue;
         }
+        return Err(CliError::Usage(format!(
+            "Invalid parameter '{key}' (ch-img supports size, cluster_size, backing_file, backing_fmt, compat, refcount_bits, lazy_refcounts, extended_l2, compression_type, preallocation=off)"
+        )));
     }
     Ok(())
+}
+
+/// The `key=value` items of `-o` option strings ("a=1,b=2", `-o` may
+/// repeat), in command-line order; a bare `key` means `key=on`.
+pub fn option_items<'a>(values: &[&'a str]) -> Vec<(&'a str, &'a str)> {
+    values
+        .iter()
+        .flat_map(|value| value.split(','))
+        .filter(|item| !item.is_empty())
+        .map(|item| item.split_once('=').unwrap_or((item, "on")))
+        .collect()
+}
+
+/// Sets one image creation option (every one `create` takes except
+/// `preallocation`); `Ok(false)` when `key` is not one of them.
+pub fn set_create_option(opts: &mut CreateOptions, key: &str, val: &str) -> Result<bool, CliError> {
+    let bad = || CliError::Usage(format!("Invalid value '{val}' for option '{key}'"));
+    match key {
+        "size" => opts.size = parse_size(val).ok_or_else(bad)?,
+        "cluster_size" => opts.cluster_size = Some(parse_size(val).ok_or_else(bad)?),
+        "backing_file" => opts.backing_file = Some(val.to_string()),
+        "backing_fmt" => opts.backing_fmt = Some(parse_format(Some(val))?),
+        "compat" => opts.compat = Some(val.to_string()),
+        "refcount_bits" => opts.refcount_bits = Some(val.parse().map_err(|_| bad())?),
+        "lazy_refcounts" => opts.lazy_refcounts = parse_bool(val).ok_or_else(bad)?,
+        "extended_l2" => opts.extended_l2 = parse_bool(val).ok_or_else(bad)?,
+        "compression_type" => {
+            opts.zstd = match val {
+                "zlib" => false,
+                "zstd" => true,
+                _ => return Err(bad()),
+            }
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 fn parse_bool(v: &str) -> Option<bool> {

@@ -9,6 +9,7 @@ pub mod convert;
 pub mod create;
 pub mod info;
 pub mod map;
+pub mod measure;
 pub mod rebase;
 pub mod resize;
 pub mod snapshot;

@@ -31,6 +31,7 @@ use crate::formats::{
 pub(crate) mod alloc;
 pub(crate) mod backing;
 pub(crate) mod backing_rewrite;
+pub mod bitmap_directory;
 pub(crate) mod cache;
 pub(crate) mod compress_write;
 pub(crate) mod compressed;

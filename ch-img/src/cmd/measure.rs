@@ -1,0 +1,363 @@
+//! `ch-img measure [--output=human|json] [-O raw|qcow2] [-o OPTIONS]
+//! [--size N | [-f FMT] FILE]`
+//!
+//! Says how many bytes a new image of the output format would take: for
+//! a disk of `--size` bytes, or to hold a copy of FILE (what `convert`
+//! would write). The output's `-o` options give the qcow2 geometry
+//! ([`Qcow2Layout`]); FILE's extents come from `block_status` through
+//! its whole backing chain; the byte counts come from
+//! [`crate::qcow2_space`]. Printed as qemu-img prints them: "required
+//! size", "fully allocated size" and, for a qcow2 v3 output measured from
+//! a qcow2 v3 image, "bitmaps size" (its persistent bitmaps).
+
+use std::path::Path;
+
+use block::formats::qcow2::bitmap_directory::persistent_bitmaps;
+use block::{BlockError, ImageType};
+use serde_json::{json, Map, Value};
+
+use crate::args::{parse, OptSpec, Parsed};
+use crate::cmd::{print_json, OutputFormat};
+use crate::error::CliError;
+use crate::image_io::ImageIo;
+use crate::options::{open_image, option_items, parse_format, set_create_option};
+use crate::qcow2_space::{bitmaps_size, BitmapShape, Qcow2Layout, MAX_L1_BYTES};
+use crate::size::parse_size;
+
+const SPEC: OptSpec = OptSpec {
+    short_with_value: "fOols",
+    short_flags: "U",
+    long_with_value: &["output", "size"],
+    long_flags: &["force-share"],
+};
+
+/// qemu reports sizes of images in whole 512-byte sectors.
+const SECTOR: u64 = 512;
+
+/// The `-o` options measure takes for each output format.
+const RAW_KEYS: &str = "size, preallocation";
+const QCOW2_KEYS: &str = "size, preallocation, cluster_size, compat, refcount_bits, extended_l2, lazy_refcounts, compression_type, backing_file, backing_fmt";
+
+/// `-o preallocation=`: for measure, only whether the data clusters
+/// count as required.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Preallocation {
+    Off,
+    Metadata,
+    Falloc,
+    Full,
+}
+
+impl Preallocation {
+    fn parse(value: &str) -> Result<Self, CliError> {
+        match value {
+            "off" => Ok(Self::Off),
+            "metadata" => Ok(Self::Metadata),
+            "falloc" => Ok(Self::Falloc),
+            "full" => Ok(Self::Full),
+            other => Err(CliError::Usage(format!(
+                "Invalid value '{other}' for option 'preallocation' (off, metadata, falloc or full)"
+            ))),
+        }
+    }
+
+    /// Whether the new image would have every data cluster written.
+    fn allocates_data(self) -> bool {
+        matches!(self, Self::Falloc | Self::Full)
+    }
+}
+
+/// The output image as the `-o` options describe it.
+struct Target {
+    /// `-o size=` (overridden by `--size`).
+    size: u64,
+    preallocation: Preallocation,
+    /// `-o backing_file=`: the copy shares nothing known with its backing
+    /// file, so every data cluster counts.
+    has_backing_file: bool,
+    /// qcow2 only.
+    layout: Qcow2Layout,
+    /// qcow2 version 3 (compat=1.1).
+    v3: bool,
+}
+
+/// The image to measure a copy of.
+struct Input<'a> {
+    path: &'a str,
+    image: ImageIo,
+}
+
+/// What qemu-img measure prints.
+struct Measurement {
+    required: u64,
+    fully_allocated: u64,
+    bitmaps: Option<u64>,
+}
+
+pub fn run(args: &[String]) -> Result<u8, CliError> {
+    let p = parse(args, &SPEC)?;
+    let output = OutputFormat::parse(p.value("output"))?;
+    // qemu-img takes the snapshot as -l; -s is a likely slip for it.
+    if let Some(opt) = ["l", "s"].into_iter().find(|o| p.value(o).is_some()) {
+        return Err(CliError::Usage(format!(
+            "Measuring an internal snapshot (-{opt}) is not supported"
+        )));
+    }
+    let size = p
+        .value("size")
+        .map(|v| {
+            parse_size(v).ok_or_else(|| {
+                CliError::Usage(
+                    "Invalid image size specified. You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.".into(),
+                )
+            })
+        })
+        .transpose()?;
+    let path = input_path(&p, size.is_some())?;
+    let format = match parse_format(p.value("O"))? {
+        ImageType::Auto => ImageType::Raw,
+        f => f,
+    };
+    let mut target = Target::parse(format, &p.values("o"))?;
+    if let Some(size) = size {
+        target.size = size;
+    }
+    let input = match path {
+        Some(path) => Some(Input {
+            path,
+            image: open_image(path, parse_format(p.value("f"))?, true)?,
+        }),
+        None => None,
+    };
+    let m = match format {
+        ImageType::Qcow2 => measure_qcow2(&target, input.as_ref())?,
+        _ => measure_raw(&target, input.as_ref().map(|i| &i.image)),
+    };
+    print_measurement(&m, output)?;
+    Ok(0)
+}
+
+/// The FILE operand, checked against `--size` and `-f` as qemu-img does.
+fn input_path(p: &Parsed, has_size: bool) -> Result<Option<&str>, CliError> {
+    let usage = |m: &str| Err(CliError::Usage(m.into()));
+    match (p.operands.as_slice(), has_size) {
+        ([_, _, ..], _) => usage("At most one filename argument is allowed."),
+        ([_], true) => usage("--size N cannot be used together with a filename."),
+        ([path], false) => Ok(Some(path.as_str())),
+        ([], false) => usage("Either --size N or one filename must be specified."),
+        ([], true) if p.value("f").is_some() => usage("-f requires a filename argument."),
+        ([], true) => Ok(None),
+    }
+}
+
+impl Target {
+    /// Reads `-o` for an output of `format`, checked as qemu's measure
+    /// checks it.
+    fn parse(format: ImageType, values: &[&str]) -> Result<Self, CliError> {
+        let mut preallocation = Preallocation::Off;
+        let mut create = block::create::CreateOptions::default();
+        for (key, val) in option_items(values) {
+            let known = if key == "preallocation" {
+                preallocation = Preallocation::parse(val)?;
+                true
+            } else if key == "size" || format == ImageType::Qcow2 {
+                set_create_option(&mut create, key, val)?
+            } else {
+                // A raw image has no other creation option.
+                false
+            };
+            if !known {
+                let (name, keys) = if format == ImageType::Qcow2 {
+                    ("qcow2", QCOW2_KEYS)
+                } else {
+                    ("raw", RAW_KEYS)
+                };
+                return Err(CliError::Usage(format!(
+                    "Invalid parameter '{key}' for file format '{name}' (ch-img measure supports {keys})"
+                )));
+            }
+        }
+        let layout = Qcow2Layout {
+            cluster_size: create.cluster_size.unwrap_or(65536),
+            refcount_bits: u64::from(create.refcount_bits.unwrap_or(16)),
+            extended_l2: create.extended_l2,
+        };
+        let v3 = match create.compat.as_deref() {
+            None | Some("1.1") => true,
+            Some("0.10") => false,
+            Some(other) => {
+                return Err(CliError::Usage(format!(
+                    "Invalid compatibility level: '{other}'"
+                )))
+            }
+        };
+        if format == ImageType::Qcow2 {
+            check_layout(&layout, v3)?;
+        }
+        Ok(Target {
+            size: create.size,
+            preallocation,
+            has_backing_file: create.backing_file.is_some(),
+            layout,
+            v3,
+        })
+    }
+}
+
+/// qemu's limits on the qcow2 geometry (measure does not check the
+/// options that only change feature bits, such as lazy_refcounts with
+/// compat=0.10).
+fn check_layout(l: &Qcow2Layout, v3: bool) -> Result<(), CliError> {
+    let usage = |m: &str| Err(CliError::Usage(m.into()));
+    if !l.cluster_size.is_power_of_two() || !(512..=2 << 20).contains(&l.cluster_size) {
+        return usage("Cluster size must be a power of two between 512 and 2048k");
+    }
+    if l.extended_l2 && l.cluster_size < 16384 {
+        return usage(
+            "Extended L2 entries are only supported with cluster sizes of at least 16384 bytes",
+        );
+    }
+    if !l.refcount_bits.is_power_of_two() || l.refcount_bits > 64 {
+        return usage("Refcount width must be a power of two and may not exceed 64 bits");
+    }
+    if !v3 && l.refcount_bits != 16 {
+        return usage("Different refcount widths than 16 bits require compatibility level 1.1 or above (use compat=1.1 or greater)");
+    }
+    Ok(())
+}
+
+/// A raw copy takes the disk's size, rounded up to whole sectors; holes
+/// count as they still belong to the file.
+fn measure_raw(target: &Target, input: Option<&ImageIo>) -> Measurement {
+    let size = input.map_or(target.size, ImageIo::size);
+    // Sizes are below 2^63, so rounding up to a sector fits.
+    let size = size.next_multiple_of(SECTOR);
+    Measurement {
+        required: size,
+        fully_allocated: size,
+        bitmaps: None,
+    }
+}
+
+fn too_large() -> CliError {
+    CliError::Usage("The image size is too large (try using a larger cluster size)".into())
+}
+
+/// A qcow2 copy: all metadata of a fully allocated image, plus the data
+/// clusters the input needs (or all of them with preallocation=falloc or
+/// full, or with a backing file).
+fn measure_qcow2(target: &Target, input: Option<&Input>) -> Result<Measurement, CliError> {
+    let layout = &target.layout;
+    // qemu checks the L1 table for the size option only, not for an input.
+    let asked = layout.round_up(target.size).ok_or_else(too_large)?;
+    if layout.l1_bytes(asked) > MAX_L1_BYTES {
+        return Err(too_large());
+    }
+    let (virtual_size, mut data) = match input {
+        None => (asked, 0),
+        Some(Input { image, .. }) => {
+            let disk = image.size().next_multiple_of(SECTOR);
+            let virtual_size = layout.round_up(disk).ok_or_else(too_large)?;
+            let data = if target.has_backing_file {
+                virtual_size
+            } else {
+                data_clusters_bytes(image, layout.cluster_size)?
+            };
+            (virtual_size, data)
+        }
+    };
+    if target.preallocation.allocates_data() {
+        data = virtual_size;
+    }
+    let fully_allocated = layout.fully_allocated(virtual_size).ok_or_else(too_large)?;
+    let bitmaps = match input {
+        Some(Input { path, image }) if target.v3 && is_qcow2_v3(image) => {
+            let shapes = bitmap_shapes(path)?;
+            let disk = image.size().next_multiple_of(SECTOR);
+            Some(bitmaps_size(&shapes, disk, layout.cluster_size))
+        }
+        _ => None,
+    };
+    Ok(Measurement {
+        required: fully_allocated - virtual_size + data,
+        fully_allocated,
+        bitmaps,
+    })
+}
+
+/// The name length and granularity of each persistent bitmap of the
+/// qcow2 image at `path`.
+fn bitmap_shapes(path: &str) -> Result<Vec<BitmapShape>, CliError> {
+    let open_error = |source| CliError::Open {
+        path: path.into(),
+        source,
+    };
+    let entries = persistent_bitmaps(Path::new(path)).map_err(open_error)?;
+    entries
+        .iter()
+        .map(|e| match e.granularity_bits {
+            bits @ 0..=63 => Ok(BitmapShape {
+                name_len: u64::from(e.name_len),
+                granularity: 1 << bits,
+            }),
+            bits => Err(open_error(BlockError::InvalidImage {
+                path: path.into(),
+                reason: format!("bitmap granularity of 2^{bits} bytes"),
+            })),
+        })
+        .collect()
+}
+
+/// Whether the input is a qcow2 v3 image: only those keep persistent
+/// bitmaps, so only then does qemu report a bitmaps size.
+fn is_qcow2_v3(image: &ImageIo) -> bool {
+    let info = image.format().info();
+    info.format == "qcow2" && info.compat.as_deref() == Some("1.1")
+}
+
+/// Bytes of the output clusters (`cluster_size` each) that hold some of
+/// the input's data. Ranges reading as zeroes need none: the copy has no
+/// backing file, so an unallocated cluster reads as zeroes too.
+fn data_clusters_bytes(image: &ImageIo, cluster_size: u64) -> Result<u64, CliError> {
+    let size = image.size();
+    let mut total = 0;
+    let mut pos = 0;
+    while pos < size {
+        let status = image.extent_at(pos, size)?;
+        let end = pos + status.len;
+        if status.zero || !(status.data && status.present) {
+            pos = end;
+            continue;
+        }
+        // Count every cluster this extent touches; the rest of its last
+        // cluster is counted already, so the walk goes on after it.
+        let first = pos - pos % cluster_size;
+        let last = end.next_multiple_of(cluster_size);
+        total += last - first;
+        pos = last;
+    }
+    Ok(total)
+}
+
+fn print_measurement(m: &Measurement, output: OutputFormat) -> Result<(), CliError> {
+    match output {
+        OutputFormat::Human => {
+            println!("required size: {}", m.required);
+            println!("fully allocated size: {}", m.fully_allocated);
+            if let Some(b) = m.bitmaps {
+                println!("bitmaps size: {b}");
+            }
+            Ok(())
+        }
+        OutputFormat::Json => {
+            // qemu-img 7.2 prints "bitmaps" first.
+            let mut obj = Map::new();
+            if let Some(b) = m.bitmaps {
+                obj.insert("bitmaps".into(), json!(b));
+            }
+            obj.insert("required".into(), json!(m.required));
+            obj.insert("fully-allocated".into(), json!(m.fully_allocated));
+            print_json(&Value::Object(obj))
+        }
+    }
+}
