@@ -10,6 +10,7 @@ mod args;
 mod cmd;
 mod error;
 mod image_io;
+mod json_style;
 mod options;
 mod qcow2_space;
 mod size;

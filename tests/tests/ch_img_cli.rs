@@ -1317,3 +1317,54 @@ fn measure_refuses_what_qemu_img_refuses() {
     // Right at qemu's L1 table limit, the 128 GiB disk is fine.
     assert_measure_like_qemu(&["-O", "qcow2", "-o", "cluster_size=512", "--size", "128G"]);
 }
+
+/// `info` lists persistent bitmaps as qemu-img does: flags (in-use, auto),
+/// name, granularity, in both output formats; a disabled bitmap has no
+/// flags (qemu prints an empty list). After ch-img opened the image
+/// read-write (it does not maintain bitmaps, so it clears their autoclear
+/// bit), neither tool lists them.
+#[test]
+fn info_lists_persistent_bitmaps_like_qemu_img() {
+    let dir = TempDir::new("cli");
+    let img = dir.file("bitmaps.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &img, "64M"]);
+    qemu_img(&["bitmap", "--add", &img, "b1"]);
+    qemu_img(&["bitmap", "--add", "-g", "512", &img, "second one"]);
+    qemu_img(&["bitmap", "--disable", &img, "second one"]);
+    // A bitmap left in use: qemu-io marks the enabled bitmap in-use when it
+    // opens the image read-write, and is killed before it can clear that.
+    let mut io = std::process::Command::new("qemu-io")
+        .args(["-c", "write 0 4k", "-c", "sleep 30000", &img])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !qemu_img(&["info", "-U", &img]).contains("in-use") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "qemu-io never marked b1 in-use"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    io.kill().unwrap();
+    io.wait().unwrap();
+    let human = qemu_img(&["info", &img]);
+    assert!(
+        human.contains("[0]: in-use\n                [1]: auto"),
+        "{human}"
+    );
+    assert!(human.contains("name: second one\n            granularity: 512"));
+    for out in ["--output=human", "--output=json"] {
+        assert_eq!(
+            qemu_img(&["info", out, &img]),
+            ch(&["info", out, &img]),
+            "{out}"
+        );
+    }
+    ch(&["resize", &img, "+1M"]);
+    for out in ["--output=human", "--output=json"] {
+        let q = qemu_img(&["info", out, &img]);
+        assert!(!q.contains("bitmaps:") && !q.contains("\"bitmaps\""), "{q}");
+        assert_eq!(q, ch(&["info", out, &img]), "{out} after a read-write open");
+    }
+}

@@ -184,6 +184,9 @@ pub struct ImageInfo {
     pub dirty: Option<bool>,
     /// Internal snapshots (qcow2), in table order.
     pub snapshots: Vec<qcow2::snapshot_table::SnapshotInfo>,
+    /// Persistent dirty bitmaps (qcow2 v3, while the header says they are
+    /// consistent), in directory order.
+    pub bitmaps: Vec<qcow2::bitmap_directory::BitmapEntry>,
 }
 
 /// One opened image format (with its backing chain).

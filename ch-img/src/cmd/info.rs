@@ -7,6 +7,7 @@
 //! backing file name and `backing_fmt`): human reports separated by a
 //! blank line, or a JSON list.
 
+use block::formats::qcow2::bitmap_directory::BitmapEntry;
 use block::formats::ImageInfo;
 use serde_json::{json, Map, Value};
 
@@ -100,6 +101,10 @@ pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
             if let Some(l) = info.lazy_refcounts {
                 data.insert("lazy-refcounts".into(), json!(l));
             }
+            if !info.bitmaps.is_empty() {
+                let list = info.bitmaps.iter().map(bitmap_json).collect();
+                data.insert("bitmaps".into(), Value::Array(list));
+            }
         } else if let Some(c) = info.compression_type {
             data.insert("compression-type".into(), json!(c));
         }
@@ -178,36 +183,66 @@ pub fn human_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> String {
     }
     if info.format == "qcow2" {
         s.push_str("Format specific information:\n");
-        let mut line = |k: &str, v: String| s.push_str(&format!("    {k}: {v}\n"));
+        let line = |s: &mut String, k: &str, v: String| s.push_str(&format!("    {k}: {v}\n"));
         if let Some(c) = &info.compat {
-            line("compat", c.clone());
+            line(&mut s, "compat", c.clone());
         }
         if let Some(c) = info.compression_type {
-            line("compression type", c.to_string());
+            line(&mut s, "compression type", c.to_string());
         }
         let v3 = info.compat.as_deref() != Some("0.10");
         if v3 {
             if let Some(l) = info.lazy_refcounts {
-                line("lazy refcounts", l.to_string());
+                line(&mut s, "lazy refcounts", l.to_string());
+            }
+            if !info.bitmaps.is_empty() {
+                s.push_str(&bitmap_list(&info.bitmaps));
             }
         }
         if let Some(r) = info.refcount_bits {
-            line("refcount bits", r.to_string());
+            line(&mut s, "refcount bits", r.to_string());
         }
         if let Some(d) = &info.data_file {
-            line("data file", d.clone());
-            line("data file raw", data_file_raw(path).to_string());
+            line(&mut s, "data file", d.clone());
+            line(&mut s, "data file raw", data_file_raw(path).to_string());
         }
         if v3 {
             if let Some(c) = info.corrupt {
-                line("corrupt", c.to_string());
+                line(&mut s, "corrupt", c.to_string());
             }
         }
         if v3 {
             if let Some(e) = info.extended_l2 {
-                line("extended l2", e.to_string());
+                line(&mut s, "extended l2", e.to_string());
             }
         }
+    }
+    s
+}
+
+/// One persistent bitmap in `--output=json` (qemu-img's keys and order).
+fn bitmap_json(b: &BitmapEntry) -> Value {
+    json!({
+        "flags": b.flag_names(),
+        "name": b.name,
+        "granularity": 1u64.checked_shl(u32::from(b.granularity_bits)).unwrap_or(0),
+    })
+}
+
+/// The "bitmaps:" block of the human report, indented under "Format
+/// specific information".
+fn bitmap_list(bitmaps: &[BitmapEntry]) -> String {
+    let mut s = String::from("    bitmaps:\n");
+    for (i, b) in bitmaps.iter().enumerate() {
+        s.push_str(&format!("        [{i}]:\n            flags:\n"));
+        for (j, flag) in b.flag_names().iter().enumerate() {
+            s.push_str(&format!("                [{j}]: {flag}\n"));
+        }
+        let granularity = 1u64.checked_shl(u32::from(b.granularity_bits)).unwrap_or(0);
+        s.push_str(&format!(
+            "            name: {}\n            granularity: {granularity}\n",
+            b.name
+        ));
     }
     s
 }

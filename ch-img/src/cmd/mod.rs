@@ -17,6 +17,7 @@ pub mod snapshot;
 use std::io::Write;
 
 use crate::error::CliError;
+use crate::json_style::QemuJson;
 
 /// `--output=human|json`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,8 +41,7 @@ impl OutputFormat {
 /// Prints a JSON value the way qemu-img does: four-space indentation.
 pub fn print_json(value: &serde_json::Value) -> Result<(), CliError> {
     let mut out = Vec::new();
-    let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, QemuJson::default());
     serde::Serialize::serialize(value, &mut ser).map_err(|e| CliError::Stdout(e.into()))?;
     out.push(b'\n');
     std::io::stdout().write_all(&out).map_err(CliError::Stdout)

@@ -27,17 +27,39 @@ pub const MAX_DIRECTORY: u64 = 64 << 20;
 /// Fixed fields of a directory entry, before its extra data and name.
 const ENTRY_HEADER: usize = 24;
 
+/// Flag bits of a directory entry.
+pub const FLAG_IN_USE: u32 = 1;
+pub const FLAG_AUTO: u32 = 2;
+
 /// One bitmap of the directory (the fields the tools use).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BitmapEntry {
     /// Where the bitmap table is.
     pub table_offset: u64,
     /// Entries of the bitmap table.
     pub table_entries: u32,
+    /// [`FLAG_IN_USE`], [`FLAG_AUTO`] and reserved bits.
+    pub flags: u32,
     /// One bit covers `1 << granularity_bits` bytes of the disk.
     pub granularity_bits: u8,
     /// Bytes of the bitmap's name.
     pub name_len: u16,
+    /// The name (invalid UTF-8 replaced).
+    pub name: String,
+}
+
+impl BitmapEntry {
+    /// The flags as qemu-img names them, in bit order.
+    pub fn flag_names(&self) -> Vec<&'static str> {
+        let mut names = Vec::new();
+        if self.flags & FLAG_IN_USE != 0 {
+            names.push("in-use");
+        }
+        if self.flags & FLAG_AUTO != 0 {
+            names.push("auto");
+        }
+        names
+    }
 }
 
 /// Where the directory is: (bitmaps, directory size, directory offset)
@@ -69,6 +91,7 @@ pub fn parse_directory(dir: &[u8], count: u32) -> (Vec<BitmapEntry>, Option<u32>
         let fields = (
             be64(dir, at),
             be32(dir, at + 8),
+            be32(dir, at + 12),
             dir.get(at + 17).copied(),
             be16(dir, at + 18),
             be32(dir, at + 20),
@@ -76,6 +99,7 @@ pub fn parse_directory(dir: &[u8], count: u32) -> (Vec<BitmapEntry>, Option<u32>
         let (
             Some(table_offset),
             Some(table_entries),
+            Some(flags),
             Some(granularity_bits),
             Some(name_len),
             Some(extra),
@@ -83,15 +107,21 @@ pub fn parse_directory(dir: &[u8], count: u32) -> (Vec<BitmapEntry>, Option<u32>
         else {
             return (out, Some(n));
         };
+        let name_at = at + ENTRY_HEADER + extra as usize;
         let len = (ENTRY_HEADER + extra as usize + usize::from(name_len)).next_multiple_of(8);
+        let Some(name) = dir.get(name_at..name_at + usize::from(name_len)) else {
+            return (out, Some(n));
+        };
         if dir.len() < at + len {
             return (out, Some(n));
         }
         out.push(BitmapEntry {
             table_offset,
             table_entries,
+            flags,
             granularity_bits,
             name_len,
+            name: String::from_utf8_lossy(name).into_owned(),
         });
         at += len;
     }
@@ -107,12 +137,19 @@ pub fn persistent_bitmaps(path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
         path: path.to_owned(),
         source,
     })?;
-    let (header, file_size) = read_header(&file, path)?;
+    bitmaps_in(&file, path)
+}
+
+/// [`persistent_bitmaps`] of an open image file (`path` names it in
+/// errors). The header is read again: a read-write open clears the
+/// autoclear bit after the header was parsed.
+pub(crate) fn bitmaps_in(file: &File, path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
+    let (header, file_size) = read_header(file, path)?;
     if header.version < 3 || header.autoclear & AUTOCLEAR_BITMAPS == 0 {
         return Ok(Vec::new());
     }
     let mut first = vec![0u8; header.cluster_size().min(file_size) as usize];
-    read_at(&file, 0, &mut first, "header extensions")?;
+    read_at(file, 0, &mut first, "header extensions")?;
     let Some((count, dir_size, dir_offset)) = find_extension(&first, header.header_length as usize)
     else {
         return Ok(Vec::new());
@@ -127,7 +164,7 @@ pub fn persistent_bitmaps(path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
         )));
     }
     let mut dir = vec![0u8; dir_size as usize];
-    read_at(&file, dir_offset, &mut dir, "bitmap directory")?;
+    read_at(file, dir_offset, &mut dir, "bitmap directory")?;
     match parse_directory(&dir, count) {
         (entries, None) => Ok(entries),
         (_, Some(n)) => Err(corrupt(format!("bitmap directory entry {n} is truncated"))),
@@ -154,6 +191,7 @@ mod tests {
         let mut e = vec![0u8; ENTRY_HEADER];
         e[0..8].copy_from_slice(&0x5_0000u64.to_be_bytes());
         e[8..12].copy_from_slice(&3u32.to_be_bytes());
+        e[12..16].copy_from_slice(&FLAG_AUTO.to_be_bytes());
         e[17] = granularity_bits;
         e[18..20].copy_from_slice(&(name.len() as u16).to_be_bytes());
         e[20..24].copy_from_slice(&(extra as u32).to_be_bytes());
@@ -167,21 +205,22 @@ mod tests {
     fn directory_entries_and_where_one_is_cut_short() {
         let mut dir = entry("b1", 16, 0);
         dir.extend(entry("a-longer-name", 9, 4));
-        let want = |name_len, granularity_bits| BitmapEntry {
+        let want = |name: &str, granularity_bits| BitmapEntry {
             table_offset: 0x5_0000,
             table_entries: 3,
+            flags: FLAG_AUTO,
             granularity_bits,
-            name_len,
+            name_len: name.len() as u16,
+            name: name.into(),
         };
-        assert_eq!(
-            parse_directory(&dir, 2),
-            (vec![want(2, 16), want(13, 9)], None)
-        );
+        let (b1, long) = (want("b1", 16), want("a-longer-name", 9));
+        assert_eq!(parse_directory(&dir, 2), (vec![b1.clone(), long], None));
+        assert_eq!(b1.flag_names(), ["auto"]);
         // The second entry's name runs past a directory shorter than the
         // count says: the first is still returned.
         assert_eq!(
             parse_directory(&dir[..dir.len() - 8], 2),
-            (vec![want(2, 16)], Some(1))
+            (vec![b1], Some(1))
         );
         assert_eq!(parse_directory(&dir[..10], 1), (vec![], Some(0)));
     }

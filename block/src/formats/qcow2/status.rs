@@ -6,6 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::bitmap_directory::bitmaps_in;
 use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::header::OFF_SIZE;
 use super::image::Qcow2Image;
@@ -205,6 +206,8 @@ impl Qcow2Image {
                 .and_then(|len| read_snapshot_table(&self.cow_files[0], snapshots_at, len).ok())
                 .map(|(entries, _)| entries)
                 .unwrap_or_default(),
+            // Likewise a bad bitmap directory lists nothing.
+            bitmaps: bitmaps_in(&self.cow_files[0], &self.path).unwrap_or_default(),
         }
     }
 
