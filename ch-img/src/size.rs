@@ -1,23 +1,29 @@
 //! Sizes on the command line and in human output, the way qemu-img writes
 //! them.
 //!
-//! [`parse_size`] turns "10G", "1.5M", "4096" into bytes (binary suffixes
-//! k/K, M, G, T, P, E; a plain number is bytes; fractions allowed with a
-//! suffix). [`human_size`] formats bytes as qemu-img's "10 MiB" / "388 KiB"
+//! [`parse_size`] turns "10G", "1.5M", "4096", "0x10000" into bytes
+//! (binary suffixes k/K, M, G, T, P, E; a plain number is bytes; fractions
+//! allowed with a suffix; hexadecimal after `0x`, with a suffix too, which
+//! qemu-img still takes with a deprecation warning). [`human_size`] formats bytes as qemu-img's "10 MiB" / "388 KiB"
 //! / "1.25 GiB" (three significant digits).
 
 /// Parses a size with an optional binary suffix; `None` if malformed or if
 /// it does not fit in an `i64` (qemu refuses sizes of 8 EiB and more).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    if num.is_empty() {
+    let value = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => parse_hex(hex)?,
+        None => parse_decimal(s)?,
+    };
+    if value > i64::MAX as u64 {
         return None;
     }
-    let shift = match suffix {
+    Some(value)
+}
+
+/// The power of two a size suffix multiplies by.
+fn suffix_shift(suffix: &str) -> Option<u32> {
+    Some(match suffix {
         "" | "b" | "B" => 0,
         "k" | "K" => 10,
         "m" | "M" => 20,
@@ -26,7 +32,30 @@ pub fn parse_size(s: &str) -> Option<u64> {
         "p" | "P" => 50,
         "e" | "E" => 60,
         _ => return None,
-    };
+    })
+}
+
+/// Hex digits (no fraction) and an optional suffix.
+fn parse_hex(s: &str) -> Option<u64> {
+    let split = s.find(|c: char| !c.is_ascii_hexdigit()).unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(split);
+    if digits.is_empty() {
+        return None;
+    }
+    let n = u64::from_str_radix(digits, 16).ok()?;
+    n.checked_mul(1u64 << suffix_shift(suffix)?)
+}
+
+/// Decimal digits, an optional fraction (only with a suffix) and suffix.
+fn parse_decimal(s: &str) -> Option<u64> {
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    if num.is_empty() {
+        return None;
+    }
+    let shift = suffix_shift(suffix)?;
     let value = if let Some((int, frac)) = num.split_once('.') {
         if shift == 0 || frac.contains('.') || int.is_empty() && frac.is_empty() {
             return None;
@@ -47,9 +76,6 @@ pub fn parse_size(s: &str) -> Option<u64> {
         let n: u64 = num.parse().ok()?;
         n.checked_mul(1u64 << shift)?
     };
-    if value > i64::MAX as u64 {
-        return None;
-    }
     Some(value)
 }
 
@@ -107,6 +133,15 @@ mod tests {
         assert_eq!(parse_size(""), None);
         assert_eq!(parse_size("-1"), None);
         assert_eq!(parse_size("99999999999999999999999"), None);
+        // Hexadecimal, as qemu-img takes it (a suffix too, deprecated).
+        assert_eq!(parse_size("0x10000"), Some(65536));
+        assert_eq!(parse_size("0X10"), Some(16));
+        assert_eq!(parse_size("0x1M"), Some(1 << 20));
+        assert_eq!(parse_size("0x10k"), Some(16 << 10));
+        assert_eq!(parse_size("0x"), None);
+        assert_eq!(parse_size("0x1.5M"), None);
+        assert_eq!(parse_size("0xg"), None);
+        assert_eq!(parse_size("0x8000000000000000"), None);
     }
 
     #[test]
