@@ -103,6 +103,20 @@ fn qcow2_four_queues_io_uring() {
     run_one("qcow2", "num_queues=4,engine=io_uring,queue_size=256", 4);
 }
 
+/// Throttled queues (Cloud Hypervisor's bw_*/ops_* keys): the guest's
+/// requests outrun two ops per 20 ms and 64 KiB per 10 ms, so the workers
+/// wait on their timers, under the default seccomp filters, and the
+/// guest still finishes with the right data.
+#[test]
+fn qcow2_throttled_queues() {
+    run_one(
+        "qcow2",
+        "num_queues=2,engine=io_uring,ops_size=2,ops_refill_time=20,\
+         bw_size=65536,bw_one_time_burst=4096,bw_refill_time=10",
+        2,
+    );
+}
+
 #[test]
 fn qcow2_direct_auto_engine() {
     run_one(

@@ -243,6 +243,7 @@ impl DeviceManager {
                 num_queues: d.config.num_queues,
                 queue_size: d.config.queue_size,
                 serial: d.config.serial.clone().unwrap_or_default().into_bytes(),
+                rate_limit: d.config.rate_limit,
                 ..Default::default()
             };
             let dev = BlockDevice::new(d.disk, blk_config).map_err(|source| {

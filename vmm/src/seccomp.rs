@@ -126,6 +126,9 @@ const VCPU: &[libc::c_long] = &[
     libc::SYS_prctl,
     libc::SYS_rseq,
     libc::SYS_sched_getaffinity,
+    // A throttled queue worker's timer.
+    libc::SYS_timerfd_create,
+    libc::SYS_timerfd_settime,
     // The activation thread installs the workers' filters. seccomp(2)
     // can only add restrictions, never lift them.
     libc::SYS_seccomp,
@@ -141,6 +144,9 @@ const WORKER: &[libc::c_long] = &[
     libc::SYS_rseq,
     libc::SYS_sched_getaffinity,
     libc::SYS_set_robust_list,
+    // A throttled queue's timer (`virtio-devices` block::rate_limit).
+    libc::SYS_timerfd_create,
+    libc::SYS_timerfd_settime,
 ];
 
 /// The main thread after set-up (`ioctl` is added with conditions).

@@ -57,6 +57,8 @@ pub struct BlockDeviceConfig {
     /// requests are in flight (0, the default: never poll). See
     /// docs/virtio-blk.md for when it helps.
     pub poll_us: u32,
+    /// I/O throttling per queue (none by default).
+    pub rate_limit: super::rate_limit::RateLimitConfig,
 }
 
 impl Default for BlockDeviceConfig {
@@ -70,6 +72,7 @@ impl Default for BlockDeviceConfig {
             optimal_io_size: 0,
             seg_max: None,
             poll_us: 0,
+            rate_limit: Default::default(),
         }
     }
 }

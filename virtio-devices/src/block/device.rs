@@ -272,6 +272,7 @@ impl BlockDevice {
             device_id,
             writeback: Arc::clone(&self.writeback),
             poll: std::time::Duration::from_micros(u64::from(self.config.poll_us)),
+            rate_limit: self.config.rate_limit,
             submit_each: self.disk.engine() != block::EngineKind::IoUring,
         };
         let handle = std::thread::Builder::new()

@@ -7,6 +7,8 @@
 //!   list of descriptors.
 //! - [`queue_worker`]: one thread per queue; pops chains, submits batches
 //!   to the disk, completes them into the used ring, raises interrupts.
+//! - [`rate_limit`]: the optional bandwidth and ops token buckets a worker
+//!   checks before it takes a chain off the ring.
 //! - [`config_space`]: [`BlockDeviceConfig`] and the config space layout.
 //! - [`features`]: which feature bits are offered.
 //! - [`device`]: [`BlockDevice`], the [`crate::VirtioDevice`] the transport
@@ -17,6 +19,7 @@ pub mod descriptor_walk;
 pub mod device;
 pub mod features;
 pub mod queue_worker;
+pub mod rate_limit;
 pub mod request_parser;
 
 pub use config_space::BlockDeviceConfig;

@@ -11,7 +11,10 @@
 //! also looks at the avail index (a guest-memory read), so chains posted
 //! while it was completing others are taken without waiting for a kick.
 //! The kick eventfd is edge-triggered and never read. Optional busy poll:
-//! [`QueueWorker::poll`]. With the sync engine each request is submitted
+//! [`QueueWorker::poll`]. Optional throttling ([`super::rate_limit`]): a
+//! chain the buckets cannot pay for yet goes back on the ring, and the
+//! worker takes no more until a timer (a fourth epoll source) says the
+//! buckets have refilled. With the sync engine each request is submitted
 //! and completed on its own ([`QueueWorker::submit_each`]). A write on the
 //! control eventfd stops the worker once every request in flight has
 //! completed; the thread then returns its kick eventfd.
@@ -27,11 +30,13 @@ use block::request::GuestSegment;
 use block::{BlockRequest, Completion, DiskQueue, IoMemory, RequestOp};
 use log::{debug, error, warn};
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
 
+use super::rate_limit::{RateLimitConfig, RateLimiter};
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
 };
@@ -40,6 +45,7 @@ use crate::device::{InterruptKind, VirtioInterrupt};
 const KICK: u64 = 0;
 const COMPLETION: u64 = 1;
 const CONTROL: u64 = 2;
+const THROTTLE_TIMER: u64 = 3;
 
 /// The longest busy poll a worker does before sleeping.
 pub const MAX_POLL: Duration = Duration::from_millis(1);
@@ -77,6 +83,8 @@ pub struct QueueWorker {
     /// requests one after another before any completes, so the driver
     /// gets the first results while the rest of the batch still runs.
     pub submit_each: bool,
+    /// Throttling of this queue (nothing limited by default).
+    pub rate_limit: RateLimitConfig,
 }
 
 /// What a stopped worker hands back.
@@ -100,6 +108,12 @@ struct WorkerState {
     /// The avail ring was found invalid; do not look at it again until the
     /// next kick (keeps [`WorkerState::avail_pending`] from spinning).
     ring_stuck: bool,
+    /// The buckets, when the queue is throttled, and the timer that ends
+    /// a wait for them.
+    limiter: Option<(RateLimiter, TimerFd)>,
+    /// A chain went back on the ring for want of tokens; the timer is
+    /// armed and nothing is taken from the ring until it fires.
+    throttled: bool,
 }
 
 impl QueueWorker {
@@ -116,6 +130,8 @@ impl QueueWorker {
             used_added: false,
             ring_warned: false,
             ring_stuck: false,
+            limiter: None,
+            throttled: false,
         };
         if let Err(e) = state.event_loop() {
             error!("virtio-blk queue {}: worker stopped: {e}", state.w.index);
@@ -131,6 +147,15 @@ impl WorkerState {
         // edge, so the worker never has to read (clear) it, which saves a
         // syscall per kick. The completion eventfd stays level-triggered
         // because the disk queue clears it on each drain.
+        if let Some(limiter) = RateLimiter::new(self.w.rate_limit, Instant::now()) {
+            let timer = TimerFd::new()?;
+            epoll.ctl(
+                ControlOperation::Add,
+                timer.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, THROTTLE_TIMER),
+            )?;
+            self.limiter = Some((limiter, timer));
+        }
         for (fd, token, events) in [
             (
                 self.w.kick.as_raw_fd(),
@@ -175,6 +200,15 @@ impl WorkerState {
                         let _ = self.w.control.read();
                         stopping = true;
                     }
+                    THROTTLE_TIMER => {
+                        if let Some((_, timer)) = &mut self.limiter {
+                            // Clears the expiry count (non-blocking: it
+                            // fired).
+                            let _ = timer.wait();
+                        }
+                        self.throttled = false;
+                        kicked = true;
+                    }
                     _ => {}
                 }
             }
@@ -184,7 +218,7 @@ impl WorkerState {
             // After completing a batch the driver has often posted new
             // chains already (its kick may still be on the way): take them
             // now instead of after another trip through epoll.
-            if !stopping && (kicked || self.avail_pending()) {
+            if !stopping && !self.throttled && (kicked || self.avail_pending()) {
                 self.process_available();
             }
         }
@@ -213,12 +247,12 @@ impl WorkerState {
         let deadline = Instant::now() + self.w.poll.min(MAX_POLL);
         loop {
             if self.process_completions() > 0 {
-                if self.avail_pending() {
+                if !self.throttled && self.avail_pending() {
                     self.process_available();
                 }
                 return true;
             }
-            if self.avail_pending() {
+            if !self.throttled && self.avail_pending() {
                 self.process_available();
                 return true;
             }
@@ -247,8 +281,17 @@ impl WorkerState {
             while let Some(chain) = self.w.queue.pop_descriptor_chain(&*mem) {
                 let head = chain.head_index();
                 let parsed = parse_chain_with(&mem, chain, &self.w.limits, &mut self.scratch);
+                if !self.admit(&parsed) {
+                    // Back on the ring, taken again when the timer fires.
+                    self.w.queue.go_to_previous_position();
+                    self.recycle_parsed(parsed);
+                    break;
+                }
                 self.dispatch(&mem, head, parsed);
                 popped += 1;
+            }
+            if self.throttled {
+                break;
             }
             empty_passes = if popped == 0 { empty_passes + 1 } else { 0 };
             match self.w.queue.enable_notification(&*mem) {
@@ -287,6 +330,51 @@ impl WorkerState {
             self.w.disk.submit_batch_requests(self.batch.drain(..));
         }
         self.notify_if_needed();
+    }
+
+    /// Whether the rate limiter (if any) lets `parsed` through now; if
+    /// not, arms the timer for when it will and marks the queue throttled.
+    /// A request pays one op and, for reads and writes, its data bytes.
+    fn admit(&mut self, parsed: &ParsedChain) -> bool {
+        let Some((limiter, timer)) = &mut self.limiter else {
+            return true;
+        };
+        let bytes = match parsed {
+            ParsedChain::Request {
+                work:
+                    RequestWork::Disk {
+                        op: RequestOp::Read | RequestOp::Write,
+                        segments,
+                        ..
+                    },
+                ..
+            } => segments.iter().map(|s| u64::from(s.len)).sum(),
+            _ => 0,
+        };
+        match limiter.admit(bytes, Instant::now()) {
+            Ok(()) => true,
+            Err(wait) => {
+                if let Err(e) = timer.reset(wait, None) {
+                    // Without a timer the queue would never wake up:
+                    // let the request through instead.
+                    warn!("virtio-blk queue {}: throttle timer: {e}", self.w.index);
+                    return true;
+                }
+                self.throttled = true;
+                false
+            }
+        }
+    }
+
+    /// Gives a parsed chain's segment lists back to the parser's pool.
+    fn recycle_parsed(&mut self, parsed: ParsedChain) {
+        if let ParsedChain::Request {
+            work: RequestWork::Disk { segments, .. } | RequestWork::GetId { segments },
+            ..
+        } = parsed
+        {
+            self.scratch.recycle(segments);
+        }
     }
 
     fn dispatch(&mut self, mem: &Arc<GuestMemoryMmap>, head: u16, parsed: ParsedChain) {

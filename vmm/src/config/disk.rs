@@ -1,11 +1,14 @@
 //! `--disk`: one virtio-blk device. Keys: `path`, `readonly`, `direct`,
-//! `num_queues`, `queue_size`, `image_type`, `engine`, `id`, `serial`.
+//! `num_queues`, `queue_size`, `image_type`, `engine`, `id`, `serial`, and
+//! Cloud Hypervisor's throttling keys `bw_size`, `bw_one_time_burst`,
+//! `bw_refill_time`, `ops_size`, `ops_one_time_burst`, `ops_refill_time`.
 //!
 //! Enters as the option's string; leaves as a [`DiskConfig`] holding the
 //! block crate's [`DiskOptions`] plus the device's queue settings. Nothing is
 //! opened here.
 
 use block::{DiskOptions, EngineKind, ImageType};
+use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
 
 use super::kv::{parse_on_off, KvList};
 use super::ConfigError;
@@ -25,6 +28,43 @@ pub struct DiskConfig {
     pub queue_size: u16,
     pub id: Option<String>,
     pub serial: Option<String>,
+    /// Throttling of each of the disk's queues (nothing by default).
+    pub rate_limit: RateLimitConfig,
+}
+
+/// A whole number of at least `min`.
+fn parse_u64(min: u64) -> impl Fn(&str) -> Result<u64, String> {
+    move |s| match s.parse::<u64>() {
+        Ok(n) if n >= min => Ok(n),
+        _ => Err(format!("expected a whole number of at least {min}")),
+    }
+}
+
+/// One token bucket from `{prefix}_size`, `{prefix}_one_time_burst` and
+/// `{prefix}_refill_time` (milliseconds): size and refill time are both
+/// needed once any of the three is given.
+fn take_bucket(
+    kv: &mut KvList,
+    keys: [&'static str; 3],
+) -> Result<Option<TokenBucketConfig>, ConfigError> {
+    let [size_key, burst_key, refill_key] = keys;
+    let size = kv.take_parsed(size_key, parse_u64(1))?;
+    let burst = kv.take_parsed(burst_key, parse_u64(0))?;
+    let refill = kv.take_parsed(refill_key, parse_u64(1))?;
+    let missing = |key| ConfigError::MissingKey {
+        option: "--disk",
+        key,
+    };
+    match (size, refill) {
+        (None, None) if burst.is_none() => Ok(None),
+        (Some(size), Some(refill_time_ms)) => Ok(Some(TokenBucketConfig {
+            size,
+            one_time_burst: burst.unwrap_or(0),
+            refill_time_ms,
+        })),
+        (None, _) => Err(missing(size_key)),
+        (_, None) => Err(missing(refill_key)),
+    }
 }
 
 fn parse_count(min: u16, max: u16, power_of_two: bool) -> impl Fn(&str) -> Result<u16, String> {
@@ -95,6 +135,13 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
             Ok(s.to_string())
         }
     })?;
+    let rate_limit = RateLimitConfig {
+        bandwidth: take_bucket(&mut kv, ["bw_size", "bw_one_time_burst", "bw_refill_time"])?,
+        ops: take_bucket(
+            &mut kv,
+            ["ops_size", "ops_one_time_burst", "ops_refill_time"],
+        )?,
+    };
     kv.finish()?;
     Ok(DiskConfig {
         options,
@@ -102,6 +149,7 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
         queue_size,
         id,
         serial,
+        rate_limit,
     })
 }
 
@@ -123,6 +171,51 @@ mod tests {
         assert_eq!((d.num_queues, d.queue_size), (4, 256));
         assert_eq!(d.id.as_deref(), Some("disk0"));
         assert_eq!(d.serial.as_deref(), Some("ABC123"));
+    }
+
+    #[test]
+    fn throttling_keys() {
+        let d = parse_disk(
+            "path=x,bw_size=1048576,bw_refill_time=100,ops_size=100,\
+             ops_one_time_burst=50,ops_refill_time=1000",
+        )
+        .unwrap();
+        assert_eq!(
+            d.rate_limit.bandwidth,
+            Some(TokenBucketConfig {
+                size: 1 << 20,
+                one_time_burst: 0,
+                refill_time_ms: 100
+            })
+        );
+        assert_eq!(
+            d.rate_limit.ops,
+            Some(TokenBucketConfig {
+                size: 100,
+                one_time_burst: 50,
+                refill_time_ms: 1000
+            })
+        );
+        assert!(!parse_disk("path=x").unwrap().rate_limit.is_enabled());
+        // Size and refill time come together.
+        for (arg, key) in [
+            ("path=x,bw_size=10", "bw_refill_time"),
+            ("path=x,ops_refill_time=10", "ops_size"),
+            ("path=x,bw_one_time_burst=10", "bw_size"),
+        ] {
+            assert!(
+                matches!(parse_disk(arg), Err(ConfigError::MissingKey { key: k, .. }) if k == key),
+                "{arg}"
+            );
+        }
+        for (arg, key) in [
+            ("path=x,bw_size=0,bw_refill_time=1", "bw_size"),
+            ("path=x,ops_size=1,ops_refill_time=0", "ops_refill_time"),
+            ("path=x,ops_size=-1,ops_refill_time=1", "ops_size"),
+        ] {
+            let e = parse_disk(arg).unwrap_err().to_string();
+            assert!(e.contains(key), "{arg}: {e}");
+        }
     }
 
     #[test]

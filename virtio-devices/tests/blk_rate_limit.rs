@@ -1,0 +1,147 @@
+//! Throttling (`BlockDeviceConfig::rate_limit`): a queue limited in ops
+//! or bytes completes every request, correctly, no faster than its
+//! buckets allow; a chain it cannot pay for waits on the ring (no error,
+//! no stall) until the worker's timer says the buckets have refilled.
+//!
+//! The timing checks are lower bounds only (a slow machine can only make
+//! a run longer), plus a generous upper bound that catches a queue that
+//! stalls until some unrelated wake-up.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use block::{Disk, DiskOptions, EngineKind, ImageType};
+use common::*;
+use virtio_bindings::virtio_blk::*;
+use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
+use virtio_devices::block::BlockDeviceConfig;
+use virtio_devices::testing::{BlockHarness, DriverOptions, UsedRequest};
+
+const OK: u8 = VIRTIO_BLK_S_OK as u8;
+const SECTORS: u64 = 2048;
+
+fn bucket(size: u64, one_time_burst: u64, refill_time_ms: u64) -> TokenBucketConfig {
+    TokenBucketConfig {
+        size,
+        one_time_burst,
+        refill_time_ms,
+    }
+}
+
+/// Reads `total` requests of `sectors` sectors, `qd` in flight, through a
+/// queue limited by `limit`; returns the wall time.
+fn run(engine: EngineKind, limit: RateLimitConfig, qd: u16, sectors: u32, total: u64) -> Duration {
+    let dir = TempDir::new("rate-limit");
+    let raw = raw_image(&dir, SECTORS * 512);
+    let mut o = DiskOptions::new(&raw);
+    o.image_type = ImageType::Raw;
+    o.engine = engine;
+    o.lock = false;
+    let disk = Disk::open(&o).unwrap();
+    let config = BlockDeviceConfig {
+        queue_size: 64,
+        rate_limit: limit,
+        ..Default::default()
+    };
+    let opts = DriverOptions {
+        slots: qd,
+        slot_data: sectors * 512,
+        ..Default::default()
+    };
+    let mut h = BlockHarness::new(disk, config, opts).unwrap();
+    let q = h.queue(0).unwrap();
+    let mut sector_of = vec![0u64; usize::from(qd)];
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut used: Vec<UsedRequest> = Vec::new();
+    let t0 = Instant::now();
+    while done < total {
+        while posted < total {
+            let sector = (posted * 37) % (SECTORS - u64::from(sectors));
+            let Some(slot) = q.post(VIRTIO_BLK_T_IN, sector, sectors * 512) else {
+                break;
+            };
+            sector_of[slot] = sector;
+            posted += 1;
+        }
+        q.kick().unwrap();
+        used.clear();
+        let n = q.wait(Duration::from_secs(10), &mut used).unwrap();
+        assert!(n > 0, "{engine:?}: no completion after {done} of {total}");
+        for u in &used {
+            assert_eq!(u.status, OK);
+            assert_eq!(u.used_len, sectors * 512 + 1);
+            let data = q.read_data(u.slot, sectors as usize * 512);
+            for (i, s) in data.chunks(512).enumerate() {
+                let want = sector_byte(sector_of[u.slot] + i as u64);
+                assert!(s.iter().all(|&b| b == want), "{engine:?}: wrong data");
+            }
+        }
+        done += used.len() as u64;
+    }
+    let t = t0.elapsed();
+    eprintln!("{engine:?}: {total} requests in {t:?}");
+    t
+}
+
+fn engines() -> Vec<EngineKind> {
+    let mut e = vec![EngineKind::Sync];
+    if block::io::probe::uring_support().is_ok() {
+        e.push(EngineKind::IoUring);
+    }
+    e
+}
+
+#[test]
+fn ops_limit_holds_the_request_rate() {
+    for engine in engines() {
+        // 10 requests per 50 ms (200/s), none extra: 60 requests need at
+        // least the 50 beyond the first full bucket, 250 ms.
+        let limit = RateLimitConfig {
+            bandwidth: None,
+            ops: Some(bucket(10, 0, 50)),
+        };
+        let t = run(engine, limit, 8, 1, 60);
+        assert!(t >= Duration::from_millis(240), "{engine:?}: {t:?}");
+        assert!(t < Duration::from_secs(5), "{engine:?}: {t:?}");
+    }
+}
+
+#[test]
+fn bandwidth_limit_holds_the_byte_rate() {
+    for engine in engines() {
+        // 32 KiB per 100 ms (320 KiB/s) plus a 32 KiB one-time burst:
+        // 40 reads of 8 KiB (320 KiB) need at least the 256 KiB beyond
+        // bucket and burst, 800 ms.
+        let limit = RateLimitConfig {
+            bandwidth: Some(bucket(32 << 10, 32 << 10, 100)),
+            ops: None,
+        };
+        let t = run(engine, limit, 4, 16, 40);
+        assert!(t >= Duration::from_millis(780), "{engine:?}: {t:?}");
+        assert!(t < Duration::from_secs(8), "{engine:?}: {t:?}");
+    }
+}
+
+#[test]
+fn requests_larger_than_the_bucket_still_complete() {
+    for engine in engines() {
+        // 4 KiB buckets, 16 KiB requests: each passes on a full bucket and
+        // leaves a 12 KiB debt (a 4 KiB refill per 20 ms: 80 ms each).
+        let limit = RateLimitConfig {
+            bandwidth: Some(bucket(4096, 0, 20)),
+            ops: None,
+        };
+        let t = run(engine, limit, 2, 32, 8);
+        assert!(t >= Duration::from_millis(7 * 80 - 20), "{engine:?}: {t:?}");
+        assert!(t < Duration::from_secs(8), "{engine:?}: {t:?}");
+    }
+}
+
+#[test]
+fn no_limit_configured_changes_nothing() {
+    for engine in engines() {
+        let t = run(engine, RateLimitConfig::default(), 8, 1, 200);
+        assert!(t < Duration::from_secs(5), "{engine:?}: {t:?}");
+    }
+}
