@@ -202,9 +202,10 @@ impl WorkerState {
                     }
                     THROTTLE_TIMER => {
                         if let Some((_, timer)) = &mut self.limiter {
-                            // Clears the expiry count (non-blocking: it
-                            // fired).
-                            let _ = timer.wait();
+                            // Disarming clears the expiry, so the
+                            // level-triggered fd stops reporting (a read
+                            // could block if it had been re-armed).
+                            let _ = timer.clear();
                         }
                         self.throttled = false;
                         kicked = true;
