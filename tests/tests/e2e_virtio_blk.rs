@@ -117,6 +117,26 @@ fn qcow2_throttled_queues() {
     );
 }
 
+/// Queues pinned with Cloud Hypervisor's `queue_affinity` key: the workers
+/// set their CPU affinity under the default seccomp filters and the guest
+/// finishes with the right data.
+#[test]
+fn raw_pinned_queues() {
+    let allowed = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = allowed
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim();
+    // The first CPU this process may use.
+    let cpu = list.split([',', '-']).next().unwrap();
+    run_one(
+        "raw",
+        &format!("num_queues=2,engine=io_uring,queue_affinity=[0@[{cpu}]]"),
+        2,
+    );
+}
+
 #[test]
 fn qcow2_direct_auto_engine() {
     run_one(

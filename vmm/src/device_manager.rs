@@ -244,6 +244,7 @@ impl DeviceManager {
                 queue_size: d.config.queue_size,
                 serial: d.config.serial.clone().unwrap_or_default().into_bytes(),
                 rate_limit: d.config.rate_limit,
+                queue_affinity: d.config.queue_affinity.clone(),
                 ..Default::default()
             };
             let dev = BlockDevice::new(d.disk, blk_config).map_err(|source| {

@@ -126,9 +126,10 @@ const VCPU: &[libc::c_long] = &[
     libc::SYS_prctl,
     libc::SYS_rseq,
     libc::SYS_sched_getaffinity,
-    // A throttled queue worker's timer.
+    // A throttled queue worker's timer, a pinned worker's affinity.
     libc::SYS_timerfd_create,
     libc::SYS_timerfd_settime,
+    libc::SYS_sched_setaffinity,
     // The activation thread installs the workers' filters. seccomp(2)
     // can only add restrictions, never lift them.
     libc::SYS_seccomp,
@@ -144,9 +145,11 @@ const WORKER: &[libc::c_long] = &[
     libc::SYS_rseq,
     libc::SYS_sched_getaffinity,
     libc::SYS_set_robust_list,
-    // A throttled queue's timer (`virtio-devices` block::rate_limit).
+    // A throttled queue's timer (`virtio-devices` block::rate_limit), a
+    // pinned queue's affinity (`queue_affinity`).
     libc::SYS_timerfd_create,
     libc::SYS_timerfd_settime,
+    libc::SYS_sched_setaffinity,
 ];
 
 /// The main thread after set-up (`ioctl` is added with conditions).

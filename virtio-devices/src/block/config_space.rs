@@ -59,6 +59,9 @@ pub struct BlockDeviceConfig {
     pub poll_us: u32,
     /// I/O throttling per queue (none by default).
     pub rate_limit: super::rate_limit::RateLimitConfig,
+    /// Host CPUs each queue's worker thread may run on, by queue index
+    /// (`None` or a missing entry: wherever the scheduler likes).
+    pub queue_affinity: Vec<Option<Vec<usize>>>,
 }
 
 impl Default for BlockDeviceConfig {
@@ -73,6 +76,7 @@ impl Default for BlockDeviceConfig {
             seg_max: None,
             poll_us: 0,
             rate_limit: Default::default(),
+            queue_affinity: Vec::new(),
         }
     }
 }

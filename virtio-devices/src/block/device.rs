@@ -273,6 +273,12 @@ impl BlockDevice {
             writeback: Arc::clone(&self.writeback),
             poll: std::time::Duration::from_micros(u64::from(self.config.poll_us)),
             rate_limit: self.config.rate_limit,
+            cpus: self
+                .config
+                .queue_affinity
+                .get(usize::from(index))
+                .cloned()
+                .flatten(),
             submit_each: self.disk.engine() != block::EngineKind::IoUring,
         };
         let handle = std::thread::Builder::new()

@@ -85,6 +85,8 @@ pub struct QueueWorker {
     pub submit_each: bool,
     /// Throttling of this queue (nothing limited by default).
     pub rate_limit: RateLimitConfig,
+    /// Host CPUs the worker thread pins itself to (`None`: not pinned).
+    pub cpus: Option<Vec<usize>>,
 }
 
 /// What a stopped worker hands back.
@@ -120,6 +122,14 @@ impl QueueWorker {
     /// Runs until stopped through the control eventfd (or a fatal epoll
     /// error); returns the kick eventfd.
     pub fn run(self) -> WorkerExit {
+        if let Some(cpus) = &self.cpus {
+            if let Err(e) = pin_current_thread(cpus) {
+                error!(
+                    "virtio-blk queue {}: cannot pin to CPUs {cpus:?}: {e}",
+                    self.index
+                );
+            }
+        }
         let mut state = WorkerState {
             w: self,
             pending: HashMap::new(),
@@ -137,6 +147,27 @@ impl QueueWorker {
             error!("virtio-blk queue {}: worker stopped: {e}", state.w.index);
         }
         WorkerExit { kick: state.w.kick }
+    }
+}
+
+/// Restricts the calling thread to `cpus` (`sched_setaffinity`).
+pub fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: `cpu` is below CPU_SETSIZE, the set's capacity.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the
+    // calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

@@ -1,7 +1,8 @@
 //! `--disk`: one virtio-blk device. Keys: `path`, `readonly`, `direct`,
 //! `num_queues`, `queue_size`, `image_type`, `engine`, `id`, `serial`, and
 //! Cloud Hypervisor's throttling keys `bw_size`, `bw_one_time_burst`,
-//! `bw_refill_time`, `ops_size`, `ops_one_time_burst`, `ops_refill_time`.
+//! `bw_refill_time`, `ops_size`, `ops_one_time_burst`, `ops_refill_time`,
+//! and `queue_affinity=[QUEUE@[CPUS],...]` (CPUS: numbers and ranges).
 //!
 //! Enters as the option's string; leaves as a [`DiskConfig`] holding the
 //! block crate's [`DiskOptions`] plus the device's queue settings. Nothing is
@@ -10,7 +11,7 @@
 use block::{DiskOptions, EngineKind, ImageType};
 use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
 
-use super::kv::{parse_on_off, KvList};
+use super::kv::{parse_on_off, split_top_level, KvList};
 use super::ConfigError;
 
 /// Most queues per disk: the vCPU count is small on our machines and each
@@ -30,6 +31,78 @@ pub struct DiskConfig {
     pub serial: Option<String>,
     /// Throttling of each of the disk's queues (nothing by default).
     pub rate_limit: RateLimitConfig,
+    /// Host CPUs per queue index (`None`: not pinned).
+    pub queue_affinity: Vec<Option<Vec<usize>>>,
+}
+
+/// `[0@[0,2-3],1@[1]]`: for each listed queue (below `num_queues`, once),
+/// the host CPUs its worker may run on, each one this process may use.
+fn parse_queue_affinity(
+    num_queues: u16,
+) -> impl Fn(&str) -> Result<Vec<Option<Vec<usize>>>, String> {
+    move |s| {
+        let inner = s
+            .strip_prefix('[')
+            .and_then(|s| s.strip_suffix(']'))
+            .ok_or("expected [QUEUE@[CPUS],...]")?;
+        let allowed = allowed_cpus()?;
+        let mut out = vec![None; usize::from(num_queues)];
+        for item in split_top_level(inner).ok_or("unbalanced brackets")? {
+            let (queue, cpus) = item
+                .split_once('@')
+                .ok_or_else(|| format!("'{item}': expected QUEUE@[CPUS]"))?;
+            let q: usize = queue
+                .parse()
+                .ok()
+                .filter(|&q| q < usize::from(num_queues))
+                .ok_or_else(|| format!("queue '{queue}': expected 0 to {}", num_queues - 1))?;
+            if out[q].is_some() {
+                return Err(format!("queue {q} is given twice"));
+            }
+            let list = cpus
+                .strip_prefix('[')
+                .and_then(|s| s.strip_suffix(']'))
+                .ok_or_else(|| format!("'{cpus}': expected [CPUS]"))?;
+            let mut set = Vec::new();
+            for range in list.split(',') {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                let (a, b): (usize, usize) = match (a.parse(), b.parse()) {
+                    (Ok(a), Ok(b)) if a <= b => (a, b),
+                    _ => return Err(format!("'{range}': expected a CPU or a range A-B")),
+                };
+                for cpu in a..=b {
+                    if !allowed.contains(&cpu) {
+                        return Err(format!("CPU {cpu} is not available to this process"));
+                    }
+                    if !set.contains(&cpu) {
+                        set.push(cpu);
+                    }
+                }
+            }
+            out[q] = Some(set);
+        }
+        Ok(out)
+    }
+}
+
+/// The CPUs this process may run on (`sched_getaffinity`).
+fn allowed_cpus() -> Result<Vec<usize>, String> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a writable cpu_set_t of the size passed; pid 0 is
+    // the calling thread.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Err(format!(
+            "sched_getaffinity: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok((0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below CPU_SETSIZE, the set's capacity.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
 }
 
 /// A whole number of at least `min`.
@@ -142,6 +215,9 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
             ["ops_size", "ops_one_time_burst", "ops_refill_time"],
         )?,
     };
+    let queue_affinity = kv
+        .take_parsed("queue_affinity", parse_queue_affinity(num_queues))?
+        .unwrap_or_default();
     kv.finish()?;
     Ok(DiskConfig {
         options,
@@ -150,6 +226,7 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
         id,
         serial,
         rate_limit,
+        queue_affinity,
     })
 }
 
@@ -215,6 +292,28 @@ mod tests {
         ] {
             let e = parse_disk(arg).unwrap_err().to_string();
             assert!(e.contains(key), "{arg}: {e}");
+        }
+    }
+
+    #[test]
+    fn queue_affinity() {
+        let d = parse_disk("path=x,num_queues=3,queue_affinity=[0@[0],2@[0-1,0]]").unwrap();
+        assert_eq!(
+            d.queue_affinity,
+            vec![Some(vec![0]), None, Some(vec![0, 1])]
+        );
+        assert!(parse_disk("path=x").unwrap().queue_affinity.is_empty());
+        for bad in [
+            "path=x,queue_affinity=[1@[0]]",
+            "path=x,num_queues=2,queue_affinity=[0@[0],0@[1]]",
+            "path=x,queue_affinity=0@[0]",
+            "path=x,queue_affinity=[0@0]",
+            "path=x,queue_affinity=[0@[1-0]]",
+            "path=x,queue_affinity=[0@[100000]]",
+            "path=x,queue_affinity=[0@[0]",
+        ] {
+            let e = parse_disk(bad).unwrap_err().to_string();
+            assert!(e.contains("queue_affinity"), "{bad}: {e}");
         }
     }
 

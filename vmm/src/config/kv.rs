@@ -2,7 +2,9 @@
 //!
 //! A string enters [`KvList::parse`]; option parsers take the keys they know
 //! with [`KvList::take`] and finish with [`KvList::finish`], which refuses
-//! whatever is left, naming the key. A value may not contain a comma.
+//! whatever is left, naming the key. A value may contain a comma only
+//! inside square brackets (`queue_affinity=[0@[0,1],1@[2]]`), as in
+//! Cloud Hypervisor.
 
 use super::ConfigError;
 
@@ -13,13 +15,39 @@ pub struct KvList {
     pairs: Vec<(String, Option<String>)>,
 }
 
+/// `s` split at the commas outside square brackets; `None` when the
+/// brackets do not balance.
+pub fn split_top_level(s: &str) -> Option<Vec<&str>> {
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.checked_sub(1)?,
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    (depth == 0).then(|| {
+        parts.push(&s[start..]);
+        parts
+    })
+}
+
 impl KvList {
     /// Splits `s` into pairs. A bare word without `=` is kept as a key with
     /// no value (some options accept a positional first word); duplicate
     /// keys are refused.
     pub fn parse(option: &'static str, s: &str) -> Result<KvList, ConfigError> {
         let mut pairs: Vec<(String, Option<String>)> = Vec::new();
-        for part in s.split(',') {
+        for part in split_top_level(s).ok_or_else(|| ConfigError::Syntax {
+            option,
+            value: s.to_string(),
+            reason: "unbalanced square brackets".into(),
+        })? {
             if part.is_empty() {
                 return Err(ConfigError::Syntax {
                     option,
@@ -122,6 +150,25 @@ pub fn parse_on_off(s: &str) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commas_inside_brackets_stay_in_the_value() {
+        let mut kv = KvList::parse("--disk", "path=x,queue_affinity=[0@[0,1],1@[2]],id=a").unwrap();
+        assert_eq!(
+            kv.take("queue_affinity").unwrap().as_deref(),
+            Some("[0@[0,1],1@[2]]")
+        );
+        assert_eq!(kv.take("id").unwrap().as_deref(), Some("a"));
+        for bad in ["path=x,a=[0", "path=x,a=]0[", "path=x,a=[[0]"] {
+            assert!(
+                matches!(
+                    KvList::parse("--disk", bad),
+                    Err(ConfigError::Syntax { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn takes_known_keys_and_refuses_the_rest() {
