@@ -145,3 +145,41 @@ fn no_limit_configured_changes_nothing() {
         assert!(t < Duration::from_secs(5), "{engine:?}: {t:?}");
     }
 }
+
+/// The buckets belong to the device, not to a worker: a guest that resets
+/// the device (which stops the workers and starts new ones) finds them as
+/// empty as it left them, so resetting is no way around the limit.
+#[test]
+fn a_device_reset_does_not_refill_the_buckets() {
+    let dir = TempDir::new("rate-limit-reset");
+    let raw = raw_image(&dir, SECTORS * 512);
+    let mut o = DiskOptions::new(&raw);
+    o.image_type = ImageType::Raw;
+    o.engine = EngineKind::Sync;
+    o.lock = false;
+    let disk = Disk::open(&o).unwrap();
+    // 10 requests per second, starting with 10.
+    let config = BlockDeviceConfig {
+        queue_size: 64,
+        rate_limit: RateLimitConfig {
+            bandwidth: None,
+            ops: Some(bucket(10, 0, 1000)),
+        },
+        ..Default::default()
+    };
+    let mut h = BlockHarness::new(disk, config, DriverOptions::default()).unwrap();
+    let read_n = |h: &mut BlockHarness, n: u64| {
+        let t0 = Instant::now();
+        for i in 0..n {
+            let u = h.queue(0).unwrap().run(VIRTIO_BLK_T_IN, i, 512).unwrap();
+            assert_eq!(u.status, OK);
+        }
+        t0.elapsed()
+    };
+    // The full bucket pays for the first ten at once.
+    assert!(read_n(&mut h, 10) < Duration::from_millis(500));
+    h.reset_and_reactivate().unwrap();
+    // Five more need half a second of refill, reset or not.
+    let t = read_n(&mut h, 5);
+    assert!(t >= Duration::from_millis(400), "{t:?} after a reset");
+}

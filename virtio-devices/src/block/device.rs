@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use block::{BlockError, Disk};
 use log::{error, warn};
@@ -21,6 +22,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::config_space::{BlockDeviceConfig, ConfigSpace, MAX_DISCARD_SECTORS, WRITEBACK_OFFSET};
 use super::features::{has_event_idx, offered_features};
 use super::queue_worker::{QueueWorker, WorkerExit};
+use super::rate_limit::RateLimiter;
 use super::request_parser::ParserLimits;
 use crate::device::{ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt};
 
@@ -36,6 +38,7 @@ pub enum BlockDeviceError {
 }
 
 struct RunningWorker {
+    index: u16,
     control: Arc<EventFd>,
     handle: JoinHandle<WorkerExit>,
 }
@@ -50,6 +53,10 @@ pub struct BlockDevice {
     acked: u64,
     writeback: Arc<AtomicBool>,
     workers: Vec<RunningWorker>,
+    /// Each queue's token buckets while its worker is stopped (a worker
+    /// holds its own while it runs); kept across resets so a reset does
+    /// not refill them.
+    limiters: Vec<Option<RateLimiter>>,
     closed: bool,
 }
 
@@ -83,6 +90,9 @@ impl BlockDevice {
         config.logical_block_size = config.logical_block_size.max(disk.logical_block_size());
         config.physical_block_size = config.physical_block_size.max(config.logical_block_size);
         let config_space = ConfigSpace::new(&config, disk.size(), readonly);
+        let limiters = (0..config.num_queues)
+            .map(|_| RateLimiter::new(config.rate_limit, Instant::now()))
+            .collect();
         Ok(BlockDevice {
             offered: offered_features(readonly, config.num_queues),
             queue_sizes: vec![config.queue_size; usize::from(config.num_queues)],
@@ -92,6 +102,7 @@ impl BlockDevice {
             acked: 0,
             writeback: Arc::new(AtomicBool::new(true)),
             workers: Vec::new(),
+            limiters,
             closed: false,
         })
     }
@@ -129,8 +140,20 @@ impl BlockDevice {
         let mut kicks = Vec::new();
         for worker in self.workers.drain(..) {
             match worker.handle.join() {
-                Ok(exit) => kicks.push(exit.kick),
-                Err(_) => error!("virtio-blk: a queue worker panicked"),
+                Ok(exit) => {
+                    kicks.push(exit.kick);
+                    if let Some(slot) = self.limiters.get_mut(usize::from(worker.index)) {
+                        *slot = exit.limiter;
+                    }
+                }
+                Err(_) => {
+                    error!("virtio-blk: a queue worker panicked");
+                    // Its buckets went with it: start full ones rather
+                    // than lose the limit.
+                    if let Some(slot) = self.limiters.get_mut(usize::from(worker.index)) {
+                        *slot = RateLimiter::new(self.config.rate_limit, Instant::now());
+                    }
+                }
             }
         }
         kicks
@@ -272,7 +295,10 @@ impl BlockDevice {
             device_id,
             writeback: Arc::clone(&self.writeback),
             poll: std::time::Duration::from_micros(u64::from(self.config.poll_us)),
-            rate_limit: self.config.rate_limit,
+            limiter: self
+                .limiters
+                .get_mut(usize::from(index))
+                .and_then(Option::take),
             cpus: self
                 .config
                 .queue_affinity
@@ -285,7 +311,11 @@ impl BlockDevice {
             .name(format!("virtio-blk-q{index}"))
             .spawn(move || worker.run())
             .map_err(ActivateError::SpawnWorker)?;
-        self.workers.push(RunningWorker { control, handle });
+        self.workers.push(RunningWorker {
+            index,
+            control,
+            handle,
+        });
         Ok(())
     }
 }

@@ -36,7 +36,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::rate_limit::{RateLimitConfig, RateLimiter};
+use super::rate_limit::RateLimiter;
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
 };
@@ -83,8 +83,10 @@ pub struct QueueWorker {
     /// requests one after another before any completes, so the driver
     /// gets the first results while the rest of the batch still runs.
     pub submit_each: bool,
-    /// Throttling of this queue (nothing limited by default).
-    pub rate_limit: RateLimitConfig,
+    /// This queue's token buckets when it is throttled. They belong to
+    /// the device and come back in [`WorkerExit`], so a guest cannot
+    /// refill them by resetting the device.
+    pub limiter: Option<RateLimiter>,
     /// Host CPUs the worker thread pins itself to (`None`: not pinned).
     pub cpus: Option<Vec<usize>>,
 }
@@ -92,6 +94,8 @@ pub struct QueueWorker {
 /// What a stopped worker hands back.
 pub struct WorkerExit {
     pub kick: EventFd,
+    /// The queue's buckets, as the worker left them.
+    pub limiter: Option<RateLimiter>,
 }
 
 /// The loop's state besides the inputs.
@@ -112,7 +116,8 @@ struct WorkerState {
     ring_stuck: bool,
     /// The buckets, when the queue is throttled, and the timer that ends
     /// a wait for them.
-    limiter: Option<(RateLimiter, TimerFd)>,
+    limiter: Option<RateLimiter>,
+    throttle_timer: Option<TimerFd>,
     /// A chain went back on the ring for want of tokens; the timer is
     /// armed and nothing is taken from the ring until it fires.
     throttled: bool,
@@ -121,7 +126,7 @@ struct WorkerState {
 impl QueueWorker {
     /// Runs until stopped through the control eventfd (or a fatal epoll
     /// error); returns the kick eventfd.
-    pub fn run(self) -> WorkerExit {
+    pub fn run(mut self) -> WorkerExit {
         if let Some(cpus) = &self.cpus {
             if let Err(e) = pin_current_thread(cpus) {
                 error!(
@@ -130,6 +135,7 @@ impl QueueWorker {
                 );
             }
         }
+        let limiter = self.limiter.take();
         let mut state = WorkerState {
             w: self,
             pending: HashMap::new(),
@@ -140,13 +146,17 @@ impl QueueWorker {
             used_added: false,
             ring_warned: false,
             ring_stuck: false,
-            limiter: None,
+            limiter,
+            throttle_timer: None,
             throttled: false,
         };
         if let Err(e) = state.event_loop() {
             error!("virtio-blk queue {}: worker stopped: {e}", state.w.index);
         }
-        WorkerExit { kick: state.w.kick }
+        WorkerExit {
+            kick: state.w.kick,
+            limiter: state.limiter,
+        }
     }
 }
 
@@ -178,14 +188,14 @@ impl WorkerState {
         // edge, so the worker never has to read (clear) it, which saves a
         // syscall per kick. The completion eventfd stays level-triggered
         // because the disk queue clears it on each drain.
-        if let Some(limiter) = RateLimiter::new(self.w.rate_limit, Instant::now()) {
+        if self.limiter.is_some() {
             let timer = TimerFd::new()?;
             epoll.ctl(
                 ControlOperation::Add,
                 timer.as_raw_fd(),
                 EpollEvent::new(EventSet::IN, THROTTLE_TIMER),
             )?;
-            self.limiter = Some((limiter, timer));
+            self.throttle_timer = Some(timer);
         }
         for (fd, token, events) in [
             (
@@ -232,7 +242,7 @@ impl WorkerState {
                         stopping = true;
                     }
                     THROTTLE_TIMER => {
-                        if let Some((_, timer)) = &mut self.limiter {
+                        if let Some(timer) = &mut self.throttle_timer {
                             // Disarming clears the expiry, so the
                             // level-triggered fd stops reporting (a read
                             // could block if it had been re-armed).
@@ -368,7 +378,7 @@ impl WorkerState {
     /// not, arms the timer for when it will and marks the queue throttled.
     /// A request pays one op and, for reads and writes, its data bytes.
     fn admit(&mut self, parsed: &ParsedChain) -> bool {
-        let Some((limiter, timer)) = &mut self.limiter else {
+        let (Some(limiter), Some(timer)) = (&mut self.limiter, &mut self.throttle_timer) else {
             return true;
         };
         let bytes = match parsed {
