@@ -255,3 +255,23 @@ fn several_vcpus_and_ram_above_4g() {
     );
     check_pattern("raw", &img, 4);
 }
+
+/// An image with a persistent dirty bitmap: the VMM does not update
+/// bitmaps, so its read-write open invalidates them (clears their
+/// autoclear bit, as the qcow2 spec asks of such a program) and says so
+/// on stderr; the guest runs as usual and qemu-img then lists no bitmap.
+#[test]
+fn qcow2_with_a_persistent_bitmap_warns_that_it_becomes_invalid() {
+    let dir = TempDir::new("e2e");
+    let img = make_image(&dir, "disk.qcow2", "qcow2", "64M");
+    qemu_img(&["bitmap", "--add", &img, "backup-0"]);
+    assert!(qemu_img(&["info", &img]).contains("backup-0"));
+    let b = boot_guest(&dir, &[format!("path={img}")], "disks=1");
+    assert!(
+        b.stderr.contains("persistent dirty bitmaps become invalid"),
+        "no warning: {}",
+        b.stderr
+    );
+    assert!(!qemu_img(&["info", &img]).contains("backup-0"));
+    check_pattern("qcow2", &img, 1);
+}

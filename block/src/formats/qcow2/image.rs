@@ -161,6 +161,14 @@ impl Qcow2Image {
             }
             let autoclear = header.autoclear & AUTOCLEAR_KNOWN;
             if header.version >= 3 && autoclear != header.autoclear {
+                if header.autoclear & super::bitmap_directory::AUTOCLEAR_BITMAPS != 0 {
+                    // Say so: backup tools that rely on the bitmaps will
+                    // find them gone (qemu drops them on its next open).
+                    log::warn!(
+                        "{}: its persistent dirty bitmaps become invalid: they are not updated by this program",
+                        path.display()
+                    );
+                }
                 write_at(
                     &meta_file,
                     OFF_AUTOCLEAR,
