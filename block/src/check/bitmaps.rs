@@ -10,7 +10,7 @@
 use super::references::Walker;
 use crate::error::BlockError;
 use crate::formats::qcow2::bitmap_directory::{
-    self, parse_directory, AUTOCLEAR_BITMAPS, MAX_BITMAPS, MAX_DIRECTORY,
+    locate_directory, parse_directory, MAX_BITMAPS, MAX_DIRECTORY,
 };
 use crate::formats::qcow2::meta_io::{be64_at, read_at};
 
@@ -18,24 +18,10 @@ use crate::formats::qcow2::meta_io::{be64_at, read_at};
 const MAX_TABLE_ENTRIES: u64 = 1 << 26;
 const ENTRY_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
 
-/// Where the bitmap directory is: (entries, size, offset), if the image
-/// has a consistent bitmaps extension.
-fn find_extension(w: &Walker<'_>) -> Result<Option<(u32, u64, u64)>, BlockError> {
-    let h = w.header;
-    if h.version < 3 || h.autoclear & AUTOCLEAR_BITMAPS == 0 {
-        return Ok(None);
-    }
-    let mut first = vec![0u8; h.cluster_size().min(w.file_size) as usize];
-    read_at(w.file, 0, &mut first, "header extensions")?;
-    Ok(bitmap_directory::find_extension(
-        &first,
-        h.header_length as usize,
-    ))
-}
-
 /// Counts the references of every persistent bitmap.
 pub(super) fn walk_bitmaps(w: &mut Walker<'_>) -> Result<(), BlockError> {
-    let Some((count, dir_size, dir_offset)) = find_extension(w)? else {
+    let Some((count, dir_size, dir_offset)) = locate_directory(w.file, w.header, w.file_size)?
+    else {
         return Ok(());
     };
     let cs = w.header.cluster_size();

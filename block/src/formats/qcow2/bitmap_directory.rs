@@ -13,14 +13,14 @@
 use std::fs::File;
 use std::path::Path;
 
+use super::features::AUTOCLEAR_BITMAPS;
+use super::header::Header;
 use super::image::read_header;
 use super::meta_io::read_at;
 use crate::error::BlockError;
 
 /// The bitmaps header extension's type.
 pub const EXT_BITMAPS: u32 = 0x2385_2875;
-/// The autoclear bit that says the bitmaps extension is consistent.
-pub const AUTOCLEAR_BITMAPS: u64 = 1;
 /// qemu's limits for the bitmaps extension.
 pub const MAX_BITMAPS: u32 = 65535;
 pub const MAX_DIRECTORY: u64 = 64 << 20;
@@ -79,6 +79,22 @@ pub fn find_extension(first: &[u8], header_length: usize) -> Option<(u32, u64, u
             _ => at = data + len.next_multiple_of(8),
         }
     }
+}
+
+/// Where the directory is, (bitmaps, size, offset), when `header` says the
+/// bitmaps extension is consistent and the image's first cluster holds
+/// one; `None` for a v2 image, a cleared autoclear bit or no extension.
+pub(crate) fn locate_directory(
+    file: &File,
+    header: &Header,
+    file_size: u64,
+) -> Result<Option<(u32, u64, u64)>, BlockError> {
+    if header.version < 3 || header.autoclear & AUTOCLEAR_BITMAPS == 0 {
+        return Ok(None);
+    }
+    let mut first = vec![0u8; header.cluster_size().min(file_size) as usize];
+    read_at(file, 0, &mut first, "header extensions")?;
+    Ok(find_extension(&first, header.header_length as usize))
 }
 
 /// The first `count` entries of a directory, and the index of the entry
@@ -145,13 +161,7 @@ pub fn persistent_bitmaps(path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
 /// autoclear bit after the header was parsed.
 pub(crate) fn bitmaps_in(file: &File, path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
     let (header, file_size) = read_header(file, path)?;
-    if header.version < 3 || header.autoclear & AUTOCLEAR_BITMAPS == 0 {
-        return Ok(Vec::new());
-    }
-    let mut first = vec![0u8; header.cluster_size().min(file_size) as usize];
-    read_at(file, 0, &mut first, "header extensions")?;
-    let Some((count, dir_size, dir_offset)) = find_extension(&first, header.header_length as usize)
-    else {
+    let Some((count, dir_size, dir_offset)) = locate_directory(file, &header, file_size)? else {
         return Ok(Vec::new());
     };
     let corrupt = |reason: String| BlockError::InvalidImage {

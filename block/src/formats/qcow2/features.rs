@@ -20,6 +20,9 @@ pub(crate) const INCOMPAT_KNOWN: u64 =
 /// Refcounts may be updated lazily (the dirty bit then says so).
 pub(crate) const COMPAT_LAZY_REFCOUNTS: u64 = 1 << 0;
 
+/// The persistent bitmaps extension is consistent (a program that does not
+/// update bitmaps clears it on a read-write open).
+pub(crate) const AUTOCLEAR_BITMAPS: u64 = 1 << 0;
 /// The external data file is a raw image of the guest disk.
 pub(crate) const AUTOCLEAR_DATA_FILE_RAW: u64 = 1 << 1;
 /// Autoclear bits we keep correct when writing.

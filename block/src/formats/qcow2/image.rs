@@ -14,7 +14,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::backing::{open_backing, resolve, Backing};
-use super::features::{AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
+use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::header::{Header, HeaderError, OFF_AUTOCLEAR, OFF_INCOMPAT};
 use super::inflight::InFlight;
 use super::meta::MetaState;
@@ -161,7 +161,7 @@ impl Qcow2Image {
             }
             let autoclear = header.autoclear & AUTOCLEAR_KNOWN;
             if header.version >= 3 && autoclear != header.autoclear {
-                if header.autoclear & super::bitmap_directory::AUTOCLEAR_BITMAPS != 0 {
+                if header.autoclear & AUTOCLEAR_BITMAPS != 0 {
                     // Say so: backup tools that rely on the bitmaps will
                     // find them gone (qemu drops them on its next open).
                     log::warn!(
