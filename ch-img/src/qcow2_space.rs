@@ -8,6 +8,8 @@
 //! blocks and table covering every cluster (themselves included) and the
 //! data clusters. Persistent bitmaps are counted apart ([`bitmaps_size`]).
 
+use block::formats::qcow2::bitmap_directory::BitmapEntry;
+
 /// The largest L1 table qemu opens (32 MiB); a larger disk needs bigger
 /// clusters.
 pub const MAX_L1_BYTES: u64 = 32 << 20;
@@ -88,28 +90,24 @@ impl Qcow2Layout {
     }
 }
 
-/// One persistent dirty bitmap of the input image.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BitmapShape {
-    /// Bytes of the name.
-    pub name_len: u64,
-    /// Bytes of disk one bit covers.
-    pub granularity: u64,
-}
-
 /// Bytes that copying `bitmaps` of a disk of `disk_size` bytes into an
 /// image with `cluster_size` clusters takes, as qemu counts them: each
 /// bitmap fully allocated plus its bitmap table in whole clusters, and
 /// the bitmap directory in whole clusters.
-pub fn bitmaps_size(bitmaps: &[BitmapShape], disk_size: u64, cluster_size: u64) -> u64 {
+/// A granularity past 2^63 bytes (a hostile directory) covers the disk
+/// with one bit.
+pub fn bitmaps_size(bitmaps: &[BitmapEntry], disk_size: u64, cluster_size: u64) -> u64 {
     let mut total = 0;
     let mut directory = 0;
     for b in bitmaps {
-        let bits = disk_size.div_ceil(b.granularity.max(1));
+        let bits = match 1u64.checked_shl(u32::from(b.granularity_bits)) {
+            Some(granularity) => disk_size.div_ceil(granularity),
+            None => u64::from(disk_size > 0),
+        };
         let clusters = bits.div_ceil(8).div_ceil(cluster_size);
         total += clusters * cluster_size;
         total += (clusters * TABLE_ENTRY).next_multiple_of(cluster_size);
-        directory += (BITMAP_ENTRY_HEADER + b.name_len).next_multiple_of(8);
+        directory += (BITMAP_ENTRY_HEADER + u64::from(b.name_len)).next_multiple_of(8);
     }
     total + directory.next_multiple_of(cluster_size)
 }
@@ -117,6 +115,17 @@ pub fn bitmaps_size(bitmaps: &[BitmapShape], disk_size: u64, cluster_size: u64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bitmap(name_len: u16, granularity_bits: u8) -> BitmapEntry {
+        BitmapEntry {
+            table_offset: 0,
+            table_entries: 0,
+            flags: 0,
+            granularity_bits,
+            name_len,
+            name: String::new(),
+        }
+    }
 
     const K64: Qcow2Layout = Qcow2Layout {
         cluster_size: 65536,
@@ -197,16 +206,7 @@ mod tests {
 
     #[test]
     fn bitmaps_take_data_table_and_directory_clusters() {
-        let bitmaps = [
-            BitmapShape {
-                name_len: 2,
-                granularity: 65536,
-            },
-            BitmapShape {
-                name_len: 40,
-                granularity: 512,
-            },
-        ];
+        let bitmaps = [bitmap(2, 16), bitmap(40, 9)];
         // 100 MiB: 200 and 25600 bytes of bits.
         assert_eq!(bitmaps_size(&bitmaps, 100 << 20, 65536), 5 * 65536);
         assert_eq!(
@@ -214,5 +214,7 @@ mod tests {
             (512 + 512) + (50 * 512 + 512) + 512
         );
         assert_eq!(bitmaps_size(&[], 100 << 20, 65536), 0);
+        // A granularity past the disk: one bit, one data cluster.
+        assert_eq!(bitmaps_size(&[bitmap(2, 64)], 100 << 20, 65536), 3 * 65536);
     }
 }

@@ -13,7 +13,7 @@
 use std::path::Path;
 
 use block::formats::qcow2::bitmap_directory::persistent_bitmaps;
-use block::{BlockError, ImageType};
+use block::ImageType;
 use serde_json::{json, Map, Value};
 
 use crate::args::{parse, OptSpec, Parsed};
@@ -21,7 +21,7 @@ use crate::cmd::{print_json, OutputFormat};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::options::{open_image, option_items, parse_format, set_create_option};
-use crate::qcow2_space::{bitmaps_size, BitmapShape, Qcow2Layout, MAX_L1_BYTES};
+use crate::qcow2_space::{bitmaps_size, Qcow2Layout, MAX_L1_BYTES};
 use crate::size::parse_size;
 
 const SPEC: OptSpec = OptSpec {
@@ -272,9 +272,12 @@ fn measure_qcow2(target: &Target, input: Option<&Input>) -> Result<Measurement, 
     let fully_allocated = layout.fully_allocated(virtual_size).ok_or_else(too_large)?;
     let bitmaps = match input {
         Some(Input { path, image }) if target.v3 && is_qcow2_v3(image) => {
-            let shapes = bitmap_shapes(path)?;
+            let bitmaps = persistent_bitmaps(Path::new(path)).map_err(|source| CliError::Open {
+                path: (*path).into(),
+                source,
+            })?;
             let disk = image.size().next_multiple_of(SECTOR);
-            Some(bitmaps_size(&shapes, disk, layout.cluster_size))
+            Some(bitmaps_size(&bitmaps, disk, layout.cluster_size))
         }
         _ => None,
     };
@@ -283,29 +286,6 @@ fn measure_qcow2(target: &Target, input: Option<&Input>) -> Result<Measurement, 
         fully_allocated,
         bitmaps,
     })
-}
-
-/// The name length and granularity of each persistent bitmap of the
-/// qcow2 image at `path`.
-fn bitmap_shapes(path: &str) -> Result<Vec<BitmapShape>, CliError> {
-    let open_error = |source| CliError::Open {
-        path: path.into(),
-        source,
-    };
-    let entries = persistent_bitmaps(Path::new(path)).map_err(open_error)?;
-    entries
-        .iter()
-        .map(|e| match e.granularity_bits {
-            bits @ 0..=63 => Ok(BitmapShape {
-                name_len: u64::from(e.name_len),
-                granularity: 1 << bits,
-            }),
-            bits => Err(open_error(BlockError::InvalidImage {
-                path: path.into(),
-                reason: format!("bitmap granularity of 2^{bits} bytes"),
-            })),
-        })
-        .collect()
 }
 
 /// Whether the input is a qcow2 v3 image: only those keep persistent
