@@ -89,7 +89,7 @@ pub fn inflates_in_queue(algorithm: crate::formats::Compression) -> bool {
 
 impl InflateJob {
     /// Inflates the job's bytes here, in the caller's thread.
-    pub fn inflate(self) -> InflateDone {
+    pub fn inflate(&self) -> InflateDone {
         let len = usize::try_from(self.ext.compressed_len).unwrap_or(usize::MAX);
         let result = match self
             .input
@@ -108,8 +108,7 @@ impl InflateJob {
 
     /// Inflates and posts the result to the job's queue.
     fn run(self) {
-        let replies = self.replies.clone();
-        replies.post(self.inflate());
+        self.replies.post(self.inflate());
     }
 }
 
