@@ -98,6 +98,24 @@ impl Qcow2Image {
     /// The whole old cluster of `job`.
     fn read_old(&self, job: &CowJob) -> Result<Vec<u8>, BlockError> {
         let cs = self.cluster_size();
+        // A compressed cluster inflates into a buffer of its own; the
+        // other sources fill a zeroed one.
+        if let CowRead::Compressed {
+            file,
+            desc,
+            read_len,
+            compression,
+        } = &job.read
+        {
+            let mut input = vec![0u8; *read_len as usize];
+            read_at(file, desc.host_offset, &mut input, "compressed cluster")?;
+            return inflate_cluster(*compression, &input, cs as usize).map_err(|reason| {
+                BlockError::Decompress {
+                    offset: desc.host_offset,
+                    reason,
+                }
+            });
+        }
         let mut buf = vec![0u8; cs as usize];
         match &job.read {
             CowRead::Backing => {
@@ -106,21 +124,7 @@ impl Qcow2Image {
                 }
             }
             CowRead::Host(file, host) => read_at(file, *host, &mut buf, "copy-on-write cluster")?,
-            CowRead::Compressed {
-                file,
-                desc,
-                read_len,
-                compression,
-            } => {
-                let mut input = vec![0u8; *read_len as usize];
-                read_at(file, desc.host_offset, &mut input, "compressed cluster")?;
-                buf = inflate_cluster(*compression, &input, cs as usize).map_err(|reason| {
-                    BlockError::Decompress {
-                        offset: desc.host_offset,
-                        reason,
-                    }
-                })?;
-            }
+            CowRead::Compressed { .. } => {}
             CowRead::Subclusters { file, host, bitmap } => {
                 let sub = cs / 32;
                 for (i, chunk) in buf.chunks_mut(sub as usize).enumerate() {
