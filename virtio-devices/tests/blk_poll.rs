@@ -5,15 +5,11 @@
 
 mod common;
 
-use std::time::Duration;
-
 use block::{Disk, DiskOptions, EngineKind, ImageType};
 use common::*;
-use virtio_bindings::virtio_blk::*;
 use virtio_devices::block::BlockDeviceConfig;
-use virtio_devices::testing::{BlockHarness, DriverOptions, UsedRequest};
+use virtio_devices::testing::{BlockHarness, DriverOptions};
 
-const OK: u8 = VIRTIO_BLK_S_OK as u8;
 const SECTORS: u64 = 2048;
 
 fn open_engine(path: &std::path::Path, engine: EngineKind) -> Option<Disk> {
@@ -49,37 +45,7 @@ fn run(engine: EngineKind, poll_us: u32, qd: u16, total: u64) {
     };
     let mut h = BlockHarness::new(disk, config, opts).unwrap();
     let q = h.queue(0).unwrap();
-    let mut sector_of = vec![0u64; usize::from(qd)];
-    let (mut posted, mut done) = (0u64, 0u64);
-    let mut used: Vec<UsedRequest> = Vec::new();
-    while done < total {
-        while posted < total {
-            let sector = (posted * 37) % SECTORS;
-            let Some(slot) = q.post(VIRTIO_BLK_T_IN, sector, 512) else {
-                break;
-            };
-            sector_of[slot] = sector;
-            posted += 1;
-        }
-        q.kick().unwrap();
-        used.clear();
-        let n = q.wait(Duration::from_secs(10), &mut used).unwrap();
-        assert!(
-            n > 0,
-            "{engine:?} poll {poll_us}: no completion after {done}"
-        );
-        for u in &used {
-            assert_eq!(u.status, OK);
-            assert_eq!(u.used_len, 513);
-            let want = (sector_of[u.slot] % 251) as u8;
-            assert!(
-                q.read_data(u.slot, 512).iter().all(|&b| b == want),
-                "{engine:?} poll {poll_us}: wrong data for sector {}",
-                sector_of[u.slot]
-            );
-        }
-        done += used.len() as u64;
-    }
+    reads_in_flight(q, total, 1, SECTORS, &format!("{engine:?} poll {poll_us}"));
 }
 
 #[test]

@@ -16,7 +16,7 @@ use common::*;
 use virtio_bindings::virtio_blk::*;
 use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
 use virtio_devices::block::BlockDeviceConfig;
-use virtio_devices::testing::{BlockHarness, DriverOptions, UsedRequest};
+use virtio_devices::testing::{BlockHarness, DriverOptions};
 
 const OK: u8 = VIRTIO_BLK_S_OK as u8;
 const SECTORS: u64 = 2048;
@@ -51,34 +51,14 @@ fn run(engine: EngineKind, limit: RateLimitConfig, qd: u16, sectors: u32, total:
     };
     let mut h = BlockHarness::new(disk, config, opts).unwrap();
     let q = h.queue(0).unwrap();
-    let mut sector_of = vec![0u64; usize::from(qd)];
-    let (mut posted, mut done) = (0u64, 0u64);
-    let mut used: Vec<UsedRequest> = Vec::new();
     let t0 = Instant::now();
-    while done < total {
-        while posted < total {
-            let sector = (posted * 37) % (SECTORS - u64::from(sectors));
-            let Some(slot) = q.post(VIRTIO_BLK_T_IN, sector, sectors * 512) else {
-                break;
-            };
-            sector_of[slot] = sector;
-            posted += 1;
-        }
-        q.kick().unwrap();
-        used.clear();
-        let n = q.wait(Duration::from_secs(10), &mut used).unwrap();
-        assert!(n > 0, "{engine:?}: no completion after {done} of {total}");
-        for u in &used {
-            assert_eq!(u.status, OK);
-            assert_eq!(u.used_len, sectors * 512 + 1);
-            let data = q.read_data(u.slot, sectors as usize * 512);
-            for (i, s) in data.chunks(512).enumerate() {
-                let want = sector_byte(sector_of[u.slot] + i as u64);
-                assert!(s.iter().all(|&b| b == want), "{engine:?}: wrong data");
-            }
-        }
-        done += used.len() as u64;
-    }
+    reads_in_flight(
+        q,
+        total,
+        sectors,
+        SECTORS - u64::from(sectors),
+        &format!("{engine:?}"),
+    );
     let t = t0.elapsed();
     eprintln!("{engine:?}: {total} requests in {t:?}");
     t

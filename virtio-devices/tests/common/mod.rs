@@ -6,10 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use block::{Disk, DiskOptions, EngineKind, ImageType};
 use virtio_devices::block::BlockDeviceConfig;
-use virtio_devices::testing::{BlockHarness, DriverOptions};
+use virtio_devices::testing::{BlockHarness, DriverOptions, QueueDriver};
 
 /// A scratch folder removed on drop.
 pub struct TempDir(pub PathBuf);
@@ -99,4 +100,44 @@ pub fn harness(disk: Disk, num_queues: u16, opts: DriverOptions) -> BlockHarness
 /// Expected content of sector `s` of [`raw_image`].
 pub fn sector_byte(s: u64) -> u8 {
     (s % 251) as u8
+}
+
+/// Reads `total` requests of `sectors` sectors through `q` (a
+/// [`raw_image`] disk), keeping as many in flight as the driver has slots
+/// and posting new ones as others complete; sector `n * 37 % span` for
+/// the n-th. Checks every returned request's status, used length and
+/// data. `what` names the run in failure messages.
+pub fn reads_in_flight(q: &mut QueueDriver, total: u64, sectors: u32, span: u64, what: &str) {
+    use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN};
+    let bytes = sectors * 512;
+    let mut sector_of = std::collections::HashMap::new();
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut used = Vec::new();
+    while done < total {
+        while posted < total {
+            let sector = (posted * 37) % span;
+            let Some(slot) = q.post(VIRTIO_BLK_T_IN, sector, bytes) else {
+                break;
+            };
+            sector_of.insert(slot, sector);
+            posted += 1;
+        }
+        q.kick().unwrap();
+        used.clear();
+        let n = q.wait(Duration::from_secs(10), &mut used).unwrap();
+        assert!(n > 0, "{what}: no completion after {done} of {total}");
+        for u in &used {
+            assert_eq!(u32::from(u.status), VIRTIO_BLK_S_OK, "{what}");
+            assert_eq!(u.used_len, bytes + 1, "{what}");
+            let first = sector_of[&u.slot];
+            for (i, s) in q.read_data(u.slot, bytes as usize).chunks(512).enumerate() {
+                let want = sector_byte(first + i as u64);
+                assert!(
+                    s.iter().all(|&b| b == want),
+                    "{what}: wrong data at sector {first}+{i}"
+                );
+            }
+        }
+        done += used.len() as u64;
+    }
 }
