@@ -1,10 +1,20 @@
 //! Crash consistency of internal snapshot operations: a child process
 //! creates, applies and deletes snapshots in a loop on an image full of
 //! data; the parent kills it with SIGKILL at a random moment, 30 times
-//! over. A crash may leak clusters, nothing else: `qemu-img check` must
-//! find no corruption, the active disk must read as before, and every
-//! snapshot qemu-img still lists must, applied by qemu-img on a copy,
-//! read as before too (all of them were taken of the same data).
+//! over (`SNAPCRASH_ROUNDS` for more).
+//!
+//! A crash may leak clusters, and may leave OFLAG_COPIED out of step with
+//! a refcount in the harmless direction only (see the snapshot_ops module
+//! docs): `qemu-img check` reports such a flag as an error, so the test
+//! reads its report and requires every error to be a flag on a cluster
+//! that only one tree reaches (refcount one and no flag, or a flag on a
+//! cluster whose extra references are all leaked). Then: `qemu-img check
+//! -r all` and our check -r all each leave a copy clean; the active disk
+//! reads as before; every snapshot qemu-img still lists, applied by
+//! qemu-img on a copy, reads as before (all were taken of the same data),
+//! and still does after our block layer overwrote the whole active disk
+//! of the crashed image (a flag on a shared cluster would let that write
+//! land in place, inside the snapshot).
 //!
 //! The child is this test binary re-run with `SNAPCRASH_IMG` set and the
 //! `snapshot_crash_child` filter.
@@ -18,6 +28,8 @@ use block::{Disk, DiskOptions, ImageType};
 use support::*;
 
 const ROUNDS: u64 = 30;
+/// Host offset bits of an L1 or L2 entry.
+const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
 const SIZE: u64 = 4 << 20;
 
 /// The child: snapshot operations until killed (bounded otherwise).
@@ -81,12 +93,23 @@ fn round(dir: &TempDir, seed: u64) {
     child.kill().expect("SIGKILL the child");
     child.wait().unwrap();
 
-    let check = qemu_check_leaks_only(&img, &format!("seed {seed}, after the crash"));
-    let leaked = if check.contains("leaked") {
-        "leaks"
-    } else {
-        "clean"
+    let cluster_bits = if seed.is_multiple_of(2) { 16 } else { 12 };
+    let check = qemu_img_output(&["check", &img_s]);
+    let report = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
+    let what = format!("seed {seed}, after the crash");
+    let code = check.status.code().unwrap_or(-1);
+    assert!(
+        matches!(code, 0 | 2 | 3),
+        "{what}: qemu-img check exited {code}:\n{report}"
+    );
+    let flags = assert_only_harmless_errors(&report, cluster_bits, &what);
+    let leaked = match (report.contains("leaked"), flags) {
+        (false, 0) => "clean".to_string(),
+        (true, 0) => "leaks".to_string(),
+        (_, n) => format!("leaks, {n} harmless OFLAG_COPIED mismatches"),
     };
+    repaired_copies_are_clean(dir, &img, seed);
     let read_back = |image: &str, what: &str| {
         let out = dir.join(format!("snap-{seed}.raw"));
         run("qemu-img", &["convert", "-O", "raw", image, s(&out)]);
@@ -111,12 +134,150 @@ fn round(dir: &TempDir, seed: u64) {
         run("qemu-img", &["snapshot", "-a", name, s(&copy)]);
         read_back(s(&copy), &format!("snapshot {name}"));
     }
+    // Overwrite the active disk of the crashed image itself (no repair
+    // first) through our block layer, then read every snapshot again.
+    let f = open(&img, false);
+    write(&*f, 0, &vec![0xee; SIZE as usize]);
+    f.close().unwrap();
+    drop(f);
+    for line in list.lines().skip(2) {
+        let Some(name) = line.split_whitespace().nth(1) else {
+            continue;
+        };
+        let copy = dir.join(format!("snap-{seed}-{name}.qcow2"));
+        std::fs::copy(&img, &copy).unwrap();
+        run("qemu-img", &["snapshot", "-a", name, s(&copy)]);
+        read_back(
+            s(&copy),
+            &format!("snapshot {name} after the active disk was overwritten"),
+        );
+    }
+}
+
+/// Requires every error in a `qemu-img check` report to be an OFLAG_COPIED
+/// mismatch that cannot lose data: the flag missing where the refcount is
+/// one, or set on a table or cluster that one tree references and whose
+/// refcount is higher only because of leaked references. Returns how many
+/// mismatches there were.
+fn assert_only_harmless_errors(report: &str, cluster_bits: u32, what: &str) -> usize {
+    // "Leaked cluster N refcount=R reference=F"
+    let mut leaked = std::collections::HashMap::new();
+    for line in report.lines() {
+        if let Some(rest) = line.strip_prefix("Leaked cluster ") {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let field = |i: usize, key: &str| -> u64 {
+                f.get(i)
+                    .and_then(|v| v.strip_prefix(key))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("{what}: unparsed line {line:?}"))
+            };
+            let cluster: u64 = f[0].parse().unwrap();
+            leaked.insert(cluster, (field(1, "refcount="), field(2, "reference=")));
+        }
+    }
+    let mut mismatches = 0;
+    for line in report.lines().filter(|l| l.starts_with("ERROR")) {
+        let Some(rest) = line.strip_prefix("ERROR OFLAG_COPIED ") else {
+            panic!("{what}: an error other than OFLAG_COPIED: {line:?}\n{report}");
+        };
+        mismatches += 1;
+        let value = |key: &str| -> u64 {
+            let v = rest
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .unwrap_or_else(|| panic!("{what}: unparsed line {line:?}"));
+            u64::from_str_radix(v, if key.ends_with("entry=") { 16 } else { 10 }).unwrap()
+        };
+        let entry = if rest.starts_with("L2 cluster") {
+            value("l1_entry=")
+        } else {
+            value("l2_entry=")
+        };
+        let refcount = value("refcount=");
+        if refcount == 1 {
+            // The flag is missing: the next write copies needlessly.
+            continue;
+        }
+        let cluster = (entry & OFFSET_MASK) >> cluster_bits;
+        assert_eq!(
+            leaked.get(&cluster).copied(),
+            Some((refcount, 1)),
+            "{what}: OFLAG_COPIED on cluster {cluster} with refcount {refcount}, \
+             which is not one referenced cluster with leaked references: {line:?}\n{report}"
+        );
+    }
+    mismatches
+}
+
+/// `qemu-img check -r all` and our check with Repair::All each leave a
+/// copy of the crashed image with nothing for qemu-img check to report.
+fn repaired_copies_are_clean(dir: &TempDir, img: &std::path::Path, seed: u64) {
+    let qemu_copy = dir.join(format!("snap-{seed}-qemu-repaired.qcow2"));
+    std::fs::copy(img, &qemu_copy).unwrap();
+    let r = qemu_img_output(&["check", "-r", "all", s(&qemu_copy)]);
+    assert!(
+        matches!(r.status.code(), Some(0)),
+        "seed {seed}: qemu-img check -r all: {}",
+        String::from_utf8_lossy(&r.stdout)
+    );
+    qemu_check(&qemu_copy);
+    let ours = dir.join(format!("snap-{seed}-ours-repaired.qcow2"));
+    std::fs::copy(img, &ours).unwrap();
+    let r = block::check::check_image(&ours, Some(block::check::Repair::All))
+        .unwrap_or_else(|e| panic!("seed {seed}: our check -r all: {e}"));
+    assert_eq!(
+        (r.corruptions, r.leaks),
+        (0, 0),
+        "seed {seed}: our check -r all left {:?}",
+        r.messages
+    );
+    qemu_check(&ours);
 }
 
 #[test]
-fn killed_snapshot_operations_only_leak() {
+fn killed_snapshot_operations_lose_nothing() {
     let dir = TempDir::new("snapcrash");
-    for seed in 0..ROUNDS {
+    let rounds = std::env::var("SNAPCRASH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS);
+    for seed in 0..rounds {
         round(&dir, seed);
     }
+}
+
+/// What qemu-img check printed after a crash between the refcount
+/// increments of a create and the flag updates (CI, seed 16), cut short:
+/// every flagged cluster is leaked with one reference.
+const HARMLESS_REPORT: &str = "\
+Leaked cluster 4 refcount=2 reference=1
+Leaked cluster 5 refcount=2 reference=1
+Leaked cluster 6 refcount=2 reference=1
+ERROR OFLAG_COPIED L2 cluster: l1_index=0 l1_entry=8000000000040000 refcount=2
+ERROR OFLAG_COPIED data cluster: l2_entry=8000000000050000 refcount=2
+ERROR OFLAG_COPIED data cluster: l2_entry=8000000000060000 refcount=2
+ERROR OFLAG_COPIED data cluster: l2_entry=70000 refcount=1
+";
+
+#[test]
+fn report_reader_accepts_flags_on_unshared_clusters() {
+    assert_eq!(
+        assert_only_harmless_errors(HARMLESS_REPORT, 16, "fixture"),
+        4
+    );
+}
+
+#[test]
+#[should_panic(expected = "not one referenced cluster")]
+fn report_reader_refuses_a_flag_on_a_shared_cluster() {
+    // Cluster 6 really has two references: qemu-img lists no leak for it.
+    let shared = HARMLESS_REPORT.replace("Leaked cluster 6 refcount=2 reference=1\n", "");
+    assert_only_harmless_errors(&shared, 16, "fixture");
+}
+
+#[test]
+#[should_panic(expected = "an error other than OFLAG_COPIED")]
+fn report_reader_refuses_other_errors() {
+    let other = format!("{HARMLESS_REPORT}ERROR cluster 9 refcount=1 reference=2\n");
+    assert_only_harmless_errors(&other, 16, "fixture");
 }

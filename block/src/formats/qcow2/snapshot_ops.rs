@@ -26,7 +26,18 @@
 //! tree (qemu-img check requires it where a refcount is one).
 //!
 //! References are always added before anything names them and dropped
-//! after nothing does, so a crash on the way can only leak clusters. Only
+//! after nothing does, so a crash on the way leaks clusters and nothing
+//! worse. It can also leave OFLAG_COPIED out of step with a refcount, as
+//! in QEMU (the flag and the refcount live in different clusters, so no
+//! order of writes keeps them in step), but only where one tree reaches
+//! the cluster: set where leaked references raised the refcount (create),
+//! or missing where the refcount just fell to one (apply, delete). The
+//! first writes in place into a cluster nothing else reads; the second
+//! copies a cluster needlessly. The flag is cleared on disk before any
+//! snapshot table names a shared cluster, and set only where the refcount
+//! is one. `qemu-img check` counts such a flag as an error; `check -r
+//! all` (qemu-img's or ours) repairs it; block/tests/crash_snapshot.rs
+//! checks all of this after SIGKILLs at random moments. Only
 //! for tools that own the image; queues must not be running. Entries are
 //! rewritten with qemu's 24 bytes of extra data (VM state size, disk size,
 //! instruction count); longer extra data of future qemu versions is not
