@@ -117,6 +117,14 @@ fn qcow2_throttled_queues() {
     );
 }
 
+/// Busy-polling queue workers (`poll_us`): they spin on the rings and the
+/// disk's completions under the default seccomp filters, and the guest
+/// finishes with the right data.
+#[test]
+fn qcow2_busy_poll_queues() {
+    run_one("qcow2", "num_queues=2,engine=io_uring,poll_us=50", 2);
+}
+
 /// Queues pinned with Cloud Hypervisor's `queue_affinity` key: the workers
 /// set their CPU affinity under the default seccomp filters and the guest
 /// finishes with the right data.

@@ -245,6 +245,7 @@ impl DeviceManager {
                 serial: d.config.serial.clone().unwrap_or_default().into_bytes(),
                 rate_limit: d.config.rate_limit,
                 queue_affinity: d.config.queue_affinity.clone(),
+                poll_us: d.config.poll_us,
                 ..Default::default()
             };
             let dev = BlockDevice::new(d.disk, blk_config).map_err(|source| {

@@ -53,9 +53,9 @@ pub struct BlockDeviceConfig {
     pub optimal_io_size: u32,
     /// Most data segments per request; `None` means `queue_size - 2`.
     pub seg_max: Option<u32>,
-    /// Busy-poll budget in microseconds before a queue worker sleeps while
-    /// requests are in flight (0, the default: never poll). See
-    /// docs/virtio-blk.md for when it helps.
+    /// Busy-poll budget in microseconds before a queue worker sleeps (0,
+    /// the default: never poll; at most 1000). See docs/virtio-blk.md for
+    /// when it helps.
     pub poll_us: u32,
     /// I/O throttling per queue (none by default).
     pub rate_limit: super::rate_limit::RateLimitConfig,

@@ -42,6 +42,9 @@ pub struct DriverOptions {
     pub slot_data: u32,
     /// Extra guest memory after the queues, for tests' own buffers.
     pub scratch: u64,
+    /// How long [`QueueDriver::wait`] spins for a pending interrupt
+    /// before it sleeps, like a halted vCPU in KVM (zero: sleep at once).
+    pub halt_poll: Duration,
 }
 
 impl Default for DriverOptions {
@@ -52,6 +55,7 @@ impl Default for DriverOptions {
             slots: 32,
             slot_data: 128 << 10,
             scratch: 1 << 20,
+            halt_poll: Duration::ZERO,
         }
     }
 }
@@ -87,6 +91,7 @@ pub struct QueueDriver {
     free_slots: Vec<usize>,
     by_head: HashMap<u16, usize>,
     indirect: bool,
+    halt_poll: Duration,
     /// Kicks written (the device asked for them).
     pub kicks: u64,
 }
@@ -264,7 +269,10 @@ impl QueueDriver {
             if out.len() > before {
                 return Ok(out.len() - before);
             }
-            if !self.interrupt.wait(self.index, timeout)? {
+            if !self
+                .interrupt
+                .wait_polling(self.index, self.halt_poll, timeout)?
+            {
                 self.reap(out);
                 return Ok(out.len() - before);
             }
@@ -387,6 +395,7 @@ impl BlockHarness {
                 slots,
                 by_head: HashMap::new(),
                 indirect: opts.indirect,
+                halt_poll: opts.halt_poll,
                 kicks: 0,
             }));
         }

@@ -3,6 +3,9 @@
 //! Cloud Hypervisor's throttling keys `bw_size`, `bw_one_time_burst`,
 //! `bw_refill_time`, `ops_size`, `ops_one_time_burst`, `ops_refill_time`,
 //! and `queue_affinity=[QUEUE@[CPUS],...]` (CPUS: numbers and ranges).
+//! Our own key `poll_us=N` (0 to 1000, default 0) lets each queue worker
+//! busy-poll for up to N microseconds before it sleeps (docs/virtio-blk.md,
+//! "Busy poll"; QEMU's iothread `poll-max-ns` plays this part).
 //!
 //! Enters as the option's string; leaves as a [`DiskConfig`] holding the
 //! block crate's [`DiskOptions`] plus the device's queue settings. Nothing is
@@ -33,7 +36,12 @@ pub struct DiskConfig {
     pub rate_limit: RateLimitConfig,
     /// Host CPUs per queue index (`None`: not pinned).
     pub queue_affinity: Vec<Option<Vec<usize>>>,
+    /// Queue workers' busy-poll budget in microseconds (0: none).
+    pub poll_us: u32,
 }
+
+/// Largest `poll_us` (the device caps its spin at 1 ms).
+pub const MAX_POLL_US: u32 = 1000;
 
 /// `[0@[0,2-3],1@[1]]`: for each listed queue (below `num_queues`, once),
 /// the host CPUs its worker may run on, each one this process may use.
@@ -218,6 +226,12 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
     let queue_affinity = kv
         .take_parsed("queue_affinity", parse_queue_affinity(num_queues))?
         .unwrap_or_default();
+    let poll_us = kv
+        .take_parsed("poll_us", |s| match s.parse::<u32>() {
+            Ok(n) if n <= MAX_POLL_US => Ok(n),
+            _ => Err(format!("expected a number from 0 to {MAX_POLL_US}")),
+        })?
+        .unwrap_or(0);
     kv.finish()?;
     Ok(DiskConfig {
         options,
@@ -227,6 +241,7 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
         serial,
         rate_limit,
         queue_affinity,
+        poll_us,
     })
 }
 
@@ -314,6 +329,23 @@ mod tests {
         ] {
             let e = parse_disk(bad).unwrap_err().to_string();
             assert!(e.contains("queue_affinity"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn poll_us() {
+        assert_eq!(parse_disk("path=x").unwrap().poll_us, 0);
+        assert_eq!(parse_disk("path=x,poll_us=50").unwrap().poll_us, 50);
+        for bad in [
+            "path=x,poll_us=1001",
+            "path=x,poll_us=-1",
+            "path=x,poll_us=a",
+        ] {
+            let e = parse_disk(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("poll_us") && e.contains("0 to 1000"),
+                "{bad}: {e}"
+            );
         }
     }
 

@@ -29,8 +29,11 @@ Usage: blk-bench --image PATH [options]
                          (default: qd)
   --queue-size N         virtqueue size (default 256)
   --poll-us N            device worker busy-poll budget before sleeping
-                         while requests are in flight (default 0: off;
-                         capped at 1000)
+                         (default 0: off; at most 1000; --disk poll_us)
+  --halt-poll-us N       driver spin for a pending interrupt before it
+                         sleeps, as KVM halt-polls a halted vCPU (its
+                         default halt_poll_ns is 200000; default 0: off;
+                         at most 1000)
   --output json|table    result format (default table); --output=json works
   --compare-fio          run fio (io_uring, direct=1, same pattern) and us
                          interleaved, --repeats times, and print medians
@@ -81,6 +84,7 @@ pub struct Options {
     pub batch: u16,
     pub queue_size: u16,
     pub poll_us: u32,
+    pub halt_poll_us: u32,
     pub json: bool,
     pub compare_fio: bool,
     pub repeats: u32,
@@ -137,6 +141,7 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
         batch: 0,
         queue_size: 256,
         poll_us: 0,
+        halt_poll_us: 0,
         json: false,
         compare_fio: false,
         repeats: 3,
@@ -197,10 +202,15 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
             "--think-us" => o.think_us = number(name, value(name, inline, &mut it)?, 0)?,
             "--batch" => o.batch = number(name, value(name, inline, &mut it)?, 1)?,
             "--queue-size" => o.queue_size = number(name, value(name, inline, &mut it)?, 4)?,
-            "--poll-us" => {
-                o.poll_us = number(name, value(name, inline, &mut it)?, 0)?;
-                if o.poll_us > 1000 {
-                    return Err("--poll-us: at most 1000".into());
+            "--poll-us" | "--halt-poll-us" => {
+                let us = number(name, value(name, inline, &mut it)?, 0)?;
+                if us > 1000 {
+                    return Err(format!("{name}: at most 1000"));
+                }
+                if name == "--poll-us" {
+                    o.poll_us = us;
+                } else {
+                    o.halt_poll_us = us;
                 }
             }
             "--output" => {
@@ -246,7 +256,8 @@ mod tests {
         assert_eq!(parse_size("1M"), Some(1 << 20));
         assert_eq!(parse_size("x"), None);
         let o = parse(&args(
-            "--image a --qd 32 --bs=64k --rw read --output=json --queues 4 --poll-us 20",
+            "--image a --qd 32 --bs=64k --rw read --output=json --queues 4 --poll-us 20 \
+             --halt-poll-us=200",
         ))
         .unwrap()
         .unwrap();
@@ -254,6 +265,7 @@ mod tests {
             (o.qd, o.bs, o.rw, o.json, o.queues, o.batch, o.poll_us),
             (32, 65536, Pattern::Read, true, 4, 32, 20)
         );
+        assert_eq!(o.halt_poll_us, 200);
     }
 
     #[test]
@@ -270,6 +282,9 @@ mod tests {
         assert!(parse(&args("--image a --poll-us 1001"))
             .unwrap_err()
             .contains("--poll-us"));
+        assert!(parse(&args("--image a --halt-poll-us 1001"))
+            .unwrap_err()
+            .contains("--halt-poll-us"));
         assert!(parse(&args("--qd 1")).unwrap_err().contains("--image"));
         assert!(parse(&args("--image a --bogus"))
             .unwrap_err()

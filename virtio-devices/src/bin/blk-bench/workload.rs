@@ -187,6 +187,7 @@ pub fn run_ours(o: &Options) -> Result<RunStats, String> {
         slots: o.qd,
         slot_data: o.bs,
         scratch: 0,
+        halt_poll: Duration::from_micros(u64::from(o.halt_poll_us)),
     };
     let mut h =
         BlockHarness::new(disk, config, driver).map_err(|e| format!("device setup: {e}"))?;
