@@ -33,7 +33,12 @@ Options:
                            path=PATH (required), readonly=on|off,
                            direct=on|off, num_queues=N, queue_size=N,
                            image_type=auto|raw|qcow2,
-                           engine=auto|io_uring|sync, id=NAME, serial=STRING
+                           engine=auto|io_uring|sync, id=NAME, serial=STRING,
+                           bw_size=BYTES, bw_one_time_burst=BYTES,
+                           bw_refill_time=MS, ops_size=N,
+                           ops_one_time_burst=N, ops_refill_time=MS,
+                           queue_affinity=[QUEUE@[CPUS],...],
+                           poll_us=0..1000 (docs/disk-options.md)
   --serial MODE          tty (default), file=PATH or off
   --seccomp MODE         true (default), false or log
   -v                     more logging (repeatable)
