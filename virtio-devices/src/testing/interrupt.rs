@@ -151,3 +151,45 @@ impl VirtioInterrupt for EventFdInterrupt {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    const LONG: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn a_pending_interrupt_is_taken_once_with_or_without_a_spin() {
+        let irq = EventFdInterrupt::new(1).unwrap();
+        irq.trigger(InterruptKind::Queue(0)).unwrap();
+        irq.trigger(InterruptKind::Queue(0)).unwrap();
+        // Both raised interrupts are consumed by one take.
+        assert!(irq.wait_polling(0, Duration::ZERO, LONG).unwrap());
+        assert!(!irq
+            .wait_polling(0, Duration::from_millis(1), Duration::ZERO)
+            .unwrap());
+        irq.trigger(InterruptKind::Queue(0)).unwrap();
+        assert!(irq.wait(0, LONG).unwrap());
+        assert!(!irq
+            .wait_polling(0, Duration::from_millis(1), Duration::ZERO)
+            .unwrap());
+        assert_eq!(irq.count(0), 3);
+    }
+
+    #[test]
+    fn the_spin_takes_an_interrupt_raised_while_it_lasts() {
+        let irq = Arc::new(EventFdInterrupt::new(1).unwrap());
+        let raiser = Arc::clone(&irq);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(2));
+            raiser.trigger(InterruptKind::Queue(0)).unwrap();
+        });
+        // A 5 s spin and no sleep: the interrupt 2 ms in ends it.
+        let start = Instant::now();
+        assert!(irq.wait_polling(0, LONG, Duration::ZERO).unwrap());
+        assert!(start.elapsed() < Duration::from_secs(4));
+        t.join().unwrap();
+    }
+}
