@@ -125,33 +125,27 @@ fn round(dir: &TempDir, seed: u64) {
         "seed {seed}: check {leaked}, {} snapshot(s) left",
         list.lines().count().saturating_sub(2)
     );
-    for line in list.lines().skip(2) {
-        let Some(name) = line.split_whitespace().nth(1) else {
-            continue;
-        };
-        let copy = dir.join(format!("snap-{seed}-{name}.qcow2"));
-        std::fs::copy(&img, &copy).unwrap();
-        run("qemu-img", &["snapshot", "-a", name, s(&copy)]);
-        read_back(s(&copy), &format!("snapshot {name}"));
-    }
+    // Every listed snapshot, applied by qemu-img on a copy, reads as the
+    // data it was taken of.
+    let snapshots_read_back = |when: &str| {
+        for line in list.lines().skip(2) {
+            let Some(name) = line.split_whitespace().nth(1) else {
+                continue;
+            };
+            let copy = dir.join(format!("snap-{seed}-{name}.qcow2"));
+            std::fs::copy(&img, &copy).unwrap();
+            run("qemu-img", &["snapshot", "-a", name, s(&copy)]);
+            read_back(s(&copy), &format!("snapshot {name}{when}"));
+        }
+    };
+    snapshots_read_back("");
     // Overwrite the active disk of the crashed image itself (no repair
     // first) through our block layer, then read every snapshot again.
     let f = open(&img, false);
     write(&*f, 0, &vec![0xee; SIZE as usize]);
     f.close().unwrap();
     drop(f);
-    for line in list.lines().skip(2) {
-        let Some(name) = line.split_whitespace().nth(1) else {
-            continue;
-        };
-        let copy = dir.join(format!("snap-{seed}-{name}.qcow2"));
-        std::fs::copy(&img, &copy).unwrap();
-        run("qemu-img", &["snapshot", "-a", name, s(&copy)]);
-        read_back(
-            s(&copy),
-            &format!("snapshot {name} after the active disk was overwritten"),
-        );
-    }
+    snapshots_read_back(" after the active disk was overwritten");
 }
 
 /// Requires every error in a `qemu-img check` report to be an OFLAG_COPIED
@@ -223,15 +217,7 @@ fn repaired_copies_are_clean(dir: &TempDir, img: &std::path::Path, seed: u64) {
     qemu_check(&qemu_copy);
     let ours = dir.join(format!("snap-{seed}-ours-repaired.qcow2"));
     std::fs::copy(img, &ours).unwrap();
-    let r = block::check::check_image(&ours, Some(block::check::Repair::All))
-        .unwrap_or_else(|e| panic!("seed {seed}: our check -r all: {e}"));
-    assert_eq!(
-        (r.corruptions, r.leaks),
-        (0, 0),
-        "seed {seed}: our check -r all left {:?}",
-        r.messages
-    );
-    qemu_check(&ours);
+    our_repair_leaves_qemu_clean(&ours, &format!("seed {seed}"));
 }
 
 #[test]

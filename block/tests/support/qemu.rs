@@ -99,6 +99,21 @@ pub fn qemu_check_leaks_only(p: &Path, what: &str) -> String {
     text
 }
 
+/// Our check with `Repair::All` repairs `p` completely (nothing left to
+/// report), after which `qemu-img check` finds it clean too. `what` names
+/// the situation in failure messages.
+pub fn our_repair_leaves_qemu_clean(p: &Path, what: &str) {
+    let r = block::check::check_image(p, Some(block::check::Repair::All))
+        .unwrap_or_else(|e| panic!("{what}: our check -r all failed: {e}"));
+    assert_eq!(
+        (r.corruptions, r.leaks),
+        (0, 0),
+        "{what}: our check -r all left {:?}",
+        r.messages
+    );
+    qemu_check(p);
+}
+
 /// `qemu-img compare` finds the two images' contents identical.
 pub fn qemu_compare(a: &Path, b: &Path) {
     run("qemu-img", &["compare", "-U", s(a), s(b)]);
