@@ -151,8 +151,9 @@ fn round(dir: &TempDir, seed: u64) {
 /// Requires every error in a `qemu-img check` report to be an OFLAG_COPIED
 /// mismatch that cannot lose data: the flag missing where the refcount is
 /// one, or set on a table or cluster that one tree references and whose
-/// refcount is higher only because of leaked references. Returns how many
-/// mismatches there were.
+/// refcount is higher only because of leaked references; and the count of
+/// errors qemu-img reports to be those mismatches and nothing else.
+/// Returns how many there were.
 fn assert_only_harmless_errors(report: &str, cluster_bits: u32, what: &str) -> usize {
     // "Leaked cluster N refcount=R reference=F"
     let mut leaked = std::collections::HashMap::new();
@@ -200,6 +201,18 @@ fn assert_only_harmless_errors(report: &str, cluster_bits: u32, what: &str) -> u
              which is not one referenced cluster with leaked references: {line:?}\n{report}"
         );
     }
+    let reported: usize = report
+        .lines()
+        .find_map(|l| {
+            // "No errors were found on the image." counts none.
+            l.strip_suffix(" errors were found on the image.")
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0);
+    assert_eq!(
+        reported, mismatches,
+        "{what}: qemu-img counts {reported} errors, {mismatches} of them OFLAG_COPIED lines:\n{report}"
+    );
     mismatches
 }
 
@@ -243,6 +256,8 @@ ERROR OFLAG_COPIED L2 cluster: l1_index=0 l1_entry=8000000000040000 refcount=2
 ERROR OFLAG_COPIED data cluster: l2_entry=8000000000050000 refcount=2
 ERROR OFLAG_COPIED data cluster: l2_entry=8000000000060000 refcount=2
 ERROR OFLAG_COPIED data cluster: l2_entry=70000 refcount=1
+
+4 errors were found on the image.
 ";
 
 #[test]
@@ -259,6 +274,13 @@ fn report_reader_refuses_a_flag_on_a_shared_cluster() {
     // Cluster 6 really has two references: qemu-img lists no leak for it.
     let shared = HARMLESS_REPORT.replace("Leaked cluster 6 refcount=2 reference=1\n", "");
     assert_only_harmless_errors(&shared, 16, "fixture");
+}
+
+#[test]
+#[should_panic(expected = "qemu-img counts 5 errors")]
+fn report_reader_refuses_errors_it_cannot_see() {
+    let more = HARMLESS_REPORT.replace("4 errors were found", "5 errors were found");
+    assert_only_harmless_errors(&more, 16, "fixture");
 }
 
 #[test]
