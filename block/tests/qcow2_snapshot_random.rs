@@ -1,6 +1,8 @@
 //! Random internal-snapshot operations (create, apply, delete) between
-//! random writes, write-zeroes, discards and reopens, on images of a few
-//! shapes, against a model of the active disk and of every snapshot.
+//! random writes, write-zeroes, discards, reopens and grows of the disk
+//! (so snapshots have different sizes, and applying one brings its size
+//! back), on images of a few shapes, against a model of the active disk
+//! and of every snapshot.
 //! After every snapshot operation `qemu-img check` must be clean; at the
 //! end qemu-img applies each remaining snapshot (on a copy) and must read
 //! what the model kept for it. `QCOW2_SNAPSHOT_ROUNDS=n` runs longer,
@@ -13,6 +15,8 @@ use std::collections::BTreeMap;
 use support::*;
 
 const SIZE: u64 = 4 << 20;
+/// The disk grows at most to this.
+const MAX_SIZE: u64 = 12 << 20;
 
 fn rounds() -> usize {
     std::env::var("QCOW2_SNAPSHOT_ROUNDS")
@@ -29,9 +33,11 @@ fn run_shape(d: &TempDir, name: &str, create: &str, seed: u64) {
     let mut f = open(&img, false);
     let mut rng = Rng::new(seed);
     let mut next = 0u32;
+    let v2 = create.contains("compat=0.10");
     for round in 0..rounds() {
-        let off = rng.below(SIZE);
-        let len = (1 + rng.below(200_000)).min(SIZE - off);
+        let size = model.len() as u64;
+        let off = rng.below(size);
+        let len = (1 + rng.below(200_000)).min(size - off);
         let what = format!("{name} round {round}");
         match rng.below(12) {
             0 => {
@@ -60,6 +66,18 @@ fn run_shape(d: &TempDir, name: &str, create: &str, seed: u64) {
                 discard(&*f, off, len);
                 model[off as usize..(off + len) as usize].fill(0);
             }
+            6 if size < MAX_SIZE => {
+                // Grow by 512 bytes to 1 MiB, whole sectors (refused for a
+                // version 2 image with snapshots, as by qemu-img).
+                let new_size = (size + 512 * (1 + rng.below(2048))).min(MAX_SIZE);
+                if v2 && !snapshots.is_empty() {
+                    assert!(f.resize(new_size).is_err(), "{what}: v2 grow");
+                } else {
+                    f.resize(new_size)
+                        .unwrap_or_else(|e| panic!("{what}: grow to {new_size}: {e}"));
+                    model.resize(new_size as usize, 0);
+                }
+            }
             5 => {
                 f.close().unwrap();
                 drop(f);
@@ -80,10 +98,14 @@ fn run_shape(d: &TempDir, name: &str, create: &str, seed: u64) {
             "{what}"
         );
         if !snapshots.is_empty() {
-            assert!(f.resize(SIZE / 2).is_err(), "{what}: shrink with snapshots");
+            assert!(
+                f.resize(size / 1024 * 512).is_err(),
+                "{what}: shrink with snapshots"
+            );
         }
         if round % 5 == 0 {
-            assert_same(&read(&*f, 0, SIZE as usize), &model, &what);
+            assert_eq!(f.size(), model.len() as u64, "{what}: size");
+            assert_same(&read(&*f, 0, model.len()), &model, &what);
         }
         if round % 10 == 9 {
             f.close().unwrap();
@@ -92,7 +114,7 @@ fn run_shape(d: &TempDir, name: &str, create: &str, seed: u64) {
             f = open(&img, false);
         }
     }
-    assert_same(&read(&*f, 0, SIZE as usize), &model, name);
+    assert_same(&read(&*f, 0, model.len()), &model, name);
     f.close().unwrap();
     drop(f);
     qemu_check(&img);

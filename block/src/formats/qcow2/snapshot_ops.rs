@@ -17,7 +17,11 @@
 //! Apply (by id or name, as qemu-img does): add a reference to the
 //! snapshot's tree, make it durable, make the snapshot's L1 entries the
 //! active ones, then drop the old active tree's references and set
-//! OFLAG_COPIED again wherever a refcount is back to one.
+//! OFLAG_COPIED again wherever a refcount is back to one. A snapshot taken
+//! at another disk size brings that size back, written last (a crash
+//! before leaves the old size over the snapshot's tables: entries past a
+//! smaller snapshot's end are zero, and a larger one's tail is simply not
+//! visible yet).
 //!
 //! Delete (by name, first match, as qemu-img does): write the table
 //! without the entry and switch the header to it first, so nothing names
@@ -126,13 +130,29 @@ impl Qcow2Image {
             return Ok(false);
         };
         let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        if sn.disk_size.is_some_and(|s| s != size) {
-            return Err(BlockError::Unsupported {
-                path: self.path.clone(),
-                feature: "applying a snapshot taken at another disk size".into(),
-            });
-        }
+        // A snapshot taken at another size brings its size back (as
+        // qemu-img does); one without a recorded size keeps the current.
+        let new_size = sn.disk_size.unwrap_or(size);
         let sn_l1 = read_l1(meta, sn)?;
+        if new_size != size {
+            let covered = (sn_l1.len() as u64).saturating_mul(meta.g.l2_coverage());
+            if !new_size.is_multiple_of(512) || new_size > covered {
+                return Err(meta.invalid(format!(
+                    "snapshot {} has a disk size of {new_size} bytes that its L1 table of {} entries does not fit",
+                    sn.id,
+                    sn_l1.len()
+                )));
+            }
+            if self.header.has_data_file() || self.header.version < 3 {
+                // qemu-img cannot resize these either.
+                return Err(BlockError::Unsupported {
+                    path: self.path.clone(),
+                    feature: "applying a snapshot taken at another disk size to a version 2 \
+                              image or one with a data file"
+                        .into(),
+                });
+            }
+        }
         self.tree_references(meta, &sn_l1, TreeOp::CheckRoom)?;
         self.tree_references(meta, &sn_l1, TreeOp::Add)?;
         meta.barrier()?;
@@ -146,6 +166,10 @@ impl Qcow2Image {
         self.tree_references(meta, &old, TreeOp::Drop)?;
         self.restore_copied(meta)?;
         write_l1(meta)?;
+        if new_size != size {
+            // Last: the L1 table already maps the snapshot's whole disk.
+            self.write_size(meta, new_size)?;
+        }
         meta.barrier()?;
         Ok(true)
     }

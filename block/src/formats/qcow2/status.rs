@@ -11,6 +11,7 @@ use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::header::OFF_SIZE;
 use super::image::Qcow2Image;
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
+use super::meta::MetaState;
 use super::meta_io::write_at;
 use super::prealloc_detect;
 use super::snapshot_table::read_snapshot_table;
@@ -222,9 +223,24 @@ impl Qcow2Image {
                 "size must be a multiple of 512 bytes".into(),
             ));
         }
-        if self.header.has_data_file() || st.meta.snapshots.count > 0 {
+        if self.header.has_data_file() {
             return Err(BlockError::Resize(
-                "images with a data file or snapshots cannot be resized".into(),
+                "images with a data file cannot be resized".into(),
+            ));
+        }
+        // Growing only adds unmapped L1 entries; snapshots keep their own
+        // tables and sizes. Shrinking would rewrite L2 tables snapshots may
+        // share (qemu-img copies them first; not done here).
+        if new_size < old && st.meta.snapshots.count > 0 {
+            return Err(BlockError::Resize(
+                "images with snapshots cannot be shrunk".into(),
+            ));
+        }
+        // Version 2 snapshot entries need not record their disk size, so
+        // a snapshot could not bring its size back (qemu-img refuses too).
+        if self.header.version < 3 && st.meta.snapshots.count > 0 {
+            return Err(BlockError::Resize(
+                "a version 2 image with snapshots cannot be resized".into(),
             ));
         }
         if new_size < old {
@@ -234,13 +250,15 @@ impl Qcow2Image {
         let l1_needed =
             usize::try_from(l1_needed).map_err(|_| BlockError::Resize("size too large".into()))?;
         st.meta.grow_l1(l1_needed)?;
-        st.meta.barrier()?;
-        write_at(
-            &st.meta.file,
-            OFF_SIZE,
-            &new_size.to_be_bytes(),
-            "header size",
-        )?;
+        self.write_size(&mut st.meta, new_size)
+    }
+
+    /// Makes everything before durable, then writes `new_size` into the
+    /// header and takes it as the disk's size (the L1 table must already
+    /// cover it).
+    pub(super) fn write_size(&self, meta: &mut MetaState, new_size: u64) -> Result<(), BlockError> {
+        meta.barrier()?;
+        write_at(&meta.file, OFF_SIZE, &new_size.to_be_bytes(), "header size")?;
         self.size.store(new_size, Ordering::Release);
         Ok(())
     }
