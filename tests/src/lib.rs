@@ -129,6 +129,11 @@ pub fn qemu_img(args: &[&str]) -> String {
     run_ok("qemu-img", args)
 }
 
+/// `qemu-img create -q -f qcow2 -o OPTS PATH SIZE`, which must succeed.
+pub fn qemu_create_qcow2(path: &str, opts: &str, size: &str) {
+    qemu_img(&["create", "-q", "-f", "qcow2", "-o", opts, path, size]);
+}
+
 /// `qemu-img ARGS` whatever its exit status.
 pub fn qemu_img_status(args: &[&str]) -> Output {
     require("qemu-img");

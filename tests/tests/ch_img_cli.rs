@@ -3,7 +3,9 @@
 
 use std::os::unix::fs::FileExt;
 
-use integration_tests::{ch, ch_status, json, qemu_img, qemu_img_status, qemu_io, TempDir};
+use integration_tests::{
+    ch, ch_status, json, qemu_create_qcow2, qemu_img, qemu_img_status, qemu_io, TempDir,
+};
 
 /// stdout of a run with the tool's own name and the file names neutralised.
 fn stdout(o: &std::process::Output) -> String {
@@ -181,16 +183,7 @@ fn info_matches_qemu_img_qcow2() {
         "create", "-q", "-f", "qcow2", "-b", "s.qcow2", "-F", "qcow2", &top,
     ]);
     let v2 = dir.file("v2.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "compat=0.10",
-        &v2,
-        "1M",
-    ]);
+    qemu_create_qcow2(&v2, "compat=0.10", "1M");
     let data = dir.file("data.qcow2");
     let opts = format!("data_file={},data_file_raw=on", dir.file("data.raw"));
     qemu_img(&["create", "-q", "-f", "qcow2", "-o", &opts, &data, "1M"]);
@@ -1430,16 +1423,7 @@ fn snapshot_apply_restores_its_disk_size_like_qemu_img() {
     // A version 2 image with snapshots is not resized (qemu-img: "Can't
     // resize a v2 image which has snapshots").
     let v2 = dir.file("v2.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "compat=0.10",
-        &v2,
-        "4M",
-    ]);
+    qemu_create_qcow2(&v2, "compat=0.10", "4M");
     qemu_img(&["snapshot", "-c", "s", &v2]);
     assert_eq!(code(&ch_status(&["resize", &v2, "8M"])), 1);
     let info = json(&qemu_img(&["info", "--output=json", &v2]));
