@@ -888,8 +888,8 @@ fn convert_compressed_refuses_raw_output() {
 /// resize --shrink of qcow2 images: same result as qemu-img's shrink
 /// (contents, allocated clusters, clean check) for several shapes; the
 /// cut-off tail of the last kept cluster reads as zeroes if the image is
-/// grown again (qemu-img 7.2 brings the old bytes back); images with
-/// snapshots are refused.
+/// grown again (qemu-img 7.2 brings the old bytes back); with a snapshot,
+/// the snapshot still reads all its data after the shrink.
 #[test]
 fn resize_shrink_matches_qemu_img() {
     let dir = TempDir::new("cli");
@@ -927,10 +927,33 @@ fn resize_shrink_matches_qemu_img() {
         // qemu_io fails the test on a pattern mismatch.
         qemu_io("qcow2", &ours, &["read -P 0 2621952 523776"]);
     }
-    let img = sample_qcow2(&dir, "snap.qcow2");
-    qemu_img(&["snapshot", "-c", "s", &img]);
-    assert_eq!(code(&ch_status(&["resize", "--shrink", &img, "1M"])), 1);
-    qemu_img(&["check", &img]);
+    // With a snapshot: the shared tables and the shared last cluster are
+    // copied for the active disk, so the snapshot keeps all its data.
+    let theirs = sample_qcow2(&dir, "snap-theirs.qcow2");
+    let ours = sample_qcow2(&dir, "snap-ours.qcow2");
+    for img in [&theirs, &ours] {
+        qemu_img(&["snapshot", "-c", "s", img]);
+    }
+    qemu_img(&["resize", "-q", "--shrink", &theirs, "66048"]);
+    ch(&["resize", "-q", "--shrink", &ours, "66048"]);
+    qemu_img(&["check", &ours]);
+    qemu_img(&["compare", &theirs, &ours]);
+    ch(&["resize", "-q", &ours, "2M"]);
+    qemu_io(
+        "qcow2",
+        &ours,
+        &["read -P 0xab 0 66048", "read -P 0 66048 2031104"],
+    );
+    for img in [&theirs, &ours] {
+        qemu_img(&["snapshot", "-a", "s", img]);
+    }
+    qemu_img(&["check", &ours]);
+    qemu_img(&["compare", &theirs, &ours]);
+    qemu_img(&[
+        "compare",
+        &theirs,
+        &sample_qcow2(&dir, "snap-original.qcow2"),
+    ]);
 }
 
 #[test]
@@ -1365,10 +1388,10 @@ fn info_lists_persistent_bitmaps_like_qemu_img() {
 /// Snapshots and disk sizes, beside qemu-img 7.2 doing the same steps on
 /// a twin image: `resize` grows an image that has snapshots, and
 /// `snapshot -a` of a snapshot taken at another size brings that size
-/// back (smaller and larger). After each step both images have the same
-/// virtual size and contents, and both check clean. Shrinking an image
-/// with snapshots stays refused (qemu-img allows it); a version 2 image
-/// with snapshots is not resized at all, as by qemu-img.
+/// back (smaller and larger), also after the disk was shrunk with the
+/// snapshots present. After each step both images have the same virtual
+/// size and contents, and both check clean. A version 2 image with
+/// snapshots is not resized at all, as by qemu-img.
 #[test]
 fn snapshot_apply_restores_its_disk_size_like_qemu_img() {
     let dir = TempDir::new("cli");
@@ -1418,8 +1441,19 @@ fn snapshot_apply_restores_its_disk_size_like_qemu_img() {
     ch(&["resize", "-q", &ours, "6M"]);
     same("applied the 4 MiB snapshot and grew to 6 MiB");
     qemu_io("qcow2", &ours, &["read -P 0 4M 2M"]);
-    assert_eq!(code(&ch_status(&["resize", "--shrink", &ours, "2M"])), 1);
-    same("a refused shrink changed nothing");
+    // Shrunk with both snapshots present, then each applied again.
+    qemu_img(&["resize", "-q", "--shrink", &theirs, "2M"]);
+    ch(&["resize", "-q", "--shrink", &ours, "2M"]);
+    same("shrunk to 2 MiB with snapshots");
+    for (sn, step) in [
+        ("large", "the 8 MiB snapshot after the shrink"),
+        ("small", "the 4 MiB one"),
+    ] {
+        qemu_img(&["snapshot", "-a", sn, &theirs]);
+        ch(&["snapshot", "-a", sn, &ours]);
+        same(step);
+    }
+    qemu_io("qcow2", &ours, &["read -P 0x11 0 4M"]);
     // A version 2 image with snapshots is not resized (qemu-img: "Can't
     // resize a v2 image which has snapshots").
     let v2 = dir.file("v2.qcow2");

@@ -2,22 +2,28 @@
 //!
 //! The new size enters; every cluster wholly past it is unmapped: L2
 //! tables past it are dropped from the L1 table, and in the table that
-//! straddles the new end the entries past it are cleared. The tables are
-//! written and made durable first; only then are the references those
-//! entries and tables held dropped (a crash in between leaks clusters,
-//! nothing worse), and last the header's size is written. The L1 table
-//! keeps its length, and the file is not truncated (its freed clusters
-//! are reused by later allocations), as in qemu only for images without
-//! snapshots.
+//! straddles the new end the entries past it are cleared. That table may
+//! be shared with internal snapshots (refcount above one): then the
+//! active tree gets a copy of it with the entries cleared, and the
+//! snapshots keep the original, as qemu-img does. The tables are written
+//! and made durable first (a copy's refcount before the L1 entry that
+//! points at it); only then are the references those entries and tables
+//! held dropped (a crash in between leaks clusters, nothing worse), and
+//! last the header's size is written. The L1 table keeps its length, and
+//! the file is not truncated (its freed clusters are reused by later
+//! allocations).
 //!
 //! Unlike qemu-img 7.2, the bytes of the last kept cluster past the new
-//! end are zeroed (when that cluster is a plain data cluster), so growing
-//! the image again later cannot bring back data the shrink cut off.
+//! end read as zeroes afterwards when that cluster is a plain data
+//! cluster, so growing the image again later cannot bring back data the
+//! shrink cut off: zeroed in place when the active disk alone owns the
+//! cluster, or, when a snapshot shares it, in a copy the active table
+//! points at instead (the snapshot keeps its bytes).
 
 use super::image::Qcow2Image;
-use super::l2_entry::{decode_l2, L2Entry};
+use super::l2_entry::{decode_l2, L2Entry, OFFSET_MASK, OFLAG_COPIED};
 use super::meta::MetaState;
-use super::meta_io::{be64_at, write_at};
+use super::meta_io::{be64_at, read_at, write_at};
 use super::snapshot_ops::{load_table, write_l1, TreeOp};
 use crate::error::BlockError;
 
@@ -30,6 +36,7 @@ impl Qcow2Image {
         let cs = meta.g.cluster_size;
         let cov = meta.g.l2_coverage();
         let cb = meta.g.cluster_bits;
+        let words = meta.g.l2_entry_size as usize / 8;
         let first_gone = new_size.div_ceil(cs) * cs;
         let first_table = first_gone.div_ceil(cov) as usize;
         let mut dropped_tables = Vec::new();
@@ -39,13 +46,15 @@ impl Qcow2Image {
                 *e = 0;
             }
         }
+        // References the active tree gives up, once its tables no longer
+        // hold them; and the new contents of the tables that change.
         let mut dropped = Vec::new();
+        let mut edits: Vec<(usize, u64, Vec<u8>)> = Vec::new();
         let k = (first_gone / cov) as usize;
         if !first_gone.is_multiple_of(cov) && k < meta.l1.len() {
             if let Some((off, _)) = meta.l2_table(k)? {
                 let table = load_table(meta, off)?;
                 let mut new = table.clone();
-                let words = meta.g.l2_entry_size as usize / 8;
                 for j in ((first_gone % cov) / cs) as usize..meta.g.l2_entries as usize {
                     let raw = be64_at(&table, j * words);
                     let e = decode_l2(raw, cb, self.header.version, meta.g.extended_l2)
@@ -56,25 +65,104 @@ impl Qcow2Image {
                     new[j * words * 8..(j + 1) * words * 8].fill(0);
                 }
                 if new != table {
-                    write_at(&meta.file, off, &new, "L2 table")?;
-                    meta.l2_cache.insert(off, new);
+                    edits.push((k, off, new));
                 }
             }
         }
         if !new_size.is_multiple_of(cs) {
-            let (e, _) = meta.l2_entry(new_size)?;
-            if let L2Entry::Normal { host, .. } = e {
-                let tail = new_size % cs;
-                let zeros = vec![0u8; (cs - tail) as usize];
-                write_at(&meta.file, host + tail, &zeros, "cut-off cluster tail")?;
+            self.cut_last_cluster(meta, new_size, &mut edits, &mut dropped)?;
+        }
+        // Tables a snapshot shares are copied for the active tree.
+        let mut released_tables = Vec::new();
+        let mut in_place = Vec::new();
+        for (i, off, content) in edits {
+            if meta.refcount(off >> cb)? == 1 {
+                in_place.push((off, content));
+            } else {
+                let copy = meta.alloc_clusters(1)?;
+                write_at(&meta.file, copy, &content, "L2 table copy")?;
+                meta.l2_cache.insert(copy, content);
+                meta.l1[i] = copy | OFLAG_COPIED;
+                released_tables.push(off >> cb);
             }
+        }
+        // New clusters' refcounts are durable before anything points at
+        // them.
+        meta.write_refcounts()?;
+        meta.barrier()?;
+        for (off, content) in in_place {
+            write_at(&meta.file, off, &content, "L2 table")?;
+            meta.l2_cache.insert(off, content);
         }
         write_l1(meta)?;
         meta.barrier()?;
         for (first, n) in dropped {
             meta.change_refcounts(first, n, -1)?;
         }
+        for table in released_tables {
+            meta.change_refcounts(table, 1, -1)?;
+        }
         self.tree_references(meta, &dropped_tables, TreeOp::Drop)?;
         meta.barrier()
+    }
+
+    /// Zeroes the bytes past `new_size` in the last kept cluster when it
+    /// is a plain data cluster. One the active disk alone owns is zeroed
+    /// in place; one a snapshot shares is copied first (the copy's start
+    /// and then zeroes, in a new cluster the active table entry is
+    /// edited to point at, recorded in `edits`; the old cluster's
+    /// reference goes to `dropped`), so the snapshot keeps its bytes.
+    fn cut_last_cluster(
+        &self,
+        meta: &mut MetaState,
+        new_size: u64,
+        edits: &mut Vec<(usize, u64, Vec<u8>)>,
+        dropped: &mut Vec<(u64, u64)>,
+    ) -> Result<(), BlockError> {
+        let cs = meta.g.cluster_size;
+        let cov = meta.g.l2_coverage();
+        let cb = meta.g.cluster_bits;
+        let words = meta.g.l2_entry_size as usize / 8;
+        let i = (new_size / cov) as usize;
+        let Some((off, _)) = meta.l2_table(i)? else {
+            return Ok(());
+        };
+        let at = edits.iter().position(|(t, _, _)| *t == i);
+        let mut content = match at {
+            Some(a) => edits[a].2.clone(),
+            None => load_table(meta, off)?,
+        };
+        let j = ((new_size % cov) / cs) as usize;
+        let raw = be64_at(&content, j * words);
+        let e = decode_l2(raw, cb, self.header.version, meta.g.extended_l2)
+            .map_err(|r| meta.invalid(r))?;
+        let L2Entry::Normal { host, .. } = e else {
+            return Ok(());
+        };
+        if host == 0 {
+            return Ok(());
+        }
+        let tail = (new_size % cs) as usize;
+        if meta.refcount(host >> cb)? == 1 {
+            let zeros = vec![0u8; cs as usize - tail];
+            return write_at(
+                &meta.file,
+                host + tail as u64,
+                &zeros,
+                "cut-off cluster tail",
+            );
+        }
+        let mut data = vec![0u8; cs as usize];
+        read_at(&meta.file, host, &mut data[..tail], "last kept cluster")?;
+        let copy = meta.alloc_clusters(1)?;
+        write_at(&meta.file, copy, &data, "copy of the last kept cluster")?;
+        let new_raw = (raw & !OFFSET_MASK) | copy | OFLAG_COPIED;
+        content[j * words * 8..j * words * 8 + 8].copy_from_slice(&new_raw.to_be_bytes());
+        dropped.push((host >> cb, 1));
+        match at {
+            Some(a) => edits[a].2 = content,
+            None => edits.push((i, off, content)),
+        }
+        Ok(())
     }
 }

@@ -228,16 +228,11 @@ impl Qcow2Image {
                 "images with a data file cannot be resized".into(),
             ));
         }
-        // Growing only adds unmapped L1 entries; snapshots keep their own
-        // tables and sizes. Shrinking would rewrite L2 tables snapshots may
-        // share (qemu-img copies them first; not done here).
-        if new_size < old && st.meta.snapshots.count > 0 {
-            return Err(BlockError::Resize(
-                "images with snapshots cannot be shrunk".into(),
-            ));
-        }
-        // Version 2 snapshot entries need not record their disk size, so
-        // a snapshot could not bring its size back (qemu-img refuses too).
+        // Snapshots keep their own tables and sizes: growing only adds
+        // unmapped L1 entries, and shrinking copies a table it shares
+        // with them before changing it (see `shrink`). Version 2 snapshot
+        // entries need not record their disk size, so a snapshot could
+        // not bring its size back (qemu-img refuses too).
         if self.header.version < 3 && st.meta.snapshots.count > 0 {
             return Err(BlockError::Resize(
                 "a version 2 image with snapshots cannot be resized".into(),
