@@ -1,7 +1,9 @@
 //! Crash consistency of internal snapshot operations: a child process
 //! creates, applies and deletes snapshots in a loop on an image full of
-//! data; the parent kills it with SIGKILL at a random moment, 30 times
-//! over (`SNAPCRASH_ROUNDS` for more).
+//! data, growing the disk, writing past its old end and shrinking it back
+//! each time (with the snapshot present); the parent kills it with
+//! SIGKILL at a random moment, 30 times over (`SNAPCRASH_ROUNDS` for
+//! more).
 //!
 //! A crash may leak clusters, and may leave OFLAG_COPIED out of step with
 //! a refcount in the harmless direction only (see the snapshot_ops module
@@ -31,6 +33,8 @@ const ROUNDS: u64 = 30;
 /// Host offset bits of an L1 or L2 entry.
 const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
 const SIZE: u64 = 4 << 20;
+/// How far the child grows the disk before shrinking it back.
+const GROWTH: u64 = 1 << 20;
 
 /// The child: snapshot operations until killed (bounded otherwise).
 #[test]
@@ -42,6 +46,7 @@ fn snapshot_crash_child() {
     opts.image_type = ImageType::Qcow2;
     let disk = Disk::open(&opts).expect("child: open");
     let f = disk.format();
+    let tail = vec![0x5a; 65536];
     for i in 0..100_000u32 {
         let name = format!("s{i}");
         f.snapshot_create(&name, (1_700_000_000 + i, 0))
@@ -51,6 +56,12 @@ fn snapshot_crash_child() {
             f.snapshot_delete(&format!("s{}", i - 1))
                 .expect("child: delete");
         }
+        // Grow, write past the old end, shrink back: the shrink clears
+        // entries of a table the snapshot shares (64 KiB clusters) or
+        // drops whole tables (4 KiB clusters).
+        f.resize(SIZE + GROWTH).expect("child: grow");
+        write(&**f, SIZE, &tail);
+        f.resize(SIZE).expect("child: shrink");
     }
 }
 
@@ -110,11 +121,19 @@ fn round(dir: &TempDir, seed: u64) {
         (_, n) => format!("leaks, {n} harmless OFLAG_COPIED mismatches"),
     };
     repaired_copies_are_clean(dir, &img, seed);
+    // A crash between the child's grow and shrink leaves the disk
+    // GROWTH larger: the first SIZE bytes must be the data either way.
     let read_back = |image: &str, what: &str| {
         let out = dir.join(format!("snap-{seed}.raw"));
         run("qemu-img", &["convert", "-O", "raw", image, s(&out)]);
+        let got = std::fs::read(&out).unwrap();
+        assert!(
+            got.len() as u64 == SIZE || got.len() as u64 == SIZE + GROWTH,
+            "seed {seed}: {what}: {} bytes",
+            got.len()
+        );
         assert_same(
-            &std::fs::read(&out).unwrap(),
+            &got[..SIZE as usize],
             &data,
             &format!("seed {seed}: {what}"),
         );

@@ -5,7 +5,7 @@
 //! qcow2 (no lock). The last bytes of the input also steer a short
 //! script: writes (allocating, copy-on-write of compressed or backing
 //! clusters, partial clusters), write-zeroes, discards, a compressed
-//! write, snapshot create/apply/delete, a resize and flushes, then the
+//! write, snapshot create/apply/delete, a grow or a shrink and flushes, then the
 //! image is closed and checked (and repaired) by `check_image`.
 //! Any outcome but a panic, a hang or an abort is fine: a hostile image
 //! must give errors, whatever is asked of it.
@@ -62,8 +62,16 @@ fuzz_target!(|data: &[u8]| {
                 _ => disk.flush(),
             };
         }
-        if script.first().is_some_and(|b| b % 5 == 0) {
-            let _ = disk.format().resize(size.saturating_add(1 << 20));
+        match script.first().map(|b| b % 5) {
+            Some(0) => {
+                let _ = disk.format().resize(size.saturating_add(1 << 20));
+            }
+            // A shrink to a sector inside the disk (snapshots may share
+            // the tables and the last cluster it cuts).
+            Some(1) => {
+                let _ = disk.format().resize(size / 3 / 512 * 512);
+            }
+            _ => {}
         }
         let _ = disk.close();
         drop(disk);
