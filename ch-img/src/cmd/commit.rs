@@ -1,20 +1,22 @@
 //! `ch-img commit [-q] [-f fmt] [-d] [-p] [-t cache] [-b BASE] FILE`
 //!
-//! Writes what a qcow2 image allocates into its backing file, then (unless
-//! `-d`) empties the image so it reads through to the backing file again,
-//! as qemu-img does. The flow (qemu's OFD locks are held during each step;
+//! Writes what a qcow2 image allocates into its backing file (or, with
+//! `-b`, into a deeper base of its chain), then (unless `-d` or `-b`)
+//! empties the image so it reads through to the backing file again, as
+//! qemu-img does. The flow (qemu's OFD locks are held during each step;
 //! between the steps the files are briefly closed and reopened):
-//! 1. open the image read-only *without* its backing chain (so the
-//!    backing file is not held open read-only by us) and the backing file
-//!    read-write;
-//! 2. grow the backing file if the image is larger;
-//! 3. copy each extent the image maps itself: data is read and written,
-//!    zero clusters become write-zeroes;
-//! 4. close both (flushing the backing file), reopen the image read-write
-//!    and unmap all of it ([`block::formats::Format::make_empty`]).
-//!
-//! Only the image's direct backing file can be the target: `-b` naming any
-//! other image of the chain is refused.
+//! 1. walk the chain down to the base; open the image and the images
+//!    between read-only *without* their backing chains (so the base is not
+//!    held open read-only by us) and the base read-write;
+//! 2. grow the base if the image is larger (zeroing the new area where
+//!    the base's own backing file would show through);
+//! 3. copy each extent each image maps itself, from the lowest image up,
+//!    each over the ones below: data is read and written, zero clusters
+//!    become write-zeroes, and where an image reads past the end of the
+//!    one below it, zeroes are written first;
+//! 4. close them (flushing the base), reopen the image read-write and
+//!    unmap all of it ([`block::formats::Format::make_empty`]), unless
+//!    `-d` or `-b` (which implies `-d`, as in qemu-img).
 
 use block::{DiskOptions, ImageType};
 
@@ -32,6 +34,15 @@ const SPEC: OptSpec = OptSpec {
 
 /// Bytes copied per request.
 const CHUNK: u64 = 1 << 20;
+/// Most images looked through for `-b`'s base (a loop in a hostile chain
+/// ends here).
+const MAX_CHAIN: usize = 64;
+
+/// One image of the chain above the base: its path and format.
+struct Layer {
+    path: String,
+    fmt: ImageType,
+}
 
 pub fn run(args: &[String]) -> Result<u8, CliError> {
     let p = parse(args, &SPEC)?;
@@ -39,43 +50,20 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         return Err(CliError::Usage("Expecting one image file name".into()));
     };
     let fmt = parse_format(p.value("f"))?;
-    // Where the backing file is, as the chain resolves it.
-    let info = open_image(path, fmt, true)?.format().info();
-    let (Some(backing), Some(shown)) = (info.full_backing_filename, info.backing_filename) else {
-        return Err(CliError::Usage("Image does not have a backing file".into()));
-    };
-    if let Some(base) = p.value("b") {
-        if base != shown && base != backing {
-            return Err(CliError::Usage(format!(
-                "ch-img commit only commits into the image's own backing file ('{shown}'), not '{base}'"
-            )));
-        }
-    }
-    let mut opts = DiskOptions::new(path);
-    opts.readonly = true;
-    opts.no_backing = true;
-    opts.image_type = if fmt == ImageType::Auto {
-        ImageType::Qcow2
-    } else {
-        fmt
-    };
-    let top = ImageIo::open(&opts).map_err(|source| CliError::Open {
-        path: path.into(),
-        source,
-    })?;
-    let base = open_image(
-        &backing,
-        parse_format(info.backing_filename_format.as_deref())?,
-        false,
-    )?;
-    let copied = copy_allocated(&top, &base);
+    let (layers, base_path, base_fmt) = chain_above_base(path, fmt, p.value("b"))?;
+    let top = open_layer(&layers[0])?;
+    let base = open_image(&base_path, base_fmt, false)?;
+    let copied = commit_layers(&layers, &top, &base);
     let closed = base.close().map_err(CliError::Close);
     // Release both files (and their locks) before the image is reopened
     // read-write with its chain.
     drop(base);
     drop(top);
     copied.and(closed)?;
-    if !p.flag("d") {
+    // `-b` implies `-d`, as in qemu-img: with a deeper base the images in
+    // between no longer read as before, and the top image must keep its
+    // data to stay valid.
+    if !p.flag("d") && p.value("b").is_none() {
         let top = open_image(path, fmt, false)?;
         let emptied = top
             .format()
@@ -90,12 +78,112 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     Ok(0)
 }
 
-/// Steps 2 and 3 of the module docs.
-fn copy_allocated(top: &ImageIo, base: &ImageIo) -> Result<(), CliError> {
+/// The images from `path` down to (not including) the base: the direct
+/// backing file, or the one `-b` names (by the name an image of the chain
+/// records, or by the path it resolves to); then the base's path and
+/// format.
+fn chain_above_base(
+    path: &str,
+    fmt: ImageType,
+    wanted: Option<&str>,
+) -> Result<(Vec<Layer>, String, ImageType), CliError> {
+    let mut layers = vec![Layer {
+        path: path.to_string(),
+        fmt,
+    }];
+    loop {
+        let Some(cur) = layers.last() else {
+            return Err(CliError::Usage("empty chain".into()));
+        };
+        let info = open_image(&cur.path, cur.fmt, true)?.format().info();
+        let (Some(backing), Some(shown)) = (info.full_backing_filename, info.backing_filename)
+        else {
+            return Err(CliError::Usage(match wanted {
+                Some(base) if layers.len() > 1 => {
+                    format!("Did not find '{base}' in the backing chain of '{path}'")
+                }
+                _ => "Image does not have a backing file".into(),
+            }));
+        };
+        let backing_fmt = parse_format(info.backing_filename_format.as_deref())?;
+        if wanted.is_none_or(|b| b == shown || b == backing) {
+            return Ok((layers, backing, backing_fmt));
+        }
+        if layers.len() > MAX_CHAIN {
+            return Err(CliError::Usage(format!(
+                "backing chain of '{path}' is longer than {MAX_CHAIN} images"
+            )));
+        }
+        layers.push(Layer {
+            path: backing,
+            fmt: backing_fmt,
+        });
+    }
+}
+
+/// Opens one layer read-only *without* its backing chain (so the base is
+/// not held open read-only by us).
+fn open_layer(layer: &Layer) -> Result<ImageIo, CliError> {
+    let mut opts = DiskOptions::new(&layer.path);
+    opts.readonly = true;
+    opts.no_backing = true;
+    opts.image_type = if layer.fmt == ImageType::Auto {
+        ImageType::Qcow2
+    } else {
+        layer.fmt
+    };
+    ImageIo::open(&opts).map_err(|source| CliError::Open {
+        path: layer.path.clone().into(),
+        source,
+    })
+}
+
+/// Writes the top image's view of everything the layers above the base
+/// hold into the base: the base grows to the top image's size, then the
+/// layers are copied from the lowest up, each over the ones below, so
+/// the last word is the top's. Where a layer reads past the end of the
+/// image below it (zeroes), zeroes are written first.
+fn commit_layers(layers: &[Layer], top: &ImageIo, base: &ImageIo) -> Result<(), CliError> {
     let size = top.size();
     if base.size() < size {
-        base.format().resize(size).map_err(CliError::Resize)?;
+        base.grow(size)?;
     }
+    // What of each layer the top image sees: up to the smallest size from
+    // the top down to it.
+    let mut opened = Vec::with_capacity(layers.len());
+    let mut visible = size;
+    for (i, layer) in layers.iter().enumerate() {
+        let io = if i == 0 {
+            None
+        } else {
+            Some(open_layer(layer)?)
+        };
+        visible = visible.min(io.as_ref().map_or(size, ImageIo::size));
+        opened.push((io, visible));
+    }
+    for i in (0..layers.len()).rev() {
+        let (io, visible) = &opened[i];
+        let io = io.as_ref().unwrap_or(top);
+        // The base itself reads zeroes past its old end (it was grown).
+        let below = opened
+            .get(i + 1)
+            .map_or(*visible, |(b, _)| b.as_ref().map_or(size, ImageIo::size));
+        if below < *visible {
+            base.write_zeroes(below, visible - below)
+                .map_err(|source| CliError::Write {
+                    offset: below,
+                    source,
+                })?;
+        }
+        copy_allocated(io, base, *visible)?;
+    }
+    Ok(())
+}
+
+/// Copies what `top` (one layer, opened without its chain) maps itself
+/// below `size` into `base`: data is read and written, zero clusters
+/// become write-zeroes.
+fn copy_allocated(top: &ImageIo, base: &ImageIo, size: u64) -> Result<(), CliError> {
     let mut buf = vec![0u8; CHUNK as usize];
     let mut pos = 0u64;
     while pos < size {

@@ -1,7 +1,9 @@
 //! `ch-img resize [-f fmt] [--shrink] [-q] FILE [+|-]SIZE`
 //!
 //! Computes the new size (absolute or relative), refuses to shrink without
-//! `--shrink` as qemu-img does, and calls the format's `resize`.
+//! `--shrink` as qemu-img does, and calls the format's `resize` (growing
+//! zeroes the new area where a longer backing file would show through,
+//! [`crate::image_io::ImageIo::grow`]).
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
@@ -48,7 +50,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         eprintln!("ch-img: warning: Shrinking an image will delete all data beyond the shrunken image's end. Before performing such an operation, make sure there is no important data there.");
         return Ok(1);
     }
-    image.format().resize(new_size).map_err(CliError::Resize)?;
+    if new_size > current {
+        image.grow(new_size)?;
+    } else {
+        image.format().resize(new_size).map_err(CliError::Resize)?;
+    }
     image.close().map_err(CliError::Close)?;
     if !p.flag("q") {
         println!("Image resized.");
