@@ -240,7 +240,10 @@ pub trait Format: Send + Sync {
 
     fn info(&self) -> ImageInfo;
 
-    /// Grows (or, where supported, shrinks) the virtual disk.
+    /// Grows (or, where supported, shrinks) the virtual disk. A grown
+    /// area is left unmapped: where a backing file is longer than the old
+    /// size its data shows through there, so a caller that wants zeroes
+    /// (`ch-img resize`, as qemu-img) writes zeroes over it afterwards.
     fn resize(&self, new_size: u64) -> Result<(), BlockError>;
 
     /// Flushes metadata and marks the image clean (qcow2 dirty bit).
