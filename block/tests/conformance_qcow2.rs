@@ -85,19 +85,7 @@ fn make(dir: &TempDir, kind: Kind) -> (std::path::PathBuf, Vec<u8>) {
             } else {
                 "compression_type=zlib"
             };
-            qemu_img(&[
-                "convert",
-                "-q",
-                "-c",
-                "-f",
-                "raw",
-                "-O",
-                "qcow2",
-                "-o",
-                ctype,
-                s(&raw),
-                s(&img),
-            ]);
+            qemu_convert_compressed(&raw, &img, ctype);
         }
     }
     (img, model)

@@ -273,19 +273,7 @@ fn run(engine: EngineKind, direct: bool, start: Start) {
             "raw",
         ),
         Start::ZstdClusters => {
-            qemu_img(&[
-                "convert",
-                "-q",
-                "-c",
-                "-f",
-                "raw",
-                "-O",
-                "qcow2",
-                "-o",
-                "cluster_size=65536,compression_type=zstd",
-                s(&base),
-                s(&img),
-            ]);
+            qemu_convert_compressed(&base, &img, "cluster_size=65536,compression_type=zstd");
             let check = qemu_img(&["check", "--output=json", s(&img)]);
             assert!(
                 check.contains(&format!("\"compressed-clusters\": {}", SIZE / CLUSTER)),

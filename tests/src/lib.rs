@@ -134,6 +134,23 @@ pub fn qemu_create_qcow2(path: &str, opts: &str, size: &str) {
     qemu_img(&["create", "-q", "-f", "qcow2", "-o", opts, path, size]);
 }
 
+/// `qemu-img create -q -f qcow2 -b BACKING -F BACKING_FMT PATH`: an
+/// overlay of the backing image's size (a relative backing name is
+/// resolved from the overlay's folder), which must succeed.
+pub fn qemu_create_overlay(path: &str, backing: &str, backing_fmt: &str) {
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        backing,
+        "-F",
+        backing_fmt,
+        path,
+    ]);
+}
+
 /// `qemu-img ARGS` whatever its exit status.
 pub fn qemu_img_status(args: &[&str]) -> Output {
     require("qemu-img");

@@ -4,7 +4,8 @@
 use std::os::unix::fs::FileExt;
 
 use integration_tests::{
-    ch, ch_status, json, qemu_create_qcow2, qemu_img, qemu_img_status, qemu_io, TempDir,
+    ch, ch_status, json, qemu_create_overlay, qemu_create_qcow2, qemu_img, qemu_img_status,
+    qemu_io, TempDir,
 };
 
 /// stdout of a run with the tool's own name and the file names neutralised.
@@ -189,9 +190,7 @@ fn info_matches_qemu_img_qcow2() {
     let dir = TempDir::new("cli");
     let img = sample_qcow2(&dir, "s.qcow2");
     let top = dir.file("top.qcow2");
-    qemu_img(&[
-        "create", "-q", "-f", "qcow2", "-b", "s.qcow2", "-F", "qcow2", &top,
-    ]);
+    qemu_create_overlay(&top, "s.qcow2", "qcow2");
     let v2 = dir.file("v2.qcow2");
     qemu_create_qcow2(&v2, "compat=0.10", "1M");
     let data = dir.file("data.qcow2");
@@ -217,9 +216,7 @@ fn map_matches_qemu_img() {
     let dir = TempDir::new("cli");
     let img = sample_qcow2(&dir, "s.qcow2");
     let top = dir.file("top.qcow2");
-    qemu_img(&[
-        "create", "-q", "-f", "qcow2", "-b", "s.qcow2", "-F", "qcow2", &top,
-    ]);
+    qemu_create_overlay(&top, "s.qcow2", "qcow2");
     qemu_io("qcow2", &top, &["write -P 0x11 64k 64k"]);
     for image in [&img, &top] {
         for out in ["human", "json"] {
@@ -387,9 +384,7 @@ fn rebase_matches_qemu_img() {
     qemu_io("qcow2", &b1, &["write -P 0x11 0 2M"]);
     qemu_img(&["create", "-q", "-f", "raw", &b2, "3M"]);
     qemu_io("raw", &b2, &["write -P 0x22 1M 2M"]);
-    qemu_img(&[
-        "create", "-q", "-f", "qcow2", "-b", "b1.qcow2", "-F", "qcow2", &top,
-    ]);
+    qemu_create_overlay(&top, "b1.qcow2", "qcow2");
     qemu_io(
         "qcow2",
         &top,
@@ -555,9 +550,7 @@ fn info_backing_chain_matches_qemu_img() {
     let mid = dir.file("sub/mid.qcow2");
     let top = dir.file("sub/top.qcow2");
     qemu_img(&["create", "-q", "-f", "raw", &base, "2M"]);
-    qemu_img(&[
-        "create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", &mid,
-    ]);
+    qemu_create_overlay(&mid, "base.raw", "raw");
     qemu_img(&[
         "create",
         "-q",
@@ -582,9 +575,7 @@ fn map_ranges_match_qemu_img() {
     let dir = TempDir::new("cli");
     let base = sample_qcow2(&dir, "s.qcow2");
     let top = dir.file("top.qcow2");
-    qemu_img(&[
-        "create", "-q", "-f", "qcow2", "-b", "s.qcow2", "-F", "qcow2", &top,
-    ]);
+    qemu_create_overlay(&top, "s.qcow2", "qcow2");
     qemu_io("qcow2", &top, &["write -P 0x11 2M 64k"]);
     for image in [&base, &top] {
         for range in [
@@ -1141,9 +1132,7 @@ fn measure_images_matches_qemu_img() {
         &["write -P 0x31 512k 4k", "write -P 0x32 3M 130k"],
     );
     let top = dir.file("top.qcow2");
-    qemu_img(&[
-        "create", "-q", "-f", "qcow2", "-b", "s.qcow2", "-F", "qcow2", &top,
-    ]);
+    qemu_create_overlay(&top, "s.qcow2", "qcow2");
     qemu_io("qcow2", &top, &["write -P 0x11 8M 1k", "write -z 0 64k"]);
     let small = dir.file("small.qcow2");
     let opts = "cluster_size=4k,compat=0.10";

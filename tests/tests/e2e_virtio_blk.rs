@@ -8,7 +8,7 @@
 mod e2e_support;
 
 use e2e_support::{boot, check_clean, create_lazy_qcow2, dirty_flag, test_guest, Boot};
-use integration_tests::{qemu_img, qemu_io, TempDir};
+use integration_tests::{qemu_create_overlay, qemu_img, qemu_io, TempDir};
 
 /// Boots the test guest and asserts PASS and a clean exit.
 fn boot_guest(dir: &TempDir, disks: &[String], cmdline: &str) -> Boot {
@@ -177,9 +177,7 @@ fn qcow2_overlay_on_backing_file() {
         &["write -P 0x5a 8M 1M", "write -P 0x33 0 64k"],
     );
     let overlay = dir.file("overlay.qcow2");
-    qemu_img(&[
-        "create", "-q", "-f", "qcow2", "-b", &base, "-F", "qcow2", &overlay,
-    ]);
+    qemu_create_overlay(&overlay, &base, "qcow2");
     boot_guest(&dir, &[format!("path={overlay},num_queues=2")], "disks=1");
     check_clean(&overlay);
     check_clean(&base);

@@ -9,7 +9,8 @@
 //! map --output=json` must equal qemu-img's.
 
 use integration_tests::{
-    assert_same_bytes, ch, ch_status, json, qemu_img, qemu_img_status, qemu_io, run, TempDir,
+    assert_same_bytes, ch, ch_status, json, qemu_create_overlay, qemu_img, qemu_img_status,
+    qemu_io, run, TempDir,
 };
 
 const MIB: u64 = 1 << 20;
@@ -217,9 +218,7 @@ fn backing_chain_three_deep_over_raw() {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        qemu_img(&[
-            "create", "-q", "-f", "qcow2", "-b", &name, "-F", below.1, &img,
-        ]);
+        qemu_create_overlay(&img, &name, below.1);
         let off = u64::from(seed) * 4096;
         qemu_io(
             "qcow2",

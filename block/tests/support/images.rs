@@ -38,6 +38,27 @@ pub fn qemu_create_overlay(
     run("qemu-img", &args);
 }
 
+/// `qemu-img convert -c -f raw -O qcow2 -o OPTS RAW IMG`: every cluster
+/// of a raw file compressed into a new qcow2 image.
+pub fn qemu_convert_compressed(raw: &Path, img: &Path, opts: &str) {
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-q",
+            "-c",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            "-o",
+            opts,
+            s(raw),
+            s(img),
+        ],
+    );
+}
+
 /// Writes `model` (the expected guest-visible bytes) next to the image as
 /// `model.raw` in `dir`, and asserts `qemu-img compare` finds the image
 /// (opened as `fmt`) equal to it.
