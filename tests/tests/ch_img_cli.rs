@@ -551,17 +551,7 @@ fn info_backing_chain_matches_qemu_img() {
     let top = dir.file("sub/top.qcow2");
     qemu_img(&["create", "-q", "-f", "raw", &base, "2M"]);
     qemu_create_overlay(&mid, "base.raw", "raw");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        "mid.qcow2",
-        "-F",
-        "qcow2",
-        &top,
-    ]);
+    qemu_create_overlay(&top, "mid.qcow2", "qcow2");
     qemu_io("qcow2", &top, &["write -P 0x11 0 64k"]);
     for out in ["--output=human", "--output=json"] {
         let args = ["info", "--backing-chain", out, &top];
