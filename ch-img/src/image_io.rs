@@ -12,7 +12,6 @@ use std::sync::Arc;
 use block::formats::{BlockStatus, Format};
 
 use crate::error::CliError;
-use crate::options::parse_format;
 use block::{
     BlockError, BlockRequest, Disk, DiskOptions, DiskQueue, EngineKind, IoMemory, RequestOp,
 };
@@ -106,22 +105,9 @@ impl ImageIo {
     pub fn grow(&self, new_size: u64) -> Result<(), CliError> {
         let old = self.size();
         self.format().resize(new_size).map_err(CliError::Resize)?;
-        let info = self.format().info();
-        let Some(backing) = info.full_backing_filename else {
-            return Ok(());
-        };
-        let mut opts = DiskOptions::new(&backing);
-        opts.readonly = true;
-        opts.image_type = parse_format(info.backing_filename_format.as_deref())?;
-        let backing_size = Disk::open(&opts)
-            .map_err(|source| CliError::Open {
-                path: backing.into(),
-                source,
-            })?
-            .size();
         // Like qemu-img, the whole new area is zeroed (its layout then
         // matches), not only the part the backing file covers.
-        if backing_size > old {
+        if self.format().backing_size().is_some_and(|b| b > old) {
             self.write_zeroes(old, new_size - old)
                 .map_err(|source| CliError::Write {
                     offset: old,

@@ -241,10 +241,16 @@ pub trait Format: Send + Sync {
     fn info(&self) -> ImageInfo;
 
     /// Grows (or, where supported, shrinks) the virtual disk. A grown
-    /// area is left unmapped: where a backing file is longer than the old
-    /// size its data shows through there, so a caller that wants zeroes
-    /// (`ch-img resize`, as qemu-img) writes zeroes over it afterwards.
+    /// area is left unmapped: where the backing file is longer than the
+    /// old size ([`Format::backing_size`]) its data shows through there,
+    /// so a caller that wants zeroes (`ch-img resize`, as qemu-img) writes
+    /// zeroes over it afterwards.
     fn resize(&self, new_size: u64) -> Result<(), BlockError>;
+
+    /// The virtual size of the opened backing image, if there is one.
+    fn backing_size(&self) -> Option<u64> {
+        None
+    }
 
     /// Flushes metadata and marks the image clean (qcow2 dirty bit).
     fn close(&self) -> Result<(), BlockError>;

@@ -133,6 +133,10 @@ impl Format for Qcow2Image {
         self.resize_impl(new_size)
     }
 
+    fn backing_size(&self) -> Option<u64> {
+        self.backing.as_ref().map(|b| b.image.size())
+    }
+
     fn close(&self) -> Result<(), BlockError> {
         self.close_impl()
     }
