@@ -51,14 +51,12 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     };
     let fmt = parse_format(p.value("f"))?;
     let (layers, base_path, base_fmt) = chain_above_base(path, fmt, p.value("b"))?;
-    let top = open_layer(&layers[0])?;
     let base = open_image(&base_path, base_fmt, false)?;
-    let copied = commit_layers(&layers, &top, &base);
+    // The layers are open only inside: released (with their locks) before
+    // the image is reopened read-write with its chain.
+    let copied = commit_layers(&layers, &base);
     let closed = base.close().map_err(CliError::Close);
-    // Release both files (and their locks) before the image is reopened
-    // read-write with its chain.
     drop(base);
-    drop(top);
     copied.and(closed)?;
     // `-b` implies `-d`, as in qemu-img: with a deeper base the images in
     // between no longer read as before, and the top image must keep its
@@ -143,39 +141,37 @@ fn open_layer(layer: &Layer) -> Result<ImageIo, CliError> {
 /// layers are copied from the lowest up, each over the ones below, so
 /// the last word is the top's. Where a layer reads past the end of the
 /// image below it (zeroes), zeroes are written first.
-fn commit_layers(layers: &[Layer], top: &ImageIo, base: &ImageIo) -> Result<(), CliError> {
-    let size = top.size();
+fn commit_layers(layers: &[Layer], base: &ImageIo) -> Result<(), CliError> {
+    let opened = layers
+        .iter()
+        .map(open_layer)
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(size) = opened.first().map(ImageIo::size) else {
+        return Ok(());
+    };
     if base.size() < size {
         base.grow(size)?;
     }
     // What of each layer the top image sees: up to the smallest size from
     // the top down to it.
-    let mut opened = Vec::with_capacity(layers.len());
-    let mut visible = size;
-    for (i, layer) in layers.iter().enumerate() {
-        let io = if i == 0 {
-            None
-        } else {
-            Some(open_layer(layer)?)
-        };
-        visible = visible.min(io.as_ref().map_or(size, ImageIo::size));
-        opened.push((io, visible));
-    }
-    for i in (0..layers.len()).rev() {
-        let (io, visible) = &opened[i];
-        let io = io.as_ref().unwrap_or(top);
+    let visible: Vec<u64> = opened
+        .iter()
+        .scan(size, |v, io| {
+            *v = (*v).min(io.size());
+            Some(*v)
+        })
+        .collect();
+    for i in (0..opened.len()).rev() {
         // The base itself reads zeroes past its old end (it was grown).
-        let below = opened
-            .get(i + 1)
-            .map_or(*visible, |(b, _)| b.as_ref().map_or(size, ImageIo::size));
-        if below < *visible {
-            base.write_zeroes(below, visible - below)
+        let below = opened.get(i + 1).map_or(visible[i], ImageIo::size);
+        if below < visible[i] {
+            base.write_zeroes(below, visible[i] - below)
                 .map_err(|source| CliError::Write {
                     offset: below,
                     source,
                 })?;
         }
-        copy_allocated(io, base, *visible)?;
+        copy_allocated(&opened[i], base, visible[i])?;
     }
     Ok(())
 }
