@@ -9,6 +9,7 @@ use super::disk::parse_disk;
 use super::memory::parse_memory;
 use super::serial::{parse_serial, SerialMode};
 use super::{ConfigError, SeccompMode, VmConfig};
+use block::options::kv::KvError;
 
 /// What the user asked for.
 #[derive(Debug)]
@@ -107,12 +108,13 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
                     "false" | "off" => SeccompMode::Off,
                     "log" => SeccompMode::Log,
                     _ => {
-                        return Err(ConfigError::BadValue {
+                        return Err(KvError::BadValue {
                             option: "--seccomp",
                             key: "mode".into(),
                             value: v,
                             reason: "expected true, false or log".into(),
-                        })
+                        }
+                        .into())
                     }
                 };
                 once(&mut seccomp, name, mode)?

@@ -1,8 +1,8 @@
 //! `--cpus boot=N`: the number of vCPUs. Enters as the option string,
 //! leaves as a count from 1 to [`MAX_VCPUS`].
 
-use super::kv::KvList;
 use super::ConfigError;
+use block::options::kv::KvList;
 
 /// The MP table and our APIC id space keep this small.
 pub const MAX_VCPUS: u8 = 64;

@@ -11,11 +11,13 @@
 //! block crate's [`DiskOptions`] plus the device's queue settings. Nothing is
 //! opened here.
 
-use block::{DiskOptions, EngineKind, ImageType};
+use block::options::kv::KvError;
+use block::options::take_image_options;
+use block::DiskOptions;
 use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
 
-use super::kv::{parse_on_off, split_top_level, KvList};
 use super::ConfigError;
+use block::options::kv::{split_top_level, KvList};
 
 /// Most queues per disk: the vCPU count is small on our machines and each
 /// queue is a thread.
@@ -132,7 +134,7 @@ fn take_bucket(
     let size = kv.take_parsed(size_key, parse_u64(1))?;
     let burst = kv.take_parsed(burst_key, parse_u64(0))?;
     let refill = kv.take_parsed(refill_key, parse_u64(1))?;
-    let missing = |key| ConfigError::MissingKey {
+    let missing = |key| KvError::MissingKey {
         option: "--disk",
         key,
     };
@@ -143,8 +145,8 @@ fn take_bucket(
             one_time_burst: burst.unwrap_or(0),
             refill_time_ms,
         })),
-        (None, _) => Err(missing(size_key)),
-        (_, None) => Err(missing(refill_key)),
+        (None, _) => Err(missing(size_key).into()),
+        (_, None) => Err(missing(refill_key).into()),
     }
 }
 
@@ -165,31 +167,7 @@ fn parse_count(min: u16, max: u16, power_of_two: bool) -> impl Fn(&str) -> Resul
 
 pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
     let mut kv = KvList::parse("--disk", s)?;
-    let path = kv.take("path")?.ok_or(ConfigError::MissingKey {
-        option: "--disk",
-        key: "path",
-    })?;
-    if path.is_empty() {
-        return Err(ConfigError::BadValue {
-            option: "--disk",
-            key: "path".into(),
-            value: path,
-            reason: "empty path".into(),
-        });
-    }
-    let mut options = DiskOptions::new(path);
-    if let Some(v) = kv.take_parsed("readonly", parse_on_off)? {
-        options.readonly = v;
-    }
-    if let Some(v) = kv.take_parsed("direct", parse_on_off)? {
-        options.direct = v;
-    }
-    if let Some(v) = kv.take_parsed("image_type", |s| s.parse::<ImageType>())? {
-        options.image_type = v;
-    }
-    if let Some(v) = kv.take_parsed("engine", |s| s.parse::<EngineKind>())? {
-        options.engine = v;
-    }
+    let options = take_image_options(&mut kv)?;
     let num_queues = kv
         .take_parsed("num_queues", parse_count(1, MAX_QUEUES, false))?
         .unwrap_or(1);
@@ -248,6 +226,7 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use block::{EngineKind, ImageType};
 
     #[test]
     fn all_keys() {
@@ -296,7 +275,7 @@ mod tests {
             ("path=x,bw_one_time_burst=10", "bw_size"),
         ] {
             assert!(
-                matches!(parse_disk(arg), Err(ConfigError::MissingKey { key: k, .. }) if k == key),
+                matches!(parse_disk(arg), Err(ConfigError::Kv(KvError::MissingKey { key: k, .. })) if k == key),
                 "{arg}"
             );
         }
@@ -381,7 +360,7 @@ mod tests {
         assert!(e.contains("cache"), "{e}");
         assert!(matches!(
             parse_disk("readonly=on"),
-            Err(ConfigError::MissingKey { key: "path", .. })
+            Err(ConfigError::Kv(KvError::MissingKey { key: "path", .. }))
         ));
     }
 }

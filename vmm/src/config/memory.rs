@@ -1,9 +1,9 @@
 //! `--memory size=SIZE`: guest RAM. Enters as the option string, leaves as
 //! a byte count that is a multiple of 2 MiB, at least [`MIN_MEMORY`].
 
-use super::kv::KvList;
 use super::size::parse_size;
 use super::ConfigError;
+use block::options::kv::KvList;
 
 pub const MIN_MEMORY: u64 = 32 << 20;
 /// The host decides in the end; this only stops absurd values early.

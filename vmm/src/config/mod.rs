@@ -2,19 +2,19 @@
 //!
 //! [`args::parse_args`] walks argv and hands each option's value to its
 //! group's parser ([`disk`], [`cpus`], [`memory`], [`serial`]), all built
-//! on the generic `key=value` syntax in [`kv`]. The result is a complete
+//! on the generic `key=value` syntax of `block::options::kv`. The result is a complete
 //! [`VmConfig`] (or help / version); nothing is opened until it is.
 
 pub mod args;
 pub mod cpus;
 pub mod disk;
-pub mod kv;
 pub mod memory;
 pub mod serial;
 pub mod size;
 
 use std::path::PathBuf;
 
+use block::options::kv::KvError;
 use thiserror::Error;
 
 pub use args::{parse_args, Command};
@@ -50,30 +50,8 @@ pub struct VmConfig {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
-    #[error("{option}: unknown key '{key}'")]
-    UnknownKey { option: &'static str, key: String },
-    #[error("{option}: key '{key}' given twice")]
-    DuplicateKey { option: &'static str, key: String },
-    #[error("{option}: key '{key}' needs a value ({key}=...)")]
-    MissingValue { option: &'static str, key: String },
-    #[error("{option}: missing required key '{key}'")]
-    MissingKey {
-        option: &'static str,
-        key: &'static str,
-    },
-    #[error("{option}: bad value '{value}' for '{key}': {reason}")]
-    BadValue {
-        option: &'static str,
-        key: String,
-        value: String,
-        reason: String,
-    },
-    #[error("{option}: cannot parse '{value}': {reason}")]
-    Syntax {
-        option: &'static str,
-        value: String,
-        reason: String,
-    },
+    #[error(transparent)]
+    Kv(#[from] KvError),
     #[error("unknown argument '{0}' (see --help)")]
     UnknownArgument(String),
     #[error("{0} needs a value")]

@@ -4,8 +4,9 @@
 
 use std::path::PathBuf;
 
-use super::kv::KvList;
 use super::ConfigError;
+use block::options::kv::KvError;
+use block::options::kv::KvList;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SerialMode {
@@ -23,21 +24,23 @@ pub fn parse_serial(s: &str) -> Result<SerialMode, ConfigError> {
         SerialMode::Off
     } else if let Some(p) = kv.take("file")? {
         if p.is_empty() {
-            return Err(ConfigError::BadValue {
+            return Err(KvError::BadValue {
                 option: "--serial",
                 key: "file".into(),
                 value: p,
                 reason: "empty path".into(),
-            });
+            }
+            .into());
         }
         SerialMode::File(PathBuf::from(p))
     } else {
-        return Err(ConfigError::BadValue {
+        return Err(KvError::BadValue {
             option: "--serial",
             key: "mode".into(),
             value: s.to_string(),
             reason: "expected tty, file=PATH or off".into(),
-        });
+        }
+        .into());
     };
     kv.finish()?;
     Ok(mode)

@@ -1,12 +1,43 @@
-//! The generic `key=value,key=value` syntax shared by every option group.
+//! The generic `key=value,key=value` syntax of every command line option
+//! group (`cloud-hypervisor --disk`, `ch-storage-daemon --image/--export`).
 //!
 //! A string enters [`KvList::parse`]; option parsers take the keys they know
 //! with [`KvList::take`] and finish with [`KvList::finish`], which refuses
 //! whatever is left, naming the key. A value may contain a comma only
 //! inside square brackets (`queue_affinity=[0@[0,1],1@[2]]`), as in
-//! Cloud Hypervisor.
+//! Cloud Hypervisor. It lives in the block crate because the image keys
+//! ([`super::take_image_keys`]) are parsed the same way by every binary.
 
-use super::ConfigError;
+use thiserror::Error;
+
+/// A malformed `key=value` list; every variant names the option.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum KvError {
+    #[error("{option}: unknown key '{key}'")]
+    UnknownKey { option: &'static str, key: String },
+    #[error("{option}: key '{key}' given twice")]
+    DuplicateKey { option: &'static str, key: String },
+    #[error("{option}: key '{key}' needs a value ({key}=...)")]
+    MissingValue { option: &'static str, key: String },
+    #[error("{option}: missing required key '{key}'")]
+    MissingKey {
+        option: &'static str,
+        key: &'static str,
+    },
+    #[error("{option}: bad value '{value}' for '{key}': {reason}")]
+    BadValue {
+        option: &'static str,
+        key: String,
+        value: String,
+        reason: String,
+    },
+    #[error("{option}: cannot parse '{value}': {reason}")]
+    Syntax {
+        option: &'static str,
+        value: String,
+        reason: String,
+    },
+}
 
 /// The pairs of one option, in order, each taken at most once.
 #[derive(Debug)]
@@ -41,15 +72,15 @@ impl KvList {
     /// Splits `s` into pairs. A bare word without `=` is kept as a key with
     /// no value (some options accept a positional first word); duplicate
     /// keys are refused.
-    pub fn parse(option: &'static str, s: &str) -> Result<KvList, ConfigError> {
+    pub fn parse(option: &'static str, s: &str) -> Result<KvList, KvError> {
         let mut pairs: Vec<(String, Option<String>)> = Vec::new();
-        for part in split_top_level(s).ok_or_else(|| ConfigError::Syntax {
+        for part in split_top_level(s).ok_or_else(|| KvError::Syntax {
             option,
             value: s.to_string(),
             reason: "unbalanced square brackets".into(),
         })? {
             if part.is_empty() {
-                return Err(ConfigError::Syntax {
+                return Err(KvError::Syntax {
                     option,
                     value: s.to_string(),
                     reason: "empty item between commas".into(),
@@ -60,14 +91,14 @@ impl KvList {
                 None => (part.to_string(), None),
             };
             if k.is_empty() {
-                return Err(ConfigError::Syntax {
+                return Err(KvError::Syntax {
                     option,
                     value: s.to_string(),
                     reason: "empty key".into(),
                 });
             }
             if pairs.iter().any(|(pk, _)| *pk == k) {
-                return Err(ConfigError::DuplicateKey { option, key: k });
+                return Err(KvError::DuplicateKey { option, key: k });
             }
             pairs.push((k, v));
         }
@@ -80,13 +111,13 @@ impl KvList {
 
     /// Removes `key` and returns its value (`Ok(None)` if absent). A key
     /// given without `=value` is refused.
-    pub fn take(&mut self, key: &str) -> Result<Option<String>, ConfigError> {
+    pub fn take(&mut self, key: &str) -> Result<Option<String>, KvError> {
         let Some(i) = self.pairs.iter().position(|(k, _)| k == key) else {
             return Ok(None);
         };
         match self.pairs.remove(i).1 {
             Some(v) => Ok(Some(v)),
-            None => Err(ConfigError::MissingValue {
+            None => Err(KvError::MissingValue {
                 option: self.option,
                 key: key.to_string(),
             }),
@@ -114,10 +145,10 @@ impl KvList {
         &mut self,
         key: &str,
         parse: impl FnOnce(&str) -> Result<T, String>,
-    ) -> Result<Option<T>, ConfigError> {
+    ) -> Result<Option<T>, KvError> {
         match self.take(key)? {
             None => Ok(None),
-            Some(v) => parse(&v).map(Some).map_err(|reason| ConfigError::BadValue {
+            Some(v) => parse(&v).map(Some).map_err(|reason| KvError::BadValue {
                 option: self.option,
                 key: key.to_string(),
                 value: v,
@@ -127,10 +158,10 @@ impl KvList {
     }
 
     /// Refuses any key nobody took.
-    pub fn finish(self) -> Result<(), ConfigError> {
+    pub fn finish(self) -> Result<(), KvError> {
         match self.pairs.into_iter().next() {
             None => Ok(()),
-            Some((key, _)) => Err(ConfigError::UnknownKey {
+            Some((key, _)) => Err(KvError::UnknownKey {
                 option: self.option,
                 key,
             }),
@@ -161,10 +192,7 @@ mod tests {
         assert_eq!(kv.take("id").unwrap().as_deref(), Some("a"));
         for bad in ["path=x,a=[0", "path=x,a=]0[", "path=x,a=[[0]"] {
             assert!(
-                matches!(
-                    KvList::parse("--disk", bad),
-                    Err(ConfigError::Syntax { .. })
-                ),
+                matches!(KvList::parse("--disk", bad), Err(KvError::Syntax { .. })),
                 "{bad}"
             );
         }
@@ -187,15 +215,12 @@ mod tests {
     fn refuses_duplicates_empty_items_and_bare_keys() {
         assert!(matches!(
             KvList::parse("--disk", "path=a,path=b"),
-            Err(ConfigError::DuplicateKey { .. })
+            Err(KvError::DuplicateKey { .. })
         ));
         assert!(KvList::parse("--disk", "path=a,,x=1").is_err());
         assert!(KvList::parse("--disk", "=1").is_err());
         let mut kv = KvList::parse("--disk", "path").unwrap();
-        assert!(matches!(
-            kv.take("path"),
-            Err(ConfigError::MissingValue { .. })
-        ));
+        assert!(matches!(kv.take("path"), Err(KvError::MissingValue { .. })));
     }
 
     #[test]

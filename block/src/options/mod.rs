@@ -1,0 +1,161 @@
+//! How a disk is opened: the user-facing knobs shared by `--disk`,
+//! `ch-storage-daemon --image` and `ch-img`.
+//!
+//! [`take_image_options`] reads the keys every binary shares from a
+//! `key=value` list ([`kv`]) into a [`DiskOptions`]; each binary then takes
+//! its own keys from the same list.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+mod cache;
+pub mod kv;
+
+pub use cache::CacheMode;
+use kv::{parse_on_off, KvError, KvList};
+
+/// Which image format to expect.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ImageType {
+    /// Probe the file's header. A probed raw image refuses writes to its
+    /// first sector that would make it look like another format.
+    #[default]
+    Auto,
+    Raw,
+    Qcow2,
+}
+
+impl FromStr for ImageType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "raw" => Ok(Self::Raw),
+            "qcow2" => Ok(Self::Qcow2),
+            _ => Err(format!(
+                "unknown image type '{s}' (expected auto, raw or qcow2)"
+            )),
+        }
+    }
+}
+
+/// Which I/O engine executes the plans.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineKind {
+    /// io_uring when the kernel offers a ring with every opcode we use,
+    /// else sync. Resolved once, at open, by [`crate::io::probe`].
+    #[default]
+    Auto,
+    IoUring,
+    Sync,
+}
+
+impl FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "io_uring" => Ok(Self::IoUring),
+            "sync" => Ok(Self::Sync),
+            _ => Err(format!(
+                "unknown engine '{s}' (expected auto, io_uring or sync)"
+            )),
+        }
+    }
+}
+
+/// Everything needed to open a disk image.
+#[derive(Clone, Debug, Default)]
+pub struct DiskOptions {
+    pub path: PathBuf,
+    pub readonly: bool,
+    /// O_DIRECT on every file of the image (the `cache=none` of other VMMs).
+    pub direct: bool,
+    pub image_type: ImageType,
+    pub engine: EngineKind,
+    /// Take OFD locks (shared for read-only, exclusive for read-write) the
+    /// way qemu does, so two writers cannot open one image.
+    pub lock: bool,
+    /// Do not open the backing chain: unallocated ranges read as zeroes.
+    /// Read-only opens only (a write would copy zeroes instead of the
+    /// backing data); for tools that read just what the image allocates
+    /// while they write its backing file (`ch-img commit`).
+    pub no_backing: bool,
+}
+
+impl DiskOptions {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            lock: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// Takes the image keys shared by `--disk` and `--image` from `kv`:
+/// `path` (required), `readonly`, `direct`, `image_type` and `engine`.
+/// Other keys stay in `kv` for the caller.
+pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
+    let option = kv.option();
+    let path = kv.take("path")?.ok_or(KvError::MissingKey {
+        option,
+        key: "path",
+    })?;
+    if path.is_empty() {
+        return Err(KvError::BadValue {
+            option,
+            key: "path".into(),
+            value: path,
+            reason: "empty path".into(),
+        });
+    }
+    let mut options = DiskOptions::new(path);
+    if let Some(v) = kv.take_parsed("readonly", parse_on_off)? {
+        options.readonly = v;
+    }
+    if let Some(v) = kv.take_parsed("direct", parse_on_off)? {
+        options.direct = v;
+    }
+    if let Some(v) = kv.take_parsed("image_type", |s| s.parse::<ImageType>())? {
+        options.image_type = v;
+    }
+    if let Some(v) = kv.take_parsed("engine", |s| s.parse::<EngineKind>())? {
+        options.engine = v;
+    }
+    Ok(options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_keys_leave_the_rest() {
+        let mut kv = KvList::parse(
+            "--image",
+            "path=/a.qcow2,readonly=on,direct=on,image_type=qcow2,engine=sync,num_queues=2",
+        )
+        .unwrap();
+        let o = take_image_options(&mut kv).unwrap();
+        assert_eq!(o.path, PathBuf::from("/a.qcow2"));
+        assert!(o.readonly && o.direct && o.lock);
+        assert_eq!(
+            (o.image_type, o.engine),
+            (ImageType::Qcow2, EngineKind::Sync)
+        );
+        assert_eq!(kv.take("num_queues").unwrap().as_deref(), Some("2"));
+        kv.finish().unwrap();
+    }
+
+    #[test]
+    fn path_is_required_and_not_empty() {
+        let mut kv = KvList::parse("--image", "readonly=on").unwrap();
+        assert!(matches!(
+            take_image_options(&mut kv),
+            Err(KvError::MissingKey { key: "path", .. })
+        ));
+        let mut kv = KvList::parse("--image", "path=").unwrap();
+        assert!(take_image_options(&mut kv).is_err());
+    }
+}

@@ -1,0 +1,80 @@
+//! The exports: each turns the shared [`Disk`] into something another
+//! program uses (a file over FUSE, a vhost-user-blk socket).
+//!
+//! An export's configuration comes from its own `--export` keys
+//! ([`ExportConfig::from_kv`]); [`start`] opens its queues on the disk and
+//! starts its threads; [`Export::stop`] (on SIGTERM or SIGINT) makes it
+//! stop taking requests, waits for every request in flight and joins its
+//! threads, so the daemon can then close the image clean.
+
+pub mod fuse;
+pub mod vhost_user_blk;
+
+use block::options::kv::{KvError, KvList};
+use block::Disk;
+use thiserror::Error;
+
+/// One `--export`.
+#[derive(Debug)]
+pub enum ExportConfig {
+    Fuse(fuse::FuseConfig),
+    VhostUserBlk(vhost_user_blk::VhostUserBlkConfig),
+}
+
+impl ExportConfig {
+    /// Takes `type=` and that type's keys; the caller refuses the rest.
+    pub fn from_kv(kv: &mut KvList) -> Result<Self, KvError> {
+        let option = kv.option();
+        let kind = kv.take("type")?.ok_or(KvError::MissingKey {
+            option,
+            key: "type",
+        })?;
+        match kind.as_str() {
+            "fuse" => Ok(ExportConfig::Fuse(fuse::FuseConfig::from_kv(kv)?)),
+            "vhost-user-blk" => Ok(ExportConfig::VhostUserBlk(
+                vhost_user_blk::VhostUserBlkConfig::from_kv(kv)?,
+            )),
+            _ => Err(KvError::BadValue {
+                option,
+                key: "type".into(),
+                value: kind,
+                reason: "expected fuse or vhost-user-blk".into(),
+            }),
+        }
+    }
+}
+
+/// A running export.
+pub trait Export {
+    /// One line for the log: what is exported where.
+    fn describe(&self) -> String;
+    /// Stops taking requests, completes every request in flight and joins
+    /// the export's threads.
+    fn stop(self: Box<Self>) -> Result<(), ExportError>;
+}
+
+/// Why an export could not start or stop cleanly.
+#[derive(Debug, Error)]
+pub enum ExportError {
+    #[error("fuse export on {mountpoint}: {reason}")]
+    Fuse { mountpoint: String, reason: String },
+    #[error("vhost-user-blk export on {socket}: {reason}")]
+    VhostUserBlk { socket: String, reason: String },
+    #[allow(dead_code)] // used once an export is built
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Block(#[from] block::BlockError),
+}
+
+/// Starts the export `config` on `disk`.
+pub fn start(disk: &Disk, config: ExportConfig) -> Result<Box<dyn Export>, ExportError> {
+    match config {
+        ExportConfig::Fuse(c) => fuse::start(disk, c),
+        ExportConfig::VhostUserBlk(c) => vhost_user_blk::start(disk, c),
+    }
+}

@@ -1,0 +1,79 @@
+//! The vhost-user-blk export: a vhost-user backend whose virtqueues are
+//! served by virtio-devices' request parser and queue worker.
+
+use std::path::PathBuf;
+
+use block::options::kv::{parse_on_off, KvError, KvList};
+use block::Disk;
+
+use super::{Export, ExportError};
+
+/// `--export type=vhost-user-blk,...`.
+// Read once the export is built (the skeleton only parses them).
+#[allow(dead_code)]
+#[derive(Clone, Debug)]
+pub struct VhostUserBlkConfig {
+    pub socket: PathBuf,
+    pub num_queues: u16,
+    pub queue_size: u16,
+    pub writable: bool,
+    pub logical_block_size: u32,
+    pub serial: Option<String>,
+}
+
+/// Most virtqueues per export.
+pub const MAX_QUEUES: u16 = 64;
+/// Largest split virtqueue.
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// The GET_ID answer is at most 20 bytes.
+pub const MAX_SERIAL: usize = 20;
+
+impl VhostUserBlkConfig {
+    pub fn from_kv(kv: &mut KvList) -> Result<Self, KvError> {
+        let socket = kv.take("socket")?.ok_or(KvError::MissingKey {
+            option: kv.option(),
+            key: "socket",
+        })?;
+        Ok(VhostUserBlkConfig {
+            socket: PathBuf::from(socket),
+            num_queues: kv
+                .take_parsed("num_queues", |s| match s.parse::<u16>() {
+                    Ok(n) if (1..=MAX_QUEUES).contains(&n) => Ok(n),
+                    _ => Err(format!("expected a number from 1 to {MAX_QUEUES}")),
+                })?
+                .unwrap_or(1),
+            queue_size: kv
+                .take_parsed("queue_size", |s| match s.parse::<u16>() {
+                    Ok(n) if (2..=MAX_QUEUE_SIZE).contains(&n) && n.is_power_of_two() => Ok(n),
+                    _ => Err(format!(
+                        "expected a power of two from 2 to {MAX_QUEUE_SIZE}"
+                    )),
+                })?
+                .unwrap_or(128),
+            writable: kv.take_parsed("writable", parse_on_off)?.unwrap_or(false),
+            logical_block_size: kv
+                .take_parsed("logical_block_size", |s| match s.parse::<u32>() {
+                    Ok(n) if (512..=65536).contains(&n) && n.is_power_of_two() => Ok(n),
+                    _ => Err("expected a power of two from 512 to 65536".to_string()),
+                })?
+                .unwrap_or(512),
+            serial: kv.take_parsed("serial", |s| {
+                if s.len() > MAX_SERIAL || !s.bytes().all(|b| b.is_ascii_graphic()) {
+                    Err(format!(
+                        "expected at most {MAX_SERIAL} printable ASCII characters"
+                    ))
+                } else {
+                    Ok(s.to_string())
+                }
+            })?,
+        })
+    }
+}
+
+/// Binds the socket and starts serving front ends.
+pub fn start(_disk: &Disk, config: VhostUserBlkConfig) -> Result<Box<dyn Export>, ExportError> {
+    Err(ExportError::VhostUserBlk {
+        socket: config.socket.display().to_string(),
+        reason: "the vhost-user-blk export is not built yet".into(),
+    })
+}
