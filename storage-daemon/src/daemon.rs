@@ -13,12 +13,8 @@ use crate::export::{self, ExportError};
 pub enum DaemonError {
     #[error("cannot block the exit signals")]
     SignalMask(#[source] std::io::Error),
-    #[error("cannot open {path}")]
-    Open {
-        path: String,
-        #[source]
-        source: BlockError,
-    },
+    #[error("--image")]
+    Open(#[source] BlockError),
     #[error(transparent)]
     Export(#[from] ExportError),
     #[error("cannot close {path} clean")]
@@ -71,10 +67,7 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let signals = block_exit_signals()?;
     let path = config.image.path.display().to_string();
-    let disk = Disk::open(&config.image).map_err(|source| DaemonError::Open {
-        path: path.clone(),
-        source,
-    })?;
+    let disk = Disk::open(&config.image).map_err(DaemonError::Open)?;
     let mut running = Vec::new();
     for export_config in config.exports {
         match export::start(&disk, export_config) {
