@@ -5,8 +5,13 @@
 # What it installs when missing: qemu-utils (qemu-img, qemu-io: the oracle
 # the tests compare against), fio (the reference of the benchmarks) and
 # acpica-tools (iasl, which disassembles our ACPI tables in a test).
+#
+# CH_REQUIRE_ALL=1 (the default here) makes every test that needs a tool
+# from outside the project fail instead of skipping when the tool is
+# missing (testkit/src/lib.rs). At the end it prints how many tests ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export CH_REQUIRE_ALL=${CH_REQUIRE_ALL:-1}
 
 need_apt=()
 command -v qemu-img >/dev/null 2>&1 || need_apt+=(qemu-utils)
@@ -34,4 +39,25 @@ cargo build --workspace --bins
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 export CH_BIN_DIR="$target_dir/debug"
 
-cargo test --workspace "$@"
+# The fuzz targets build and replay their seeds (they are separate cargo
+# workspaces, so `cargo test --workspace` does not see them).
+scripts/fuzz-replay.sh
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
+# One line with the totals of every test binary ("test result: ok. N
+# passed; M failed; K ignored; ...").
+python3 - "$log" <<'PY'
+import re, sys
+totals = [0, 0, 0]
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored", line)
+    if m:
+        for i in range(3):
+            totals[i] += int(m.group(i + 1))
+print(f"run-tests: {totals[2]} ignored (benchmark programs and child processes)")
+print(f"run-tests: {totals[0]} passed, {totals[1]} failed")
+PY
+exit "$status"

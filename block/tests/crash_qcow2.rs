@@ -37,14 +37,16 @@ fn write_op(seed: u64, i: u64) -> (u64, Vec<u8>) {
 }
 
 /// The child: writes until killed (bounded, in case nobody kills it).
+/// Run only by the parent, as an ignored test in a child process.
 #[test]
+#[ignore = "the child process of the crash tests; they run it"]
 fn crash_child_writer() {
     let (Ok(img), Ok(log), Ok(seed)) = (
         std::env::var("CRASH_IMG"),
         std::env::var("CRASH_LOG"),
         std::env::var("CRASH_SEED"),
     ) else {
-        return; // Not in child mode: nothing to do.
+        panic!("crash_child_writer runs only as the crash tests' child (CRASH_IMG, CRASH_LOG, CRASH_SEED)");
     };
     let seed: u64 = seed.parse().expect("CRASH_SEED");
     let mut opts = DiskOptions::new(&img);
@@ -103,6 +105,7 @@ fn round(dir: &Path, seed: u64, lazy: bool) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
+            "--ignored",
             "crash_child_writer",
             "--nocapture",
             "--test-threads=1",

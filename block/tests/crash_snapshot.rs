@@ -37,10 +37,12 @@ const SIZE: u64 = 4 << 20;
 const GROWTH: u64 = 1 << 20;
 
 /// The child: snapshot operations until killed (bounded otherwise).
+/// Run only by the parent, as an ignored test in a child process.
 #[test]
+#[ignore = "the child process of crash_snapshot; it runs it"]
 fn snapshot_crash_child() {
     let Ok(img) = std::env::var("SNAPCRASH_IMG") else {
-        return; // Not in child mode.
+        panic!("snapshot_crash_child runs only as crash_snapshot's child (SNAPCRASH_IMG)");
     };
     let mut opts = DiskOptions::new(&img);
     opts.image_type = ImageType::Qcow2;
@@ -90,6 +92,7 @@ fn round(dir: &TempDir, seed: u64) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
+            "--ignored",
             "snapshot_crash_child",
             "--nocapture",
             "--test-threads=1",

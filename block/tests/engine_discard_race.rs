@@ -150,8 +150,7 @@ fn a_discard_does_not_free_a_cluster_under_an_in_flight_write_sync() {
 
 #[test]
 fn a_discard_does_not_free_a_cluster_under_an_in_flight_write_uring() {
-    if block::io::probe::uring_support().is_err() {
-        eprintln!("skipped: no io_uring on this kernel");
+    if !testkit::available("io_uring", block::io::probe::uring_support()) {
         return;
     }
     run(EngineKind::IoUring);

@@ -29,8 +29,7 @@ fn image(dir: &TempDir, blocks: usize) -> (std::path::PathBuf, Vec<u8>) {
 }
 
 fn run(direct: bool) {
-    if block::io::probe::uring_support().is_err() {
-        eprintln!("skipped: no io_uring on this kernel");
+    if !testkit::available("io_uring", block::io::probe::uring_support()) {
         return;
     }
     let dir = TempDir::new("fatal-submit");

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use block::{Disk, DiskOptions, EngineKind, ImageType};
+use block::{EngineKind, ImageType};
 use common::*;
 use virtio_bindings::virtio_blk::*;
 use virtio_devices::block::BlockDeviceConfig;
@@ -17,20 +17,6 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 const OK: u8 = VIRTIO_BLK_S_OK as u8;
-
-fn open_engine(path: &std::path::Path, engine: EngineKind) -> Option<Disk> {
-    let mut o = DiskOptions::new(path);
-    o.image_type = ImageType::Raw;
-    o.engine = engine;
-    o.lock = false;
-    match Disk::open(&o).and_then(|d| d.queue().map(|_| d)) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            eprintln!("SKIP engine {engine:?}: {e}");
-            None
-        }
-    }
-}
 
 /// Waits (bounded) until `cond` holds; returns whether it did.
 fn eventually(mut cond: impl FnMut() -> bool) -> bool {

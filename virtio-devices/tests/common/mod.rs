@@ -46,10 +46,15 @@ pub fn raw_image(dir: &TempDir, size: u64) -> PathBuf {
     path
 }
 
-/// A qcow2 copy of a raw image made by qemu-img (None if it is missing).
+/// A qcow2 copy of a raw image made by qemu-img; `None` (the test skips)
+/// only when qemu-img is missing and `CH_REQUIRE_ALL` is not set. A
+/// failing conversion fails the test.
 pub fn qcow2_from_raw(dir: &TempDir, raw: &Path) -> Option<PathBuf> {
+    if !testkit::has_command("qemu-img") {
+        return None;
+    }
     let path = dir.path("disk.qcow2");
-    let ok = Command::new("qemu-img")
+    let out = Command::new("qemu-img")
         .args([
             "convert",
             "-f",
@@ -61,10 +66,33 @@ pub fn qcow2_from_raw(dir: &TempDir, raw: &Path) -> Option<PathBuf> {
         ])
         .arg(raw)
         .arg(&path)
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    ok.then_some(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "qemu-img convert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(path)
+}
+
+/// A raw image opened on `engine` with one queue made to prove the engine
+/// works; `None` (the test skips) only when the engine is io_uring and the
+/// kernel has none, and `CH_REQUIRE_ALL` is not set. Our own open errors
+/// fail the test.
+pub fn open_engine(path: &Path, engine: EngineKind) -> Option<Disk> {
+    if engine == EngineKind::IoUring
+        && !testkit::available("io_uring", block::io::probe::uring_support())
+    {
+        return None;
+    }
+    let mut o = DiskOptions::new(path);
+    o.image_type = ImageType::Raw;
+    o.engine = engine;
+    o.lock = false;
+    let disk = Disk::open(&o).unwrap();
+    drop(disk.queue().unwrap());
+    Some(disk)
 }
 
 pub fn open(path: &Path, image_type: ImageType, readonly: bool) -> Result<Disk, block::BlockError> {

@@ -115,12 +115,10 @@ fn tables_land_in_guest_memory() {
 /// ACPICA's disassembler reads every table back without complaint.
 #[test]
 fn iasl_disassembles_every_table() {
-    if std::process::Command::new("iasl")
-        .arg("-v")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIPPED: iasl not installed (Debian package acpica-tools)");
+    if !testkit::available(
+        "iasl (Debian package acpica-tools)",
+        testkit::command("iasl"),
+    ) {
         return;
     }
     let dir = std::env::temp_dir().join(format!("acpi-iasl-{}", std::process::id()));
