@@ -158,7 +158,7 @@ impl Disk {
         }
         let c = out
             .pop()
-            .ok_or(BlockError::EventFd(std::io::Error::other("no completion")))?;
+            .ok_or(BlockError::LostCompletion)?;
         c.result.map(|n| (n, c.memory))
     }
 

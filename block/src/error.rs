@@ -1,5 +1,12 @@
 //! The block crate's error type. Variants are named after the operation
 //! that failed, and carry the underlying cause as a `#[source]`.
+//!
+//! Each error also knows its consequence ([`BlockError::consequence`]):
+//! whether the operation is not offered, the request was the asker's
+//! mistake, the host failed the I/O, the image is damaged, or setting up
+//! failed. Front ends map that to their own answer (virtio-blk: UNSUPP or
+//! IOERR) and log at [`BlockError::log_level`]: a guest's bad sector is
+//! not news, a host EIO is.
 
 use std::io;
 use std::path::PathBuf;
@@ -82,12 +89,107 @@ pub enum BlockError {
     Resize(String),
     #[error("the image was marked corrupt earlier in this run; refusing further writes")]
     Corrupt,
+    #[error("the image has no file with index {0}")]
+    NoSuchFile(u16),
+    #[error("cannot allocate a {0}-byte aligned buffer")]
+    BufferAlloc(usize),
+    #[error("a request ended without a completion")]
+    LostCompletion,
+}
+
+/// What an error means for the one who asked, from the asker's side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Consequence {
+    /// The operation or feature is not offered (virtio-blk: UNSUPP).
+    Unsupported,
+    /// The request itself was wrong: out of range, unmapped memory, a
+    /// write to a read-only disk. The asker's mistake; logged at debug.
+    BadRequest,
+    /// The host failed the I/O (EIO, ENOSPC, ...) or the image is full;
+    /// logged at warn, rate-limited by the front end.
+    HostIo,
+    /// The image is damaged, hostile or was marked corrupt.
+    Corrupt,
+    /// Opening, locking or setting up an engine failed, or our own
+    /// plumbing broke (a lost completion).
+    Setup,
+}
+
+impl BlockError {
+    pub fn consequence(&self) -> Consequence {
+        use BlockError::*;
+        match self {
+            Unsupported { .. } => Consequence::Unsupported,
+            OutOfRange { .. } | ReadOnly | BadGuestMemory { .. } | ProbedRawHeaderWrite { .. } => {
+                Consequence::BadRequest
+            }
+            Read { .. }
+            | Write { .. }
+            | Flush(_)
+            | Fallocate { .. }
+            | MetadataRead { .. }
+            | MetadataWrite { .. }
+            | NoSpace(_)
+            | Resize(_)
+            | BufferAlloc(_) => Consequence::HostIo,
+            InvalidImage { .. } | Decompress { .. } | Corrupt => Consequence::Corrupt,
+            Open { .. }
+            | Locked { .. }
+            | Lock { .. }
+            | UringSetup(_)
+            | UringSubmit(_)
+            | EventFd(_)
+            | NoSuchFile(_)
+            | LostCompletion => Consequence::Setup,
+        }
+    }
+
+    /// How loudly a front end should log this error when a request meets
+    /// it: debug for the asker's mistakes and what is not offered, warn
+    /// for host I/O errors, error for damage and broken plumbing.
+    pub fn log_level(&self) -> log::Level {
+        match self.consequence() {
+            Consequence::Unsupported | Consequence::BadRequest => log::Level::Debug,
+            Consequence::HostIo => log::Level::Warn,
+            Consequence::Corrupt | Consequence::Setup => log::Level::Error,
+        }
+    }
 }
 
 impl BlockError {
     /// Whether the operation is simply not offered (virtio-blk answers
     /// UNSUPP instead of IOERR).
     pub fn is_unsupported(&self) -> bool {
-        matches!(self, BlockError::Unsupported { .. })
+        self.consequence() == Consequence::Unsupported
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_mistakes_are_quiet_and_host_errors_are_not() {
+        let eio = || io::Error::from_raw_os_error(libc::EIO);
+        assert_eq!(BlockError::ReadOnly.log_level(), log::Level::Debug);
+        let range = BlockError::OutOfRange {
+            offset: 1,
+            len: 2,
+            size: 0,
+        };
+        assert_eq!(range.consequence(), Consequence::BadRequest);
+        let read = BlockError::Read {
+            offset: 0,
+            source: eio(),
+        };
+        assert_eq!(read.consequence(), Consequence::HostIo);
+        assert_eq!(read.log_level(), log::Level::Warn);
+        assert_eq!(BlockError::Corrupt.log_level(), log::Level::Error);
+        assert_eq!(BlockError::LostCompletion.consequence(), Consequence::Setup);
+        let unsupp = BlockError::Unsupported {
+            path: "x".into(),
+            feature: "y".into(),
+        };
+        assert!(unsupp.is_unsupported() && !read.is_unsupported());
     }
 }

@@ -30,7 +30,7 @@ pub mod options;
 pub mod request;
 
 pub use disk::{Disk, DiskQueue};
-pub use error::BlockError;
+pub use error::{BlockError, Consequence};
 pub use options::{DiskOptions, EngineKind, ImageType};
 pub use request::{BlockRequest, Completion, IoMemory, RequestOp};
 

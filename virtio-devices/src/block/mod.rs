@@ -7,6 +7,8 @@
 //!   list of descriptors.
 //! - [`queue_worker`]: one thread per queue; pops chains, submits batches
 //!   to the disk, completes them into the used ring, raises interrupts.
+//! - [`error_status`]: the status byte and the (rate-limited) log line of
+//!   a request that failed.
 //! - [`rate_limit`]: the optional bandwidth and ops token buckets a worker
 //!   checks before it takes a chain off the ring.
 //! - [`config_space`]: [`BlockDeviceConfig`] and the config space layout.
@@ -17,6 +19,7 @@
 pub mod config_space;
 pub mod descriptor_walk;
 pub mod device;
+pub mod error_status;
 pub mod features;
 pub mod queue_worker;
 pub mod rate_limit;

@@ -29,13 +29,14 @@ use std::time::{Duration, Instant};
 use block::request::GuestSegment;
 use block::{BlockRequest, Completion, DiskQueue, IoMemory, RequestOp};
 use log::{debug, error, warn};
-use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
+use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
+use super::error_status::failed_request_status;
 use super::rate_limit::RateLimiter;
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
@@ -544,16 +545,8 @@ impl WorkerState {
                     self.complete(chain.head, chain.status, VIRTIO_BLK_S_OK as u8, data + 1);
                 }
                 Err(e) => {
-                    debug!(
-                        "virtio-blk queue {}: request {:#x} failed: {e}",
-                        self.w.index, c.user_data
-                    );
-                    let status = if e.is_unsupported() {
-                        VIRTIO_BLK_S_UNSUPP
-                    } else {
-                        VIRTIO_BLK_S_IOERR
-                    };
-                    self.complete(chain.head, chain.status, status as u8, 1);
+                    let status = failed_request_status(self.w.index, c.user_data, &e);
+                    self.complete(chain.head, chain.status, status, 1);
                 }
             }
         }

@@ -155,7 +155,7 @@ impl Executor {
         let f = self
             .files
             .get(usize::from(file.0))
-            .ok_or(BlockError::ReadOnly)?;
+            .ok_or(BlockError::NoSuchFile(file.0))?;
         let mut read_block = |at: u64| -> Result<(), BlockError> {
             let slice = &mut buf.as_mut_slice()[(at - start) as usize..][..block as usize];
             let mut got = 0usize;
@@ -195,7 +195,7 @@ impl Executor {
         if req.offset >= SECTOR_SIZE || segs.is_empty() || !self.format.guards_first_sector() {
             return Ok(());
         }
-        let mut buf = AlignedBuf::new(4096, 4096).ok_or(BlockError::ReadOnly)?;
+        let mut buf = AlignedBuf::new(4096, 4096).ok_or(BlockError::BufferAlloc(4096))?;
         if let Some(f) = self.files.first() {
             // A short or failed read leaves zeroes: the check then only
             // looks at the new bytes, which is what matters most.
