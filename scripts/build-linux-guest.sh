@@ -138,6 +138,9 @@ if [ ! -f "$out/initramfs.cpio" ] || [ ! -f "$out/vmlinuz" ]; then
     rm -rf "$out.tmp/deb" "$out.tmp/kernel" "$out.tmp/root"
     rm -rf "$out"
     mv "$out.tmp" "$out"
+    # Older builds (other versions or scripts) in the cache go.
+    find "$cache_root" -mindepth 1 -maxdepth 1 -type d ! -name "$(basename "$out")" \
+        -exec rm -rf {} +
     log "initramfs $(du -m "$out/initramfs.cpio" | cut -f1) MiB"
 else
     log "cached: $out"
