@@ -447,3 +447,59 @@ pub fn parse_checks(serial: &str) -> Vec<Check> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+
+    const LOG: &str = "\
+[    5.0] virtio_blk virtio0: [vda] 524288 512-byte logical blocks
+CHTEST result name=info status=ok queues=2 cpus=2
+[   9.1] EXT4-fs (vda): mounted CHTEST result name=ext4-fsck status=fail rc=4
+CHTEST result name=irqs status=ok per_queue=10,12,
+CHTEST done failures=1
+";
+
+    #[test]
+    fn finds_results_even_after_kernel_text() {
+        let checks = parse_checks(LOG);
+        let names: Vec<&str> = checks.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["info", "ext4-fsck", "irqs"]);
+        assert!(checks[0].ok && !checks[1].ok && checks[2].ok);
+        assert_eq!(checks[0].field("queues"), Some("2"));
+        assert_eq!(checks[2].field("per_queue"), Some("10,12,"));
+        assert_eq!(checks[1].field("missing"), None);
+    }
+
+    fn boot_of(serial: &str) -> Boot {
+        Boot {
+            serial: serial.to_string(),
+            checks: parse_checks(serial),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "guest check ext4-fsck failed")]
+    fn a_failed_check_fails() {
+        boot_of(LOG).assert_ok(&["info", "ext4-fsck"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "no result 'fio-reverify'")]
+    fn a_missing_check_fails() {
+        boot_of("CHTEST result name=info status=ok\nCHTEST done failures=0\n")
+            .assert_ok(&["fio-reverify"]);
+    }
+
+    #[test]
+    #[should_panic(expected = "did not finish cleanly")]
+    fn an_unfinished_guest_fails() {
+        boot_of("CHTEST result name=info status=ok\n").assert_ok(&["info"]);
+    }
+
+    #[test]
+    fn a_clean_log_passes() {
+        boot_of("CHTEST result name=info status=ok\nCHTEST done failures=0\n").assert_ok(&["info"]);
+    }
+}
