@@ -237,6 +237,7 @@ step_discard() {
 # kernel marks the disk read-only), reads work and writes fail. The kernel
 # refuses the write itself (EPERM) and `blockdev --setrw` cannot clear a
 # disk-level read-only flag, so the device's own refusal is not reached.
+# The ext4 filesystem on it mounts read-only and answers EROFS.
 step_ro() {
     ro=/dev/vdb
     [ -b $ro ] || { result ro fail "reason=no_$ro"; return; }
@@ -255,6 +256,22 @@ step_ro() {
         *) result ro-write fail "err=$err" ;;
         esac
     fi
+    # vdb holds an ext4 filesystem with /chtest.txt = "chtest ro": a plain
+    # mount must end up read-only, the file reads back, creating a file
+    # fails with EROFS.
+    mount -t ext4 $ro /mnt 2>/tmp/mount.err || { result ro-fs fail "err=$(squash </tmp/mount.err)"; return; }
+    opts=$(awk '$1 == "/dev/vdb" {print $4}' /proc/mounts)
+    content=$(cat /mnt/chtest.txt 2>/dev/null)
+    if touch /mnt/new 2>/tmp/touch.err; then
+        result ro-fs fail "reason=create_succeeded opts=$opts"
+    else
+        err=$(squash </tmp/touch.err)
+        case "$opts,$content,$err" in
+        ro*,"chtest ro",*Read-only*) result ro-fs ok "opts=$opts err=$err" ;;
+        *) result ro-fs fail "opts=$opts content=$(echo "$content" | squash) err=$err" ;;
+        esac
+    fi
+    umount /mnt
 }
 
 step_zero() {

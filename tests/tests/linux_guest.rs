@@ -169,16 +169,29 @@ fn names<'a>(fixed: &[&'a str], more: &'a [String]) -> Vec<&'a str> {
 #[test]
 fn linux_guest_qcow2_two_queues() {
     let backend = Backend::from_env();
-    if !ready(backend) {
+    if !ready(backend) || !testkit::has_command("mkfs.ext4") {
         return;
     }
     let dir = TempDir::new("linux-qcow2-2q");
     let image = dir.file("disk.qcow2");
     qemu_create_qcow2(&image, "cluster_size=65536", &DISK_SIZE.to_string());
-    // vdb: a read-only export of a raw image with a known first MiB.
+    // vdb: a read-only export of a raw image holding an ext4 filesystem
+    // with one file.
     let ro_image = dir.file("ro.raw");
-    qemu_img(&["create", "-q", "-f", "raw", &ro_image, "16M"]);
-    qemu_io("raw", &ro_image, &["write -P 0x77 0 1M"]);
+    let ro_files = dir.path().join("ro-files");
+    std::fs::create_dir(&ro_files).unwrap();
+    std::fs::write(ro_files.join("chtest.txt"), "chtest ro\n").unwrap();
+    integration_tests::run_ok(
+        "mkfs.ext4",
+        &[
+            "-q",
+            "-F",
+            "-d",
+            &ro_files.to_string_lossy(),
+            &ro_image,
+            "16M",
+        ],
+    );
     let ro_copy = dir.file("ro-copy.raw");
     std::fs::copy(&ro_image, &ro_copy).unwrap();
 
@@ -213,7 +226,7 @@ fn linux_guest_qcow2_two_queues() {
         "discard",
         "write-zeroes",
     ];
-    fixed.extend(["ro-flag", "ro-read", "ro-write"]);
+    fixed.extend(["ro-flag", "ro-read", "ro-write", "ro-fs"]);
     fixed.extend(FIO_MATRIX);
     boot.assert_ok(&names(&fixed, &finals));
     assert_queues(&boot, 2);
