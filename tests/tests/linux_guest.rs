@@ -52,21 +52,24 @@ const FIO_MATRIX: [&str; 9] = [
     "fio-reverify",
 ];
 
-fn ranges(list: impl Iterator<Item = String>) -> String {
-    list.collect::<Vec<_>>().join("/")
+/// `OFF:LEN:BYTE/...` for /init.
+fn ranges<'a>(list: impl Iterator<Item = &'a (u64, u64, u8)>) -> String {
+    let words: Vec<String> = list.map(|(o, l, b)| format!("{o}:{l}:{b:#x}")).collect();
+    words.join("/")
+}
+
+/// The ranges the `expect` step checks: every pattern, two zeroed ranges
+/// (the start of the disk and the discard step's range) and `extra`.
+fn expected(extra: &[(u64, u64, u8)]) -> impl Iterator<Item = &(u64, u64, u8)> {
+    const ZEROES: [(u64, u64, u8); 2] = [(0, MIB, 0), (96 * MIB, 8 * MIB, 0)];
+    PATTERNS.iter().chain(&ZEROES).chain(extra)
 }
 
 /// The `chtest=` words: the steps, then the zero, pattern and expect
 /// ranges every boot shares, then `extra`.
 fn chtest(steps: &str, expect_extra: &[(u64, u64, u8)], extra: &str) -> String {
-    let patterns = ranges(PATTERNS.iter().map(|(o, l, b)| format!("{o}:{l}:{b:#x}")));
-    let expect = ranges(
-        PATTERNS
-            .iter()
-            .chain(&[(0, MIB, 0), (96 * MIB, 8 * MIB, 0)])
-            .chain(expect_extra)
-            .map(|(o, l, b)| format!("{o}:{l}:{b:#x}")),
-    );
+    let patterns = ranges(PATTERNS.iter());
+    let expect = ranges(expected(expect_extra));
     format!(
         "chtest={steps} chtest.zero={}:{} chtest.pattern={patterns} chtest.expect={expect} {extra}",
         ZEROED.0, ZEROED.1
@@ -77,13 +80,7 @@ fn chtest(steps: &str, expect_extra: &[(u64, u64, u8)], extra: &str) -> String {
 fn final_checks(expect_extra: &[(u64, u64, u8)]) -> Vec<String> {
     let mut names = vec![format!("zero-{}", ZEROED.0)];
     names.extend(PATTERNS.iter().map(|(o, _, _)| format!("pattern-{o}")));
-    names.extend(
-        PATTERNS
-            .iter()
-            .chain(&[(0, MIB, 0), (96 * MIB, 8 * MIB, 0)])
-            .chain(expect_extra)
-            .map(|(o, _, _)| format!("expect-{o}")),
-    );
+    names.extend(expected(expect_extra).map(|(o, _, _)| format!("expect-{o}")));
     names
 }
 
