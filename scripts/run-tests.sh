@@ -34,6 +34,19 @@ if [ -x scripts/build-test-guest.sh ]; then
     echo "run-tests: test guest at $CH_TEST_GUEST"
 fi
 
+# The Linux test guest of tests/tests/linux_guest.rs (a Debian cloud kernel
+# and an initramfs with fio; cached under target/linux-guest/). The script
+# apt-installs QEMU, busybox-static, fio, e2fsprogs, util-linux when missing.
+if linux_guest=$(scripts/build-linux-guest.sh); then
+    CH_LINUX_KERNEL=$(sed -n 's/^CH_LINUX_KERNEL=//p' <<<"$linux_guest")
+    CH_LINUX_INITRAMFS=$(sed -n 's/^CH_LINUX_INITRAMFS=//p' <<<"$linux_guest")
+    export CH_LINUX_KERNEL CH_LINUX_INITRAMFS
+    echo "run-tests: Linux guest at $CH_LINUX_KERNEL $CH_LINUX_INITRAMFS"
+elif [ "$CH_REQUIRE_ALL" = 1 ]; then
+    echo "run-tests: scripts/build-linux-guest.sh failed" >&2
+    exit 1
+fi
+
 # Binaries first: the integration tests run ch-img and cloud-hypervisor.
 cargo build --workspace --bins
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')

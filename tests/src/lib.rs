@@ -53,39 +53,55 @@ fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// Path of the `ch-img` binary: `$CH_BIN_DIR/ch-img` when the test script
-/// built the binaries first (scripts/run-tests.sh exports it), else built
-/// once per test process by the cargo that runs the tests.
+/// Path of the `ch-img` binary (see [`project_bin`]), found once per test
+/// process.
 pub fn ch_img() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Some(dir) = std::env::var_os("CH_BIN_DIR") {
-            let bin = PathBuf::from(dir).join("ch-img");
-            assert!(
-                bin.exists(),
-                "CH_BIN_DIR is set but {} does not exist",
-                bin.display()
-            );
-            return bin;
-        }
-        let dir = profile_dir();
-        let target_dir = dir.parent().expect("target dir").to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "ch-img", "--manifest-path"])
-            .arg(&manifest)
-            .arg("--target-dir")
-            .arg(&target_dir);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build -p ch-img");
-        assert!(status.success(), "cargo build -p ch-img failed");
-        let bin = dir.join("ch-img");
-        assert!(bin.exists(), "{} missing after build", bin.display());
-        bin
-    })
+    PATH.get_or_init(|| project_bin("ch-img", "ch-img"))
+}
+
+/// Path of binary `bin` of workspace package `package`: `$CH_BIN_DIR/bin`
+/// when the test script built the binaries first (scripts/run-tests.sh
+/// exports it), else built by the cargo that runs the tests into the same
+/// target directory and profile.
+pub fn project_bin(package: &str, bin: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("CH_BIN_DIR") {
+        let path = PathBuf::from(dir).join(bin);
+        assert!(
+            path.exists(),
+            "CH_BIN_DIR is set but {} does not exist",
+            path.display()
+        );
+        return path;
+    }
+    let dir = profile_dir();
+    let target_dir = dir.parent().expect("target dir").to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let mut cmd = Command::new(cargo);
+    cmd.args([
+        "build",
+        "--quiet",
+        "-p",
+        package,
+        "--bin",
+        bin,
+        "--manifest-path",
+    ])
+    .arg(&manifest)
+    .arg("--target-dir")
+    .arg(&target_dir);
+    if dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("run cargo build");
+    assert!(
+        status.success(),
+        "cargo build -p {package} --bin {bin} failed"
+    );
+    let path = dir.join(bin);
+    assert!(path.exists(), "{} missing after build", path.display());
+    path
 }
 
 /// Panics with a clear message when a qemu tool is missing.
