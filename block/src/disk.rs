@@ -156,9 +156,7 @@ impl Disk {
         while out.is_empty() && q.in_flight() > 0 {
             q.wait_completions(&mut out)?;
         }
-        let c = out
-            .pop()
-            .ok_or(BlockError::LostCompletion)?;
+        let c = out.pop().ok_or(BlockError::LostCompletion)?;
         c.result.map(|n| (n, c.memory))
     }
 

@@ -8,7 +8,6 @@
 
 mod common;
 
-
 use block::EngineKind;
 use common::*;
 use virtio_devices::block::BlockDeviceConfig;

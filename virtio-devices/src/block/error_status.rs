@@ -30,7 +30,11 @@ pub fn failed_request_status(queue: u16, user_data: u64, e: &BlockError) -> u8 {
         if dropped > 0 {
             log::warn!("virtio-blk: {dropped} failed-request messages dropped (rate limit)");
         }
-        log::log!(level, "virtio-blk queue {queue}: request {user_data:#x} failed: {}", chain(e));
+        log::log!(
+            level,
+            "virtio-blk queue {queue}: request {user_data:#x} failed: {}",
+            chain(e)
+        );
     }
     status_of(e)
 }
