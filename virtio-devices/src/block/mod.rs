@@ -23,4 +23,4 @@ pub mod rate_limit;
 pub mod request_parser;
 
 pub use config_space::BlockDeviceConfig;
-pub use device::{BlockDevice, BlockDeviceError, VIRTIO_ID_BLOCK};
+pub use device::{BlockDevice, BlockDeviceError, StoppedQueue, VIRTIO_ID_BLOCK};

@@ -17,7 +17,13 @@
 //! buckets have refilled. With the sync engine each request is submitted
 //! and completed on its own ([`QueueWorker::submit_each`]). A write on the
 //! control eventfd stops the worker once every request in flight has
-//! completed; the thread then returns its kick eventfd.
+//! completed; the thread then returns its kick eventfd and its queue.
+//!
+//! The same worker serves both front ends: the in-VMM virtio-pci device
+//! (kick = an ioeventfd, interrupt = MSI-X) and the storage daemon's
+//! vhost-user-blk export (kick = an eventfd the export's vring thread
+//! writes, interrupt = the vring's call eventfd); it only sees a [`Queue`],
+//! guest memory, an eventfd and a [`VirtioInterrupt`].
 
 use std::collections::HashMap;
 use std::io;
@@ -94,6 +100,10 @@ pub struct QueueWorker {
 /// What a stopped worker hands back.
 pub struct WorkerExit {
     pub kick: EventFd,
+    /// The queue with its ring positions as the worker left them (every
+    /// chain it took is in the used ring), so a transport that stops one
+    /// queue at a time (vhost-user's GET_VRING_BASE) can report them.
+    pub queue: Queue,
     /// The queue's buckets, as the worker left them.
     pub limiter: Option<RateLimiter>,
 }
@@ -155,6 +165,7 @@ impl QueueWorker {
         }
         WorkerExit {
             kick: state.w.kick,
+            queue: state.w.queue,
             limiter: state.limiter,
         }
     }
