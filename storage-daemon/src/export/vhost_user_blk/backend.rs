@@ -183,6 +183,7 @@ impl ConnectionState {
                 forward,
             });
         }
+        debug!("vhost-user-blk: queue {index} started");
         Ok(())
     }
 
@@ -196,6 +197,10 @@ impl ConnectionState {
             .vring
             .set_queue_next_avail(stopped.queue.next_avail());
         running.vring.set_queue_next_used(stopped.queue.next_used());
+        debug!(
+            "vhost-user-blk: queue {index} stopped at avail {}",
+            stopped.queue.next_avail()
+        );
         Some((stopped.queue, running.vring))
     }
 }
