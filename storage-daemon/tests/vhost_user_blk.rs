@@ -319,3 +319,31 @@ fn get_vring_base_reports_where_the_worker_stopped() {
     drop(fe);
     daemon.stop();
 }
+
+#[test]
+fn a_new_memory_table_restarts_the_running_queues() {
+    let dir = TempDir::new("memtable");
+    let image = dir.path("disk.raw");
+    std::fs::write(&image, pattern(5, 1 << 20)).unwrap();
+    let daemon = Daemon::start(&dir, &image, "", "writable=on,num_queues=2");
+    let opts = FrontEndOptions {
+        num_queues: 2,
+        ..Default::default()
+    };
+    let mut fe = FrontEnd::connect(&daemon.socket, opts);
+    for q in &mut fe.queues {
+        assert_eq!(read(q, 0, 512).0, OK);
+    }
+    // QEMU sends the table again when its memory map changes.
+    let region = fe.memory.region();
+    fe.frontend.set_mem_table(&[region]).expect("SET_MEM_TABLE");
+    for (i, q) in fe.queues.iter_mut().enumerate() {
+        let (status, back) = read(q, 8, 4096);
+        assert_eq!(status, OK, "queue {i}");
+        assert_eq!(back, pattern(5, 1 << 20)[4096..8192]);
+    }
+    assert_eq!(fe.frontend.get_vring_base(1).expect("GET_VRING_BASE"), 2);
+    drop(fe);
+    let log = daemon.stop();
+    assert_eq!(log.matches("queue 1 started").count(), 2, "{log}");
+}

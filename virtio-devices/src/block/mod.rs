@@ -9,11 +9,13 @@
 //!   to the disk, completes them into the used ring, raises interrupts.
 //! - [`rate_limit`]: the optional bandwidth and ops token buckets a worker
 //!   checks before it takes a chain off the ring.
+//! - [`affinity`]: pins a worker thread to the host CPUs it was given.
 //! - [`config_space`]: [`BlockDeviceConfig`] and the config space layout.
 //! - [`features`]: which feature bits are offered.
 //! - [`device`]: [`BlockDevice`], the [`crate::VirtioDevice`] the transport
 //!   drives (activate, reset, shutdown).
 
+pub mod affinity;
 pub mod config_space;
 pub mod descriptor_walk;
 pub mod device;

@@ -42,6 +42,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
+use super::affinity::pin_current_thread;
 use super::rate_limit::RateLimiter;
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
@@ -168,27 +169,6 @@ impl QueueWorker {
             queue: state.w.queue,
             limiter: state.limiter,
         }
-    }
-}
-
-/// Restricts the calling thread to `cpus` (`sched_setaffinity`).
-pub fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &cpu in cpus {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // SAFETY: `cpu` is below CPU_SETSIZE, the set's capacity.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-    }
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the
-    // calling thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 
