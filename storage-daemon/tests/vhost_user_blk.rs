@@ -347,3 +347,55 @@ fn a_new_memory_table_restarts_the_running_queues() {
     let log = daemon.stop();
     assert_eq!(log.matches("queue 1 started").count(), 2, "{log}");
 }
+
+#[test]
+fn sigterm_with_a_front_end_connected_drains_and_exits_clean() {
+    if !have_tool("qemu-img") {
+        return;
+    }
+    let dir = TempDir::new("sigterm");
+    let (image, _) = make_image(&dir, Format::Qcow2);
+    let daemon = Daemon::start(&dir, &image, "", "writable=on");
+    let mut fe = FrontEnd::connect(&daemon.socket, FrontEndOptions::default());
+    let q = &mut fe.queues[0];
+    assert_eq!(write(q, 0, &pattern(1, 4096)), OK);
+    for i in 0..8u64 {
+        q.post_data(VIRTIO_BLK_T_OUT, 1024 + i * 128, &pattern(2, 65536))
+            .unwrap();
+    }
+    q.kick().unwrap();
+    // The daemon ends the connection itself: the front end is still here.
+    let log = daemon.stop();
+    assert!(log.contains("signal 15: stopping"), "{log}");
+    assert!(fe.frontend.get_features().is_err(), "connection left open");
+    run(Command::new("qemu-img").args(["check", "-q", image.to_str().unwrap()]));
+    let out =
+        run(Command::new("qemu-io").args(["-r", "-c", "read -P 31 0 1", image.to_str().unwrap()]));
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+}
+
+#[test]
+fn writable_export_of_a_read_only_image_is_refused() {
+    let dir = TempDir::new("rowritable");
+    let image = dir.path("disk.raw");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ch-storage-daemon"))
+        .args([
+            "--image",
+            &format!("path={},readonly=on", image.display()),
+            "--export",
+            &format!(
+                "type=vhost-user-blk,socket={},writable=on",
+                dir.path("s.sock").display()
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("writable=on"), "{err}");
+    assert!(!dir.path("s.sock").exists());
+}
