@@ -30,12 +30,7 @@ const NEXT: u16 = VRING_DESC_F_NEXT as u16;
 const WRITE: u16 = VRING_DESC_F_WRITE as u16;
 
 fn raw_disk(dir: &TempDir) -> std::path::PathBuf {
-    let image = dir.path("disk.raw");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
-    image
+    zeroed_raw(dir, "disk.raw", 1 << 20)
 }
 
 /// The daemon is alive and a well-behaved front end gets its data.

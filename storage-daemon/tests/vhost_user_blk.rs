@@ -30,20 +30,9 @@ enum Format {
 
 /// An image of IMAGE_SIZE bytes (zeroes) and a raw reference beside it.
 fn make_image(dir: &TempDir, format: Format) -> (PathBuf, PathBuf) {
-    let reference = dir.path("reference.raw");
-    std::fs::File::create(&reference)
-        .unwrap()
-        .set_len(IMAGE_SIZE)
-        .unwrap();
+    let reference = zeroed_raw(dir, "reference.raw", IMAGE_SIZE);
     let image = match format {
-        Format::Raw => {
-            let p = dir.path("disk.raw");
-            std::fs::File::create(&p)
-                .unwrap()
-                .set_len(IMAGE_SIZE)
-                .unwrap();
-            p
-        }
+        Format::Raw => zeroed_raw(dir, "disk.raw", IMAGE_SIZE),
         Format::Qcow2 => {
             let p = dir.path("disk.qcow2");
             run(Command::new("qemu-img").args([
@@ -233,11 +222,7 @@ fn read_only_export_offers_ro_and_refuses_writes() {
 #[test]
 fn writethrough_set_through_config_space() {
     let dir = TempDir::new("wce");
-    let image = dir.path("disk.raw");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
+    let image = zeroed_raw(&dir, "disk.raw", 1 << 20);
     let daemon = Daemon::start(&dir, &image, "", "writable=on");
     let mut fe = FrontEnd::connect(&daemon.socket, FrontEndOptions::default());
     assert_eq!(fe.config(32, 1), [1], "writeback by default");
@@ -305,11 +290,7 @@ fn reconnects_keep_the_data_and_the_image_consistent() {
 #[test]
 fn get_vring_base_reports_where_the_worker_stopped() {
     let dir = TempDir::new("base");
-    let image = dir.path("disk.raw");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
+    let image = zeroed_raw(&dir, "disk.raw", 1 << 20);
     let daemon = Daemon::start(&dir, &image, "", "writable=on");
     let mut fe = FrontEnd::connect(&daemon.socket, FrontEndOptions::default());
     for i in 0..5 {
@@ -377,11 +358,7 @@ fn sigterm_with_a_front_end_connected_drains_and_exits_clean() {
 #[test]
 fn writable_export_of_a_read_only_image_is_refused() {
     let dir = TempDir::new("rowritable");
-    let image = dir.path("disk.raw");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
+    let image = zeroed_raw(&dir, "disk.raw", 1 << 20);
     let out = Command::new(env!("CARGO_BIN_EXE_ch-storage-daemon"))
         .args([
             "--image",

@@ -15,7 +15,6 @@ use std::os::fd::FromRawFd;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,27 +27,27 @@ use virtio_devices::testing::{
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-/// A scratch folder removed on drop.
-pub struct TempDir(pub PathBuf);
+/// A scratch folder (vmm-sys-util's, removed on drop).
+pub struct TempDir(vmm_sys_util::tempdir::TempDir);
 
 impl TempDir {
     pub fn new(tag: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::SeqCst);
-        let p = std::env::temp_dir().join(format!("vublk-{tag}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
+        let prefix = std::env::temp_dir().join(format!("vublk-{tag}-"));
+        TempDir(vmm_sys_util::tempdir::TempDir::new_with_prefix(prefix).expect("scratch folder"))
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
+        self.0.as_path().join(name)
     }
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A raw image of `size` zero bytes named `name` in `dir`.
+pub fn zeroed_raw(dir: &TempDir, name: &str, size: u64) -> PathBuf {
+    let path = dir.path(name);
+    File::create(&path)
+        .and_then(|f| f.set_len(size))
+        .expect("raw image");
+    path
 }
 
 /// Whether `tool` is on PATH; without it a test may skip only when
