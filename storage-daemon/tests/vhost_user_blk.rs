@@ -288,7 +288,7 @@ fn reconnects_keep_the_data_and_the_image_consistent() {
 }
 
 #[test]
-fn get_vring_base_reports_where_the_worker_stopped() {
+fn get_vring_base_reports_where_the_worker_stopped_and_the_queue_resumes() {
     let dir = TempDir::new("base");
     let image = zeroed_raw(&dir, "disk.raw", 1 << 20);
     let daemon = Daemon::start(&dir, &image, "", "writable=on");
@@ -297,8 +297,14 @@ fn get_vring_base_reports_where_the_worker_stopped() {
         assert_eq!(read(&mut fe.queues[0], i, 512).0, OK);
     }
     assert_eq!(fe.frontend.get_vring_base(0).expect("GET_VRING_BASE"), 5);
+    // Started again from there (QEMU's stop and cont), the queue serves on.
+    fe.restart_vring(0, 5);
+    assert_eq!(write(&mut fe.queues[0], 3, &pattern(4, 1024)), OK);
+    assert_eq!(read(&mut fe.queues[0], 3, 1024), (OK, pattern(4, 1024)));
+    assert_eq!(fe.frontend.get_vring_base(0).expect("GET_VRING_BASE"), 7);
     drop(fe);
-    daemon.stop();
+    let log = daemon.stop();
+    assert_eq!(log.matches("queue 0 started").count(), 2, "{log}");
 }
 
 #[test]

@@ -215,6 +215,8 @@ pub struct FrontEnd {
     pub layouts: Vec<QueueLayout>,
     /// Guest memory after the queues, free for tests' own buffers.
     pub scratch: u64,
+    /// Each queue's kick eventfd (the driver writes a duplicate).
+    pub kicks: Vec<EventFd>,
 }
 
 /// How [`FrontEnd::connect`] sets up the device.
@@ -299,35 +301,14 @@ impl FrontEnd {
         let interrupt = Arc::new(EventFdInterrupt::new(opts.num_queues).expect("eventfds"));
         let mut queues = Vec::new();
         let mut layouts = Vec::new();
+        let mut kicks = Vec::new();
         for q in 0..opts.num_queues {
             let base = per_queue * u64::from(q);
             let layout = QueueLayout::at(GuestAddress(base), opts.queue_size);
-            let i = usize::from(q);
-            frontend
-                .set_vring_num(i, opts.queue_size)
-                .expect("SET_VRING_NUM");
-            frontend
-                .set_vring_addr(
-                    i,
-                    &VringConfigData {
-                        queue_max_size: opts.queue_size,
-                        queue_size: opts.queue_size,
-                        flags: 0,
-                        desc_table_addr: memory.host_addr(layout.desc_table.0),
-                        used_ring_addr: memory.host_addr(layout.used_ring.0),
-                        avail_ring_addr: memory.host_addr(layout.avail_ring.0),
-                        log_addr: None,
-                    },
-                )
-                .expect("SET_VRING_ADDR");
-            frontend.set_vring_base(i, 0).expect("SET_VRING_BASE");
-            let call = interrupt.eventfd(q).expect("call eventfd");
-            frontend.set_vring_call(i, call).expect("SET_VRING_CALL");
             let kick = EventFd::new(EFD_NONBLOCK).expect("kick eventfd");
-            frontend.set_vring_kick(i, &kick).expect("SET_VRING_KICK");
-            frontend
-                .set_vring_enable(i, true)
-                .expect("SET_VRING_ENABLE");
+            let call = interrupt.eventfd(q).expect("call eventfd");
+            setup_vring(&mut frontend, &memory, q, layout, 0, call, &kick);
+            kicks.push(kick.try_clone().expect("dup kick"));
             let event_idx = opts.driver.event_idx;
             let vq = DriverQueue::new(Arc::clone(&memory.mem), layout, event_idx);
             queues.push(QueueDriver::new(
@@ -348,7 +329,25 @@ impl FrontEnd {
             features,
             layouts,
             scratch: per_queue * u64::from(opts.num_queues),
+            kicks,
         }
+    }
+
+    /// Sets vring `q` up again from avail position `base` (as QEMU does
+    /// after stopping it with GET_VRING_BASE).
+    pub fn restart_vring(&mut self, q: u16, base: u16) {
+        let call = self.interrupt.eventfd(q).expect("call eventfd");
+        let layout = self.layouts[usize::from(q)];
+        let kick = &self.kicks[usize::from(q)];
+        setup_vring(
+            &mut self.frontend,
+            &self.memory,
+            q,
+            layout,
+            base,
+            call,
+            kick,
+        );
     }
 
     /// Reads `len` bytes of the device config space at `offset`.
@@ -365,4 +364,40 @@ impl FrontEnd {
             .expect("GET_CONFIG");
         data
     }
+}
+
+/// SET_VRING_NUM, _ADDR, _BASE, _CALL, _KICK and _ENABLE for queue `q`.
+fn setup_vring(
+    frontend: &mut Frontend,
+    memory: &SharedMemory,
+    q: u16,
+    layout: QueueLayout,
+    base: u16,
+    call: &EventFd,
+    kick: &EventFd,
+) {
+    let i = usize::from(q);
+    frontend
+        .set_vring_num(i, layout.size)
+        .expect("SET_VRING_NUM");
+    frontend
+        .set_vring_addr(
+            i,
+            &VringConfigData {
+                queue_max_size: layout.size,
+                queue_size: layout.size,
+                flags: 0,
+                desc_table_addr: memory.host_addr(layout.desc_table.0),
+                used_ring_addr: memory.host_addr(layout.used_ring.0),
+                avail_ring_addr: memory.host_addr(layout.avail_ring.0),
+                log_addr: None,
+            },
+        )
+        .expect("SET_VRING_ADDR");
+    frontend.set_vring_base(i, base).expect("SET_VRING_BASE");
+    frontend.set_vring_call(i, call).expect("SET_VRING_CALL");
+    frontend.set_vring_kick(i, kick).expect("SET_VRING_KICK");
+    frontend
+        .set_vring_enable(i, true)
+        .expect("SET_VRING_ENABLE");
 }
