@@ -253,6 +253,7 @@ fn reconnects_keep_the_data_and_the_image_consistent() {
     let dir = TempDir::new("reconnect");
     let (image, _) = make_image(&dir, Format::Qcow2);
     let mut daemon = Daemon::start(&dir, &image, "", "writable=on,num_queues=2");
+    let idle_threads = daemon.threads();
     let opts = FrontEndOptions {
         num_queues: 2,
         ..Default::default()
@@ -282,6 +283,13 @@ fn reconnects_keep_the_data_and_the_image_consistent() {
         drop(fe);
         daemon.assert_running();
     }
+    // Every connection's threads are gone once it is (the next
+    // connection's vring thread waits already).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while daemon.threads() > idle_threads && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(daemon.threads(), idle_threads, "threads left behind");
     let log = daemon.stop();
     assert_eq!(log.matches("front end connected").count(), 3, "{log}");
     run(Command::new("qemu-img").args(["check", "-q", image.to_str().unwrap()]));

@@ -137,6 +137,13 @@ impl Daemon {
         }
     }
 
+    /// How many threads the daemon has.
+    pub fn threads(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/task", self.child.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
     /// SIGTERM, then waits; asserts a clean exit and returns the log.
     pub fn stop(mut self) -> String {
         // SAFETY: kill only sends a signal to our child.
