@@ -390,3 +390,35 @@ fn writable_export_of_a_read_only_image_is_refused() {
     assert!(err.contains("writable=on"), "{err}");
     assert!(!dir.path("s.sock").exists());
 }
+
+#[test]
+fn every_queue_signals_its_call_eventfd() {
+    let dir = TempDir::new("calls");
+    let image = zeroed_raw(&dir, "disk.raw", 1 << 20);
+    let daemon = Daemon::start(&dir, &image, "", "num_queues=4");
+    for event_idx in [true, false] {
+        let mut opts = FrontEndOptions {
+            num_queues: 4,
+            ..Default::default()
+        };
+        opts.driver.event_idx = event_idx;
+        let mut fe = FrontEnd::connect(&daemon.socket, opts);
+        for (i, q) in fe.queues.iter_mut().enumerate() {
+            q.vq.arm_interrupt();
+            let slot = q.post(VIRTIO_BLK_T_IN, i as u64, 512).unwrap();
+            q.kick().unwrap();
+            let q_index = u16::try_from(i).unwrap();
+            assert!(
+                fe.interrupt
+                    .wait(q_index, std::time::Duration::from_secs(5))
+                    .unwrap(),
+                "no call on queue {i} (event_idx {event_idx})"
+            );
+            let mut out = Vec::new();
+            q.reap(&mut out);
+            assert_eq!(out.len(), 1);
+            assert_eq!((out[0].slot, out[0].status), (slot, OK));
+        }
+    }
+    daemon.stop();
+}
