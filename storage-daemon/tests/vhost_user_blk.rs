@@ -422,3 +422,24 @@ fn every_queue_signals_its_call_eventfd() {
     }
     daemon.stop();
 }
+
+#[test]
+fn a_second_front_end_is_served_once_the_first_leaves() {
+    let dir = TempDir::new("second");
+    let image = zeroed_raw(&dir, "disk.raw", 1 << 20);
+    let daemon = Daemon::start(&dir, &image, "", "writable=on");
+    let mut first = FrontEnd::connect(&daemon.socket, FrontEndOptions::default());
+    assert_eq!(write(&mut first.queues[0], 2, &pattern(8, 512)), OK);
+    let socket = daemon.socket.clone();
+    let second = std::thread::spawn(move || {
+        let mut fe = FrontEnd::connect(&socket, FrontEndOptions::default());
+        read(&mut fe.queues[0], 2, 512)
+    });
+    // The second one waits in the listen backlog meanwhile.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!second.is_finished());
+    assert_eq!(read(&mut first.queues[0], 2, 512), (OK, pattern(8, 512)));
+    drop(first);
+    assert_eq!(second.join().unwrap(), (OK, pattern(8, 512)));
+    daemon.stop();
+}
