@@ -4,7 +4,8 @@
 #
 # What it installs when missing: qemu-utils (qemu-img, qemu-io: the oracle
 # the tests compare against), fio (the reference of the benchmarks) and
-# acpica-tools (iasl, which disassembles our ACPI tables in a test).
+# acpica-tools (iasl, which disassembles our ACPI tables in a test) and
+# qemu-system-x86 (the vhost-user-blk front end of the export tests).
 #
 # CH_REQUIRE_ALL=1 (the default here) makes every test that needs a tool
 # from outside the project fail instead of skipping when the tool is
@@ -18,6 +19,8 @@ command -v qemu-img >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v qemu-io >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v fio >/dev/null 2>&1 || need_apt+=(fio)
 command -v iasl >/dev/null 2>&1 || need_apt+=(acpica-tools)
+# QEMU as a vhost-user-blk front end (storage-daemon's vhost_user_qemu test).
+command -v qemu-system-x86_64 >/dev/null 2>&1 || need_apt+=(qemu-system-x86)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "run-tests: installing ${need_apt[*]}"
     sudo_cmd=()

@@ -22,10 +22,11 @@ use std::time::{Duration, Instant};
 
 use integration_tests::TempDir;
 
-/// The backend a test uses when `CH_LINUX_BACKEND` is not set.
-/// TODO(lead): `Backend::Ours` once ch-storage-daemon's vhost-user-blk
-/// export lands.
-pub const DEFAULT_BACKEND: Backend = Backend::Qemu;
+/// The backend a test uses when `CH_LINUX_BACKEND` is not set: our own
+/// ch-storage-daemon, so Linux's virtio-blk driver reaches our device
+/// code (`CH_LINUX_BACKEND=qemu` runs the same checks against
+/// qemu-storage-daemon, the reference).
+pub const DEFAULT_BACKEND: Backend = Backend::Ours;
 
 /// How long one guest may run (boot, workload, power-off).
 const GUEST_TIMEOUT: Duration = Duration::from_secs(420);

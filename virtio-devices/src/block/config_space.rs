@@ -62,6 +62,9 @@ pub struct BlockDeviceConfig {
     /// Host CPUs each queue's worker thread may run on, by queue index
     /// (`None` or a missing entry: wherever the scheduler likes).
     pub queue_affinity: Vec<Option<Vec<usize>>>,
+    /// Offer the disk read-only (VIRTIO_BLK_F_RO) even if the image is
+    /// open for writing; a read-only image is always offered read-only.
+    pub readonly: bool,
 }
 
 impl Default for BlockDeviceConfig {
@@ -77,6 +80,7 @@ impl Default for BlockDeviceConfig {
             poll_us: 0,
             rate_limit: Default::default(),
             queue_affinity: Vec::new(),
+            readonly: false,
         }
     }
 }

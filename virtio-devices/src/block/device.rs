@@ -6,6 +6,12 @@
 //! [`block::DiskQueue`]. `reset` stops the workers once their in-flight
 //! I/O has completed, joins them and hands the kick eventfds back;
 //! `shutdown` also flushes the disk and closes the image.
+//!
+//! A transport that starts and stops queues one at a time (the storage
+//! daemon's vhost-user-blk export: a vring starts when the front end
+//! enables it and stops at its GET_VRING_BASE) uses
+//! [`BlockDevice::start_queue`] and [`BlockDevice::stop_queue`] instead
+//! of `activate` and `reset`; the workers are the same.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,7 +21,7 @@ use std::time::Instant;
 use block::{BlockError, Disk};
 use log::{error, warn};
 use thiserror::Error;
-use virtio_queue::QueueT;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -35,6 +41,13 @@ pub enum BlockDeviceError {
     InvalidConfig(String),
     #[error("closing the image failed")]
     Close(#[source] BlockError),
+}
+
+/// A queue whose worker [`BlockDevice::stop_queue`] stopped.
+pub struct StoppedQueue {
+    /// Ring positions as the worker left them.
+    pub queue: Queue,
+    pub kick: EventFd,
 }
 
 struct RunningWorker {
@@ -83,7 +96,7 @@ impl BlockDevice {
                 "physical block size must be a power of two no smaller than the logical one",
             );
         }
-        let readonly = disk.readonly();
+        let readonly = disk.readonly() || config.readonly;
         // The guest must not be told a block size smaller than what the
         // image's files need (O_DIRECT alignment).
         let mut config = config;
@@ -125,26 +138,44 @@ impl BlockDevice {
         ParserLimits {
             capacity_sectors: self.config_space.capacity_sectors(),
             seg_max: self.config.effective_seg_max(),
-            readonly: self.disk.readonly(),
+            readonly: self.disk.readonly() || self.config.readonly,
             max_discard_sectors: MAX_DISCARD_SECTORS,
             max_discard_seg: 1,
         }
     }
 
     fn stop_workers(&mut self) -> Vec<EventFd> {
-        for worker in &self.workers {
+        self.stop_workers_where(|_| true)
+            .into_iter()
+            .map(|(_, stopped)| stopped.kick)
+            .collect()
+    }
+
+    /// Stops the workers of the queues `which` selects, after their
+    /// in-flight requests have completed; returns what they handed back.
+    fn stop_workers_where(&mut self, which: impl Fn(u16) -> bool) -> Vec<(u16, StoppedQueue)> {
+        let (stopping, keep): (Vec<_>, Vec<_>) =
+            self.workers.drain(..).partition(|w| which(w.index));
+        self.workers = keep;
+        for worker in &stopping {
             if let Err(e) = worker.control.write(1) {
                 error!("virtio-blk: cannot signal a worker to stop: {e}");
             }
         }
-        let mut kicks = Vec::new();
-        for worker in self.workers.drain(..) {
+        let mut stopped = Vec::new();
+        for worker in stopping {
             match worker.handle.join() {
                 Ok(exit) => {
-                    kicks.push(exit.kick);
                     if let Some(slot) = self.limiters.get_mut(usize::from(worker.index)) {
                         *slot = exit.limiter;
                     }
+                    stopped.push((
+                        worker.index,
+                        StoppedQueue {
+                            queue: exit.queue,
+                            kick: exit.kick,
+                        },
+                    ));
                 }
                 Err(_) => {
                     error!("virtio-blk: a queue worker panicked");
@@ -156,7 +187,65 @@ impl BlockDevice {
                 }
             }
         }
-        kicks
+        stopped
+    }
+
+    /// Starts the worker of one queue (the others keep running): the
+    /// queue must be ready, inside `mem`, and not running already.
+    pub fn start_queue(
+        &mut self,
+        mem: Arc<GuestMemoryMmap>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+        queue: ActivatedQueue,
+    ) -> Result<(), ActivateError> {
+        self.check_startable(&queue, &mem)?;
+        let limits = self.limits();
+        let event_idx = has_event_idx(self.acked);
+        let device_id = self.config.device_id();
+        self.start_worker(queue, &mem, &interrupt, limits, event_idx, device_id)
+    }
+
+    /// Stops one queue's worker once its in-flight requests have
+    /// completed; `None` if it was not running.
+    pub fn stop_queue(&mut self, index: u16) -> Option<StoppedQueue> {
+        self.stop_workers_where(|i| i == index)
+            .pop()
+            .map(|(_, stopped)| stopped)
+    }
+
+    /// Whether queue `index` has a running worker.
+    pub fn is_queue_running(&self, index: u16) -> bool {
+        self.workers.iter().any(|w| w.index == index)
+    }
+
+    fn check_startable(
+        &self,
+        q: &ActivatedQueue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<(), ActivateError> {
+        if self.closed {
+            return Err(ActivateError::BadActivate("device was shut down".into()));
+        }
+        if usize::from(q.index) >= self.queue_sizes.len() {
+            return Err(ActivateError::BadActivate(format!(
+                "queue {} does not exist (the device has {})",
+                q.index,
+                self.queue_sizes.len()
+            )));
+        }
+        if self.is_queue_running(q.index) {
+            return Err(ActivateError::BadActivate(format!(
+                "queue {} is already running",
+                q.index
+            )));
+        }
+        if !q.queue.is_valid(mem) {
+            return Err(ActivateError::BadActivate(format!(
+                "queue {} is not ready or its rings lie outside guest memory",
+                q.index
+            )));
+        }
+        Ok(())
     }
 
     /// Drains the workers, then closes the image (metadata written, image
@@ -230,19 +319,11 @@ impl VirtioDevice for BlockDevice {
                 self.queue_sizes.len()
             )));
         }
-        if let Some(q) = queues.iter().find(|q| !q.queue.is_valid(&*mem)) {
-            return Err(ActivateError::BadActivate(format!(
-                "queue {} is not ready or its rings lie outside guest memory",
-                q.index
-            )));
+        for q in &queues {
+            self.check_startable(q, &mem)?;
         }
-        let limits = self.limits();
-        let event_idx = has_event_idx(self.acked);
-        let device_id = self.config.device_id();
         for activated in queues {
-            let started =
-                self.start_worker(activated, &mem, &interrupt, limits, event_idx, device_id);
-            if let Err(e) = started {
+            if let Err(e) = self.start_queue(Arc::clone(&mem), Arc::clone(&interrupt), activated) {
                 drop(self.stop_workers());
                 return Err(e);
             }

@@ -11,11 +11,13 @@
 //!   a request that failed.
 //! - [`rate_limit`]: the optional bandwidth and ops token buckets a worker
 //!   checks before it takes a chain off the ring.
+//! - [`affinity`]: pins a worker thread to the host CPUs it was given.
 //! - [`config_space`]: [`BlockDeviceConfig`] and the config space layout.
 //! - [`features`]: which feature bits are offered.
 //! - [`device`]: [`BlockDevice`], the [`crate::VirtioDevice`] the transport
 //!   drives (activate, reset, shutdown).
 
+pub mod affinity;
 pub mod config_space;
 pub mod descriptor_walk;
 pub mod device;
@@ -26,4 +28,4 @@ pub mod rate_limit;
 pub mod request_parser;
 
 pub use config_space::BlockDeviceConfig;
-pub use device::{BlockDevice, BlockDeviceError, VIRTIO_ID_BLOCK};
+pub use device::{BlockDevice, BlockDeviceError, StoppedQueue, VIRTIO_ID_BLOCK};

@@ -17,7 +17,13 @@
 //! buckets have refilled. With the sync engine each request is submitted
 //! and completed on its own ([`QueueWorker::submit_each`]). A write on the
 //! control eventfd stops the worker once every request in flight has
-//! completed; the thread then returns its kick eventfd.
+//! completed; the thread then returns its kick eventfd and its queue.
+//!
+//! The same worker serves both front ends: the in-VMM virtio-pci device
+//! (kick = an ioeventfd, interrupt = MSI-X) and the storage daemon's
+//! vhost-user-blk export (kick = an eventfd the export's vring thread
+//! writes, interrupt = the vring's call eventfd); it only sees a [`Queue`],
+//! guest memory, an eventfd and a [`VirtioInterrupt`].
 
 use std::collections::HashMap;
 use std::io;
@@ -36,6 +42,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
+use super::affinity::pin_current_thread;
 use super::error_status::failed_request_status;
 use super::rate_limit::RateLimiter;
 use super::request_parser::{
@@ -95,6 +102,10 @@ pub struct QueueWorker {
 /// What a stopped worker hands back.
 pub struct WorkerExit {
     pub kick: EventFd,
+    /// The queue with its ring positions as the worker left them (every
+    /// chain it took is in the used ring), so a transport that stops one
+    /// queue at a time (vhost-user's GET_VRING_BASE) can report them.
+    pub queue: Queue,
     /// The queue's buckets, as the worker left them.
     pub limiter: Option<RateLimiter>,
 }
@@ -156,29 +167,9 @@ impl QueueWorker {
         }
         WorkerExit {
             kick: state.w.kick,
+            queue: state.w.queue,
             limiter: state.limiter,
         }
-    }
-}
-
-/// Restricts the calling thread to `cpus` (`sched_setaffinity`).
-pub fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &cpu in cpus {
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // SAFETY: `cpu` is below CPU_SETSIZE, the set's capacity.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-    }
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the
-    // calling thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 

@@ -97,6 +97,52 @@ pub struct QueueDriver {
 }
 
 impl QueueDriver {
+    /// The driver of queue `index` over `vq`, with `opts.slots` request
+    /// slots laid out from guest address `slots_base` (each
+    /// [`QueueDriver::slot_stride`] bytes). The device is told about new
+    /// chains through `kick`; it signals on `interrupt`'s eventfd of
+    /// queue `index`. [`BlockHarness`] builds its queues with it; the
+    /// storage daemon's vhost-user tests build theirs over shared memory.
+    pub fn new(
+        index: u16,
+        vq: DriverQueue,
+        kick: EventFd,
+        interrupt: Arc<EventFdInterrupt>,
+        slots_base: u64,
+        opts: &DriverOptions,
+    ) -> Self {
+        let per_slot = Self::slot_stride(opts);
+        let slots = (0..u64::from(opts.slots))
+            .map(|i| {
+                let at = slots_base + per_slot * i;
+                Slot {
+                    header: GuestAddress(at),
+                    status: GuestAddress(at + 16),
+                    indirect_table: GuestAddress(at + 64),
+                    data: GuestAddress(at + SLOT_META),
+                    data_cap: opts.slot_data,
+                }
+            })
+            .collect::<Vec<_>>();
+        QueueDriver {
+            index,
+            vq,
+            kick,
+            interrupt,
+            free_slots: (0..slots.len()).rev().collect(),
+            slots,
+            by_head: HashMap::new(),
+            indirect: opts.indirect,
+            halt_poll: opts.halt_poll,
+            kicks: 0,
+        }
+    }
+
+    /// Guest memory one request slot takes.
+    pub fn slot_stride(opts: &DriverOptions) -> u64 {
+        SLOT_META + u64::from(opts.slot_data).next_multiple_of(4096)
+    }
+
     pub fn slot(&self, i: usize) -> Slot {
         self.slots[i]
     }
@@ -332,7 +378,7 @@ impl BlockHarness {
         let queue_size = config.queue_size;
         let num_queues = config.num_queues;
         let device = BlockDevice::new(disk, config).map_err(HarnessError::Device)?;
-        let per_slot = SLOT_META + u64::from(opts.slot_data).next_multiple_of(4096);
+        let per_slot = QueueDriver::slot_stride(&opts);
         let rings = QueueLayout::at(GuestAddress(0), queue_size)
             .end()
             .next_multiple_of(4096);
@@ -343,7 +389,7 @@ impl BlockHarness {
             GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), size)])
                 .map_err(|e| HarnessError::Memory(e.to_string()))?,
         );
-        Self::with_memory(device, mem, opts, per_queue, rings, per_slot)
+        Self::with_memory(device, mem, opts, per_queue, rings)
     }
 
     fn with_memory(
@@ -352,7 +398,6 @@ impl BlockHarness {
         opts: DriverOptions,
         per_queue: u64,
         rings: u64,
-        per_slot: u64,
     ) -> Result<Self, HarnessError> {
         let num_queues = u16::try_from(device.queue_max_sizes().len()).unwrap_or(1);
         let queue_size = device.queue_max_sizes().first().copied().unwrap_or(256);
@@ -374,30 +419,14 @@ impl BlockHarness {
                 queue: vq.device_queue(),
                 kick: kick.try_clone().map_err(HarnessError::EventFd)?,
             });
-            let slots = (0..usize::from(opts.slots))
-                .map(|i| {
-                    let at = base + rings + per_slot * i as u64;
-                    Slot {
-                        header: GuestAddress(at),
-                        status: GuestAddress(at + 16),
-                        indirect_table: GuestAddress(at + 64),
-                        data: GuestAddress(at + SLOT_META),
-                        data_cap: opts.slot_data,
-                    }
-                })
-                .collect::<Vec<_>>();
-            drivers.push(Some(QueueDriver {
-                index: q,
+            drivers.push(Some(QueueDriver::new(
+                q,
                 vq,
                 kick,
-                interrupt: Arc::clone(&interrupt),
-                free_slots: (0..slots.len()).rev().collect(),
-                slots,
-                by_head: HashMap::new(),
-                indirect: opts.indirect,
-                halt_poll: opts.halt_poll,
-                kicks: 0,
-            }));
+                Arc::clone(&interrupt),
+                base + rings,
+                &opts,
+            )));
         }
         let interrupt_dyn: Arc<dyn crate::device::VirtioInterrupt> = interrupt.clone();
         device

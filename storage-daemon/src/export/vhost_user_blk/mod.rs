@@ -1,16 +1,27 @@
 //! The vhost-user-blk export: a vhost-user backend whose virtqueues are
 //! served by virtio-devices' request parser and queue worker.
+//!
+//! Data enters as `--export type=vhost-user-blk,...` keys
+//! ([`VhostUserBlkConfig::from_kv`]), which become a
+//! [`BlockDeviceConfig`]; [`start`] binds the socket ([`server`]) and
+//! each front end that connects gets a [`BlockDevice`] behind a
+//! vhost-user backend ([`backend`]). Guest requests leave as block
+//! requests on the image's `DiskQueue`s, exactly as in the VMM.
+//!
+//! [`BlockDevice`]: virtio_devices::block::BlockDevice
+
+mod backend;
+mod server;
 
 use std::path::PathBuf;
 
 use block::options::kv::{parse_on_off, KvError, KvList};
 use block::Disk;
+use virtio_devices::block::BlockDeviceConfig;
 
 use super::{Export, ExportError};
 
 /// `--export type=vhost-user-blk,...`.
-// Read once the export is built (the skeleton only parses them).
-#[allow(dead_code)]
 #[derive(Clone, Debug)]
 pub struct VhostUserBlkConfig {
     pub socket: PathBuf,
@@ -70,10 +81,29 @@ impl VhostUserBlkConfig {
     }
 }
 
+impl VhostUserBlkConfig {
+    /// The device every connection gets.
+    fn device_config(&self) -> BlockDeviceConfig {
+        BlockDeviceConfig {
+            num_queues: self.num_queues,
+            queue_size: self.queue_size,
+            serial: self.serial.clone().unwrap_or_default().into_bytes(),
+            logical_block_size: self.logical_block_size,
+            physical_block_size: self.logical_block_size,
+            readonly: !self.writable,
+            ..Default::default()
+        }
+    }
+}
+
 /// Binds the socket and starts serving front ends.
-pub fn start(_disk: &Disk, config: VhostUserBlkConfig) -> Result<Box<dyn Export>, ExportError> {
-    Err(ExportError::VhostUserBlk {
-        socket: config.socket.display().to_string(),
-        reason: "the vhost-user-blk export is not built yet".into(),
-    })
+pub fn start(disk: &Disk, config: VhostUserBlkConfig) -> Result<Box<dyn Export>, ExportError> {
+    if config.writable && disk.readonly() {
+        return Err(ExportError::VhostUserBlk {
+            socket: config.socket.display().to_string(),
+            reason: "writable=on needs an image opened for writing (--image readonly=off)".into(),
+        });
+    }
+    let export = server::VhostUserBlkExport::start(disk, &config.socket, config.device_config())?;
+    Ok(Box::new(export))
 }
