@@ -17,7 +17,7 @@ use crate::formats::qcow2::features::{INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 use crate::formats::qcow2::header::{Header, OFF_INCOMPAT};
 use crate::formats::qcow2::image::read_header;
 use crate::formats::qcow2::l2_entry::OFLAG_COPIED;
-use crate::formats::qcow2::meta_io::{be64_at, read_at, sync, write_at};
+use crate::formats::qcow2::meta_io::{be64_at, read_at, sync, write_at, MetaKind};
 use crate::formats::qcow2::refcount::{
     entries_per_block, max_refcount, read_refcount_entry, write_refcount_entry,
 };
@@ -165,6 +165,7 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
     };
     // COPIED must be set exactly when the refcount (after repairs) is 1.
     let mut copied_fixes = Vec::new();
+    let mut copied_l1 = std::collections::BTreeSet::new();
     let mut current = CachedBlock::default();
     for e in &findings.copied {
         let cluster = e.host >> header.cluster_bits;
@@ -195,17 +196,20 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
                 e.raw & !OFLAG_COPIED
             };
             copied_fixes.push((e.table + e.index * e.entry_size, raw));
+            if e.is_l1 {
+                copied_l1.insert(e.table + e.index * e.entry_size);
+            }
         }
     }
     if repair.is_some() && (!fixes.is_empty() || !copied_fixes.is_empty()) {
         write_refcount_fixes(&stored, &fixes)?;
         for (offset, raw) in &copied_fixes {
-            write_at(
-                &file,
-                *offset,
-                &raw.to_be_bytes(),
-                "table entry (COPIED flag)",
-            )?;
+            let kind = if copied_l1.contains(offset) {
+                MetaKind::L1Table
+            } else {
+                MetaKind::L2Table
+            };
+            write_at(&file, kind, *offset, &raw.to_be_bytes())?;
         }
         fixed += copied_fixes.len() as u64;
         sync(&file)?;
@@ -244,7 +248,7 @@ fn clear_flags(path: &Path, repair: Repair) -> Result<(), BlockError> {
             source,
         })?;
     let mut version = [0u8; 4];
-    read_at(&file, 4, &mut version, "image header")?;
+    read_at(&file, MetaKind::Header, 4, &mut version)?;
     if u32::from_be_bytes(version) < 3 {
         return Ok(());
     }
@@ -253,14 +257,14 @@ fn clear_flags(path: &Path, repair: Repair) -> Result<(), BlockError> {
         mask |= INCOMPAT_CORRUPT;
     }
     let mut buf = [0u8; 8];
-    read_at(&file, OFF_INCOMPAT, &mut buf, "incompatible features")?;
+    read_at(&file, MetaKind::Header, OFF_INCOMPAT, &mut buf)?;
     let bits = u64::from_be_bytes(buf);
     if bits & mask != 0 {
         write_at(
             &file,
+            MetaKind::Header,
             OFF_INCOMPAT,
             &(bits & !mask).to_be_bytes(),
-            "incompatible features",
         )?;
         sync(&file)?;
     }
@@ -274,7 +278,12 @@ fn read_refcount_table(w: &mut Walker<'_>) -> Result<Vec<u64>, BlockError> {
     let bytes = u64::from(h.refcount_table_clusters) * cs;
     w.refs.add(h.refcount_table_offset, bytes, &mut w.findings);
     let mut raw = vec![0u8; bytes as usize];
-    read_at(w.file, h.refcount_table_offset, &mut raw, "refcount table")?;
+    read_at(
+        w.file,
+        MetaKind::RefcountTable,
+        h.refcount_table_offset,
+        &mut raw,
+    )?;
     let mut table = Vec::with_capacity(raw.len() / 8);
     for i in 0..raw.len() / 8 {
         let off = be64_at(&raw, i) & REFT_OFFSET_MASK;
@@ -340,7 +349,7 @@ impl StoredRefcounts<'_> {
         };
         if cache.offset != block || cache.bytes.is_empty() {
             cache.bytes = vec![0u8; self.header.cluster_size() as usize];
-            read_at(self.file, block, &mut cache.bytes, "refcount block")?;
+            read_at(self.file, MetaKind::RefcountBlock, block, &mut cache.bytes)?;
             cache.offset = block;
         }
         let index = (cluster % self.per_block()) as usize;
@@ -366,12 +375,12 @@ fn write_refcount_fixes(
     let cs = stored.header.cluster_size() as usize;
     for (block, list) in by_block {
         let mut bytes = vec![0u8; cs];
-        read_at(stored.file, block, &mut bytes, "refcount block")?;
+        read_at(stored.file, MetaKind::RefcountBlock, block, &mut bytes)?;
         for f in list {
             let index = (f.cluster % stored.per_block()) as usize;
             write_refcount_entry(&mut bytes, index, stored.header.refcount_order, f.value);
         }
-        write_at(stored.file, block, &bytes, "refcount block")?;
+        write_at(stored.file, MetaKind::RefcountBlock, block, &bytes)?;
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use crate::formats::qcow2::header::{Header, MAX_L1_BYTES};
 use crate::formats::qcow2::l2_entry::{
     decode_l1, decode_l2, L2Entry, OFLAG_COMPRESSED, OFLAG_COPIED,
 };
-use crate::formats::qcow2::meta_io::{be64_at, read_at};
+use crate::formats::qcow2::meta_io::{be64_at, read_at, MetaKind};
 use crate::formats::qcow2::snapshot_table::{read_snapshot_table, TableLocation};
 
 /// References per host cluster of the file (index = offset >> cluster_bits).
@@ -117,7 +117,7 @@ impl Walker<'_> {
             return Ok(());
         }
         let mut l1 = vec![0u8; bytes as usize];
-        read_at(self.file, l1_offset, &mut l1, "L1 table")?;
+        read_at(self.file, MetaKind::L1Table, l1_offset, &mut l1)?;
         for i in 0..l1_size as usize {
             let raw = be64_at(&l1, i);
             match decode_l1(raw, self.cs()) {
@@ -160,7 +160,7 @@ impl Walker<'_> {
         let cs = self.cs();
         let entry_size = h.l2_entry_size();
         let mut l2 = vec![0u8; cs as usize];
-        read_at(self.file, l2_offset, &mut l2, "L2 table")?;
+        read_at(self.file, MetaKind::L2Table, l2_offset, &mut l2)?;
         let mut next_contiguous = 0u64;
         for i in 0..(cs / entry_size) as usize {
             let raw = be64_at(&l2, i * (entry_size as usize / 8));

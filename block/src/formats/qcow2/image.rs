@@ -18,7 +18,7 @@ use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS,
 use super::header::{Header, HeaderError, OFF_AUTOCLEAR, OFF_INCOMPAT};
 use super::inflight::InFlight;
 use super::meta::MetaState;
-use super::meta_io::{read_at, sync, write_at};
+use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
 use crate::error::BlockError;
 use crate::formats::FileId;
 use crate::options::DiskOptions;
@@ -71,7 +71,7 @@ pub(crate) fn read_header(file: &File, path: &Path) -> Result<(Header, u64), Blo
         source,
     })?;
     let mut probe = vec![0u8; 512.min(file_size) as usize];
-    read_at(file, 0, &mut probe, "header")?;
+    read_at(file, MetaKind::Header, 0, &mut probe)?;
     let cluster_bits = probe
         .get(20..24)
         .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
@@ -83,7 +83,7 @@ pub(crate) fn read_header(file: &File, path: &Path) -> Result<(Header, u64), Blo
             .map_err(|e| header_error(path, e));
     }
     let mut buf = vec![0u8; (1u64 << cluster_bits).min(file_size) as usize];
-    read_at(file, 0, &mut buf, "header")?;
+    read_at(file, MetaKind::Header, 0, &mut buf)?;
     Header::parse(&buf, file_size)
         .map(|h| (h, file_size))
         .map_err(|e| header_error(path, e))
@@ -171,9 +171,9 @@ impl Qcow2Image {
                 }
                 write_at(
                     &meta_file,
+                    MetaKind::Header,
                     OFF_AUTOCLEAR,
                     &autoclear.to_be_bytes(),
-                    "autoclear bits",
                 )?;
                 header.autoclear = autoclear;
             }
@@ -311,8 +311,9 @@ impl Qcow2Image {
             return Ok(());
         }
         let v = st.incompatible | INCOMPAT_DIRTY;
-        write_at(&st.meta.file, OFF_INCOMPAT, &v.to_be_bytes(), "dirty bit")?;
-        sync(&st.meta.file)?;
+        st.meta
+            .write(MetaKind::Header, OFF_INCOMPAT, &v.to_be_bytes())?;
+        st.meta.sync()?;
         st.incompatible = v;
         Ok(())
     }
@@ -322,12 +323,23 @@ impl Qcow2Image {
         if st.incompatible & INCOMPAT_DIRTY == 0 || self.readonly {
             return Ok(());
         }
-        sync(&st.meta.file)?;
+        st.meta.sync()?;
         let v = st.incompatible & !INCOMPAT_DIRTY;
-        write_at(&st.meta.file, OFF_INCOMPAT, &v.to_be_bytes(), "dirty bit")?;
-        sync(&st.meta.file)?;
+        st.meta
+            .write(MetaKind::Header, OFF_INCOMPAT, &v.to_be_bytes())?;
+        st.meta.sync()?;
         st.incompatible = v;
         Ok(())
+    }
+
+    /// Replaces the image's metadata-I/O seam: `wrap` gets the current
+    /// implementation and returns the new one (tests install
+    /// `meta_faults::FaultyMetaIo` this way). Copy-on-write reads planned
+    /// afterwards use it too.
+    pub fn wrap_meta_io(&self, wrap: impl FnOnce(Arc<dyn MetaIo>) -> Arc<dyn MetaIo>) {
+        let mut st = self.lock();
+        let current = Arc::clone(&st.meta.io);
+        st.meta.io = wrap(current);
     }
 
     /// Writes L2 entries at every commit (one fdatasync per allocating

@@ -12,7 +12,7 @@ use super::header::OFF_SIZE;
 use super::image::Qcow2Image;
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
 use super::meta::MetaState;
-use super::meta_io::write_at;
+use super::meta_io::MetaKind;
 use super::prealloc_detect;
 use super::snapshot_table::read_snapshot_table;
 use crate::error::BlockError;
@@ -253,7 +253,7 @@ impl Qcow2Image {
     /// cover it).
     pub(super) fn write_size(&self, meta: &mut MetaState, new_size: u64) -> Result<(), BlockError> {
         meta.barrier()?;
-        write_at(&meta.file, OFF_SIZE, &new_size.to_be_bytes(), "header size")?;
+        meta.write(MetaKind::Header, OFF_SIZE, &new_size.to_be_bytes())?;
         self.size.store(new_size, Ordering::Release);
         Ok(())
     }
