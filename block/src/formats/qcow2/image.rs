@@ -260,7 +260,7 @@ impl Qcow2Image {
     /// refcounts (from its L1/L2 tables, as qemu does on open), which
     /// also clears the dirty bit. We already hold the writer's lock.
     fn repair_dirty(path: &Path) -> Result<(), BlockError> {
-        let report = crate::check::check_image(path, Some(crate::check::Repair::All))?;
+        let report = super::check::check_qcow2(path, Some(super::check::Repair::All))?;
         if report.corruptions != 0 || report.check_errors != 0 {
             return Err(BlockError::InvalidImage {
                 path: path.to_owned(),

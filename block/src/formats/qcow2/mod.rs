@@ -33,6 +33,7 @@ pub(crate) mod backing;
 pub(crate) mod backing_rewrite;
 pub mod bitmap_directory;
 pub(crate) mod cache;
+pub mod check;
 pub(crate) mod compress_write;
 pub(crate) mod compressed;
 pub(crate) mod cow;

@@ -28,7 +28,7 @@ const MAX_CHECKED_CLUSTERS: u64 = 1 << 28;
 /// Refcount table entries: bits 9..=63 hold the block offset.
 const REFT_OFFSET_MASK: u64 = !511;
 
-pub(super) fn check(path: &Path, repair: Option<Repair>) -> Result<CheckReport, BlockError> {
+pub(crate) fn check(path: &Path, repair: Option<Repair>) -> Result<CheckReport, BlockError> {
     let first = check_once(path, repair)?;
     let report = if first.fixes == 0 {
         first.report
