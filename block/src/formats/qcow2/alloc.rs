@@ -135,8 +135,9 @@ impl MetaState {
         let mut freed_min = None;
         for cc in c..stop {
             let new = new_value(t, cc)?;
-            if new == 0 && freed_min.is_none() {
-                freed_min = Some(cc);
+            if new == 0 {
+                freed_min.get_or_insert(cc);
+                self.metadata_map.forget_cluster(cc);
             }
             let r = write_refcount_entry(t, (cc % rbe) as usize, order, new);
             lo = lo.min(r.start);
@@ -301,6 +302,9 @@ impl MetaState {
                 want = n + extra;
                 continue;
             }
+            // Free clusters that the metadata map still holds: the
+            // refcounts are wrong, and using them would overwrite metadata.
+            self.check_overlap(MetaKind::GuestData, start * cs, total * cs)?;
             self.commit_layout(start, n, &missing, rt_clusters)?;
             return Ok(start * cs);
         }
@@ -360,6 +364,7 @@ impl MetaState {
                 )?;
                 self.rt[b as usize] = off;
                 self.refblocks.insert(off);
+                self.metadata_map.add(MetaKind::RefcountBlock, off, cs);
                 self.rb_cache.insert(off, t);
             }
             return Ok(());
@@ -384,6 +389,13 @@ impl MetaState {
         self.rt = rt;
         self.refblocks
             .extend(new_blocks.values().map(|(off, _)| *off));
+        for (off, _) in new_blocks.values() {
+            self.metadata_map.add(MetaKind::RefcountBlock, *off, cs);
+        }
+        self.metadata_map
+            .remove(MetaKind::RefcountTable, old_off, old_clusters * cs);
+        self.metadata_map
+            .add(MetaKind::RefcountTable, new_rt_off, rt_clusters * cs);
         self.rt_offset = new_rt_off;
         for (_, (off, t)) in new_blocks {
             self.rb_cache.insert(off, t);

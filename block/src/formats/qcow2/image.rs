@@ -249,9 +249,10 @@ impl Qcow2Image {
             reason: reason.into(),
         };
         if h.corrupt() {
-            return Err(refuse(
-                "image is marked corrupt; open it read-only or repair it (qemu-img check -r all)",
-            ));
+            return Err(refuse(&format!(
+                "refusing a read-write open: {}",
+                super::guard::REPAIR_HINT
+            )));
         }
         Ok(())
     }
@@ -320,7 +321,8 @@ impl Qcow2Image {
 
     /// Clears the dirty bit after everything reached the disk.
     pub(crate) fn mark_clean(&self, st: &mut State) -> Result<(), BlockError> {
-        if st.incompatible & INCOMPAT_DIRTY == 0 || self.readonly {
+        // A corrupt image keeps its bits for `check -r all` to clear.
+        if st.incompatible & INCOMPAT_DIRTY == 0 || self.readonly || st.meta.is_corrupt() {
             return Ok(());
         }
         st.meta.sync()?;

@@ -9,6 +9,7 @@
 //! L1/L2 write or flush (so before anything can point at a new cluster). Refcount
 //! updates and cluster allocation live in `alloc`.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::File;
 use std::path::PathBuf;
@@ -17,7 +18,8 @@ use std::sync::Arc;
 use super::cache::TableCache;
 use super::header::{within, Header};
 use super::l2_entry::{decode_l1, decode_l2_in, L2Entry, OFLAG_COPIED};
-use super::meta_io::{be64_at, read_at, sync, write_at, MetaIo, MetaKind};
+use super::meta_io::{be64_at, read_at, MetaIo, MetaKind};
+use super::overlap::MetadataMap;
 use super::refcount::entries_per_block;
 use super::snapshot_table::TableLocation;
 use crate::error::BlockError;
@@ -118,6 +120,15 @@ pub(crate) struct MetaState {
     /// offset -> changed byte range. Their blocks are pinned.
     pub dirty_rb: BTreeMap<u64, (usize, usize)>,
     pub max_dirty_rb: usize,
+    /// Which host clusters hold metadata (`guard` checks every write
+    /// against it).
+    pub metadata_map: MetadataMap,
+    /// The bitmap directory (offset, bytes) while its autoclear bit says
+    /// it is consistent (read-only opens; read-write opens drop it).
+    pub bitmap_directory: Option<(u64, u64)>,
+    /// A write was refused for overlapping metadata: the corrupt bit is
+    /// set and nothing more is written.
+    pub corrupt: Cell<bool>,
 }
 
 impl MetaState {
@@ -144,7 +155,11 @@ impl MetaState {
         let rt: Vec<u64> = (0..rt_len).map(|i| be64_at(&rt_bytes, i)).collect();
         let cs = g.cluster_size;
         let tables = |bytes: u64| (bytes / cs).max(MIN_CACHED_TABLES) as usize;
-        Ok(MetaState {
+        let bitmap_directory = super::bitmap_directory::locate_directory(&file, h, file_size)
+            .ok()
+            .flatten()
+            .map(|(_, bytes, offset)| (offset, bytes));
+        let mut meta = MetaState {
             l2_cache: TableCache::new(tables(L2_CACHE_BYTES)),
             rb_cache: TableCache::new(tables(RB_CACHE_BYTES)),
             g,
@@ -169,7 +184,12 @@ impl MetaState {
             deferred_release: Vec::new(),
             dirty_rb: BTreeMap::new(),
             max_dirty_rb: (tables(RB_CACHE_BYTES) / 2).max(1),
-        })
+            metadata_map: MetadataMap::new(h.cluster_bits),
+            bitmap_directory,
+            corrupt: Cell::new(false),
+        };
+        meta.rebuild_metadata_map();
+        Ok(meta)
     }
 
     pub fn invalid(&self, reason: impl Into<String>) -> BlockError {
@@ -189,43 +209,10 @@ impl MetaState {
         Ok(())
     }
 
-    /// Reads metadata of `kind` through the seam (zeroes past EOF).
-    pub fn read(&self, kind: MetaKind, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
-        read_at(&*self.io, kind, offset, buf)
-    }
-
-    /// Writes metadata of `kind` through the seam.
-    pub fn write(&self, kind: MetaKind, offset: u64, buf: &[u8]) -> Result<(), BlockError> {
-        write_at(&*self.io, kind, offset, buf)
-    }
-
-    /// fdatasync through the seam.
-    pub fn sync(&self) -> Result<(), BlockError> {
-        sync(&*self.io)
-    }
-
     /// A table cluster at `offset` must lie inside the file.
     pub fn check_table(&self, offset: u64, what: &str) -> Result<(), BlockError> {
         if offset < self.g.cluster_size || !within(offset, self.g.cluster_size, self.file_size) {
             return Err(self.invalid(format!("{what} at {offset:#x} lies outside the file")));
-        }
-        Ok(())
-    }
-
-    /// Refuses a data cluster that overlaps the header, the L1 table, the
-    /// refcount table or a refcount block (a hostile L2 entry would
-    /// otherwise let guest writes overwrite metadata).
-    pub fn check_not_metadata(&self, host: u64) -> Result<(), BlockError> {
-        let cs = self.g.cluster_size;
-        let inside =
-            |start: u64, bytes: u64| host >= start && host < start + bytes.div_ceil(cs) * cs;
-        let rt_block = self.refblocks.contains(&host);
-        if host < cs
-            || inside(self.l1_offset, self.l1.len() as u64 * 8)
-            || inside(self.rt_offset, self.rt.len() as u64 * 8)
-            || rt_block
-        {
-            return Err(self.invalid(format!("data cluster {host:#x} overlaps metadata")));
         }
         Ok(())
     }
@@ -509,6 +496,8 @@ impl MetaState {
         };
         let new = self.alloc_clusters(1)?;
         self.write(MetaKind::L2Table, new, &table)?;
+        self.metadata_map
+            .add(MetaKind::L2Table, new, self.g.cluster_size);
         self.l2_cache.insert(new, table);
         self.barrier()?;
         self.set_l1_entry(i1, new | OFLAG_COPIED)?;
@@ -519,6 +508,8 @@ impl MetaState {
                 self.dirty_entries -= p.len();
             }
             self.l2_cache.remove(off);
+            self.metadata_map
+                .remove(MetaKind::L2Table, off, self.g.cluster_size);
             self.free_clusters(off >> self.g.cluster_bits, 1)?;
         }
         Ok(new)
@@ -550,6 +541,9 @@ impl MetaState {
         self.write(MetaKind::Header, super::header::OFF_L1_SIZE, &hdr)?;
         let old = self.l1_offset;
         let old_clusters = (self.l1.len() as u64 * 8).div_ceil(self.g.cluster_size);
+        self.metadata_map
+            .remove(MetaKind::L1Table, old, self.l1.len() as u64 * 8);
+        self.metadata_map.add(MetaKind::L1Table, new, bytes);
         self.l1_offset = new;
         self.l1.resize(new_len, 0);
         if old_clusters > 0 {

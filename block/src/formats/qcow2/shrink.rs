@@ -103,7 +103,9 @@ impl Qcow2Image {
             meta.change_refcounts(table, 1, -1)?;
         }
         self.tree_references(meta, &dropped_tables, TreeOp::Drop)?;
-        meta.barrier()
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(())
     }
 
     /// Zeroes the bytes past `new_size` in the last kept cluster when it

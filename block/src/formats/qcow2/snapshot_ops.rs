@@ -113,7 +113,9 @@ impl Qcow2Image {
             disk_size: Some(size),
             icount: Some(0),
         });
-        replace_table(meta, old_len, &entries, size)
+        replace_table(meta, old_len, &entries, size)?;
+        meta.rebuild_metadata_map();
+        Ok(())
     }
 
     /// Makes the snapshot with id or name `name` the active disk.
@@ -171,6 +173,7 @@ impl Qcow2Image {
             self.write_size(meta, new_size)?;
         }
         meta.barrier()?;
+        meta.rebuild_metadata_map();
         Ok(true)
     }
 
@@ -194,6 +197,7 @@ impl Qcow2Image {
         self.restore_copied(meta)?;
         write_l1(meta)?;
         meta.barrier()?;
+        meta.rebuild_metadata_map();
         Ok(true)
     }
 
@@ -208,7 +212,9 @@ impl Qcow2Image {
         write_l1(meta)?;
         meta.barrier()?;
         self.tree_references(meta, &old, TreeOp::Drop)?;
-        meta.barrier()
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(())
     }
 
     /// Checks the image may take snapshot operations, locks it, and makes

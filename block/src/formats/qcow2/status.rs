@@ -178,9 +178,9 @@ impl Qcow2Image {
 
     pub(crate) fn info_impl(&self) -> ImageInfo {
         let h = &self.header;
-        let (incompatible, snapshots_at) = {
+        let (incompatible, snapshots_at, marked_corrupt) = {
             let st = self.lock();
-            (st.incompatible, st.meta.snapshots)
+            (st.incompatible, st.meta.snapshots, st.meta.is_corrupt())
         };
         let v3 = h.version >= 3;
         ImageInfo {
@@ -190,7 +190,7 @@ impl Qcow2Image {
             compat: Some(if v3 { "1.1" } else { "0.10" }.into()),
             refcount_bits: Some(1 << h.refcount_order),
             lazy_refcounts: Some(h.compatible & COMPAT_LAZY_REFCOUNTS != 0),
-            corrupt: Some(h.corrupt()),
+            corrupt: Some(h.corrupt() || marked_corrupt),
             extended_l2: Some(h.extended_l2()),
             compression_type: Some(match h.compression {
                 Compression::Deflate => "zlib",

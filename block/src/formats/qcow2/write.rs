@@ -225,6 +225,10 @@ impl Qcow2Image {
         mut st: MutexGuard<'_, State>,
         mut b: PlanBuilder,
     ) -> Result<WriteOutcome, BlockError> {
+        // Nothing overwrites metadata (a hostile L2 entry, wrong refcounts):
+        // refused before anything is queued; the clusters allocated for
+        // the plan leak (the image is now marked corrupt).
+        st.meta.check_plan(&b.ops, &b.cow, self.data_file)?;
         let jobs = std::mem::take(&mut b.cow);
         let commit = if b.pending.is_empty() {
             None
@@ -266,16 +270,10 @@ impl Qcow2Image {
                     if (copied || dfile)
                         && (!st.meta.g.extended_l2 || all_allocated(bitmap, in_cluster, n, cs)) =>
                 {
-                    if !dfile {
-                        st.meta.check_not_metadata(host)?;
-                    }
                     b.data(self.data_file, host + in_cluster, vec![seg_src.part(n)])
                 }
                 L2Entry::Normal { host, copied } if copied || dfile => {
                     // Extended L2: fill the touched subclusters in place.
-                    if !dfile {
-                        st.meta.check_not_metadata(host)?;
-                    }
                     self.fill_subclusters(st, pos, host, bitmap, in_cluster, n, seg_src, b)?;
                 }
                 old => allocs.push(Alloc {
