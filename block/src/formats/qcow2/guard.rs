@@ -137,15 +137,10 @@ impl MetaState {
         }
         // An unreadable snapshot table was refused or reported elsewhere;
         // here it only means there is less to protect.
-        if let Ok((entries, len)) = read_snapshot_table(&*self.io, self.snapshots, self.file_size)
-        {
+        if let Ok((entries, len)) = read_snapshot_table(&*self.io, self.snapshots, self.file_size) {
             m.add(MetaKind::SnapshotTable, self.snapshots.offset, len);
             for e in entries {
-                m.add(
-                    MetaKind::SnapshotL1,
-                    e.l1_offset,
-                    u64::from(e.l1_size) * 8,
-                );
+                m.add(MetaKind::SnapshotL1, e.l1_offset, u64::from(e.l1_size) * 8);
             }
         }
         if let Some((offset, bytes)) = self.bitmap_directory {
@@ -165,7 +160,12 @@ fn set_corrupt_bit(meta: &MetaState) -> Result<(), BlockError> {
     let mut field = [0u8; 8];
     read_at(&*meta.io, MetaKind::Header, OFF_INCOMPAT, &mut field)?;
     let bits = u64::from_be_bytes(field) | INCOMPAT_CORRUPT;
-    write_at(&*meta.io, MetaKind::Header, OFF_INCOMPAT, &bits.to_be_bytes())?;
+    write_at(
+        &*meta.io,
+        MetaKind::Header,
+        OFF_INCOMPAT,
+        &bits.to_be_bytes(),
+    )?;
     sync(&*meta.io)
 }
 

@@ -66,6 +66,15 @@ fn header_error(path: &Path, e: HeaderError) -> BlockError {
 
 /// Reads and validates the header of the image behind `file`.
 pub(crate) fn read_header(file: &File, path: &Path) -> Result<(Header, u64), BlockError> {
+    read_header_with(file, path, true)
+}
+
+/// [`read_header`]; `strict_tables` as in [`Header::parse_with`].
+pub(crate) fn read_header_with(
+    file: &File,
+    path: &Path,
+    strict_tables: bool,
+) -> Result<(Header, u64), BlockError> {
     let file_size = crate::formats::raw::file_size(file).map_err(|source| BlockError::Open {
         path: path.to_owned(),
         source,
@@ -78,13 +87,13 @@ pub(crate) fn read_header(file: &File, path: &Path) -> Result<(Header, u64), Blo
     if !(super::header::MIN_CLUSTER_BITS..=super::header::MAX_CLUSTER_BITS).contains(&cluster_bits)
     {
         // Let the parser name what is wrong with the short buffer.
-        return Header::parse(&probe, file_size)
+        return Header::parse_with(&probe, file_size, strict_tables)
             .map(|h| (h, file_size))
             .map_err(|e| header_error(path, e));
     }
     let mut buf = vec![0u8; (1u64 << cluster_bits).min(file_size) as usize];
     read_at(file, MetaKind::Header, 0, &mut buf)?;
-    Header::parse(&buf, file_size)
+    Header::parse_with(&buf, file_size, strict_tables)
         .map(|h| (h, file_size))
         .map_err(|e| header_error(path, e))
 }

@@ -144,7 +144,8 @@ mod tests {
         // A table may write itself, not its neighbours.
         assert_eq!(m.overlap(0x50008, 8, Some(MetaKind::L2Table)), None);
         assert_eq!(
-            m.overlap(0x30000, 8, Some(MetaKind::L2Table)).map(|o| o.kind),
+            m.overlap(0x30000, 8, Some(MetaKind::L2Table))
+                .map(|o| o.kind),
             Some(MetaKind::L1Table)
         );
         assert_eq!(

@@ -13,6 +13,7 @@ use std::path::Path;
 use crate::error::BlockError;
 
 mod bitmaps;
+mod rebuild;
 mod refcounts;
 mod references;
 #[cfg(test)]
@@ -44,6 +45,22 @@ pub struct CheckReport {
     pub compressed_clusters: Option<u64>,
     /// Human-readable findings, one per line, as qemu-img prints them.
     pub messages: Vec<String>,
+}
+
+impl CheckReport {
+    /// qemu-img check's exit status for a completed check: 0 clean,
+    /// 1 check errors, 2 corruptions, 3 leaks only.
+    pub fn exit_code(&self) -> u8 {
+        if self.check_errors > 0 {
+            1
+        } else if self.corruptions > 0 {
+            2
+        } else if self.leaks > 0 {
+            3
+        } else {
+            0
+        }
+    }
 }
 
 /// Checks the qcow2 image at `path` (and repairs it when asked).
