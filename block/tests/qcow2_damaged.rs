@@ -140,6 +140,13 @@ fn cases() -> Vec<Case> {
             write_refused: true,
         },
         Case {
+            name: "L1 entry into the L1 table",
+            opts: "",
+            snapshot: false,
+            poke: |p, l| poke64(p, l.l1, l.l1 | COPIED),
+            write_refused: true,
+        },
+        Case {
             name: "L1 entry into the refcount table",
             opts: "",
             snapshot: false,
@@ -337,8 +344,30 @@ fn damaged_images_are_never_made_worse_and_are_checked_and_repaired_like_qemu_im
                     other.map(|_| ())
                 )),
             }
+            let mut ro = DiskOptions::new(&w);
+            ro.readonly = true;
+            if let Err(e) = Disk::open(&ro) {
+                failures.push(format!("{}: read-only open refused: {e}", c.name));
+            }
         }
         let after = qemu_counts(&w);
+        if c.write_refused {
+            // Once repaired, the bit is gone and the image opens
+            // read-write; a write is then served or (metadata still
+            // overlapping, which qemu-img check does not count) refused
+            // again with the bit set, never silently.
+            let repaired = check_image(&w, Some(Repair::All));
+            if qemu_counts(&w).0 == 0 {
+                let cleared = !corrupt_bit(&w);
+                let rewritten = queue_write(&w);
+                if !cleared || (rewritten.is_err() && !corrupt_bit(&w)) {
+                    failures.push(format!(
+                        "{}: after check -r all ({repaired:?}): bit cleared {cleared}, write {rewritten:?}",
+                        c.name
+                    ));
+                }
+            }
+        }
         if after.0 != 0 && (after.1 > before.1 || (after.0 != before.0 && before.0 != 3)) {
             failures.push(format!(
                 "{}: qemu-img check after our write {after:?}, before {before:?}",

@@ -21,6 +21,8 @@ const L1_RESERVED: u64 = 0x7f00_0000_0000_01fe;
 /// extended L2 entries bit 0 too.
 const L2_RESERVED: u64 = 0x3f00_0000_0000_01fe;
 const L2_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
+/// Bytes of a snapshot table entry before its extra data and names.
+const SNAPSHOT_ENTRY_FIXED: u64 = 40;
 
 /// References per host cluster of the file (index = offset >> cluster_bits).
 pub(super) struct References {
@@ -288,6 +290,10 @@ impl Walker<'_> {
                 Err(reason) => {
                     self.findings.corrupt(reason);
                     self.findings.bad_snapshot_table = true;
+                    // As qemu-img: the first entry's fixed part is still
+                    // counted (a corruption of its own past the file's end).
+                    self.refs
+                        .add(h.snapshots_offset, SNAPSHOT_ENTRY_FIXED, &mut self.findings);
                     return Ok(());
                 }
             };
