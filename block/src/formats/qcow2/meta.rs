@@ -129,6 +129,9 @@ pub(crate) struct MetaState {
     /// A write was refused for overlapping metadata: the corrupt bit is
     /// set and nothing more is written.
     pub corrupt: Cell<bool>,
+    /// Off only to measure what the checks cost (QEMU's
+    /// `overlap-check=none`).
+    pub overlap_checks: bool,
 }
 
 impl MetaState {
@@ -187,6 +190,7 @@ impl MetaState {
             metadata_map: MetadataMap::new(h.cluster_bits),
             bitmap_directory,
             corrupt: Cell::new(false),
+            overlap_checks: true,
         };
         meta.rebuild_metadata_map();
         Ok(meta)
