@@ -3,11 +3,12 @@
 //! write-through updates of L1 and L2 entries.
 //!
 //! Guest offsets enter; raw table entries leave (decoded by `l2_entry`).
-//! Table changes are written to the image (pwrite on the buffered metadata
-//! descriptor) before the in-memory copy is relied on by others; refcount
-//! changes are batched in the cache and written before the next barrier,
-//! L1/L2 write or flush (so before anything can point at a new cluster). Refcount
-//! updates and cluster allocation live in `alloc`.
+//! Table changes are written to the image (through the metadata-I/O seam,
+//! `guard`'s checked `read`/`write`/`sync`) before the in-memory copy is
+//! relied on by others; refcount changes are batched in the cache and
+//! written before the next barrier, L1/L2 write or flush (so before
+//! anything can point at a new cluster). Refcount updates and cluster
+//! allocation live in `alloc`.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};

@@ -5,6 +5,11 @@
 //! - `l2_entry`, `refcount`: decoding table entries (reused by `check`);
 //! - `cache`, `meta`, `alloc`: the metadata tables, their bounded caches,
 //!   refcounts and cluster allocation;
+//! - `meta_io`, `meta_faults`: the metadata-I/O seam every metadata read,
+//!   write and barrier goes through, and its fault-injecting version;
+//! - `overlap`, `guard`: the map of metadata clusters and the check of
+//!   every write against it (refusal sets the corrupt bit);
+//! - `check`: `ch-img check` and its repairs;
 //! - `compressed`: compressed-cluster descriptors and inflating;
 //! - `inflight`: allocations whose L2 entries wait for their data;
 //! - `cow`: copy-on-write sources, read outside the metadata lock;
