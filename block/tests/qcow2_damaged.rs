@@ -217,6 +217,28 @@ fn cases() -> Vec<Case> {
             write_refused: false,
         },
         Case {
+            name: "snapshot entry without version 3's extra data",
+            opts: "",
+            snapshot: true,
+            poke: |p, l| {
+                // The same entry with no extra data: the id and name move
+                // up, the rest of the table's bytes are zeroed.
+                let b = std::fs::read(p).unwrap();
+                let at = l.snapshots as usize;
+                let be16 = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]) as usize;
+                let (id_len, name_len) = (be16(at + 12), be16(at + 14));
+                let extra = u32::from_be_bytes(b[at + 36..at + 40].try_into().unwrap()) as usize;
+                let mut entry = b[at..at + 40].to_vec();
+                entry[36..40].fill(0);
+                let names = at + 40 + extra;
+                entry.extend_from_slice(&b[names..names + id_len + name_len]);
+                let old_len = (40 + extra + id_len + name_len).next_multiple_of(8);
+                entry.resize(old_len, 0);
+                poke(p, l.snapshots, &entry);
+            },
+            write_refused: false,
+        },
+        Case {
             name: "snapshot L1 table unaligned",
             opts: "",
             snapshot: true,

@@ -201,6 +201,20 @@ impl Qcow2Image {
         Ok(true)
     }
 
+    /// Rewrites the snapshot table as it is, every entry with qemu's full
+    /// extra data (`check -r all` for a version 3 image whose entries
+    /// lack it).
+    pub(crate) fn rewrite_snapshot_table_impl(&self) -> Result<(), BlockError> {
+        let mut st = self.begin_snapshot_op()?;
+        let meta = &mut st.meta;
+        let (entries, old_len) = self.current_table(meta)?;
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        replace_table(meta, old_len, &entries, size)?;
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(())
+    }
+
     /// Unmaps every cluster of the active disk, so it reads through to the
     /// backing file (`commit` without `-d`): the L1 table is zeroed first,
     /// then the references the old tree held are dropped.

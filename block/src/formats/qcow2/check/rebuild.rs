@@ -1,7 +1,8 @@
 //! `check -r all` when counting is not enough: new refcount structures
 //! built from scratch when a refcount block or the table is lost or
-//! unusable, and dropping a snapshot table that cannot be read (what
-//! qemu-img's repair does in both cases).
+//! unusable, dropping a snapshot table that cannot be read, and
+//! rewriting one whose entries lack version 3's extra data (what
+//! qemu-img's repair does in these cases).
 //!
 //! The references the check counted (every reachable structure but the
 //! old refcount table and blocks) enter; a fresh refcount table and
@@ -10,9 +11,11 @@
 //! still damaged, structures in place: nothing worse).
 
 use std::fs::File;
+use std::path::Path;
 
 use crate::error::BlockError;
 use crate::formats::qcow2::header::{Header, MAX_REFTABLE_BYTES, OFF_REFTABLE};
+use crate::formats::qcow2::image::{read_header_with, Qcow2Image};
 use crate::formats::qcow2::meta_io::{sync, write_at, MetaKind};
 use crate::formats::qcow2::refcount::{entries_per_block, max_refcount, write_refcount_entry};
 
@@ -107,4 +110,31 @@ pub(super) fn drop_snapshot_table(
     messages.push("Discarding the unreadable snapshot table".into());
     write_at(file, MetaKind::Header, OFF_SNAPSHOT_FIELDS, &[0u8; 12])?;
     sync(file)
+}
+
+/// Rewrites the snapshot table through the opened image (entries get
+/// qemu's full extra data) once the image is otherwise usable: not
+/// dirty, not marked corrupt. Returns whether it did.
+pub(super) fn rewrite_snapshot_table(
+    path: &Path,
+    messages: &mut Vec<String>,
+) -> Result<bool, BlockError> {
+    let file = File::open(path).map_err(|source| BlockError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    let (header, _) = read_header_with(&file, path, false)?;
+    if header.dirty() || header.corrupt() {
+        messages
+            .push("Leaving the incomplete snapshot table: the image is not yet consistent".into());
+        return Ok(false);
+    }
+    messages.push("Repairing the snapshot table (entries without version 3's extra data)".into());
+    let mut opts = crate::options::DiskOptions::new(path);
+    opts.lock = false;
+    opts.image_type = crate::options::ImageType::Qcow2;
+    let image = Qcow2Image::open(&opts, crate::formats::open::open_file(&opts)?)?;
+    image.rewrite_snapshot_table_impl()?;
+    crate::formats::Format::close(&image)?;
+    Ok(true)
 }

@@ -32,12 +32,20 @@ pub(crate) fn check(path: &Path, repair: Option<Repair>) -> Result<CheckReport, 
     let first = check_once(path, repair)?;
     let mut messages = first.report.messages.clone();
     let mut fixes = first.fixes;
+    let mut incomplete = first.incomplete_snapshots;
     if first.restructured && repair.is_some() {
         // New refcount structures (or a dropped snapshot table): the
         // refcounts and COPIED flags are repaired against them now.
         let second = check_once(path, repair)?;
         messages.extend(second.report.messages);
         fixes += second.fixes;
+        incomplete = second.incomplete_snapshots;
+    }
+    if incomplete
+        && repair == Some(Repair::All)
+        && super::rebuild::rewrite_snapshot_table(path, &mut messages)?
+    {
+        fixes += 1;
     }
     let report = if fixes == 0 {
         first.report
@@ -64,6 +72,8 @@ struct Pass {
     /// The refcount structures were rebuilt or the snapshot table
     /// dropped: another repair pass is due.
     restructured: bool,
+    /// Snapshot table entries lack version 3's extra data.
+    incomplete_snapshots: bool,
 }
 
 /// One refcount the check wants to store.
@@ -237,6 +247,7 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
             report,
             fixes: 1,
             restructured: true,
+            incomplete_snapshots: false,
         });
     }
     if repair.is_some() && (!fixes.is_empty() || !copied_fixes.is_empty()) {
@@ -253,10 +264,12 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
         sync(&file)?;
     }
 
+    let incomplete_snapshots = findings.incomplete_snapshots;
     Ok(Pass {
         report: report_of(path, &header, findings, leaks, highest),
         fixes: fixed,
         restructured: false,
+        incomplete_snapshots,
     })
 }
 

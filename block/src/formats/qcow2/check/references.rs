@@ -55,6 +55,9 @@ pub(super) struct Findings {
     pub copied: Vec<CopiedEntry>,
     /// The snapshot table could not be read (`-r all` drops it).
     pub bad_snapshot_table: bool,
+    /// Entries of a version 3 image without the extra data version 3
+    /// requires (`-r all` rewrites the table).
+    pub incomplete_snapshots: bool,
 }
 
 impl Findings {
@@ -299,6 +302,15 @@ impl Walker<'_> {
             };
         if entries.is_empty() {
             return Ok(());
+        }
+        if h.version >= 3 {
+            for (n, e) in entries.iter().enumerate() {
+                if e.disk_size.is_none() {
+                    self.findings
+                        .corrupt(format!("ERROR snapshot table entry {n} is incomplete"));
+                    self.findings.incomplete_snapshots = true;
+                }
+            }
         }
         self.refs
             .add(h.snapshots_offset, table_len, &mut self.findings);
