@@ -35,7 +35,7 @@ fn slot(kind: MetaKind) -> Option<usize> {
 #[derive(Debug, Default)]
 pub(crate) struct MetadataMap {
     cluster_bits: u32,
-    clusters: BTreeMap<u64, [u32; TRACKED.len()]>,
+    clusters: BTreeMap<u64, [u16; TRACKED.len()]>,
 }
 
 /// A write that would overwrite metadata it does not own.
