@@ -437,3 +437,37 @@ fn damaged_images_are_never_made_worse_and_are_checked_and_repaired_like_qemu_im
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn discards_and_zeroing_never_punch_metadata() {
+    let d = TempDir::new("damaged-discard");
+    for (i, zero) in [false, true].into_iter().enumerate() {
+        let p = d.join(format!("d{i}.qcow2"));
+        qemu_create("qcow2", s(&p), "4M", "");
+        qemu_io("qcow2", &p, &["write -P 0x11 0 64k"]);
+        let l = layout(&p);
+        poke64(&p, l.l2, l.l1 | COPIED);
+        let before = std::fs::read(&p).unwrap();
+        let mut o = DiskOptions::new(&p);
+        o.lock = false;
+        let disk = Disk::open(&o).unwrap();
+        let r = if zero {
+            disk.write_zeroes(0, 64 << 10, true)
+        } else {
+            disk.discard(0, 64 << 10)
+        };
+        assert!(
+            r.is_err(),
+            "zero={zero}: the plan over the L1 table was not refused"
+        );
+        drop(disk);
+        let after = std::fs::read(&p).unwrap();
+        let l1 = l.l1 as usize..(l.l1 + l.cs) as usize;
+        assert_eq!(
+            before[l1.clone()],
+            after[l1],
+            "zero={zero}: the L1 table changed"
+        );
+        assert!(corrupt_bit(&p), "zero={zero}: no corrupt bit");
+    }
+}
