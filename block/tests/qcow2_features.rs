@@ -199,7 +199,10 @@ fn hostile_headers_are_refused_by_name() {
     patch(&p, l2, &(l1 | (1 << 63)).to_be_bytes());
     let f = open(&p, false);
     let e = f.plan_write(0, 512, &waker()).unwrap_err();
-    assert!(e.to_string().contains("overlaps metadata"), "{e}");
+    assert!(e.to_string().contains("overlaps the L1 table"), "{e}");
+    // The refusal marked the image corrupt (incompatible feature bit 1).
+    let incompat = u64::from_be_bytes(std::fs::read(&p).unwrap()[72..80].try_into().unwrap());
+    assert_eq!(incompat & 2, 2, "corrupt bit after the refused write");
 }
 
 #[test]

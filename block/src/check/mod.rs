@@ -1,50 +1,15 @@
-//! Consistency check and repair (`ch-img check`), with qemu-img's counts.
+//! Consistency check and repair (`ch-img check`): a thin dispatcher by
+//! image format.
 //!
 //! A path enters; a [`CheckReport`] leaves with qemu-img's counters and
 //! messages. Raw images have nothing to check ([`check_image`] answers
 //! `Unsupported { feature: "checks" }`, which `ch-img` prints as qemu-img
-//! does). qcow2 images are walked by [`qcow2`]: every reference from the
-//! header, L1/L2 tables, snapshots and refcount structures is counted and
-//! compared with the stored refcounts; `-r leaks`/`-r all` rewrite the
-//! refcounts (and COPIED flags) that are wrong.
+//! does); qcow2 images are checked by `formats::qcow2::check`.
 
 use std::path::Path;
 
 use crate::error::BlockError;
-
-mod bitmaps;
-mod qcow2;
-mod references;
-#[cfg(test)]
-mod tests;
-
-/// `-r leaks` or `-r all`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Repair {
-    Leaks,
-    All,
-}
-
-/// What `qemu-img check --output=json` reports. After a repair,
-/// `corruptions` and `leaks` count what is left (the re-check), and the
-/// `*_fixed` fields what was repaired.
-#[derive(Clone, Debug, Default)]
-pub struct CheckReport {
-    pub filename: String,
-    pub format: String,
-    pub check_errors: u64,
-    pub corruptions: u64,
-    pub leaks: u64,
-    pub corruptions_fixed: u64,
-    pub leaks_fixed: u64,
-    pub image_end_offset: Option<u64>,
-    pub total_clusters: Option<u64>,
-    pub allocated_clusters: Option<u64>,
-    pub fragmented_clusters: Option<u64>,
-    pub compressed_clusters: Option<u64>,
-    /// Human-readable findings, one per line, as qemu-img prints them.
-    pub messages: Vec<String>,
-}
+pub use crate::formats::qcow2::check::{CheckReport, Repair};
 
 /// Checks the image at `path` (and repairs it when asked).
 pub fn check_image(path: &Path, repair: Option<Repair>) -> Result<CheckReport, BlockError> {
@@ -61,7 +26,7 @@ pub fn check_image(path: &Path, repair: Option<Repair>) -> Result<CheckReport, B
             source,
         })?;
     match crate::formats::probe::probe_image_type(&magic[..n]) {
-        crate::options::ImageType::Qcow2 => qcow2::check(path, repair),
+        crate::options::ImageType::Qcow2 => crate::formats::qcow2::check::check_qcow2(path, repair),
         _ => Err(BlockError::Unsupported {
             path: path.to_owned(),
             feature: "checks".into(),

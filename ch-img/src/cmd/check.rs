@@ -68,15 +68,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
 
 /// qemu-img check's exit status for a completed check.
 pub fn exit_status(r: &CheckReport) -> u8 {
-    if r.check_errors > 0 {
-        1
-    } else if r.corruptions > 0 {
-        2
-    } else if r.leaks > 0 {
-        3
-    } else {
-        0
-    }
+    r.exit_code()
 }
 
 /// The JSON object with qemu-img 7.2's keys and order (zero counts of

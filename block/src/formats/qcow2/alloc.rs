@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use super::header::{MAX_HOST_OFFSET, MAX_REFTABLE_BYTES, OFF_REFTABLE};
 use super::meta::MetaState;
-use super::meta_io::{read_at, write_at};
+use super::meta_io::MetaKind;
 use super::refcount::{max_refcount, read_refcount_entry, write_refcount_entry};
 use crate::error::BlockError;
 
@@ -47,7 +47,7 @@ impl MetaState {
     fn load_rb(&mut self, off: u64) -> Result<(), BlockError> {
         if !self.rb_cache.contains(off) {
             let mut t = vec![0u8; self.g.cluster_size as usize];
-            read_at(&self.file, off, &mut t, "refcount block")?;
+            self.read(MetaKind::RefcountBlock, off, &mut t)?;
             self.rb_cache.insert(off, t);
         }
         Ok(())
@@ -78,61 +78,79 @@ impl MetaState {
         delta: i64,
     ) -> Result<(), BlockError> {
         let rbe = self.g.rb_entries;
-        let order = self.g.refcount_order;
-        let max = max_refcount(order);
-        if delta < 0 {
-            self.compressed_tail = 0;
-        }
         let mut c = first;
         let end = first + count;
         while c < end {
-            let b = c / rbe;
-            let stop = end.min((b + 1) * rbe);
-            let Some(off) = self.refblock(b)? else {
-                return Err(self.invalid(format!("cluster {c} has no refcount block")));
-            };
-            self.load_rb(off)?;
-            let path = self.path.clone();
-            let lost = || BlockError::InvalidImage {
-                path: path.clone(),
-                reason: "refcount cache lost a block".into(),
-            };
-            let t = self.rb_cache.get_mut(off).ok_or_else(lost)?;
-            let (mut lo, mut hi) = (usize::MAX, 0usize);
-            let mut freed_min = None;
-            for cc in c..stop {
-                let i = (cc % rbe) as usize;
-                let old = read_refcount_entry(t, i, order);
-                let new = if delta < 0 {
-                    old.checked_sub(delta.unsigned_abs())
-                } else {
-                    old.checked_add(delta as u64).filter(|v| *v <= max)
-                };
-                let Some(new) = new else {
-                    return Err(BlockError::InvalidImage {
-                        path: self.path.clone(),
-                        reason: format!(
-                            "refcount of cluster {cc} would leave its range (was {old})"
-                        ),
-                    });
-                };
-                if new == 0 && freed_min.is_none() {
-                    freed_min = Some(cc);
-                }
-                let r = write_refcount_entry(t, i, order, new);
-                lo = lo.min(r.start);
-                hi = hi.max(r.end);
-            }
-            self.rb_cache.pin(off);
-            let range = self.dirty_rb.entry(off).or_insert((lo, hi));
-            *range = (range.0.min(lo), range.1.max(hi));
-            if let Some(m) = freed_min {
-                self.free_hint = self.free_hint.min(m);
-            }
+            let stop = end.min((c / rbe + 1) * rbe);
+            self.change_block_refcounts(c, stop, delta)?;
             c = stop;
         }
         if self.dirty_rb.len() >= self.max_dirty_rb {
             self.write_refcounts()?;
+        }
+        Ok(())
+    }
+
+    /// Adds `delta` to the refcounts of clusters `c..stop`, all counted
+    /// by one refcount block, in the cache: all of them or (on error)
+    /// none, so a failed change can be retried as a whole.
+    pub(crate) fn change_block_refcounts(
+        &mut self,
+        c: u64,
+        stop: u64,
+        delta: i64,
+    ) -> Result<(), BlockError> {
+        let rbe = self.g.rb_entries;
+        let order = self.g.refcount_order;
+        let max = max_refcount(order);
+        let Some(off) = self.refblock(c / rbe)? else {
+            return Err(self.invalid(format!("cluster {c} has no refcount block")));
+        };
+        self.load_rb(off)?;
+        let path = self.path.clone();
+        let t = self
+            .rb_cache
+            .get_mut(off)
+            .ok_or_else(|| BlockError::InvalidImage {
+                path: path.clone(),
+                reason: "refcount cache lost a block".into(),
+            })?;
+        let new_value = |t: &[u8], cc: u64| {
+            let old = read_refcount_entry(t, (cc % rbe) as usize, order);
+            let new = if delta < 0 {
+                old.checked_sub(delta.unsigned_abs())
+            } else {
+                old.checked_add(delta as u64).filter(|v| *v <= max)
+            };
+            new.ok_or_else(|| BlockError::InvalidImage {
+                path: path.clone(),
+                reason: format!("refcount of cluster {cc} would leave its range (was {old})"),
+            })
+        };
+        // Every new value is checked before any is stored.
+        for cc in c..stop {
+            new_value(t, cc)?;
+        }
+        let (mut lo, mut hi) = (usize::MAX, 0usize);
+        let mut freed_min = None;
+        for cc in c..stop {
+            let new = new_value(t, cc)?;
+            if new == 0 {
+                freed_min.get_or_insert(cc);
+                self.metadata_map.forget_cluster(cc);
+            }
+            let r = write_refcount_entry(t, (cc % rbe) as usize, order, new);
+            lo = lo.min(r.start);
+            hi = hi.max(r.end);
+        }
+        if delta < 0 {
+            self.compressed_tail = 0;
+        }
+        self.rb_cache.pin(off);
+        let range = self.dirty_rb.entry(off).or_insert((lo, hi));
+        *range = (range.0.min(lo), range.1.max(hi));
+        if let Some(m) = freed_min {
+            self.free_hint = self.free_hint.min(m);
         }
         Ok(())
     }
@@ -151,14 +169,13 @@ impl MetaState {
                 .and_then(|t| t.get(lo..hi))
                 .map(<[u8]>::to_vec)
                 .ok_or_else(|| self.invalid("a changed refcount block left the cache"))?;
-            write_at(&self.file, off + lo as u64, &bytes, "refcount block")?;
+            self.write(MetaKind::RefcountBlock, off + lo as u64, &bytes)?;
             self.dirty_rb.remove(&off);
             self.rb_cache.unpin(off);
         }
         Ok(())
     }
 
-    /// Drops one reference from each of `count` clusters from `first`.
     pub fn free_clusters(&mut self, first: u64, count: u64) -> Result<(), BlockError> {
         self.change_refcounts(first, count, -1)
     }
@@ -285,6 +302,9 @@ impl MetaState {
                 want = n + extra;
                 continue;
             }
+            // Free clusters that the metadata map still holds: the
+            // refcounts are wrong, and using them would overwrite metadata.
+            self.check_overlap(MetaKind::GuestData, start * cs, total * cs)?;
             self.commit_layout(start, n, &missing, rt_clusters)?;
             return Ok(start * cs);
         }
@@ -327,7 +347,7 @@ impl MetaState {
             c = stop;
         }
         for (off, t) in new_blocks.values() {
-            write_at(&self.file, *off, t, "new refcount block")?;
+            self.write(MetaKind::RefcountBlock, *off, t)?;
         }
         self.file_size = self.file_size.max(end * cs);
         self.reserve_to(self.file_size)?;
@@ -337,14 +357,14 @@ impl MetaState {
         self.barrier()?;
         if rt_clusters == 0 {
             for (b, (off, t)) in new_blocks {
-                write_at(
-                    &self.file,
+                self.write(
+                    MetaKind::RefcountTable,
                     self.rt_offset + b * 8,
                     &off.to_be_bytes(),
-                    "refcount table entry",
                 )?;
                 self.rt[b as usize] = off;
                 self.refblocks.insert(off);
+                self.metadata_map.add(MetaKind::RefcountBlock, off, cs);
                 self.rb_cache.insert(off, t);
             }
             return Ok(());
@@ -358,22 +378,24 @@ impl MetaState {
             rt[*b as usize] = *off;
         }
         let bytes: Vec<u8> = rt.iter().flat_map(|e| e.to_be_bytes()).collect();
-        write_at(&self.file, new_rt_off, &bytes, "new refcount table")?;
+        self.write(MetaKind::RefcountTable, new_rt_off, &bytes)?;
         self.barrier()?;
         let mut hdr = [0u8; 12];
         hdr[..8].copy_from_slice(&new_rt_off.to_be_bytes());
         hdr[8..].copy_from_slice(&(rt_clusters as u32).to_be_bytes());
-        write_at(
-            &self.file,
-            OFF_REFTABLE,
-            &hdr,
-            "header refcount table fields",
-        )?;
+        self.write(MetaKind::Header, OFF_REFTABLE, &hdr)?;
         let old_off = self.rt_offset;
         let old_clusters = self.rt.len() as u64 * 8 / cs;
         self.rt = rt;
         self.refblocks
             .extend(new_blocks.values().map(|(off, _)| *off));
+        for (off, _) in new_blocks.values() {
+            self.metadata_map.add(MetaKind::RefcountBlock, *off, cs);
+        }
+        self.metadata_map
+            .remove(MetaKind::RefcountTable, old_off, old_clusters * cs);
+        self.metadata_map
+            .add(MetaKind::RefcountTable, new_rt_off, rt_clusters * cs);
         self.rt_offset = new_rt_off;
         for (_, (off, t)) in new_blocks {
             self.rb_cache.insert(off, t);

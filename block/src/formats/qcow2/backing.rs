@@ -129,7 +129,7 @@ pub(crate) fn open_backing(
         }
         None => {
             let mut magic = [0u8; 4];
-            super::meta_io::read_at(&buffered, 0, &mut magic, "backing header")?;
+            super::meta_io::read_at(&buffered, super::meta_io::MetaKind::Header, 0, &mut magic)?;
             probe_image_type(&magic)
         }
     };

@@ -11,7 +11,7 @@
 
 use super::header::{EXT_BACKING_FORMAT, EXT_END, MAX_BACKING_NAME};
 use super::image::Qcow2Image;
-use super::meta_io::{read_at, write_at};
+use super::meta_io::MetaKind;
 use crate::error::BlockError;
 
 impl Qcow2Image {
@@ -44,7 +44,7 @@ impl Qcow2Image {
                 source,
             })?;
         let mut old = vec![0u8; cs.min(file_len as usize)];
-        read_at(&meta.file, 0, &mut old, "header")?;
+        meta.read(MetaKind::Header, 0, &mut old)?;
         let fixed = (self.header.header_length as usize).min(old.len());
         let mut new = old[..fixed].to_vec();
         // Keep every extension but the backing format.
@@ -89,7 +89,7 @@ impl Qcow2Image {
         new[8..16].copy_from_slice(&name_off.to_be_bytes());
         new[16..20].copy_from_slice(&name_len.to_be_bytes());
         new.resize(old.len(), 0);
-        write_at(&meta.file, 0, &new, "header")?;
+        meta.write(MetaKind::Header, 0, &new)?;
         meta.barrier()
     }
 }

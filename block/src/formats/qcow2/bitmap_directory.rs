@@ -16,7 +16,7 @@ use std::path::Path;
 use super::features::AUTOCLEAR_BITMAPS;
 use super::header::Header;
 use super::image::read_header;
-use super::meta_io::read_at;
+use super::meta_io::{read_at, MetaKind};
 use crate::error::BlockError;
 
 /// The bitmaps header extension's type.
@@ -93,7 +93,7 @@ pub(crate) fn locate_directory(
         return Ok(None);
     }
     let mut first = vec![0u8; header.cluster_size().min(file_size) as usize];
-    read_at(file, 0, &mut first, "header extensions")?;
+    read_at(file, MetaKind::Header, 0, &mut first)?;
     Ok(find_extension(&first, header.header_length as usize))
 }
 
@@ -174,7 +174,7 @@ pub(crate) fn bitmaps_in(file: &File, path: &Path) -> Result<Vec<BitmapEntry>, B
         )));
     }
     let mut dir = vec![0u8; dir_size as usize];
-    read_at(file, dir_offset, &mut dir, "bitmap directory")?;
+    read_at(file, MetaKind::BitmapDirectory, dir_offset, &mut dir)?;
     match parse_directory(&dir, count) {
         (entries, None) => Ok(entries),
         (_, Some(n)) => Err(corrupt(format!("bitmap directory entry {n} is truncated"))),

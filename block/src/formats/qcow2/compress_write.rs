@@ -25,7 +25,7 @@ use flate2::{Compress, FlushCompress, Status};
 use super::image::Qcow2Image;
 use super::l2_entry::{compressed_entry, L2Entry};
 use super::meta::MetaState;
-use super::meta_io::write_at;
+use super::meta_io::MetaKind;
 use super::refcount::max_refcount;
 use crate::error::BlockError;
 use crate::formats::Compression;
@@ -83,7 +83,7 @@ impl Qcow2Image {
         }
         meta.writable_l2(guest)?;
         let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
-        write_at(&meta.file, host, &packed, "compressed cluster")?;
+        meta.write(MetaKind::GuestData, host, &packed)?;
         let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
         meta.publish_l2_entry(guest, raw, 0)?;
         if meta.should_flush() {

@@ -11,13 +11,12 @@
 //! is released and [`Qcow2Image::fill_cow`] reads the old contents and
 //! adds the data writes (head COW + data + tail COW) to the plan.
 
-use std::fs::File;
 use std::sync::Arc;
 
 use super::compressed::inflate_cluster;
 use super::image::Qcow2Image;
 use super::l2_entry::{subcluster_state, CompressedDescriptor, SubclusterState};
-use super::meta_io::read_at;
+use super::meta_io::{read_at, MetaIo, MetaKind};
 use super::write::{PlanBuilder, Source};
 use crate::error::BlockError;
 use crate::formats::{Compression, WriteData};
@@ -27,10 +26,10 @@ pub(crate) enum CowRead {
     /// The backing image's data for the guest cluster.
     Backing,
     /// An uncompressed host cluster (file, offset).
-    Host(Arc<File>, u64),
+    Host(Arc<dyn MetaIo>, u64),
     /// A compressed cluster and how many bytes of it to read.
     Compressed {
-        file: Arc<File>,
+        file: Arc<dyn MetaIo>,
         desc: CompressedDescriptor,
         read_len: u64,
         compression: Compression,
@@ -38,7 +37,7 @@ pub(crate) enum CowRead {
     /// Extended L2: subcluster by subcluster, from the old host cluster
     /// (if any), zeroes or the backing image.
     Subclusters {
-        file: Arc<File>,
+        file: Arc<dyn MetaIo>,
         host: Option<u64>,
         bitmap: u64,
     },
@@ -108,7 +107,7 @@ impl Qcow2Image {
         } = &job.read
         {
             let mut input = vec![0u8; *read_len as usize];
-            read_at(file, desc.host_offset, &mut input, "compressed cluster")?;
+            read_at(&**file, MetaKind::GuestData, desc.host_offset, &mut input)?;
             return inflate_cluster(*compression, &input, cs as usize).map_err(|reason| {
                 BlockError::Decompress {
                     offset: desc.host_offset,
@@ -123,7 +122,7 @@ impl Qcow2Image {
                     bk.read(job.cluster, &mut buf)?;
                 }
             }
-            CowRead::Host(file, host) => read_at(file, *host, &mut buf, "copy-on-write cluster")?,
+            CowRead::Host(file, host) => read_at(&**file, MetaKind::GuestData, *host, &mut buf)?,
             CowRead::Compressed { .. } => {}
             CowRead::Subclusters { file, host, bitmap } => {
                 let sub = cs / 32;
@@ -131,7 +130,7 @@ impl Qcow2Image {
                     let state = subcluster_state(*bitmap, i as u32).map_err(|r| self.invalid(r))?;
                     match (state, host) {
                         (SubclusterState::Allocated, Some(h)) => {
-                            read_at(file, h + i as u64 * sub, chunk, "copy-on-write subcluster")?
+                            read_at(&**file, MetaKind::GuestData, h + i as u64 * sub, chunk)?
                         }
                         (SubclusterState::Allocated, None) => {
                             return Err(self.invalid("allocated subcluster without a cluster"))

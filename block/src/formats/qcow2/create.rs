@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_COMPRESSION, INCOMPAT_EXTL2};
 use super::header::{Header, EXT_BACKING_FORMAT, EXT_END, V2_HEADER_LEN, V3_HEADER_LEN};
-use super::meta_io::write_at;
+use super::meta_io::{write_at, MetaKind};
 use super::refcount::{entries_per_block, write_refcount_entry};
 use crate::error::BlockError;
 use crate::formats::Compression;
@@ -144,14 +144,14 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
     }
 
     let file = crate::create::open_for_create(path)?;
-    write_at(&file, 0, &hdr, "new header")?;
-    write_at(&file, rt_off, &rt, "new refcount table")?;
-    write_at(&file, rb_off, &rbs, "new refcount blocks")?;
+    write_at(&file, MetaKind::Header, 0, &hdr)?;
+    write_at(&file, MetaKind::RefcountTable, rt_off, &rt)?;
+    write_at(&file, MetaKind::RefcountBlock, rb_off, &rbs)?;
     write_at(
         &file,
+        MetaKind::L1Table,
         l1_off,
         &vec![0u8; (l1_clusters * cs) as usize],
-        "new L1 table",
     )?;
     file.sync_all().map_err(BlockError::Flush)
 }

@@ -18,7 +18,7 @@ use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS,
 use super::header::{Header, HeaderError, OFF_AUTOCLEAR, OFF_INCOMPAT};
 use super::inflight::InFlight;
 use super::meta::MetaState;
-use super::meta_io::{read_at, sync, write_at};
+use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
 use crate::error::BlockError;
 use crate::formats::FileId;
 use crate::options::DiskOptions;
@@ -66,25 +66,34 @@ fn header_error(path: &Path, e: HeaderError) -> BlockError {
 
 /// Reads and validates the header of the image behind `file`.
 pub(crate) fn read_header(file: &File, path: &Path) -> Result<(Header, u64), BlockError> {
+    read_header_with(file, path, true)
+}
+
+/// [`read_header`]; `strict_tables` as in [`Header::parse_with`].
+pub(crate) fn read_header_with(
+    file: &File,
+    path: &Path,
+    strict_tables: bool,
+) -> Result<(Header, u64), BlockError> {
     let file_size = crate::formats::raw::file_size(file).map_err(|source| BlockError::Open {
         path: path.to_owned(),
         source,
     })?;
     let mut probe = vec![0u8; 512.min(file_size) as usize];
-    read_at(file, 0, &mut probe, "header")?;
+    read_at(file, MetaKind::Header, 0, &mut probe)?;
     let cluster_bits = probe
         .get(20..24)
         .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
     if !(super::header::MIN_CLUSTER_BITS..=super::header::MAX_CLUSTER_BITS).contains(&cluster_bits)
     {
         // Let the parser name what is wrong with the short buffer.
-        return Header::parse(&probe, file_size)
+        return Header::parse_with(&probe, file_size, strict_tables)
             .map(|h| (h, file_size))
             .map_err(|e| header_error(path, e));
     }
     let mut buf = vec![0u8; (1u64 << cluster_bits).min(file_size) as usize];
-    read_at(file, 0, &mut buf, "header")?;
-    Header::parse(&buf, file_size)
+    read_at(file, MetaKind::Header, 0, &mut buf)?;
+    Header::parse_with(&buf, file_size, strict_tables)
         .map(|h| (h, file_size))
         .map_err(|e| header_error(path, e))
 }
@@ -171,9 +180,9 @@ impl Qcow2Image {
                 }
                 write_at(
                     &meta_file,
+                    MetaKind::Header,
                     OFF_AUTOCLEAR,
                     &autoclear.to_be_bytes(),
-                    "autoclear bits",
                 )?;
                 header.autoclear = autoclear;
             }
@@ -249,9 +258,10 @@ impl Qcow2Image {
             reason: reason.into(),
         };
         if h.corrupt() {
-            return Err(refuse(
-                "image is marked corrupt; open it read-only or repair it (qemu-img check -r all)",
-            ));
+            return Err(refuse(&format!(
+                "refusing a read-write open: {}",
+                super::guard::REPAIR_HINT
+            )));
         }
         Ok(())
     }
@@ -260,7 +270,7 @@ impl Qcow2Image {
     /// refcounts (from its L1/L2 tables, as qemu does on open), which
     /// also clears the dirty bit. We already hold the writer's lock.
     fn repair_dirty(path: &Path) -> Result<(), BlockError> {
-        let report = crate::check::check_image(path, Some(crate::check::Repair::All))?;
+        let report = super::check::check_qcow2(path, Some(super::check::Repair::All))?;
         if report.corruptions != 0 || report.check_errors != 0 {
             return Err(BlockError::InvalidImage {
                 path: path.to_owned(),
@@ -311,23 +321,42 @@ impl Qcow2Image {
             return Ok(());
         }
         let v = st.incompatible | INCOMPAT_DIRTY;
-        write_at(&st.meta.file, OFF_INCOMPAT, &v.to_be_bytes(), "dirty bit")?;
-        sync(&st.meta.file)?;
+        st.meta
+            .write(MetaKind::Header, OFF_INCOMPAT, &v.to_be_bytes())?;
+        st.meta.sync()?;
         st.incompatible = v;
         Ok(())
     }
 
     /// Clears the dirty bit after everything reached the disk.
     pub(crate) fn mark_clean(&self, st: &mut State) -> Result<(), BlockError> {
-        if st.incompatible & INCOMPAT_DIRTY == 0 || self.readonly {
+        // A corrupt image keeps its bits for `check -r all` to clear.
+        if st.incompatible & INCOMPAT_DIRTY == 0 || self.readonly || st.meta.is_corrupt() {
             return Ok(());
         }
-        sync(&st.meta.file)?;
+        st.meta.sync()?;
         let v = st.incompatible & !INCOMPAT_DIRTY;
-        write_at(&st.meta.file, OFF_INCOMPAT, &v.to_be_bytes(), "dirty bit")?;
-        sync(&st.meta.file)?;
+        st.meta
+            .write(MetaKind::Header, OFF_INCOMPAT, &v.to_be_bytes())?;
+        st.meta.sync()?;
         st.incompatible = v;
         Ok(())
+    }
+
+    /// Replaces the image's metadata-I/O seam: `wrap` gets the current
+    /// implementation and returns the new one (tests install
+    /// `meta_faults::FaultyMetaIo` this way). Copy-on-write reads planned
+    /// afterwards use it too.
+    pub fn wrap_meta_io(&self, wrap: impl FnOnce(Arc<dyn MetaIo>) -> Arc<dyn MetaIo>) {
+        let mut st = self.lock();
+        let current = Arc::clone(&st.meta.io);
+        st.meta.io = wrap(current);
+    }
+
+    /// Turns the metadata overlap checks off or on (benchmarks measure
+    /// their cost this way; QEMU's `overlap-check=none`). On by default.
+    pub fn set_overlap_checks(&self, on: bool) {
+        self.lock().meta.overlap_checks = on;
     }
 
     /// Writes L2 entries at every commit (one fdatasync per allocating

@@ -3,12 +3,14 @@
 //! write-through updates of L1 and L2 entries.
 //!
 //! Guest offsets enter; raw table entries leave (decoded by `l2_entry`).
-//! Table changes are written to the image (pwrite on the buffered metadata
-//! descriptor) before the in-memory copy is relied on by others; refcount
-//! changes are batched in the cache and written before the next barrier,
-//! L1/L2 write or flush (so before anything can point at a new cluster). Refcount
-//! updates and cluster allocation live in `alloc`.
+//! Table changes are written to the image (through the metadata-I/O seam,
+//! `guard`'s checked `read`/`write`/`sync`) before the in-memory copy is
+//! relied on by others; refcount changes are batched in the cache and
+//! written before the next barrier, L1/L2 write or flush (so before
+//! anything can point at a new cluster). Refcount updates and cluster
+//! allocation live in `alloc`.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::File;
 use std::path::PathBuf;
@@ -17,7 +19,8 @@ use std::sync::Arc;
 use super::cache::TableCache;
 use super::header::{within, Header};
 use super::l2_entry::{decode_l1, decode_l2_in, L2Entry, OFLAG_COPIED};
-use super::meta_io::{be64_at, read_at, sync, write_at};
+use super::meta_io::{be64_at, read_at, MetaIo, MetaKind};
+use super::overlap::MetadataMap;
 use super::refcount::entries_per_block;
 use super::snapshot_table::TableLocation;
 use crate::error::BlockError;
@@ -73,8 +76,12 @@ const MAX_DIRTY_ENTRIES: usize = 4096;
 pub(crate) struct MetaState {
     pub g: Geometry,
     pub path: PathBuf,
-    /// Buffered read-write (or read-only) descriptor for metadata I/O.
+    /// Buffered read-write (or read-only) descriptor (file size and
+    /// headroom; reads and writes go through `io`).
     pub file: Arc<File>,
+    /// Where every metadata read, write and barrier goes (the seam tests
+    /// inject faults at); by default `file` itself.
+    pub io: Arc<dyn MetaIo>,
     /// The file's size, grown by every allocation.
     pub file_size: u64,
     /// The size the file really has: `file_size` plus the headroom
@@ -114,6 +121,18 @@ pub(crate) struct MetaState {
     /// offset -> changed byte range. Their blocks are pinned.
     pub dirty_rb: BTreeMap<u64, (usize, usize)>,
     pub max_dirty_rb: usize,
+    /// Which host clusters hold metadata (`guard` checks every write
+    /// against it).
+    pub metadata_map: MetadataMap,
+    /// The bitmap directory (offset, bytes) while its autoclear bit says
+    /// it is consistent (read-only opens; read-write opens drop it).
+    pub bitmap_directory: Option<(u64, u64)>,
+    /// A write was refused for overlapping metadata: the corrupt bit is
+    /// set and nothing more is written.
+    pub corrupt: Cell<bool>,
+    /// Off only to measure what the checks cost (QEMU's
+    /// `overlap-check=none`).
+    pub overlap_checks: bool,
 }
 
 impl MetaState {
@@ -125,26 +144,31 @@ impl MetaState {
     ) -> Result<Self, BlockError> {
         let g = Geometry::from_header(h);
         let mut l1_bytes = vec![0u8; h.l1_size as usize * 8];
-        read_at(&file, h.l1_table_offset, &mut l1_bytes, "L1 table")?;
+        read_at(&*file, MetaKind::L1Table, h.l1_table_offset, &mut l1_bytes)?;
         let l1 = (0..h.l1_size as usize)
             .map(|i| be64_at(&l1_bytes, i))
             .collect();
         let rt_len = (u64::from(h.refcount_table_clusters) * g.cluster_size / 8) as usize;
         let mut rt_bytes = vec![0u8; rt_len * 8];
         read_at(
-            &file,
+            &*file,
+            MetaKind::RefcountTable,
             h.refcount_table_offset,
             &mut rt_bytes,
-            "refcount table",
         )?;
         let rt: Vec<u64> = (0..rt_len).map(|i| be64_at(&rt_bytes, i)).collect();
         let cs = g.cluster_size;
         let tables = |bytes: u64| (bytes / cs).max(MIN_CACHED_TABLES) as usize;
-        Ok(MetaState {
+        let bitmap_directory = super::bitmap_directory::locate_directory(&file, h, file_size)
+            .ok()
+            .flatten()
+            .map(|(_, bytes, offset)| (offset, bytes));
+        let mut meta = MetaState {
             l2_cache: TableCache::new(tables(L2_CACHE_BYTES)),
             rb_cache: TableCache::new(tables(RB_CACHE_BYTES)),
             g,
             path,
+            io: Arc::clone(&file) as Arc<dyn MetaIo>,
             file,
             file_size,
             reserved_end: file_size,
@@ -164,7 +188,13 @@ impl MetaState {
             deferred_release: Vec::new(),
             dirty_rb: BTreeMap::new(),
             max_dirty_rb: (tables(RB_CACHE_BYTES) / 2).max(1),
-        })
+            metadata_map: MetadataMap::new(h.cluster_bits),
+            bitmap_directory,
+            corrupt: Cell::new(false),
+            overlap_checks: true,
+        };
+        meta.rebuild_metadata_map();
+        Ok(meta)
     }
 
     pub fn invalid(&self, reason: impl Into<String>) -> BlockError {
@@ -179,7 +209,7 @@ impl MetaState {
     pub fn barrier(&mut self) -> Result<(), BlockError> {
         self.write_refcounts()?;
         if self.barriers {
-            sync(&self.file)?;
+            self.sync()?;
         }
         Ok(())
     }
@@ -188,24 +218,6 @@ impl MetaState {
     pub fn check_table(&self, offset: u64, what: &str) -> Result<(), BlockError> {
         if offset < self.g.cluster_size || !within(offset, self.g.cluster_size, self.file_size) {
             return Err(self.invalid(format!("{what} at {offset:#x} lies outside the file")));
-        }
-        Ok(())
-    }
-
-    /// Refuses a data cluster that overlaps the header, the L1 table, the
-    /// refcount table or a refcount block (a hostile L2 entry would
-    /// otherwise let guest writes overwrite metadata).
-    pub fn check_not_metadata(&self, host: u64) -> Result<(), BlockError> {
-        let cs = self.g.cluster_size;
-        let inside =
-            |start: u64, bytes: u64| host >= start && host < start + bytes.div_ceil(cs) * cs;
-        let rt_block = self.refblocks.contains(&host);
-        if host < cs
-            || inside(self.l1_offset, self.l1.len() as u64 * 8)
-            || inside(self.rt_offset, self.rt.len() as u64 * 8)
-            || rt_block
-        {
-            return Err(self.invalid(format!("data cluster {host:#x} overlaps metadata")));
         }
         Ok(())
     }
@@ -225,7 +237,7 @@ impl MetaState {
     pub fn load_l2(&mut self, off: u64) -> Result<(), BlockError> {
         if !self.l2_cache.contains(off) {
             let mut t = vec![0u8; self.g.cluster_size as usize];
-            read_at(&self.file, off, &mut t, "L2 table")?;
+            self.read(MetaKind::L2Table, off, &mut t)?;
             self.l2_cache.insert(off, t);
         }
         Ok(())
@@ -331,7 +343,7 @@ impl MetaState {
         let bytes = self.entry_bytes(raw, bitmap);
         // Whatever the entry points at is counted on disk first.
         self.write_refcounts()?;
-        write_at(&self.file, off + pos as u64, &bytes, "L2 entry")
+        self.write(MetaKind::L2Table, off + pos as u64, &bytes)
     }
 
     fn entry_bytes(&self, raw: u64, bitmap: u64) -> Vec<u8> {
@@ -368,35 +380,65 @@ impl MetaState {
     /// Pending refcounts and barrier, then every deferred L2 entry,
     /// barrier, then the refcount drops that had to wait for those entries
     /// to be durable (written too, for the caller's fdatasync).
+    ///
+    /// A table or a refcount drop leaves its queue only once written (or
+    /// applied): when a write fails, everything not yet on disk stays
+    /// queued and the next flush retries it, so a later successful flush
+    /// never reports durable what was never written.
     pub fn flush_dirty(&mut self) -> Result<(), BlockError> {
         if self.dirty_l2.is_empty() && self.deferred_release.is_empty() {
             return self.write_refcounts();
         }
         if !self.dirty_l2.is_empty() {
             self.barrier()?;
-            let dirty = std::mem::take(&mut self.dirty_l2);
-            let esize = self.g.l2_entry_size as usize;
-            for (off, positions) in &dirty {
-                let (Some(lo), Some(hi)) = (positions.first(), positions.last()) else {
-                    continue;
-                };
-                let bytes = self
-                    .l2_cache
-                    .get(*off)
-                    .map(|t| t[*lo..*hi + esize].to_vec())
-                    .ok_or_else(|| self.invalid("a dirty L2 table left the cache"))?;
-                write_at(&self.file, off + *lo as u64, &bytes, "L2 entries")?;
-                self.l2_cache.unpin(*off);
-            }
-            self.dirty_entries = 0;
+            self.write_dirty_l2()?;
         }
         if !self.deferred_release.is_empty() {
             self.barrier()?;
-            for (first, count) in std::mem::take(&mut self.deferred_release) {
-                self.free_clusters(first, count)?;
-            }
+            self.apply_deferred_release()?;
         }
         self.write_refcounts()
+    }
+
+    /// Writes every dirty L2 table's changed entries (one pwrite per
+    /// table, from its first to its last changed entry).
+    fn write_dirty_l2(&mut self) -> Result<(), BlockError> {
+        let esize = self.g.l2_entry_size as usize;
+        while let Some((&off, positions)) = self.dirty_l2.first_key_value() {
+            let count = positions.len();
+            if let (Some(&lo), Some(&hi)) = (positions.first(), positions.last()) {
+                let bytes = self
+                    .l2_cache
+                    .get(off)
+                    .and_then(|t| t.get(lo..hi + esize))
+                    .map(<[u8]>::to_vec)
+                    .ok_or_else(|| self.invalid("a dirty L2 table left the cache"))?;
+                self.write(MetaKind::L2Table, off + lo as u64, &bytes)?;
+            }
+            self.dirty_l2.remove(&off);
+            self.dirty_entries = self.dirty_entries.saturating_sub(count);
+            self.l2_cache.unpin(off);
+        }
+        Ok(())
+    }
+
+    /// Drops the refcounts queued in `deferred_release`, one refcount
+    /// block's worth at a time, each piece leaving the queue once applied
+    /// (in the cache; `write_refcounts` then writes it).
+    fn apply_deferred_release(&mut self) -> Result<(), BlockError> {
+        let rbe = self.g.rb_entries;
+        while let Some(&(first, count)) = self.deferred_release.last() {
+            let n = count.min(rbe - first % rbe);
+            if n > 0 {
+                self.change_block_refcounts(first, first + n, -1)?;
+            }
+            if n >= count {
+                self.deferred_release.pop();
+            } else if let Some(last) = self.deferred_release.last_mut() {
+                *last = (first + n, count - n);
+            }
+        }
+        Ok(())
     }
 
     fn update_l2_cache(
@@ -426,11 +468,10 @@ impl MetaState {
 
     fn set_l1_entry(&mut self, i: usize, raw: u64) -> Result<(), BlockError> {
         self.write_refcounts()?;
-        write_at(
-            &self.file,
+        self.write(
+            MetaKind::L1Table,
             self.l1_offset + i as u64 * 8,
             &raw.to_be_bytes(),
-            "L1 entry",
         )?;
         self.l1[i] = raw;
         Ok(())
@@ -459,7 +500,9 @@ impl MetaState {
             None => vec![0u8; self.g.cluster_size as usize],
         };
         let new = self.alloc_clusters(1)?;
-        write_at(&self.file, new, &table, "new L2 table")?;
+        self.write(MetaKind::L2Table, new, &table)?;
+        self.metadata_map
+            .add(MetaKind::L2Table, new, self.g.cluster_size);
         self.l2_cache.insert(new, table);
         self.barrier()?;
         self.set_l1_entry(i1, new | OFLAG_COPIED)?;
@@ -470,6 +513,8 @@ impl MetaState {
                 self.dirty_entries -= p.len();
             }
             self.l2_cache.remove(off);
+            self.metadata_map
+                .remove(MetaKind::L2Table, off, self.g.cluster_size);
             self.free_clusters(off >> self.g.cluster_bits, 1)?;
         }
         Ok(new)
@@ -493,19 +538,17 @@ impl MetaState {
         for (i, e) in self.l1.iter().enumerate() {
             buf[i * 8..i * 8 + 8].copy_from_slice(&e.to_be_bytes());
         }
-        write_at(&self.file, new, &buf, "new L1 table")?;
+        self.write(MetaKind::L1Table, new, &buf)?;
         self.barrier()?;
         let mut hdr = [0u8; 12];
         hdr[..4].copy_from_slice(&(new_len as u32).to_be_bytes());
         hdr[4..].copy_from_slice(&new.to_be_bytes());
-        write_at(
-            &self.file,
-            super::header::OFF_L1_SIZE,
-            &hdr,
-            "header L1 fields",
-        )?;
+        self.write(MetaKind::Header, super::header::OFF_L1_SIZE, &hdr)?;
         let old = self.l1_offset;
         let old_clusters = (self.l1.len() as u64 * 8).div_ceil(self.g.cluster_size);
+        self.metadata_map
+            .remove(MetaKind::L1Table, old, self.l1.len() as u64 * 8);
+        self.metadata_map.add(MetaKind::L1Table, new, bytes);
         self.l1_offset = new;
         self.l1.resize(new_len, 0);
         if old_clusters > 0 {

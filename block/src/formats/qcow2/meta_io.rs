@@ -1,34 +1,121 @@
-//! Metadata I/O on the image's buffered descriptor: positioned reads and
-//! writes with errors that say what was being read or written.
+//! The metadata-I/O seam: every qcow2 metadata read, write and barrier
+//! (headers, L1/L2 tables, refcount tables and blocks, snapshot tables,
+//! copy-on-write sources, compressed clusters written inline) goes through
+//! one small trait, [`MetaIo`], owned by the open image.
 //!
-//! Byte buffers and host offsets enter; bytes leave (reads past the end of
-//! the file yield zeroes). Data I/O never goes through here, only headers,
-//! tables and copy-on-write sources.
+//! The default implementation is the image's buffered descriptor
+//! (`impl MetaIo for File`); tests install a fault-injecting one
+//! (`meta_faults::FaultyMetaIo`) on an opened image. Byte buffers, host
+//! offsets and a [`MetaKind`] saying what is being transferred enter; bytes
+//! or [`BlockError`]s naming the kind and offset leave. Reads past the end
+//! of the file yield zeroes; short writes are finished here, so an
+//! implementation may return any prefix length. Data I/O of guest requests
+//! never comes through here: it goes through the engine.
 
+use std::fmt;
 use std::fs::File;
+use std::io;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
 use crate::error::BlockError;
 
+/// What a metadata transfer carries (fault filters, error messages, and
+/// the overlap check's "which metadata may this write touch").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MetaKind {
+    /// The header cluster (fields, extensions, feature bits).
+    Header,
+    /// The active L1 table.
+    L1Table,
+    /// An active L2 table (whole table or some of its entries).
+    L2Table,
+    RefcountTable,
+    RefcountBlock,
+    SnapshotTable,
+    /// An internal snapshot's L1 table.
+    SnapshotL1,
+    BitmapDirectory,
+    /// Guest data moved inline by the format: compressed clusters,
+    /// copy-on-write sources, clusters copied by a shrink.
+    GuestData,
+}
+
+impl fmt::Display for MetaKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MetaKind::Header => "header",
+            MetaKind::L1Table => "L1 table",
+            MetaKind::L2Table => "L2 table",
+            MetaKind::RefcountTable => "refcount table",
+            MetaKind::RefcountBlock => "refcount block",
+            MetaKind::SnapshotTable => "snapshot table",
+            MetaKind::SnapshotL1 => "snapshot L1 table",
+            MetaKind::BitmapDirectory => "bitmap directory",
+            MetaKind::GuestData => "guest data (inline)",
+        })
+    }
+}
+
+/// Positioned metadata I/O on one image file. Each call may transfer
+/// fewer bytes than asked (the helpers below loop); errors are plain
+/// `io::Error`s (EIO, ENOSPC, ...).
+pub trait MetaIo: Send + Sync {
+    /// Reads into `buf` at `offset`; `Ok(0)` at the end of the file.
+    fn read_at(&self, kind: MetaKind, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Writes a prefix of `buf` at `offset`, returning its length.
+    fn write_at(&self, kind: MetaKind, buf: &[u8], offset: u64) -> io::Result<usize>;
+    /// Makes every write so far durable (fdatasync).
+    fn sync(&self) -> io::Result<()>;
+}
+
+impl MetaIo for File {
+    fn read_at(&self, _kind: MetaKind, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        FileExt::read_at(self, buf, offset)
+    }
+
+    fn write_at(&self, _kind: MetaKind, buf: &[u8], offset: u64) -> io::Result<usize> {
+        FileExt::write_at(self, buf, offset)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.sync_data()
+    }
+}
+
+impl<T: MetaIo + ?Sized> MetaIo for Arc<T> {
+    fn read_at(&self, kind: MetaKind, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        (**self).read_at(kind, buf, offset)
+    }
+
+    fn write_at(&self, kind: MetaKind, buf: &[u8], offset: u64) -> io::Result<usize> {
+        (**self).write_at(kind, buf, offset)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+}
+
 /// Reads `buf.len()` bytes at `offset`; the part past EOF reads as zeroes.
 pub(crate) fn read_at(
-    file: &File,
+    io: &dyn MetaIo,
+    kind: MetaKind,
     offset: u64,
     buf: &mut [u8],
-    what: &str,
 ) -> Result<(), BlockError> {
     let mut done = 0usize;
     while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
+        match io.read_at(kind, &mut buf[done..], offset + done as u64) {
             Ok(0) => {
                 buf[done..].fill(0);
                 break;
             }
             Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(source) => {
                 return Err(BlockError::MetadataRead {
-                    what: format!("{what} at {offset:#x}"),
+                    what: format!("{kind} at {offset:#x}"),
                     source,
                 })
             }
@@ -37,16 +124,34 @@ pub(crate) fn read_at(
     Ok(())
 }
 
-pub(crate) fn write_at(file: &File, offset: u64, buf: &[u8], what: &str) -> Result<(), BlockError> {
-    file.write_all_at(buf, offset)
-        .map_err(|source| BlockError::MetadataWrite {
-            what: format!("{what} at {offset:#x}"),
-            source,
-        })
+/// Writes all of `buf` at `offset` (short writes are continued).
+pub(crate) fn write_at(
+    io: &dyn MetaIo,
+    kind: MetaKind,
+    offset: u64,
+    buf: &[u8],
+) -> Result<(), BlockError> {
+    let mut done = 0usize;
+    while done < buf.len() {
+        let failed = match io.write_at(kind, &buf[done..], offset + done as u64) {
+            Ok(0) => io::Error::new(io::ErrorKind::WriteZero, "wrote no bytes"),
+            Ok(n) => {
+                done += n;
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => e,
+        };
+        return Err(BlockError::MetadataWrite {
+            what: format!("{kind} at {offset:#x}"),
+            source: failed,
+        });
+    }
+    Ok(())
 }
 
-pub(crate) fn sync(file: &File) -> Result<(), BlockError> {
-    file.sync_data().map_err(BlockError::Flush)
+pub(crate) fn sync(io: &dyn MetaIo) -> Result<(), BlockError> {
+    io.sync().map_err(BlockError::Flush)
 }
 
 pub(crate) fn be64_at(b: &[u8], index: usize) -> u64 {

@@ -5,6 +5,11 @@
 //! - `l2_entry`, `refcount`: decoding table entries (reused by `check`);
 //! - `cache`, `meta`, `alloc`: the metadata tables, their bounded caches,
 //!   refcounts and cluster allocation;
+//! - `meta_io`, `meta_faults`: the metadata-I/O seam every metadata read,
+//!   write and barrier goes through, and its fault-injecting version;
+//! - `overlap`, `guard`: the map of metadata clusters and the check of
+//!   every write against it (refusal sets the corrupt bit);
+//! - `check`: `ch-img check` and its repairs;
 //! - `compressed`: compressed-cluster descriptors and inflating;
 //! - `inflight`: allocations whose L2 entries wait for their data;
 //! - `cow`: copy-on-write sources, read outside the metadata lock;
@@ -33,17 +38,21 @@ pub(crate) mod backing;
 pub(crate) mod backing_rewrite;
 pub mod bitmap_directory;
 pub(crate) mod cache;
+pub mod check;
 pub(crate) mod compress_write;
 pub(crate) mod compressed;
 pub(crate) mod cow;
 pub mod create;
 pub(crate) mod features;
+pub(crate) mod guard;
 pub(crate) mod header;
 pub mod image;
 pub(crate) mod inflight;
 pub(crate) mod l2_entry;
 pub(crate) mod meta;
-pub(crate) mod meta_io;
+pub mod meta_faults;
+pub mod meta_io;
+pub(crate) mod overlap;
 pub(crate) mod plan_exec;
 pub(crate) mod prealloc_detect;
 pub(crate) mod read;

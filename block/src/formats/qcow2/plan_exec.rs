@@ -9,7 +9,7 @@ use std::fs::File;
 use std::sync::Arc;
 
 use super::compressed::inflate_cluster;
-use super::meta_io::read_at;
+use super::meta_io::{read_at, MetaKind};
 use crate::error::BlockError;
 use crate::formats::{ReadPiece, ReadSource};
 
@@ -36,12 +36,12 @@ pub(crate) fn execute_read(
             ReadSource::Zero => out.fill(0),
             ReadSource::Host { file, offset } => {
                 let f = file_of(files, file.0)?;
-                read_at(f, offset, out, "copy-on-write source")?;
+                read_at(f, MetaKind::GuestData, offset, out)?;
             }
             ReadSource::Compressed(c) => {
                 let f = file_of(files, c.file.0)?;
                 let mut input = vec![0u8; c.compressed_len as usize];
-                read_at(f, c.host_offset, &mut input, "compressed cluster")?;
+                read_at(f, MetaKind::GuestData, c.host_offset, &mut input)?;
                 let cluster = inflate_cluster(c.algorithm, &input, c.cluster_size as usize)
                     .map_err(|reason| BlockError::Decompress {
                         offset: c.host_offset,

@@ -23,7 +23,7 @@
 use super::image::Qcow2Image;
 use super::l2_entry::{decode_l2, L2Entry, OFFSET_MASK, OFLAG_COPIED};
 use super::meta::MetaState;
-use super::meta_io::{be64_at, read_at, write_at};
+use super::meta_io::{be64_at, MetaKind};
 use super::snapshot_ops::{load_table, write_l1, TreeOp};
 use crate::error::BlockError;
 
@@ -80,7 +80,7 @@ impl Qcow2Image {
                 in_place.push((off, content));
             } else {
                 let copy = meta.alloc_clusters(1)?;
-                write_at(&meta.file, copy, &content, "L2 table copy")?;
+                meta.write(MetaKind::L2Table, copy, &content)?;
                 meta.l2_cache.insert(copy, content);
                 meta.l1[i] = copy | OFLAG_COPIED;
                 released_tables.push(off >> cb);
@@ -91,7 +91,7 @@ impl Qcow2Image {
         meta.write_refcounts()?;
         meta.barrier()?;
         for (off, content) in in_place {
-            write_at(&meta.file, off, &content, "L2 table")?;
+            meta.write(MetaKind::L2Table, off, &content)?;
             meta.l2_cache.insert(off, content);
         }
         write_l1(meta)?;
@@ -103,7 +103,9 @@ impl Qcow2Image {
             meta.change_refcounts(table, 1, -1)?;
         }
         self.tree_references(meta, &dropped_tables, TreeOp::Drop)?;
-        meta.barrier()
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(())
     }
 
     /// Zeroes the bytes past `new_size` in the last kept cluster when it
@@ -145,17 +147,12 @@ impl Qcow2Image {
         let tail = (new_size % cs) as usize;
         if meta.refcount(host >> cb)? == 1 {
             let zeros = vec![0u8; cs as usize - tail];
-            return write_at(
-                &meta.file,
-                host + tail as u64,
-                &zeros,
-                "cut-off cluster tail",
-            );
+            return meta.write(MetaKind::GuestData, host + tail as u64, &zeros);
         }
         let mut data = vec![0u8; cs as usize];
-        read_at(&meta.file, host, &mut data[..tail], "last kept cluster")?;
+        meta.read(MetaKind::GuestData, host, &mut data[..tail])?;
         let copy = meta.alloc_clusters(1)?;
-        write_at(&meta.file, copy, &data, "copy of the last kept cluster")?;
+        meta.write(MetaKind::GuestData, copy, &data)?;
         let new_raw = (raw & !OFFSET_MASK) | copy | OFLAG_COPIED;
         content[j * words * 8..j * words * 8 + 8].copy_from_slice(&new_raw.to_be_bytes());
         dropped.push((host >> cb, 1));

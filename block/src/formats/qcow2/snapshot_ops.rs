@@ -52,7 +52,7 @@ use std::sync::MutexGuard;
 use super::image::{Qcow2Image, State};
 use super::l2_entry::{decode_l1, decode_l2, OFFSET_MASK, OFLAG_COMPRESSED, OFLAG_COPIED};
 use super::meta::MetaState;
-use super::meta_io::{be64_at, read_at, write_at};
+use super::meta_io::{be64_at, MetaKind};
 use super::refcount::max_refcount;
 use super::snapshot_table::{read_snapshot_table, SnapshotInfo, TableLocation};
 use crate::error::BlockError;
@@ -113,7 +113,9 @@ impl Qcow2Image {
             disk_size: Some(size),
             icount: Some(0),
         });
-        replace_table(meta, old_len, &entries, size)
+        replace_table(meta, old_len, &entries, size)?;
+        meta.rebuild_metadata_map();
+        Ok(())
     }
 
     /// Makes the snapshot with id or name `name` the active disk.
@@ -171,6 +173,7 @@ impl Qcow2Image {
             self.write_size(meta, new_size)?;
         }
         meta.barrier()?;
+        meta.rebuild_metadata_map();
         Ok(true)
     }
 
@@ -194,7 +197,22 @@ impl Qcow2Image {
         self.restore_copied(meta)?;
         write_l1(meta)?;
         meta.barrier()?;
+        meta.rebuild_metadata_map();
         Ok(true)
+    }
+
+    /// Rewrites the snapshot table as it is, every entry with qemu's full
+    /// extra data (`check -r all` for a version 3 image whose entries
+    /// lack it).
+    pub(crate) fn rewrite_snapshot_table_impl(&self) -> Result<(), BlockError> {
+        let mut st = self.begin_snapshot_op()?;
+        let meta = &mut st.meta;
+        let (entries, old_len) = self.current_table(meta)?;
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        replace_table(meta, old_len, &entries, size)?;
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(())
     }
 
     /// Unmaps every cluster of the active disk, so it reads through to the
@@ -208,7 +226,9 @@ impl Qcow2Image {
         write_l1(meta)?;
         meta.barrier()?;
         self.tree_references(meta, &old, TreeOp::Drop)?;
-        meta.barrier()
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(())
     }
 
     /// Checks the image may take snapshot operations, locks it, and makes
@@ -236,7 +256,7 @@ impl Qcow2Image {
                 path: meta.path.clone(),
                 source,
             })?;
-        read_snapshot_table(&meta.file, meta.snapshots, file_size).map_err(|r| meta.invalid(r))
+        read_snapshot_table(&*meta.io, meta.snapshots, file_size).map_err(|r| meta.invalid(r))
     }
 
     /// Applies `op` to every L2 table `l1` names and every cluster those
@@ -326,7 +346,7 @@ impl Qcow2Image {
                 new[j * words * 8..j * words * 8 + 8].copy_from_slice(&want.to_be_bytes());
             }
             if new != table {
-                write_at(&meta.file, off, &new, "L2 table")?;
+                meta.write(MetaKind::L2Table, off, &new)?;
                 meta.l2_cache.insert(off, new);
             }
             meta.l1[i] = if owned_table {
@@ -360,7 +380,7 @@ fn read_l1(meta: &MetaState, sn: &SnapshotInfo) -> Result<Vec<u64>, BlockError> 
         meta.check_table(sn.l1_offset, "snapshot L1 table")?;
     }
     let mut buf = vec![0u8; bytes as usize];
-    read_at(&meta.file, sn.l1_offset, &mut buf, "snapshot L1 table")?;
+    meta.read(MetaKind::SnapshotL1, sn.l1_offset, &mut buf)?;
     Ok((0..sn.l1_size as usize).map(|i| be64_at(&buf, i)).collect())
 }
 
@@ -368,7 +388,7 @@ fn read_l1(meta: &MetaState, sn: &SnapshotInfo) -> Result<Vec<u64>, BlockError> 
 pub(super) fn write_l1(meta: &mut MetaState) -> Result<(), BlockError> {
     meta.write_refcounts()?;
     let bytes: Vec<u8> = meta.l1.iter().flat_map(|e| e.to_be_bytes()).collect();
-    write_at(&meta.file, meta.l1_offset, &bytes, "L1 table")
+    meta.write(MetaKind::L1Table, meta.l1_offset, &bytes)
 }
 
 /// A copy of the active L1 table in new clusters; returns its offset.
@@ -378,7 +398,7 @@ fn copy_l1(meta: &mut MetaState) -> Result<u64, BlockError> {
     let off = meta.alloc_clusters(clusters)?;
     let mut padded = bytes;
     padded.resize((clusters * meta.g.cluster_size) as usize, 0);
-    write_at(&meta.file, off, &padded, "snapshot L1 table")?;
+    meta.write(MetaKind::SnapshotL1, off, &padded)?;
     Ok(off)
 }
 
@@ -400,13 +420,13 @@ fn replace_table(
         let off = meta.alloc_clusters(clusters)?;
         let mut padded = bytes;
         padded.resize((clusters * cs) as usize, 0);
-        write_at(&meta.file, off, &padded, "snapshot table")?;
+        meta.write(MetaKind::SnapshotTable, off, &padded)?;
         off
     };
     meta.barrier()?;
     let mut fields = (entries.len() as u32).to_be_bytes().to_vec();
     fields.extend_from_slice(&new_off.to_be_bytes());
-    write_at(&meta.file, 60, &fields, "header snapshot fields")?;
+    meta.write(MetaKind::Header, 60, &fields)?;
     meta.barrier()?;
     let old = std::mem::replace(
         &mut meta.snapshots,

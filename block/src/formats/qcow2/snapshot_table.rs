@@ -10,10 +10,8 @@
 //! (4), the extra data (optionally: 64-bit VM state size, virtual disk
 //! size, instruction count), the id, the name, padding to 8 bytes.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-
 use super::header::Header;
+use super::meta_io::{read_at, MetaIo, MetaKind};
 
 /// qemu's limits: more snapshots, a larger table, or more extra data per
 /// entry are refused.
@@ -58,7 +56,7 @@ impl TableLocation {
 
 /// The entries of the table and the table's length in bytes.
 pub(crate) fn read_snapshot_table(
-    file: &File,
+    file: &dyn MetaIo,
     at: TableLocation,
     file_size: u64,
 ) -> Result<(Vec<SnapshotInfo>, u64), String> {
@@ -78,7 +76,7 @@ pub(crate) fn read_snapshot_table(
                 "ERROR: snapshot table entry {n} lies outside the image"
             ));
         }
-        file.read_exact_at(buf, pos)
+        read_at(file, MetaKind::SnapshotTable, pos, buf)
             .map_err(|e| format!("ERROR: reading snapshot table entry {n}: {e}"))
     };
     let mut pos = at.offset;
@@ -135,6 +133,7 @@ pub(crate) fn read_snapshot_table(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
 
     /// A header naming a one-entry table at `off` in a file holding `bytes`.
     fn table_file(entry: &[u8]) -> (File, Header, u64, std::path::PathBuf) {

@@ -12,7 +12,7 @@ use super::header::OFF_SIZE;
 use super::image::Qcow2Image;
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
 use super::meta::MetaState;
-use super::meta_io::write_at;
+use super::meta_io::MetaKind;
 use super::prealloc_detect;
 use super::snapshot_table::read_snapshot_table;
 use crate::error::BlockError;
@@ -178,9 +178,9 @@ impl Qcow2Image {
 
     pub(crate) fn info_impl(&self) -> ImageInfo {
         let h = &self.header;
-        let (incompatible, snapshots_at) = {
+        let (incompatible, snapshots_at, marked_corrupt) = {
             let st = self.lock();
-            (st.incompatible, st.meta.snapshots)
+            (st.incompatible, st.meta.snapshots, st.meta.is_corrupt())
         };
         let v3 = h.version >= 3;
         ImageInfo {
@@ -190,7 +190,7 @@ impl Qcow2Image {
             compat: Some(if v3 { "1.1" } else { "0.10" }.into()),
             refcount_bits: Some(1 << h.refcount_order),
             lazy_refcounts: Some(h.compatible & COMPAT_LAZY_REFCOUNTS != 0),
-            corrupt: Some(h.corrupt()),
+            corrupt: Some(h.corrupt() || marked_corrupt),
             extended_l2: Some(h.extended_l2()),
             compression_type: Some(match h.compression {
                 Compression::Deflate => "zlib",
@@ -253,7 +253,7 @@ impl Qcow2Image {
     /// cover it).
     pub(super) fn write_size(&self, meta: &mut MetaState, new_size: u64) -> Result<(), BlockError> {
         meta.barrier()?;
-        write_at(&meta.file, OFF_SIZE, &new_size.to_be_bytes(), "header size")?;
+        meta.write(MetaKind::Header, OFF_SIZE, &new_size.to_be_bytes())?;
         self.size.store(new_size, Ordering::Release);
         Ok(())
     }

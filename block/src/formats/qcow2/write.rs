@@ -20,6 +20,7 @@ use super::cow::{CowJob, CowRead};
 use super::image::{Qcow2Image, State};
 use super::inflight::PendingCommit;
 use super::l2_entry::{normal_entry, subcluster_state, L2Entry, SubclusterState};
+use super::meta_io::MetaIo;
 use crate::error::BlockError;
 use crate::formats::{FileId, HostWrite, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan};
 
@@ -224,6 +225,10 @@ impl Qcow2Image {
         mut st: MutexGuard<'_, State>,
         mut b: PlanBuilder,
     ) -> Result<WriteOutcome, BlockError> {
+        // Nothing overwrites metadata (a hostile L2 entry, wrong refcounts):
+        // refused before anything is queued; the clusters allocated for
+        // the plan leak (the image is now marked corrupt).
+        st.meta.check_plan(&b.ops, &b.cow, self.data_file)?;
         let jobs = std::mem::take(&mut b.cow);
         let commit = if b.pending.is_empty() {
             None
@@ -265,16 +270,10 @@ impl Qcow2Image {
                     if (copied || dfile)
                         && (!st.meta.g.extended_l2 || all_allocated(bitmap, in_cluster, n, cs)) =>
                 {
-                    if !dfile {
-                        st.meta.check_not_metadata(host)?;
-                    }
                     b.data(self.data_file, host + in_cluster, vec![seg_src.part(n)])
                 }
                 L2Entry::Normal { host, copied } if copied || dfile => {
                     // Extended L2: fill the touched subclusters in place.
-                    if !dfile {
-                        st.meta.check_not_metadata(host)?;
-                    }
                     self.fill_subclusters(st, pos, host, bitmap, in_cluster, n, seg_src, b)?;
                 }
                 old => allocs.push(Alloc {
@@ -393,7 +392,7 @@ impl Qcow2Image {
             len,
             src,
             read: CowRead::Subclusters {
-                file: Arc::clone(&self.cow_files[usize::from(self.data_file.0)]),
+                file: self.cow_source(st),
                 host: Some(host),
                 bitmap,
             },
@@ -425,10 +424,19 @@ impl Qcow2Image {
         }
     }
 
+    /// The file holding guest clusters, for copy-on-write reads: the
+    /// image's metadata seam, or the external data file.
+    fn cow_source(&self, st: &State) -> Arc<dyn MetaIo> {
+        match self.cow_files.get(usize::from(self.data_file.0)) {
+            Some(f) if self.data_file != FileId(0) => Arc::clone(f) as Arc<dyn MetaIo>,
+            _ => Arc::clone(&st.meta.io),
+        }
+    }
+
     /// Where the old contents of a cluster come from (None: zeroes).
     /// Offsets were checked by `l2_entry`; reading happens in `fill_cow`.
     fn cow_read(&self, st: &State, old: L2Entry, bitmap: u64) -> Option<CowRead> {
-        let file = Arc::clone(&self.cow_files[usize::from(self.data_file.0)]);
+        let file = self.cow_source(st);
         if st.meta.g.extended_l2 && !matches!(old, L2Entry::Compressed(_)) {
             let host = match old {
                 L2Entry::Normal { host, .. }
@@ -444,7 +452,7 @@ impl Qcow2Image {
             L2Entry::Unallocated => self.backing.as_ref().map(|_| CowRead::Backing),
             L2Entry::Normal { host, .. } => Some(CowRead::Host(file, host)),
             L2Entry::Compressed(desc) => Some(CowRead::Compressed {
-                file: Arc::clone(&st.meta.file),
+                file: Arc::clone(&st.meta.io),
                 read_len: compressed_read_len(&desc, st.meta.file_size),
                 desc,
                 compression: st.meta.g.compression,

@@ -15,9 +15,9 @@ use super::{CheckReport, Repair};
 use crate::error::BlockError;
 use crate::formats::qcow2::features::{INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 use crate::formats::qcow2::header::{Header, OFF_INCOMPAT};
-use crate::formats::qcow2::image::read_header;
+use crate::formats::qcow2::image::read_header_with;
 use crate::formats::qcow2::l2_entry::OFLAG_COPIED;
-use crate::formats::qcow2::meta_io::{be64_at, read_at, sync, write_at};
+use crate::formats::qcow2::meta_io::{be64_at, read_at, sync, write_at, MetaKind};
 use crate::formats::qcow2::refcount::{
     entries_per_block, max_refcount, read_refcount_entry, write_refcount_entry,
 };
@@ -28,15 +28,31 @@ const MAX_CHECKED_CLUSTERS: u64 = 1 << 28;
 /// Refcount table entries: bits 9..=63 hold the block offset.
 const REFT_OFFSET_MASK: u64 = !511;
 
-pub(super) fn check(path: &Path, repair: Option<Repair>) -> Result<CheckReport, BlockError> {
+pub(crate) fn check(path: &Path, repair: Option<Repair>) -> Result<CheckReport, BlockError> {
     let first = check_once(path, repair)?;
-    let report = if first.fixes == 0 {
+    let mut messages = first.report.messages.clone();
+    let mut fixes = first.fixes;
+    let mut incomplete = first.incomplete_snapshots;
+    if first.restructured && repair.is_some() {
+        // New refcount structures (or a dropped snapshot table): the
+        // refcounts and COPIED flags are repaired against them now.
+        let second = check_once(path, repair)?;
+        messages.extend(second.report.messages);
+        fixes += second.fixes;
+        incomplete = second.incomplete_snapshots;
+    }
+    if incomplete
+        && repair == Some(Repair::All)
+        && super::rebuild::rewrite_snapshot_table(path, &mut messages)?
+    {
+        fixes += 1;
+    }
+    let report = if fixes == 0 {
         first.report
     } else {
         let mut report = check_once(path, None)?.report;
         report.corruptions_fixed = first.report.corruptions.saturating_sub(report.corruptions);
         report.leaks_fixed = first.report.leaks.saturating_sub(report.leaks);
-        let mut messages = first.report.messages;
         messages.append(&mut report.messages);
         report.messages = messages;
         report
@@ -53,6 +69,11 @@ struct Pass {
     report: CheckReport,
     /// Entries rewritten by this pass.
     fixes: u64,
+    /// The refcount structures were rebuilt or the snapshot table
+    /// dropped: another repair pass is due.
+    restructured: bool,
+    /// Snapshot table entries lack version 3's extra data.
+    incomplete_snapshots: bool,
 }
 
 /// One refcount the check wants to store.
@@ -70,7 +91,7 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
             path: path.to_owned(),
             source,
         })?;
-    let (header, file_size) = read_header(&file, path)?;
+    let (header, file_size) = read_header_with(&file, path, false)?;
     let cs = header.cluster_size();
     let nb_clusters = file_size.div_ceil(cs);
     if nb_clusters > MAX_CHECKED_CLUSTERS {
@@ -92,7 +113,10 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
     walker.walk_l1(header.l1_table_offset, header.l1_size, true)?;
     walker.walk_snapshots()?;
     super::bitmaps::walk_bitmaps(&mut walker)?;
-    let table = read_refcount_table(&mut walker)?;
+    // What the image references apart from its refcount structures: the
+    // refcounts a rebuild stores.
+    let references = walker.refs.refs.clone();
+    let (table, mut rebuild) = read_refcount_table(&mut walker)?;
     let Walker {
         refs, mut findings, ..
     } = walker;
@@ -128,6 +152,10 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
             continue;
         }
         let leak = refcount > reference;
+        if reference > 0 && stored.block_of(i).is_none() {
+            // No refcount block to store it in.
+            rebuild = true;
+        }
         let fix = match repair {
             Some(Repair::All) => true,
             Some(Repair::Leaks) => leak,
@@ -165,6 +193,7 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
     };
     // COPIED must be set exactly when the refcount (after repairs) is 1.
     let mut copied_fixes = Vec::new();
+    let mut copied_l1 = std::collections::BTreeSet::new();
     let mut current = CachedBlock::default();
     for e in &findings.copied {
         let cluster = e.host >> header.cluster_bits;
@@ -195,23 +224,64 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
                 e.raw & !OFLAG_COPIED
             };
             copied_fixes.push((e.table + e.index * e.entry_size, raw));
+            if e.is_l1 {
+                copied_l1.insert(e.table + e.index * e.entry_size);
+            }
         }
+    }
+    if repair == Some(Repair::All) && (rebuild || findings.bad_snapshot_table) {
+        if findings.bad_snapshot_table {
+            super::rebuild::drop_snapshot_table(&file, &mut findings.messages)?;
+        }
+        if rebuild {
+            super::rebuild::rebuild_refcounts(
+                &file,
+                &header,
+                &references,
+                file_size,
+                &mut findings.messages,
+            )?;
+        }
+        let report = report_of(path, &header, findings, leaks, highest);
+        return Ok(Pass {
+            report,
+            fixes: 1,
+            restructured: true,
+            incomplete_snapshots: false,
+        });
     }
     if repair.is_some() && (!fixes.is_empty() || !copied_fixes.is_empty()) {
         write_refcount_fixes(&stored, &fixes)?;
         for (offset, raw) in &copied_fixes {
-            write_at(
-                &file,
-                *offset,
-                &raw.to_be_bytes(),
-                "table entry (COPIED flag)",
-            )?;
+            let kind = if copied_l1.contains(offset) {
+                MetaKind::L1Table
+            } else {
+                MetaKind::L2Table
+            };
+            write_at(&file, kind, *offset, &raw.to_be_bytes())?;
         }
         fixed += copied_fixes.len() as u64;
         sync(&file)?;
     }
 
-    let report = CheckReport {
+    let incomplete_snapshots = findings.incomplete_snapshots;
+    Ok(Pass {
+        report: report_of(path, &header, findings, leaks, highest),
+        fixes: fixed,
+        restructured: false,
+        incomplete_snapshots,
+    })
+}
+
+fn report_of(
+    path: &Path,
+    header: &Header,
+    findings: Findings,
+    leaks: u64,
+    highest: Option<u64>,
+) -> CheckReport {
+    let cs = header.cluster_size();
+    CheckReport {
         filename: path.display().to_string(),
         format: "qcow2".into(),
         check_errors: findings.check_errors,
@@ -225,11 +295,7 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
         fragmented_clusters: Some(findings.fragmented),
         compressed_clusters: Some(findings.compressed),
         messages: findings.messages,
-    };
-    Ok(Pass {
-        report,
-        fixes: fixed,
-    })
+    }
 }
 
 /// Clears the dirty bit after a repair left no corruption, and the
@@ -244,7 +310,7 @@ fn clear_flags(path: &Path, repair: Repair) -> Result<(), BlockError> {
             source,
         })?;
     let mut version = [0u8; 4];
-    read_at(&file, 4, &mut version, "image header")?;
+    read_at(&file, MetaKind::Header, 4, &mut version)?;
     if u32::from_be_bytes(version) < 3 {
         return Ok(());
     }
@@ -253,55 +319,86 @@ fn clear_flags(path: &Path, repair: Repair) -> Result<(), BlockError> {
         mask |= INCOMPAT_CORRUPT;
     }
     let mut buf = [0u8; 8];
-    read_at(&file, OFF_INCOMPAT, &mut buf, "incompatible features")?;
+    read_at(&file, MetaKind::Header, OFF_INCOMPAT, &mut buf)?;
     let bits = u64::from_be_bytes(buf);
     if bits & mask != 0 {
         write_at(
             &file,
+            MetaKind::Header,
             OFF_INCOMPAT,
             &(bits & !mask).to_be_bytes(),
-            "incompatible features",
         )?;
         sync(&file)?;
     }
     Ok(())
 }
 
-/// Reads the refcount table, counting its clusters and its blocks.
-fn read_refcount_table(w: &mut Walker<'_>) -> Result<Vec<u64>, BlockError> {
+/// Reads the refcount table, counting its clusters and its blocks, in
+/// qemu-img's order and with its findings; also says whether the
+/// refcount structures are unusable (`-r all` then rebuilds them).
+fn read_refcount_table(w: &mut Walker<'_>) -> Result<(Vec<u64>, bool), BlockError> {
     let h = w.header;
     let cs = h.cluster_size();
+    if !h.refcount_table_offset.is_multiple_of(cs) {
+        return Err(BlockError::InvalidImage {
+            path: Default::default(),
+            reason: format!(
+                "refcount table offset {:#x} is not cluster aligned",
+                h.refcount_table_offset
+            ),
+        });
+    }
     let bytes = u64::from(h.refcount_table_clusters) * cs;
     w.refs.add(h.refcount_table_offset, bytes, &mut w.findings);
     let mut raw = vec![0u8; bytes as usize];
-    read_at(w.file, h.refcount_table_offset, &mut raw, "refcount table")?;
+    read_at(
+        w.file,
+        MetaKind::RefcountTable,
+        h.refcount_table_offset,
+        &mut raw,
+    )?;
+    let nb_clusters = w.file_size.div_ceil(cs);
+    let mut rebuild = false;
     let mut table = Vec::with_capacity(raw.len() / 8);
     for i in 0..raw.len() / 8 {
-        let off = be64_at(&raw, i) & REFT_OFFSET_MASK;
-        if off == 0 {
+        let entry = be64_at(&raw, i);
+        let off = entry & REFT_OFFSET_MASK;
+        let problem = if entry & !REFT_OFFSET_MASK != 0 {
+            Some(format!(
+                "ERROR refcount table entry {i} has reserved bits set"
+            ))
+        } else if off == 0 {
             table.push(0);
             continue;
-        }
-        if !off.is_multiple_of(cs) {
-            w.findings.corruptions += 1;
-            w.findings.messages.push(format!(
+        } else if !off.is_multiple_of(cs) {
+            Some(format!(
                 "ERROR refcount block {i} is not cluster aligned; refcount table entry corrupted"
-            ));
-            table.push(0);
-            continue;
-        }
-        if off.checked_add(cs).is_none_or(|e| e > w.file_size) {
+            ))
+        } else if off / cs >= nb_clusters {
+            Some(format!("ERROR refcount block {i} is outside image"))
+        } else {
+            None
+        };
+        if let Some(msg) = problem {
             w.findings.corruptions += 1;
-            w.findings
-                .messages
-                .push(format!("ERROR refcount block {i} is outside image"));
+            w.findings.messages.push(msg);
+            rebuild = true;
             table.push(0);
             continue;
         }
         w.refs.add(off, cs, &mut w.findings);
+        // A block shared with anything else (counted so far) is unusable.
+        let count = w.refs.refs.get((off / cs) as usize).copied().unwrap_or(0);
+        if count != 1 {
+            w.findings.corruptions += 1;
+            w.findings
+                .messages
+                .push(format!("ERROR refcount block {i} refcount={count}"));
+            rebuild = true;
+        }
         table.push(off);
     }
-    Ok(table)
+    Ok((table, rebuild))
 }
 
 /// The refcounts stored in the image.
@@ -340,7 +437,7 @@ impl StoredRefcounts<'_> {
         };
         if cache.offset != block || cache.bytes.is_empty() {
             cache.bytes = vec![0u8; self.header.cluster_size() as usize];
-            read_at(self.file, block, &mut cache.bytes, "refcount block")?;
+            read_at(self.file, MetaKind::RefcountBlock, block, &mut cache.bytes)?;
             cache.offset = block;
         }
         let index = (cluster % self.per_block()) as usize;
@@ -366,12 +463,12 @@ fn write_refcount_fixes(
     let cs = stored.header.cluster_size() as usize;
     for (block, list) in by_block {
         let mut bytes = vec![0u8; cs];
-        read_at(stored.file, block, &mut bytes, "refcount block")?;
+        read_at(stored.file, MetaKind::RefcountBlock, block, &mut bytes)?;
         for f in list {
             let index = (f.cluster % stored.per_block()) as usize;
             write_refcount_entry(&mut bytes, index, stored.header.refcount_order, f.value);
         }
-        write_at(stored.file, block, &bytes, "refcount block")?;
+        write_at(stored.file, MetaKind::RefcountBlock, block, &bytes)?;
     }
     Ok(())
 }

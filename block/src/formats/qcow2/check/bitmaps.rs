@@ -12,7 +12,7 @@ use crate::error::BlockError;
 use crate::formats::qcow2::bitmap_directory::{
     locate_directory, parse_directory, MAX_BITMAPS, MAX_DIRECTORY,
 };
-use crate::formats::qcow2::meta_io::{be64_at, read_at};
+use crate::formats::qcow2::meta_io::{be64_at, read_at, MetaKind};
 
 /// A bitmap table may not be larger than this many entries (qemu: 1 << 26).
 const MAX_TABLE_ENTRIES: u64 = 1 << 26;
@@ -40,7 +40,7 @@ pub(super) fn walk_bitmaps(w: &mut Walker<'_>) -> Result<(), BlockError> {
     }
     w.refs.add(dir_offset, dir_size, &mut w.findings);
     let mut dir = vec![0u8; dir_size as usize];
-    read_at(w.file, dir_offset, &mut dir, "bitmap directory")?;
+    read_at(w.file, MetaKind::BitmapDirectory, dir_offset, &mut dir)?;
     let (entries, cut) = parse_directory(&dir, count);
     if let Some(n) = cut {
         w.findings.corruptions += 1;
@@ -63,7 +63,7 @@ pub(super) fn walk_bitmaps(w: &mut Walker<'_>) -> Result<(), BlockError> {
         }
         w.refs.add(table, bytes, &mut w.findings);
         let mut t = vec![0u8; bytes as usize];
-        read_at(w.file, table, &mut t, "bitmap table")?;
+        read_at(w.file, MetaKind::BitmapDirectory, table, &mut t)?;
         for i in 0..size as usize {
             let data = be64_at(&t, i) & ENTRY_OFFSET_MASK;
             if data != 0 {

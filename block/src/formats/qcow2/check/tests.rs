@@ -4,7 +4,7 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::{check_image, Repair};
+use super::{check_qcow2 as check_image, Repair};
 use crate::create::{create_image, CreateOptions};
 use crate::error::BlockError;
 use crate::options::{DiskOptions, ImageType};
@@ -151,7 +151,7 @@ fn raw_images_have_no_checks() {
     let dir = TempDir::new("raw");
     let path = dir.0.join("r.raw");
     std::fs::write(&path, vec![0u8; 4096]).unwrap();
-    match check_image(&path, None) {
+    match crate::check::check_image(&path, None) {
         Err(BlockError::Unsupported { feature, .. }) => assert_eq!(feature, "checks"),
         other => panic!("expected Unsupported, got {other:?}"),
     }

@@ -12,8 +12,17 @@ use crate::formats::qcow2::header::{Header, MAX_L1_BYTES};
 use crate::formats::qcow2::l2_entry::{
     decode_l1, decode_l2, L2Entry, OFLAG_COMPRESSED, OFLAG_COPIED,
 };
-use crate::formats::qcow2::meta_io::{be64_at, read_at};
-use crate::formats::qcow2::snapshot_table::{read_snapshot_table, TableLocation};
+use crate::formats::qcow2::meta_io::{be64_at, read_at, MetaKind};
+use crate::formats::qcow2::snapshot_table::{read_snapshot_table, TableLocation, MAX_SNAPSHOTS};
+
+/// L1 entry bits that must be zero (qcow2 spec: 1-8 and 56-62).
+const L1_RESERVED: u64 = 0x7f00_0000_0000_01fe;
+/// Standard L2 entry bits that must be zero (1-8 and 56-61); with
+/// extended L2 entries bit 0 too.
+const L2_RESERVED: u64 = 0x3f00_0000_0000_01fe;
+const L2_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
+/// Bytes of a snapshot table entry before its extra data and names.
+const SNAPSHOT_ENTRY_FIXED: u64 = 40;
 
 /// References per host cluster of the file (index = offset >> cluster_bits).
 pub(super) struct References {
@@ -44,6 +53,11 @@ pub(super) struct Findings {
     pub compressed: u64,
     pub messages: Vec<String>,
     pub copied: Vec<CopiedEntry>,
+    /// The snapshot table could not be read (`-r all` drops it).
+    pub bad_snapshot_table: bool,
+    /// Entries of a version 3 image without the extra data version 3
+    /// requires (`-r all` rewrites the table).
+    pub incomplete_snapshots: bool,
 }
 
 impl Findings {
@@ -117,10 +131,15 @@ impl Walker<'_> {
             return Ok(());
         }
         let mut l1 = vec![0u8; bytes as usize];
-        read_at(self.file, l1_offset, &mut l1, "L1 table")?;
+        read_at(self.file, MetaKind::L1Table, l1_offset, &mut l1)?;
         for i in 0..l1_size as usize {
             let raw = be64_at(&l1, i);
-            match decode_l1(raw, self.cs()) {
+            if raw & L1_RESERVED != 0 {
+                self.findings.corrupt(format!(
+                    "ERROR found L1 entry with reserved bits set: {raw:x}"
+                ));
+            }
+            match decode_l1(raw & !L1_RESERVED, self.cs()) {
                 Ok(None) => {}
                 Err(_) => self.findings.corrupt(format!(
                     "ERROR l2_offset={:x}: Table is not cluster aligned; L1 entry corrupted",
@@ -160,11 +179,18 @@ impl Walker<'_> {
         let cs = self.cs();
         let entry_size = h.l2_entry_size();
         let mut l2 = vec![0u8; cs as usize];
-        read_at(self.file, l2_offset, &mut l2, "L2 table")?;
+        read_at(self.file, MetaKind::L2Table, l2_offset, &mut l2)?;
         let mut next_contiguous = 0u64;
         for i in 0..(cs / entry_size) as usize {
             let raw = be64_at(&l2, i * (entry_size as usize / 8));
-            let entry = match decode_l2(raw, h.cluster_bits, h.version, h.extended_l2()) {
+            let reserved = L2_RESERVED | u64::from(h.extended_l2());
+            if raw & OFLAG_COMPRESSED == 0 && raw & reserved != 0 {
+                self.findings.corrupt(format!(
+                    "ERROR found l2 entry with reserved bits set: {raw:x}"
+                ));
+            }
+            let entry = match decode_l2(raw & !reserved, h.cluster_bits, h.version, h.extended_l2())
+            {
                 Ok(e) => e,
                 Err(_) if raw & OFLAG_COMPRESSED != 0 => {
                     self.findings.corrupt(format!(
@@ -173,10 +199,15 @@ impl Walker<'_> {
                     continue;
                 }
                 Err(_) => {
+                    // Counted where it points, as qemu-img does: the
+                    // clusters it overlaps show as refcount errors too.
+                    let host = raw & L2_OFFSET_MASK;
                     self.findings.corrupt(format!(
-                        "ERROR offset={:x}: Cluster is not properly aligned; L2 entry corrupted.",
-                        raw & 0x00ff_ffff_ffff_fe00
+                        "ERROR offset={host:x}: Cluster is not properly aligned; L2 entry corrupted."
                     ));
+                    if !h.has_data_file() {
+                        self.refs.add(host, cs, &mut self.findings);
+                    }
                     continue;
                 }
             };
@@ -249,16 +280,37 @@ impl Walker<'_> {
     /// Counts the snapshot table and every snapshot's L1 tree.
     pub fn walk_snapshots(&mut self) -> Result<(), BlockError> {
         let h = self.header;
+        if h.nb_snapshots > MAX_SNAPSHOTS {
+            // qemu-img cannot open such an image either.
+            return Err(BlockError::InvalidImage {
+                path: Default::default(),
+                reason: format!("{} snapshots is more than qcow2 allows", h.nb_snapshots),
+            });
+        }
         let (entries, table_len) =
             match read_snapshot_table(self.file, TableLocation::of(h), self.file_size) {
                 Ok(t) => t,
                 Err(reason) => {
                     self.findings.corrupt(reason);
+                    self.findings.bad_snapshot_table = true;
+                    // As qemu-img: the first entry's fixed part is still
+                    // counted (a corruption of its own past the file's end).
+                    self.refs
+                        .add(h.snapshots_offset, SNAPSHOT_ENTRY_FIXED, &mut self.findings);
                     return Ok(());
                 }
             };
         if entries.is_empty() {
             return Ok(());
+        }
+        if h.version >= 3 {
+            for (n, e) in entries.iter().enumerate() {
+                if e.disk_size.is_none() {
+                    self.findings
+                        .corrupt(format!("ERROR snapshot table entry {n} is incomplete"));
+                    self.findings.incomplete_snapshots = true;
+                }
+            }
         }
         self.refs
             .add(h.snapshots_offset, table_len, &mut self.findings);

@@ -1,0 +1,140 @@
+//! `check -r all` when counting is not enough: new refcount structures
+//! built from scratch when a refcount block or the table is lost or
+//! unusable, dropping a snapshot table that cannot be read, and
+//! rewriting one whose entries lack version 3's extra data (what
+//! qemu-img's repair does in these cases).
+//!
+//! The references the check counted (every reachable structure but the
+//! old refcount table and blocks) enter; a fresh refcount table and
+//! blocks are written at the end of the file and synced, and only then
+//! does the header point at them (so a crash in between leaves the old,
+//! still damaged, structures in place: nothing worse).
+
+use std::fs::File;
+use std::path::Path;
+
+use crate::error::BlockError;
+use crate::formats::qcow2::header::{Header, MAX_REFTABLE_BYTES, OFF_REFTABLE};
+use crate::formats::qcow2::image::{read_header_with, Qcow2Image};
+use crate::formats::qcow2::meta_io::{sync, write_at, MetaKind};
+use crate::formats::qcow2::refcount::{entries_per_block, max_refcount, write_refcount_entry};
+
+/// Header fields nb_snapshots (u32 at 60) and snapshots_offset (u64 at 64).
+const OFF_SNAPSHOT_FIELDS: u64 = 60;
+
+/// Writes new refcount blocks and a new table after everything in the
+/// file, holding `references[c]` for each cluster `c` (and 1 for
+/// themselves), then switches the header to them.
+pub(super) fn rebuild_refcounts(
+    file: &File,
+    header: &Header,
+    references: &[u32],
+    file_size: u64,
+    messages: &mut Vec<String>,
+) -> Result<(), BlockError> {
+    messages.push("Rebuilding refcount structure".into());
+    let cs = header.cluster_size();
+    let order = header.refcount_order;
+    let per_block = entries_per_block(header.cluster_bits, order);
+    let max = max_refcount(order);
+    let used = references
+        .iter()
+        .rposition(|r| *r > 0)
+        .map_or(1, |i| i as u64 + 1);
+    // New structures start after every cluster of the file.
+    let start = file_size.div_ceil(cs).max(used);
+    // Blocks and table must also count themselves: a fixed point.
+    let (mut blocks, mut table) = (0u64, 0u64);
+    loop {
+        let total = start + blocks + table;
+        let b = total.div_ceil(per_block);
+        let t = (b * 8).div_ceil(cs).max(1);
+        if (b, t) == (blocks, table) {
+            break;
+        }
+        (blocks, table) = (b, t);
+    }
+    if table * cs > MAX_REFTABLE_BYTES {
+        return Err(BlockError::NoSpace(format!(
+            "a rebuilt refcount table of {table} clusters would exceed qcow2's limit"
+        )));
+    }
+    let total = start + blocks + table;
+    let mut block_bytes = vec![0u8; (blocks * cs) as usize];
+    for c in 0..total {
+        let count = match references.get(c as usize) {
+            Some(r) => u64::from(*r),
+            None if c >= start => 1,
+            None => 0,
+        };
+        if count == 0 {
+            continue;
+        }
+        if count > max {
+            messages.push(format!(
+                "ERROR cluster {c} has {count} references, more than refcount_order {order} can store"
+            ));
+        }
+        let block = (c / per_block * cs) as usize;
+        write_refcount_entry(
+            &mut block_bytes[block..block + cs as usize],
+            (c % per_block) as usize,
+            order,
+            count.min(max),
+        );
+    }
+    let mut table_bytes = vec![0u8; (table * cs) as usize];
+    for b in 0..blocks {
+        let at = (b * 8) as usize;
+        table_bytes[at..at + 8].copy_from_slice(&((start + b) * cs).to_be_bytes());
+    }
+    let blocks_at = start * cs;
+    let table_at = (start + blocks) * cs;
+    write_at(file, MetaKind::RefcountBlock, blocks_at, &block_bytes)?;
+    write_at(file, MetaKind::RefcountTable, table_at, &table_bytes)?;
+    sync(file)?;
+    let mut fields = [0u8; 12];
+    fields[..8].copy_from_slice(&table_at.to_be_bytes());
+    fields[8..].copy_from_slice(&(table as u32).to_be_bytes());
+    write_at(file, MetaKind::Header, OFF_REFTABLE, &fields)?;
+    sync(file)
+}
+
+/// Forgets every internal snapshot (their clusters become leaks, which
+/// the next repair pass frees), as qemu-img does with a table it cannot
+/// read.
+pub(super) fn drop_snapshot_table(
+    file: &File,
+    messages: &mut Vec<String>,
+) -> Result<(), BlockError> {
+    messages.push("Discarding the unreadable snapshot table".into());
+    write_at(file, MetaKind::Header, OFF_SNAPSHOT_FIELDS, &[0u8; 12])?;
+    sync(file)
+}
+
+/// Rewrites the snapshot table through the opened image (entries get
+/// qemu's full extra data) once the image is otherwise usable: not
+/// dirty, not marked corrupt. Returns whether it did.
+pub(super) fn rewrite_snapshot_table(
+    path: &Path,
+    messages: &mut Vec<String>,
+) -> Result<bool, BlockError> {
+    let file = File::open(path).map_err(|source| BlockError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    let (header, _) = read_header_with(&file, path, false)?;
+    if header.dirty() || header.corrupt() {
+        messages
+            .push("Leaving the incomplete snapshot table: the image is not yet consistent".into());
+        return Ok(false);
+    }
+    messages.push("Repairing the snapshot table (entries without version 3's extra data)".into());
+    let mut opts = crate::options::DiskOptions::new(path);
+    opts.lock = false;
+    opts.image_type = crate::options::ImageType::Qcow2;
+    let image = Qcow2Image::open(&opts, crate::formats::open::open_file(&opts)?)?;
+    image.rewrite_snapshot_table_impl()?;
+    crate::formats::Format::close(&image)?;
+    Ok(true)
+}
