@@ -8,10 +8,12 @@
 
 mod args;
 mod cmd;
+mod copy_pipeline;
 mod error;
 mod image_io;
 mod json_style;
 mod options;
+mod progress;
 mod qcow2_space;
 mod size;
 

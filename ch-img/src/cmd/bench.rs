@@ -14,13 +14,14 @@ use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 
 use block::aligned::AlignedBuf;
+use block::options::CacheMode;
 use block::{BlockRequest, Disk, DiskOptions, EngineKind, IoMemory, RequestOp};
 use serde_json::json;
 
 use crate::args::{parse, OptSpec};
 use crate::cmd::{print_json, OutputFormat};
 use crate::error::CliError;
-use crate::options::parse_format;
+use crate::options::{parse_cache, parse_format, CacheFlag};
 use crate::size::parse_size;
 
 const SPEC: OptSpec = OptSpec {
@@ -172,11 +173,10 @@ fn params(p: &crate::args::Parsed) -> Result<BenchParams, CliError> {
             "--no-drain requires --flush-interval".into(),
         ));
     }
-    let direct = match p.value("t").unwrap_or("writeback") {
-        "none" | "directsync" => true,
-        "writeback" | "writethrough" | "unsafe" => false,
-        other => return Err(CliError::Usage(format!("Invalid cache mode '{other}'"))),
-    };
+    // qemu-img bench words this error unlike the other verbs.
+    let direct = parse_cache(p.value("t"), CacheMode::Writeback, CacheFlag::Target)
+        .map_err(|_| CliError::Usage("Invalid cache mode".into()))?
+        .direct();
     let aio = if p.flag("n") {
         Some("native")
     } else {

@@ -17,13 +17,19 @@
 //! 4. close them (flushing the base), reopen the image read-write and
 //!    unmap all of it ([`block::formats::Format::make_empty`]), unless
 //!    `-d` or `-b` (which implies `-d`, as in qemu-img).
+//!
+//! `-t` (default writeback, as qemu-img's) is the cache mode of every
+//! image the commit opens.
 
+use block::options::CacheMode;
 use block::{DiskOptions, ImageType};
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
-use crate::options::{open_image, parse_format};
+use crate::options::{
+    open_error, open_image, open_image_cached, parse_cache, parse_format, CacheFlag,
+};
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "ftbr",
@@ -50,11 +56,12 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         return Err(CliError::Usage("Expecting one image file name".into()));
     };
     let fmt = parse_format(p.value("f"))?;
+    let cache = parse_cache(p.value("t"), CacheMode::Writeback, CacheFlag::Target)?;
     let (layers, base_path, base_fmt) = chain_above_base(path, fmt, p.value("b"))?;
-    let base = open_image(&base_path, base_fmt, false)?;
+    let base = open_image_cached(&base_path, base_fmt, false, cache)?;
     // The layers are open only inside: released (with their locks) before
     // the image is reopened read-write with its chain.
-    let copied = commit_layers(&layers, &base);
+    let copied = commit_layers(&layers, &base, cache);
     let closed = base.close().map_err(CliError::Close);
     drop(base);
     copied.and(closed)?;
@@ -62,7 +69,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // between no longer read as before, and the top image must keep its
     // data to stay valid.
     if !p.flag("d") && p.value("b").is_none() {
-        let top = open_image(path, fmt, false)?;
+        let top = open_image_cached(path, fmt, false, cache)?;
         let emptied = top
             .format()
             .make_empty()
@@ -121,19 +128,17 @@ fn chain_above_base(
 
 /// Opens one layer read-only *without* its backing chain (so the base is
 /// not held open read-only by us).
-fn open_layer(layer: &Layer) -> Result<ImageIo, CliError> {
+fn open_layer(layer: &Layer, cache: CacheMode) -> Result<ImageIo, CliError> {
     let mut opts = DiskOptions::new(&layer.path);
     opts.readonly = true;
     opts.no_backing = true;
+    opts.direct = cache.direct();
     opts.image_type = if layer.fmt == ImageType::Auto {
         ImageType::Qcow2
     } else {
         layer.fmt
     };
-    ImageIo::open(&opts).map_err(|source| CliError::Open {
-        path: layer.path.clone().into(),
-        source,
-    })
+    ImageIo::open(&opts, cache).map_err(|source| open_error(&layer.path, cache, source))
 }
 
 /// Writes the top image's view of everything the layers above the base
@@ -141,10 +146,10 @@ fn open_layer(layer: &Layer) -> Result<ImageIo, CliError> {
 /// layers are copied from the lowest up, each over the ones below, so
 /// the last word is the top's. Where a layer reads past the end of the
 /// image below it (zeroes), zeroes are written first.
-fn commit_layers(layers: &[Layer], base: &ImageIo) -> Result<(), CliError> {
+fn commit_layers(layers: &[Layer], base: &ImageIo, cache: CacheMode) -> Result<(), CliError> {
     let opened = layers
         .iter()
-        .map(open_layer)
+        .map(|layer| open_layer(layer, cache))
         .collect::<Result<Vec<_>, _>>()?;
     let Some(size) = opened.first().map(ImageIo::size) else {
         return Ok(());

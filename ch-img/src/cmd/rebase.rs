@@ -10,13 +10,18 @@
 //! ([`block::formats::Format::set_backing_file`]). `-u` only changes the
 //! header. As in qemu-img 7.2, a non-empty `-b` needs `-F`, and a
 //! relative `-b` is relative to the image's folder.
+//!
+//! `-t` is the cache mode of the image and its old chain, `-T` that of
+//! the new backing file (both default writeback, as qemu-img's).
 
 use std::path::Path;
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
-use crate::options::{open_image, parse_format};
+use block::options::CacheMode;
+
+use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "fbFtT",
@@ -51,7 +56,9 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "Could not change the backing file to '{backing}': backing format must be specified"
         )));
     }
-    let image = open_image(path, parse_format(p.value("f"))?, false)?;
+    let cache = parse_cache(p.value("t"), CacheMode::Writeback, CacheFlag::Target)?;
+    let src_cache = parse_cache(p.value("T"), CacheMode::Writeback, CacheFlag::Source)?;
+    let image = open_image_cached(path, parse_format(p.value("f"))?, false, cache)?;
     let result = (|| {
         if !unsafe_mode {
             let new = if backing.is_empty() {
@@ -64,14 +71,13 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
                     .unwrap_or_else(|| backing.into());
                 let resolved = resolved.to_string_lossy().into_owned();
                 Some(
-                    open_image(&resolved, parse_format(backing_fmt)?, true).map_err(
-                        |e| match e {
+                    open_image_cached(&resolved, parse_format(backing_fmt)?, true, src_cache)
+                        .map_err(|e| match e {
                             CliError::Open { source, .. } => CliError::Usage(format!(
                                 "Could not open new backing file '{backing}': {source}"
                             )),
                             other => other,
-                        },
-                    )?,
+                        })?,
                 )
             };
             copy_differences(&image, new.as_ref())?;

@@ -14,6 +14,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::backing::{open_backing, resolve, Backing};
+use super::compressed_cache::CompressedCache;
 use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::header::{Header, HeaderError, OFF_AUTOCLEAR, OFF_INCOMPAT};
 use super::inflight::InFlight;
@@ -32,6 +33,8 @@ pub(crate) struct State {
     /// Whether the image looks metadata-preallocated (decided on the
     /// first block-status query; see `prealloc_detect`).
     pub metadata_prealloc: Option<bool>,
+    /// Compressed clusters packed into host clusters, not yet written.
+    pub compressed: CompressedCache,
 }
 
 pub struct Qcow2Image {
@@ -230,6 +233,7 @@ impl Qcow2Image {
                 inflight: InFlight::default(),
                 incompatible: header.incompatible,
                 metadata_prealloc: None,
+                compressed: CompressedCache::default(),
             }),
             path,
             files,
