@@ -48,6 +48,11 @@ impl Progress {
         p
     }
 
+    /// The amount of work, once it is known (at least 1).
+    pub fn set_total(&mut self, total: u64) {
+        self.total = total.max(1);
+    }
+
     /// `done` of the total is finished.
     pub fn update(&mut self, done: u64) {
         let percent = (done.min(self.total) as f64 * 100.0) / self.total as f64;

@@ -30,6 +30,7 @@ use crate::image_io::ImageIo;
 use crate::options::{
     open_error, open_image, open_image_cached, parse_cache, parse_format, CacheFlag,
 };
+use crate::progress::Progress;
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "ftbr",
@@ -61,7 +62,8 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let base = open_image_cached(&base_path, base_fmt, false, cache)?;
     // The layers are open only inside: released (with their locks) before
     // the image is reopened read-write with its chain.
-    let copied = commit_layers(&layers, &base, cache);
+    let mut progress = Progress::new(p.flag("p") && !p.flag("q"), 0);
+    let copied = commit_layers(&layers, &base, cache, &mut progress);
     let closed = base.close().map_err(CliError::Close);
     drop(base);
     copied.and(closed)?;
@@ -77,6 +79,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         let closed = top.close().map_err(CliError::Close);
         emptied.and(closed)?;
     }
+    progress.finish();
     if !p.flag("q") {
         println!("Image committed.");
     }
@@ -146,7 +149,12 @@ fn open_layer(layer: &Layer, cache: CacheMode) -> Result<ImageIo, CliError> {
 /// layers are copied from the lowest up, each over the ones below, so
 /// the last word is the top's. Where a layer reads past the end of the
 /// image below it (zeroes), zeroes are written first.
-fn commit_layers(layers: &[Layer], base: &ImageIo, cache: CacheMode) -> Result<(), CliError> {
+fn commit_layers(
+    layers: &[Layer],
+    base: &ImageIo,
+    cache: CacheMode,
+    progress: &mut Progress,
+) -> Result<(), CliError> {
     let opened = layers
         .iter()
         .map(|layer| open_layer(layer, cache))
@@ -157,6 +165,7 @@ fn commit_layers(layers: &[Layer], base: &ImageIo, cache: CacheMode) -> Result<(
     if base.size() < size {
         base.grow(size)?;
     }
+    progress.set_total(size * opened.len() as u64);
     // What of each layer the top image sees: up to the smallest size from
     // the top down to it.
     let visible: Vec<u64> = opened
@@ -176,7 +185,10 @@ fn commit_layers(layers: &[Layer], base: &ImageIo, cache: CacheMode) -> Result<(
                     source,
                 })?;
         }
-        copy_allocated(&opened[i], base, visible[i])?;
+        let done_below = size * (opened.len() - 1 - i) as u64;
+        copy_allocated(&opened[i], base, visible[i], &mut |pos| {
+            progress.update(done_below + pos)
+        })?;
     }
     Ok(())
 }
@@ -184,10 +196,16 @@ fn commit_layers(layers: &[Layer], base: &ImageIo, cache: CacheMode) -> Result<(
 /// Copies what `top` (one layer, opened without its chain) maps itself
 /// below `size` into `base`: data is read and written, zero clusters
 /// become write-zeroes.
-fn copy_allocated(top: &ImageIo, base: &ImageIo, size: u64) -> Result<(), CliError> {
+fn copy_allocated(
+    top: &ImageIo,
+    base: &ImageIo,
+    size: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(), CliError> {
     let mut buf = vec![0u8; CHUNK as usize];
     let mut pos = 0u64;
     while pos < size {
+        progress(pos);
         let status = top.extent_at(pos, size)?;
         let end = pos + status.len;
         if !(status.depth == 0 && status.present) {

@@ -22,6 +22,7 @@ use crate::image_io::ImageIo;
 use block::options::CacheMode;
 
 use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
+use crate::progress::Progress;
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "fbFtT",
@@ -80,7 +81,9 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
                         })?,
                 )
             };
-            copy_differences(&image, new.as_ref())?;
+            let mut progress = Progress::new(p.flag("p") && !p.flag("q"), image.size());
+            copy_differences(&image, new.as_ref(), &mut progress)?;
+            progress.finish();
         }
         let name = (!backing.is_empty()).then_some(backing);
         image
@@ -94,7 +97,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
 }
 
 /// Safe mode's copy (see the module docs).
-fn copy_differences(image: &ImageIo, new: Option<&ImageIo>) -> Result<(), CliError> {
+fn copy_differences(
+    image: &ImageIo,
+    new: Option<&ImageIo>,
+    progress: &mut Progress,
+) -> Result<(), CliError> {
     let size = image.size();
     let cs = image.format().info().cluster_size.unwrap_or(65536);
     let new_size = new.map_or(0, ImageIo::size);
@@ -102,6 +109,7 @@ fn copy_differences(image: &ImageIo, new: Option<&ImageIo>) -> Result<(), CliErr
     let mut new_buf = vec![0u8; cs as usize];
     let mut pos = 0u64;
     while pos < size {
+        progress.update(pos);
         let status = image.extent_at(pos, size)?;
         let end = pos + status.len;
         if status.depth == 0 && status.present {

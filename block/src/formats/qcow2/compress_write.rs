@@ -166,7 +166,9 @@ pub fn compress_cluster(
     let limit = data.len() - 1;
     let out = match algorithm {
         Compression::Deflate => {
-            let mut out = Vec::with_capacity(limit);
+            // Room for deflate's worst case (stored blocks): zlib-rs panics
+            // when an incompressible cluster meets a smaller buffer.
+            let mut out = Vec::with_capacity(data.len() + data.len() / 8 + 64);
             let status = DEFLATE.with(|cell| {
                 let mut c = cell.borrow_mut();
                 c.reset();
@@ -226,4 +228,28 @@ fn alloc_compressed_bytes(meta: &mut MetaState, len: u64) -> Result<u64, BlockEr
     let new = meta.alloc_clusters(len.div_ceil(cs))?;
     meta.compressed_tail = new + len;
     Ok(new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incompressible_small_clusters_are_refused_not_a_panic() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let data: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        for algorithm in [Compression::Deflate, Compression::Zstd] {
+            assert_eq!(compress_cluster(algorithm, &data).unwrap(), None);
+            let text = b"compressible ".repeat(400);
+            let packed = compress_cluster(algorithm, &text[..4096]).unwrap().unwrap();
+            assert!(packed.len() < 4096);
+        }
+    }
 }
