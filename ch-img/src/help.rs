@@ -36,6 +36,7 @@ pub fn verb_help(verb: &str) -> Option<String> {
                 "-t  cache mode of the output (default unsafe)",
                 "-T  cache mode of the source (default writeback)",
                 "-S  zero blocks of this size are not written (default 4k)",
+                "--compressed-cache=N  host clusters of compressed data kept before writing (default 64, 0: none)",
                 CACHE,
             ],
         ),

@@ -284,8 +284,9 @@ pub trait Format: Send + Sync {
     }
 
     /// How many complete host clusters of compressed data are kept in
-    /// memory before they are written (formats without compressed
-    /// clusters ignore it).
+    /// memory before they are written (64 unless set; 0: none, every
+    /// compressed cluster is written at once). Set it before the first
+    /// compressed write; formats without compressed clusters ignore it.
     fn set_compressed_cache(&self, host_clusters: usize) {
         let _ = host_clusters;
     }

@@ -23,12 +23,14 @@
 //! is no in-flight tracking against queues writing the same clusters.
 
 use std::cell::RefCell;
+use std::sync::atomic::Ordering;
 
 use flate2::{Compress, FlushCompress, Status};
 
 use super::image::{Qcow2Image, State};
 use super::l2_entry::{compressed_entry, L2Entry};
 use super::meta::MetaState;
+use super::meta_io::write_at;
 use super::refcount::max_refcount;
 use crate::error::BlockError;
 use crate::formats::Compression;
@@ -90,6 +92,17 @@ impl Qcow2Image {
         meta.writable_l2(guest)?;
         let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
         let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
+        if compressed.capacity() == 0 {
+            // No cache: one write per compressed cluster, through the
+            // buffered descriptor (it is not aligned).
+            write_at(&self.cow_files[0], host, packed, "compressed cluster")?;
+            meta.publish_l2_entry(guest, raw, 0)?;
+            if meta.should_flush() {
+                meta.flush_dirty()?;
+            }
+            return Ok(());
+        }
+        self.compressed_cached.store(true, Ordering::Release);
         compressed.insert(&self.cow_files[0], cs, guest, raw, host, packed)?;
         if compressed.is_full(meta.compressed_tail, cs) {
             compressed.write_out(meta, &self.files[0], &self.cow_files[0], false)?;
@@ -100,10 +113,10 @@ impl Qcow2Image {
     /// Writes every cached compressed cluster (padded) and publishes their
     /// L2 entries; before a flush, a close or a resize.
     pub(crate) fn write_out_compressed(&self) -> Result<(), BlockError> {
-        let mut st = self.lock();
-        if st.compressed.is_empty() {
+        if !self.compressed_cached.load(Ordering::Acquire) {
             return Ok(());
         }
+        let mut st = self.lock();
         let State {
             meta, compressed, ..
         } = &mut *st;
@@ -114,6 +127,9 @@ impl Qcow2Image {
     /// still have their compressed data only there (a read, a write or a
     /// discard of them must see it mapped).
     pub(crate) fn write_out_compressed_in(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        if !self.compressed_cached.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let cs = self.header.cluster_size();
         let mut st = self.lock();
         if !st.compressed.overlaps(offset, len, cs) {
@@ -126,7 +142,8 @@ impl Qcow2Image {
     }
 
     /// How many complete host clusters the compressed-cluster write cache
-    /// holds before it writes them (at least 1; 64 by default).
+    /// holds before it writes them (64 by default); 0 writes every
+    /// compressed cluster at once, without the cache.
     pub(crate) fn set_compressed_cache_impl(&self, host_clusters: usize) {
         self.lock().compressed.set_capacity(host_clusters);
     }

@@ -78,13 +78,14 @@ impl Default for CompressedCache {
 }
 
 impl CompressedCache {
-    /// Sets how many complete host clusters may wait in memory (at least 1).
+    /// Sets how many complete host clusters may wait in memory; 0 turns
+    /// the cache off (the caller then writes every cluster itself).
     pub fn set_capacity(&mut self, clusters: usize) {
-        self.capacity = clusters.max(1);
+        self.capacity = clusters;
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.clusters.is_empty()
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Whether guest cluster `guest` has compressed data not yet mapped.
@@ -167,7 +168,7 @@ impl CompressedCache {
             .keys()
             .filter(|&&c| !is_tail(c, tail, cluster_size))
             .count()
-            >= self.capacity
+            >= self.capacity.max(1)
     }
 
     /// Writes dirty clusters to `file` (see the module docs) and publishes

@@ -10,7 +10,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::backing::{open_backing, resolve, Backing};
@@ -52,6 +52,9 @@ pub struct Qcow2Image {
     pub(crate) readonly: bool,
     pub(crate) size: AtomicU64,
     pub(crate) state: Mutex<State>,
+    /// Whether `State::compressed` may hold data (read without the lock
+    /// on every read and write plan).
+    pub(crate) compressed_cached: AtomicBool,
 }
 
 fn header_error(path: &Path, e: HeaderError) -> BlockError {
@@ -228,6 +231,7 @@ impl Qcow2Image {
         let meta = MetaState::load(&header, meta_file, path.clone(), file_size)?;
         Ok(Qcow2Image {
             size: AtomicU64::new(header.size),
+            compressed_cached: AtomicBool::new(false),
             state: Mutex::new(State {
                 meta,
                 inflight: InFlight::default(),
