@@ -156,3 +156,49 @@ pub fn allocated_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| m.blocks() * 512)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_values_and_qemu_img_errors() {
+        let t = |v| parse_cache(Some(v), CacheMode::Unsafe, CacheFlag::Target);
+        assert_eq!(t("off").unwrap(), CacheMode::None);
+        assert_eq!(t("directsync").unwrap(), CacheMode::Directsync);
+        assert_eq!(
+            parse_cache(None, CacheMode::Unsafe, CacheFlag::Target).unwrap(),
+            CacheMode::Unsafe
+        );
+        let msg = |r: Result<CacheMode, CliError>| match r {
+            Err(CliError::Usage(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(msg(t("bogus")), "Invalid cache option: bogus");
+        assert_eq!(
+            msg(parse_cache(
+                Some("x"),
+                CacheMode::Writeback,
+                CacheFlag::Source
+            )),
+            "Invalid source cache option: x"
+        );
+    }
+
+    #[test]
+    fn o_direct_refusal_names_file_and_mode() {
+        let refused = || BlockError::Open {
+            path: "/mnt/img".into(),
+            source: std::io::Error::from_raw_os_error(libc::EINVAL),
+        };
+        let e = open_error("/mnt/img", CacheMode::Directsync, refused());
+        let text = crate::error::chain(&e);
+        assert!(
+            text.contains("'/mnt/img'") && text.contains("directsync") && text.contains("O_DIRECT"),
+            "{text}"
+        );
+        // Without O_DIRECT the same errno is an ordinary open error.
+        let e = open_error("/mnt/img", CacheMode::Writeback, refused());
+        assert!(matches!(e, CliError::Open { .. }), "{e:?}");
+    }
+}

@@ -27,10 +27,10 @@ use std::sync::atomic::Ordering;
 
 use flate2::{Compress, FlushCompress, Status};
 
+use super::compressed_cache::write_uncached;
 use super::image::{Qcow2Image, State};
 use super::l2_entry::{compressed_entry, L2Entry};
 use super::meta::MetaState;
-use super::meta_io::write_at;
 use super::refcount::max_refcount;
 use crate::error::BlockError;
 use crate::formats::Compression;
@@ -93,9 +93,8 @@ impl Qcow2Image {
         let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
         let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
         if compressed.capacity() == 0 {
-            // No cache: one write per compressed cluster, through the
-            // buffered descriptor (it is not aligned).
-            write_at(&self.cow_files[0], host, packed, "compressed cluster")?;
+            // No cache: one write per compressed cluster.
+            write_uncached(&self.files[0], host, packed)?;
             meta.publish_l2_entry(guest, raw, 0)?;
             if meta.should_flush() {
                 meta.flush_dirty()?;

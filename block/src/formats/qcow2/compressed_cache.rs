@@ -311,6 +311,41 @@ impl CompressedCache {
     }
 }
 
+/// Without the cache (capacity 0): writes `data` at `host` at once. On an
+/// O_DIRECT file that is a read-modify-write of the aligned blocks it
+/// touches (what writing compressed clusters to O_DIRECT costs without a
+/// cache); otherwise one plain write.
+pub(crate) fn write_uncached(file: &File, host: u64, data: &[u8]) -> Result<(), BlockError> {
+    let align = file_alignment(file);
+    if align.is_none() {
+        return write_all(file, host, data);
+    }
+    let step = u64::from(align.offset).max(1);
+    let start = host - host % step;
+    let end = (host + data.len() as u64).div_ceil(step) * step;
+    let mem = (align.mem.max(align.offset) as usize).max(512);
+    let mut buf =
+        AlignedBuf::new((end - start) as usize, mem).ok_or_else(|| out_of_memory(start))?;
+    let mut done = 0usize;
+    while done < buf.len() {
+        match file.read_at(&mut buf.as_mut_slice()[done..], start + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(BlockError::Read {
+                    offset: start,
+                    source,
+                })
+            }
+        }
+    }
+    // Past the end of the file the buffer keeps its zeroes.
+    let at = (host - start) as usize;
+    buf.as_mut_slice()[at..at + data.len()].copy_from_slice(data);
+    write_all(file, start, buf.as_slice())
+}
+
 /// Whether host cluster `c` is the one the allocator is still filling.
 fn is_tail(c: u64, tail: u64, cluster_size: u64) -> bool {
     !tail.is_multiple_of(cluster_size) && tail - tail % cluster_size == c
