@@ -4,7 +4,9 @@
 #
 # What it installs when missing: qemu-utils (qemu-img, qemu-io: the oracle
 # the tests compare against), fio (the reference of the benchmarks) and
-# acpica-tools (iasl, which disassembles our ACPI tables in a test).
+# acpica-tools (iasl, which disassembles our ACPI tables in a test),
+# util-linux (fincore: page-cache residency) and strace (counting
+# flushes), both for tests/tests/ch_img_cache.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +15,8 @@ command -v qemu-img >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v qemu-io >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v fio >/dev/null 2>&1 || need_apt+=(fio)
 command -v iasl >/dev/null 2>&1 || need_apt+=(acpica-tools)
+command -v fincore >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "run-tests: installing ${need_apt[*]}"
     sudo_cmd=()

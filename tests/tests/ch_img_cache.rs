@@ -223,6 +223,74 @@ fn bad_cache_modes_and_worker_counts_fail_like_qemu_img() {
     qemu_img(&["convert", "-W", "-c", "-O", "qcow2", &img, &out]);
 }
 
+/// fdatasync calls of `ch-img ARGS` (strace; the sync engine makes them
+/// system calls).
+fn fdatasyncs(args: &[&str]) -> u64 {
+    let log = TempDir::new("strace");
+    let file = log.file("trace");
+    let out = Command::new("strace")
+        .args(["-f", "-c", "-e", "trace=fdatasync", "-o", &file])
+        .arg(ch_img())
+        .args(args)
+        .output()
+        .expect("strace is needed");
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    let text = std::fs::read_to_string(&file).unwrap();
+    text.lines()
+        .find(|l| l.trim_end().ends_with("fdatasync"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[test]
+fn bench_flushes_as_its_cache_mode_says() {
+    let dir = TempDir::new("cache");
+    let img = dir.file("b.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &img, "16M"]);
+    let bench = |mode| {
+        fdatasyncs(&[
+            "bench",
+            "-w",
+            "-c",
+            "100",
+            "-d",
+            "4",
+            "-i",
+            "threads",
+            "--flush-interval=50",
+            "-t",
+            mode,
+            &img,
+        ])
+    };
+    // Every write is followed by a flush in writethrough and directsync.
+    assert!(bench("writethrough") >= 100);
+    assert!(bench("directsync") >= 100);
+    // writeback: the two interval flushes and the close.
+    let wb = bench("writeback");
+    assert!((2..=4).contains(&wb), "{wb}");
+    assert_eq!(bench("unsafe"), 0);
+}
+
+#[test]
+fn convert_flushes_as_its_cache_mode_says() {
+    let dir = TempDir::new("cache");
+    let src = mixed_source(&dir, 4);
+    let out = dir.file("out.qcow2");
+    let count = |mode: &str| {
+        let _ = std::fs::remove_file(&out);
+        fdatasyncs(&["convert", "-m", "1", "-O", "qcow2", "-t", mode, &src, &out])
+    };
+    let (unsafe_, writeback, writethrough) =
+        (count("unsafe"), count("writeback"), count("writethrough"));
+    // Every write of a data run is made durable on its own (12 data
+    // parts of 256 KiB here, so at least 12 writes);
+    // unsafe leaves only the qcow2 format's own barriers at close.
+    assert!(writethrough >= 12, "{writethrough}");
+    assert!(writethrough > writeback, "{writethrough} vs {writeback}");
+    assert!(writeback > unsafe_, "{writeback} vs {unsafe_}");
+}
+
 /// qemu-img's progress bytes: `    (0.00/100%)\r` ... `(100.00/100%)\r\n`.
 fn assert_progress(out: &str, what: &str) {
     assert!(out.starts_with("    (0.00/100%)\r"), "{what}: {out:?}");
