@@ -54,19 +54,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "ch-img convert supports neither -B nor -n".into(),
         ));
     }
-    let workers = match p.value("m") {
-        None => 8,
-        Some(m) => m
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=16).contains(n))
-            .ok_or_else(|| {
-                CliError::Usage(
-                "Invalid number of coroutines. Allowed number of coroutines is between 1 and 16"
-                    .into(),
-            )
-            })?,
-    };
+    let workers = parse_workers(p.value("m"))?;
     let dst_cache = parse_cache(p.value("t"), CacheMode::Unsafe, CacheFlag::Target)?;
     let src_cache = parse_cache(p.value("T"), CacheMode::Writeback, CacheFlag::Source)?;
     let [src, dst] = p.operands.as_slice() else {
@@ -144,6 +132,20 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     }
     progress.finish();
     Ok(0)
+}
+
+/// `-m`: 1..16 workers, 8 by default, refused as qemu-img refuses it.
+fn parse_workers(value: Option<&str>) -> Result<usize, CliError> {
+    const REFUSED: &str =
+        "Invalid number of coroutines. Allowed number of coroutines is between 1 and 16";
+    match value {
+        None => Ok(8),
+        Some(m) => m
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=16).contains(n))
+            .ok_or_else(|| CliError::Usage(REFUSED.into())),
+    }
 }
 
 /// Creates the output image (a qcow2 with the `-o` options, or a sparse

@@ -13,7 +13,8 @@
 //! - with `all`, the cluster the allocator is still filling is written
 //!   too, its tail padded with zeroes to the file's O_DIRECT alignment;
 //!   it stays cached (clean), so the bytes that later join it rewrite it
-//!   whole instead of reading it back.
+//!   whole instead of reading it back; clean clusters the allocator has
+//!   left are dropped at the next insert.
 //!
 //! An L2 entry is published only once every host cluster its bytes touch
 //! is on the file, so the image never maps data that is not there. When a
@@ -116,6 +117,10 @@ impl CompressedCache {
         data: &[u8],
     ) -> Result<(), BlockError> {
         let align = self.buffer_alignment(cluster_size);
+        // Clean clusters match the file: only the one this data joins is
+        // worth keeping (the allocator has moved past the others).
+        let joined = host - host % cluster_size;
+        self.clusters.retain(|&c, h| h.dirty || c == joined);
         let mut pos = host;
         let mut rest = data;
         while !rest.is_empty() {
