@@ -313,7 +313,17 @@ fn progress_is_printed_like_qemu_img() {
         "create", "-q", "-f", "qcow2", "-b", &out, "-F", "qcow2", &top,
     ]);
     qemu_img(&["rebase", "-q", "-u", "-b", &out, "-F", "qcow2", &top]);
-    let rebased = ch(&["rebase", "-p", "-b", "", &top]);
+    let rebased = ch(&[
+        "rebase",
+        "-p",
+        "-t",
+        "directsync",
+        "-T",
+        "none",
+        "-b",
+        "",
+        &top,
+    ]);
     assert_progress(&rebased, "rebase");
     qemu_img(&["compare", "-f", "raw", &src, &top]);
     let top2 = dir.file("top2.qcow2");
