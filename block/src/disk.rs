@@ -18,13 +18,14 @@
 //! [`Disk::write_at`], ...), which run one request through a sync-engine
 //! queue: the same code path as the device.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::error::BlockError;
 use crate::formats::Format;
 use crate::io::executor::{DiskShared, Executor};
+use crate::io::threads::{self, WorkerPool};
 use crate::io::Engine;
 use crate::options::{DiskOptions, EngineKind};
 use crate::request::{BlockRequest, Completion, IoMemory, RequestOp};
@@ -46,6 +47,8 @@ pub struct Disk {
     helper: Arc<Mutex<Option<DiskQueue>>>,
     /// Partial-block locks and write tracking shared by this disk's queues.
     shared: Arc<DiskShared>,
+    /// The worker pool of this disk's `threads` queues (made by the first).
+    pool: Arc<OnceLock<Arc<WorkerPool>>>,
 }
 
 impl Disk {
@@ -71,6 +74,7 @@ impl Disk {
             block_size,
             helper: Arc::new(Mutex::new(None)),
             shared: Arc::new(DiskShared::default()),
+            pool: Arc::new(OnceLock::new()),
         }
     }
 
@@ -120,7 +124,18 @@ impl Disk {
     /// A queue on a given engine (`Auto` means sync here).
     pub fn queue_with_engine(&self, kind: EngineKind) -> Result<DiskQueue, BlockError> {
         let eventfd = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?);
-        let engine = crate::io::new_engine(kind, self.format.files(), eventfd)?;
+        let engine: Box<dyn Engine> = if kind == EngineKind::Threads {
+            let pool = self
+                .pool
+                .get_or_init(|| Arc::new(WorkerPool::new(threads::DEFAULT_MAX_THREADS)));
+            Box::new(threads::ThreadsEngine::new(
+                self.format.files(),
+                eventfd,
+                pool.clone(),
+            ))
+        } else {
+            crate::io::new_engine(kind, self.format.files(), eventfd)?
+        };
         Ok(self.queue_on(engine))
     }
 

@@ -76,6 +76,10 @@ pub enum BlockError {
     UringSetup(#[source] io::Error),
     #[error("io_uring submission failed")]
     UringSubmit(#[source] io::Error),
+    #[error("Linux AIO context setup (io_setup) failed")]
+    AioSetup(#[source] io::Error),
+    #[error("waiting for Linux AIO completions (io_getevents) failed")]
+    AioWait(#[source] io::Error),
     #[error("eventfd operation failed")]
     EventFd(#[source] io::Error),
     #[error("resize failed: {0}")]

@@ -20,7 +20,12 @@ use engine_support::*;
 use support::*;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-const ENGINES: [EngineKind; 2] = [EngineKind::Sync, EngineKind::IoUring];
+const ENGINES: [EngineKind; 4] = [
+    EngineKind::Sync,
+    EngineKind::IoUring,
+    EngineKind::Aio,
+    EngineKind::Threads,
+];
 
 fn open_file(path: &std::path::Path, direct: bool) -> Arc<File> {
     let mut o = OpenOptions::new();
