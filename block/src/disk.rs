@@ -56,26 +56,39 @@ impl Disk {
     /// engine (`auto` probes io_uring once).
     pub fn open(options: &DiskOptions) -> Result<Disk, BlockError> {
         let format = crate::formats::open_format(options)?;
-        Ok(Self::from_format(format, options))
+        Self::from_format(format, options)
     }
 
-    /// Wraps an already opened format (tests, tools).
-    pub fn from_format(format: Arc<dyn Format>, options: &DiskOptions) -> Disk {
-        let engine = crate::io::probe::resolve_engine(options.engine, &options.path);
+    /// Wraps an already opened format (tests, tools) and resolves its
+    /// engine; fails when an explicit `engine=aio` cannot work here.
+    pub fn from_format(format: Arc<dyn Format>, options: &DiskOptions) -> Result<Disk, BlockError> {
+        let engine = crate::io::probe::resolve_engine(
+            options.engine,
+            options.direct,
+            format.as_ref(),
+            &options.path,
+        )
+        .map_err(|reason| BlockError::AioUnavailable {
+            path: options.path.clone(),
+            reason,
+        })?;
         let block_size = format
             .files()
             .iter()
             .map(|f| crate::io::align::file_alignment(f).offset)
             .fold(crate::SECTOR_SIZE as u32, u32::max);
-        Disk {
+        Ok(Disk {
             format,
             options: options.clone(),
             engine,
             block_size,
             helper: Arc::new(Mutex::new(None)),
-            shared: Arc::new(DiskShared::default()),
+            shared: Arc::new(DiskShared {
+                ignore_flushes: !options.cache.flushes(),
+                ..Default::default()
+            }),
             pool: Arc::new(OnceLock::new()),
-        }
+        })
     }
 
     pub fn size(&self) -> u64 {
@@ -90,7 +103,7 @@ impl Disk {
         &self.options
     }
 
-    /// The engine in use (`IoUring` or `Sync`).
+    /// The engine in use (never `Auto`).
     pub fn engine(&self) -> EngineKind {
         self.engine
     }
@@ -107,15 +120,15 @@ impl Disk {
 
     /// Creates a queue handle with its own engine and completion eventfd.
     /// With `engine=auto`, a ring that cannot be set up (say, locked-memory
-    /// limits) falls back to the sync engine with a warning.
+    /// limits) falls back to the thread pool with a warning.
     pub fn queue(&self) -> Result<DiskQueue, BlockError> {
         match self.queue_with_engine(self.engine) {
             Err(e @ BlockError::UringSetup(_)) if self.options.engine == EngineKind::Auto => {
                 log::warn!(
-                    "disk {}: io_uring queue setup failed ({e}); this queue uses the sync engine",
+                    "disk {}: io_uring queue setup failed ({e}); this queue uses the threads engine",
                     self.options.path.display()
                 );
-                self.queue_with_engine(EngineKind::Sync)
+                self.queue_with_engine(EngineKind::Threads)
             }
             r => r,
         }

@@ -76,6 +76,8 @@ pub enum BlockError {
     UringSetup(#[source] io::Error),
     #[error("io_uring submission failed")]
     UringSubmit(#[source] io::Error),
+    #[error("engine=aio for {path}: {reason}")]
+    AioUnavailable { path: PathBuf, reason: String },
     #[error("Linux AIO context setup (io_setup) failed")]
     AioSetup(#[source] io::Error),
     #[error("waiting for Linux AIO completions (io_getevents) failed")]

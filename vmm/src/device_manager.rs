@@ -92,11 +92,12 @@ pub fn open_disks(configs: &[DiskConfig]) -> Result<Vec<OpenedDisk>, DeviceError
                 source,
             })?;
             log::info!(
-                "disk {}: {} bytes, engine {} (asked {}), {}{}",
+                "disk {}: {} bytes, engine {} (asked {}), cache={}, {}{}",
                 c.options.path.display(),
                 disk.size(),
                 disk.engine(),
                 c.options.engine,
+                c.options.cache,
                 if c.options.readonly {
                     "read-only"
                 } else {

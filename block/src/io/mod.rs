@@ -24,6 +24,7 @@ use crate::formats::FileId;
 
 pub mod aio;
 pub mod align;
+pub mod allocation;
 pub(crate) mod blocking;
 pub(crate) mod executor;
 pub use executor::INFLATIONS_PER_DRAIN;

@@ -99,8 +99,13 @@ impl FromStr for EngineKind {
 pub struct DiskOptions {
     pub path: PathBuf,
     pub readonly: bool,
-    /// O_DIRECT on every file of the image (the `cache=none` of other VMMs).
+    /// O_DIRECT on every file of the image. `cache=` sets it (and
+    /// [`take_image_options`] refuses a `direct=` that disagrees).
     pub direct: bool,
+    /// QEMU's cache mode: besides O_DIRECT (see `direct`), whether the
+    /// device starts with a volatile write cache and whether flushes reach
+    /// the disk (`unsafe` ignores them).
+    pub cache: CacheMode,
     pub image_type: ImageType,
     pub engine: EngineKind,
     /// Take OFD locks (shared for read-only, exclusive for read-write) the
@@ -124,8 +129,12 @@ impl DiskOptions {
 }
 
 /// Takes the image keys shared by `--disk` and `--image` from `kv`:
-/// `path` (required), `readonly`, `direct`, `image_type` and `engine`.
-/// Other keys stay in `kv` for the caller.
+/// `path` (required), `readonly`, `direct`, `cache`, `image_type` and
+/// `engine`. Other keys stay in `kv` for the caller.
+///
+/// Refused: a `direct` that disagrees with `cache` (naming both), and
+/// `engine=aio` without O_DIRECT (QEMU's aio=native needs
+/// cache.direct=on).
 pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
     let option = kv.option();
     let path = kv.take("path")?.ok_or(KvError::MissingKey {
@@ -144,14 +153,44 @@ pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
     if let Some(v) = kv.take_parsed("readonly", parse_on_off)? {
         options.readonly = v;
     }
-    if let Some(v) = kv.take_parsed("direct", parse_on_off)? {
-        options.direct = v;
+    let direct = kv.take_parsed("direct", parse_on_off)?;
+    let cache = kv.take_parsed("cache", |s| s.parse::<CacheMode>())?;
+    let on_off = |d: bool| if d { "on" } else { "off" };
+    match (direct, cache) {
+        (Some(d), Some(c)) if d != c.direct() => {
+            return Err(KvError::Conflict {
+                option,
+                first: format!("direct={}", on_off(d)),
+                second: format!("cache={c}"),
+                reason: format!(
+                    "cache={c} opens the image {} O_DIRECT; drop one of the two",
+                    if c.direct() { "with" } else { "without" }
+                ),
+            });
+        }
+        (_, Some(c)) => options.cache = c,
+        (Some(true), None) => options.cache = CacheMode::None,
+        _ => {}
     }
+    options.direct = options.cache.direct();
     if let Some(v) = kv.take_parsed("image_type", |s| s.parse::<ImageType>())? {
         options.image_type = v;
     }
     if let Some(v) = kv.take_parsed("engine", |s| s.parse::<EngineKind>())? {
         options.engine = v;
+    }
+    if options.engine == EngineKind::Aio && !options.direct {
+        let buffered = match (direct, cache) {
+            (_, Some(c)) => format!("cache={c}"),
+            (Some(_), None) => "direct=off".to_string(),
+            (None, None) => "cache=writeback (the default)".to_string(),
+        };
+        return Err(KvError::Conflict {
+            option,
+            first: "engine=aio".into(),
+            second: buffered,
+            reason: "Linux AIO needs O_DIRECT (as QEMU's aio=native): use cache=none or cache=directsync".into(),
+        });
     }
     Ok(options)
 }
@@ -186,6 +225,93 @@ mod tests {
         let err = "native".parse::<EngineKind>().unwrap_err();
         for name in ["'native'", "auto", "io_uring", "aio", "threads", "sync"] {
             assert!(err.contains(name), "{err}");
+        }
+    }
+
+    fn parse(s: &str) -> Result<DiskOptions, KvError> {
+        let mut kv = KvList::parse("--disk", s)?;
+        let o = take_image_options(&mut kv)?;
+        kv.finish()?;
+        Ok(o)
+    }
+
+    #[test]
+    fn cache_modes_set_direct() {
+        for (mode, direct) in [
+            ("none", true),
+            ("writeback", false),
+            ("writethrough", false),
+            ("directsync", true),
+            ("unsafe", false),
+        ] {
+            let o = parse(&format!("path=/a,cache={mode}")).unwrap();
+            assert_eq!(o.cache.as_str(), mode);
+            assert_eq!(o.direct, direct, "{mode}");
+        }
+        let o = parse("path=/a,direct=on").unwrap();
+        assert_eq!((o.direct, o.cache), (true, CacheMode::None));
+        let o = parse("path=/a,direct=off,cache=writethrough").unwrap();
+        assert_eq!((o.direct, o.cache), (false, CacheMode::Writethrough));
+        let o = parse("path=/a").unwrap();
+        assert_eq!((o.direct, o.cache), (false, CacheMode::Writeback));
+    }
+
+    #[test]
+    fn a_direct_that_disagrees_with_cache_names_both() {
+        for s in [
+            "path=/a,direct=on,cache=writeback",
+            "path=/a,direct=off,cache=none",
+        ] {
+            let err = parse(s).unwrap_err();
+            assert!(matches!(err, KvError::Conflict { .. }), "{err}");
+            let msg = err.to_string();
+            assert!(msg.contains("direct=") && msg.contains("cache="), "{msg}");
+        }
+    }
+
+    #[test]
+    fn unknown_cache_mode_names_the_key_and_the_values() {
+        let msg = parse("path=/a,cache=nocache").unwrap_err().to_string();
+        for word in [
+            "cache",
+            "nocache",
+            "none",
+            "writeback",
+            "writethrough",
+            "directsync",
+            "unsafe",
+        ] {
+            assert!(msg.contains(word), "{msg}");
+        }
+        let msg = parse("path=/a,engine=native").unwrap_err().to_string();
+        for word in [
+            "engine", "native", "auto", "io_uring", "aio", "threads", "sync",
+        ] {
+            assert!(msg.contains(word), "{msg}");
+        }
+    }
+
+    #[test]
+    fn aio_needs_o_direct() {
+        for (s, names) in [
+            ("path=/a,engine=aio", "cache=writeback (the default)"),
+            (
+                "path=/a,engine=aio,cache=writethrough",
+                "cache=writethrough",
+            ),
+            ("path=/a,engine=aio,cache=unsafe", "cache=unsafe"),
+            ("path=/a,engine=aio,direct=off", "direct=off"),
+        ] {
+            let msg = parse(s).unwrap_err().to_string();
+            assert!(msg.contains("engine=aio") && msg.contains(names), "{msg}");
+        }
+        for s in [
+            "path=/a,engine=aio,cache=none",
+            "path=/a,engine=aio,cache=directsync",
+            "path=/a,engine=aio,direct=on",
+        ] {
+            let o = parse(s).unwrap();
+            assert!(o.direct && o.engine == EngineKind::Aio);
         }
     }
 
