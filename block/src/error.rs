@@ -76,6 +76,14 @@ pub enum BlockError {
     UringSetup(#[source] io::Error),
     #[error("io_uring submission failed")]
     UringSubmit(#[source] io::Error),
+    #[error("preallocation={mode} of {path} failed ({errno})")]
+    Preallocate {
+        path: PathBuf,
+        mode: &'static str,
+        errno: &'static str,
+        #[source]
+        source: io::Error,
+    },
     #[error("engine=aio for {path}: {reason}")]
     AioUnavailable { path: PathBuf, reason: String },
     #[error("Linux AIO context setup (io_setup) failed")]

@@ -29,6 +29,7 @@ pub mod formats;
 pub mod io;
 pub mod lock;
 pub mod options;
+pub mod prealloc;
 pub mod request;
 
 pub use disk::{Disk, DiskQueue};

@@ -21,8 +21,9 @@ use block::ImageType;
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
-use crate::options::{apply_create_options, open_image, parse_format};
+use crate::options::{apply_create_options, open_image, option_items, parse_format};
 use crate::size::parse_size;
+use block::prealloc::{preallocate_range, Preallocation};
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "fOoStTB",
@@ -101,6 +102,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
                 ..Default::default()
             };
             apply_create_options(&mut opts, &p.values("o"))?;
+            refuse_compressed_preallocation(compress, opts.preallocation)?;
             opts.path = dst.into();
             opts.size = size;
             create_image(&opts).map_err(|source| CliError::Create {
@@ -110,8 +112,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             Output::Image(Box::new(open_image(dst, ImageType::Qcow2, false)?))
         }
         _ => {
-            if !p.values("o").is_empty() {
-                return Err(CliError::Usage("raw output takes no -o options".into()));
+            let mut preallocation = Preallocation::Off;
+            for (key, val) in option_items(&p.values("o")) {
+                if key != "preallocation" {
+                    return Err(CliError::Usage(
+                        "raw output takes no -o options but preallocation".into(),
+                    ));
+                }
+                preallocation = val.parse().map_err(CliError::Usage)?;
             }
             let f = OpenOptions::new()
                 .write(true)
@@ -126,6 +134,16 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
                 path: dst.into(),
                 source,
             })?;
+            if preallocation != Preallocation::Off {
+                let dst_path = std::path::Path::new(dst);
+                preallocate_raw(&f, dst_path, preallocation, size).map_err(|source| {
+                    let _ = std::fs::remove_file(dst_path);
+                    CliError::Create {
+                        path: dst.into(),
+                        source,
+                    }
+                })?;
+            }
             Output::Raw(f)
         }
     };
@@ -235,4 +253,32 @@ fn copy_compressed(input: &ImageIo, output: &ImageIo, size: u64) -> Result<(), C
         pos += n;
     }
     Ok(())
+}
+
+/// qemu-img convert refuses `-c` with any preallocation but off.
+fn refuse_compressed_preallocation(compress: bool, p: Preallocation) -> Result<(), CliError> {
+    if compress && p != Preallocation::Off {
+        return Err(CliError::Usage(
+            "Compression and preallocation not supported at the same time".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `-o preallocation=falloc|full` for a raw output (metadata is qcow2's).
+fn preallocate_raw(
+    f: &std::fs::File,
+    path: &std::path::Path,
+    p: Preallocation,
+    size: u64,
+) -> Result<(), block::BlockError> {
+    if p == Preallocation::Metadata {
+        return Err(block::BlockError::InvalidImage {
+            path: path.into(),
+            reason:
+                "option preallocation: metadata is for qcow2; raw images take off, falloc or full"
+                    .into(),
+        });
+    }
+    preallocate_range(f, path, p, 0, size)
 }
