@@ -168,7 +168,10 @@ impl AioEngine {
         // The kernel reads the control blocks and iovec arrays during this
         // call only; the buffers they point to stay valid until reaped by
         // `Engine::push`'s contract.
-        self.ctx.submit(&cbs)
+        let t = super::submit_stats::start();
+        let r = self.ctx.submit(&cbs);
+        super::submit_stats::record(t);
+        r
     }
 
     /// Hands every queued control block to the kernel; see the module docs

@@ -32,6 +32,7 @@ pub mod inflate;
 pub mod inflate_pool;
 pub(crate) mod memory;
 pub mod probe;
+pub mod submit_stats;
 pub mod sync;
 pub mod threads;
 pub mod uring;
