@@ -354,92 +354,56 @@ impl Drop for AioEngine {
 mod tests {
     use super::*;
     use crate::formats::FileId;
-    use crate::io::RawIovecs;
+    use crate::io::test_blocks::{BlockFile, ReadBuffers};
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
-    struct Fixture {
-        path: std::path::PathBuf,
-        engine: AioEngine,
-        efd: Arc<EventFd>,
-    }
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-
-    /// An engine of `depth` over a 64 KiB file whose block i holds byte i.
-    fn fixture(name: &str, depth: u32) -> Fixture {
-        let path = std::env::temp_dir().join(format!("aio-{name}-{}", std::process::id()));
-        let data: Vec<u8> = (0..16u8).flat_map(|i| vec![i; 4096]).collect();
-        std::fs::write(&path, data).unwrap();
-        let f = Arc::new(File::options().read(true).write(true).open(&path).unwrap());
+    fn engine(fx: &BlockFile, depth: u32) -> (AioEngine, Arc<EventFd>) {
         let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-        let engine = AioEngine::new(&[f], efd.clone(), depth).unwrap();
-        Fixture { path, engine, efd }
+        let e = AioEngine::new(std::slice::from_ref(&fx.file), efd.clone(), depth).unwrap();
+        (e, efd)
     }
 
     /// Reads the 16 blocks through `e`; returns completions in token order.
     fn read_all(e: &mut AioEngine) -> Vec<EngineCompletion> {
-        let mut bufs = vec![vec![0xffu8; 4096]; 16];
-        let iovs: Vec<libc::iovec> = bufs
-            .iter_mut()
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
-            })
-            .collect();
-        for (i, iov) in iovs.iter().enumerate() {
-            let op = HostOp::Readv {
-                file: FileId(0),
-                offset: i as u64 * 4096,
-                iov: RawIovecs { ptr: iov, count: 1 },
-            };
-            // SAFETY: `iovs` and `bufs` live until all 16 are reaped below.
-            unsafe { e.push(i as u64, op).unwrap() };
-        }
+        let bufs = ReadBuffers::new();
+        // SAFETY: `bufs` lives until all 16 are reaped below.
+        unsafe { bufs.push_all(e) };
         e.submit().unwrap();
         let mut out = Vec::new();
         while e.in_flight() > 0 {
             e.wait(&mut out).unwrap();
         }
         out.sort_by_key(|c| c.token);
-        for (i, (c, b)) in out.iter().zip(&bufs).enumerate() {
-            if c.result.is_ok() {
-                assert!(b.iter().all(|&x| x == i as u8), "block {i}");
-            }
-        }
+        bufs.assert_read(|i| out[i].result.is_ok());
         out
     }
 
     #[test]
     fn more_ops_than_the_context_holds_complete_once() {
-        let mut fx = fixture("depth", 4);
-        let out = read_all(&mut fx.engine);
+        let fx = BlockFile::new("aio-depth");
+        let (mut e, efd) = engine(&fx, 4);
+        let out = read_all(&mut e);
         assert_eq!(out.len(), 16);
         assert!(out.iter().all(|c| matches!(c.result, Ok(4096))));
-        assert!(fx.efd.read().unwrap() >= 1, "RESFD signals the eventfd");
+        assert!(efd.read().unwrap() >= 1, "RESFD signals the eventfd");
     }
 
     #[test]
     fn eagain_and_eintr_from_io_submit_are_retried() {
-        let mut fx = fixture("eagain", 64);
-        fx.engine
-            .inject_submit_results([libc::EAGAIN, libc::EINTR, libc::EAGAIN]);
-        let out = read_all(&mut fx.engine);
-        assert!(
-            fx.engine.injected.is_empty(),
-            "every injected error was hit"
-        );
+        let fx = BlockFile::new("aio-eagain");
+        let (mut e, _efd) = engine(&fx, 64);
+        e.inject_submit_results([libc::EAGAIN, libc::EINTR, libc::EAGAIN]);
+        let out = read_all(&mut e);
+        assert!(e.injected.is_empty(), "every injected error was hit");
         assert!(out.iter().all(|c| matches!(c.result, Ok(4096))));
     }
 
     #[test]
     fn a_refused_control_block_fails_alone() {
-        let mut fx = fixture("refused", 64);
-        fx.engine.inject_submit_results([libc::EBADF]);
-        let out = read_all(&mut fx.engine);
+        let fx = BlockFile::new("aio-refused");
+        let (mut e, _efd) = engine(&fx, 64);
+        e.inject_submit_results([libc::EBADF]);
+        let out = read_all(&mut e);
         assert_eq!(out.len(), 16);
         let failed: Vec<u64> = out
             .iter()
@@ -455,61 +419,41 @@ mod tests {
 
     #[test]
     fn fdsync_refused_with_einval_runs_inline_from_then_on() {
-        let mut fx = fixture("fdsync", 8);
-        fx.engine.inject_submit_results([libc::EINVAL]);
+        let fx = BlockFile::new("aio-fdsync");
+        let (mut e, _efd) = engine(&fx, 8);
+        e.inject_submit_results([libc::EINVAL]);
         // SAFETY: no memory involved.
-        unsafe { fx.engine.push(1, HostOp::Fdatasync { file: FileId(0) }) }.unwrap();
+        unsafe { e.push(1, HostOp::Fdatasync { file: FileId(0) }) }.unwrap();
         let mut out = Vec::new();
-        fx.engine.wait(&mut out).unwrap();
+        e.wait(&mut out).unwrap();
         assert_eq!(out.len(), 1);
         assert!(matches!(out[0].result, Ok(0)), "{:?}", out[0].result);
-        assert!(!fx.engine.fdsync_in_kernel);
+        assert!(!e.fdsync_in_kernel);
         // SAFETY: no memory involved.
-        unsafe { fx.engine.push(2, HostOp::Fdatasync { file: FileId(0) }) }.unwrap();
-        // SAFETY: no memory involved.
+        unsafe { e.push(2, HostOp::Fdatasync { file: FileId(0) }) }.unwrap();
         let zero = HostOp::ZeroRange {
             file: FileId(0),
             offset: 0,
             len: 4096,
         };
         // SAFETY: no memory involved.
-        unsafe { fx.engine.push(3, zero) }.unwrap();
-        assert_eq!(fx.engine.queued.len(), 0, "both run inline");
+        unsafe { e.push(3, zero) }.unwrap();
+        assert_eq!(e.queued.len(), 0, "both run inline");
         out.clear();
-        fx.engine.wait(&mut out).unwrap();
+        e.wait(&mut out).unwrap();
         assert_eq!(out.len(), 2);
-        assert_eq!(fx.engine.in_flight(), 0);
+        assert_eq!(e.in_flight(), 0);
     }
 
     #[test]
     fn dropping_the_engine_waits_for_the_kernel() {
-        let mut fx = fixture("drop", 64);
-        let mut bufs = vec![vec![0xffu8; 4096]; 16];
-        let iovs: Vec<libc::iovec> = bufs
-            .iter_mut()
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
-            })
-            .collect();
-        for (i, iov) in iovs.iter().enumerate() {
-            let op = HostOp::Readv {
-                file: FileId(0),
-                offset: i as u64 * 4096,
-                iov: RawIovecs { ptr: iov, count: 1 },
-            };
-            // SAFETY: `bufs` and `iovs` outlive the engine, whose drop
-            // waits for every op.
-            unsafe { fx.engine.push(i as u64, op).unwrap() };
-        }
-        fx.engine.submit().unwrap();
-        let efd = fx.efd.clone();
-        let path = fx.path.clone();
-        let engine = std::mem::replace(&mut fx.engine, AioEngine::new(&[], efd, 1).unwrap());
-        drop(engine);
-        for (i, b) in bufs.iter().enumerate() {
-            assert!(b.iter().all(|&x| x == i as u8), "block {i}");
-        }
-        let _ = path;
+        let fx = BlockFile::new("aio-drop");
+        let (mut e, _efd) = engine(&fx, 64);
+        let bufs = ReadBuffers::new();
+        // SAFETY: `bufs` outlives the engine, whose drop waits for every op.
+        unsafe { bufs.push_all(&mut e) };
+        e.submit().unwrap();
+        drop(e);
+        bufs.assert_read(|_| true);
     }
 }

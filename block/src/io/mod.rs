@@ -34,6 +34,8 @@ pub(crate) mod memory;
 pub mod probe;
 pub mod submit_stats;
 pub mod sync;
+#[cfg(test)]
+mod test_blocks;
 pub mod threads;
 pub mod uring;
 

@@ -106,62 +106,28 @@ impl Drop for ThreadsEngine {
 mod tests {
     use super::*;
     use crate::formats::FileId;
-    use crate::io::RawIovecs;
+    use crate::io::test_blocks::{BlockFile, ReadBuffers};
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
-    struct Fixture {
-        path: std::path::PathBuf,
-        file: Arc<File>,
-    }
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-
-    /// A 64 KiB file whose block i holds byte i.
-    fn fixture(name: &str) -> Fixture {
-        let path = std::env::temp_dir().join(format!("threads-{name}-{}", std::process::id()));
-        let data: Vec<u8> = (0..16u8).flat_map(|i| vec![i; 4096]).collect();
-        std::fs::write(&path, data).unwrap();
-        let file = Arc::new(File::options().read(true).write(true).open(&path).unwrap());
-        Fixture { path, file }
-    }
-
-    /// Pushes 16 block reads into `bufs` (one per block).
-    fn push_reads(e: &mut ThreadsEngine, bufs: &mut [Vec<u8>], iovs: &mut Vec<libc::iovec>) {
-        iovs.clear();
-        iovs.extend(bufs.iter_mut().map(|b| libc::iovec {
-            iov_base: b.as_mut_ptr().cast(),
-            iov_len: b.len(),
-        }));
-        for (i, iov) in iovs.iter().enumerate() {
-            let op = HostOp::Readv {
-                file: FileId(0),
-                offset: i as u64 * 4096,
-                iov: RawIovecs { ptr: iov, count: 1 },
-            };
-            // SAFETY: the callers keep `bufs` and `iovs` alive until every
-            // op is reaped or the engine is dropped (which waits).
-            unsafe { e.push(i as u64, op).unwrap() };
-        }
+    fn engine(fx: &BlockFile, pool: &Arc<WorkerPool>) -> (ThreadsEngine, Arc<EventFd>) {
+        let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        let e = ThreadsEngine::new(std::slice::from_ref(&fx.file), efd.clone(), pool.clone());
+        (e, efd)
     }
 
     #[test]
     fn reads_complete_once_each_on_several_workers() {
-        let fx = fixture("reads");
-        let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        let fx = BlockFile::new("threads-reads");
         let pool = Arc::new(WorkerPool::new(DEFAULT_MAX_THREADS));
-        let mut e = ThreadsEngine::new(std::slice::from_ref(&fx.file), efd.clone(), pool.clone());
-        let mut bufs = vec![vec![0xffu8; 4096]; 16];
-        let mut iovs = Vec::new();
+        let (mut e, efd) = engine(&fx, &pool);
+        let bufs = ReadBuffers::new();
         // Workers that finish hold on to their result while the sink is
         // locked, so every op needs a worker of its own: the pool must
         // start 16 rather than queue them behind one.
         let sink = e.sink.clone();
         let held = sink.lock();
-        push_reads(&mut e, &mut bufs, &mut iovs);
+        // SAFETY: `bufs` lives until every op is reaped below.
+        unsafe { bufs.push_all(&mut e) };
         assert_eq!(pool.threads(), 16);
         drop(held);
         e.submit().unwrap();
@@ -173,33 +139,27 @@ mod tests {
         tokens.sort();
         assert_eq!(tokens, (0..16).collect::<Vec<_>>());
         assert!(out.iter().all(|c| matches!(c.result, Ok(4096))));
-        for (i, b) in bufs.iter().enumerate() {
-            assert!(b.iter().all(|&x| x == i as u8), "block {i}");
-        }
+        bufs.assert_read(|_| true);
         assert!(efd.read().unwrap() >= 1, "completions signal the eventfd");
     }
 
     #[test]
     fn dropping_the_engine_waits_for_its_ops() {
-        let fx = fixture("drop");
-        let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        let fx = BlockFile::new("threads-drop");
         let pool = Arc::new(WorkerPool::new(4));
-        let mut e = ThreadsEngine::new(std::slice::from_ref(&fx.file), efd, pool);
-        let mut bufs = vec![vec![0xffu8; 4096]; 16];
-        let mut iovs = Vec::new();
-        push_reads(&mut e, &mut bufs, &mut iovs);
+        let (mut e, _efd) = engine(&fx, &pool);
+        let bufs = ReadBuffers::new();
+        // SAFETY: `bufs` outlives the engine, whose drop waits for every op.
+        unsafe { bufs.push_all(&mut e) };
         drop(e);
-        for (i, b) in bufs.iter().enumerate() {
-            assert!(b.iter().all(|&x| x == i as u8), "block {i}");
-        }
+        bufs.assert_read(|_| true);
     }
 
     #[test]
     fn errors_complete_like_results() {
-        let fx = fixture("err");
-        let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        let fx = BlockFile::new("threads-err");
         let pool = Arc::new(WorkerPool::new(2));
-        let mut e = ThreadsEngine::new(std::slice::from_ref(&fx.file), efd, pool);
+        let (mut e, _efd) = engine(&fx, &pool);
         // SAFETY: no memory involved.
         unsafe { e.push(7, HostOp::Fdatasync { file: FileId(3) }).unwrap() };
         let mut out = Vec::new();
