@@ -119,14 +119,21 @@ impl Disk {
     }
 
     /// Creates a queue handle with its own engine and completion eventfd.
-    /// With `engine=auto`, a ring that cannot be set up (say, locked-memory
-    /// limits) falls back to the thread pool with a warning.
+    /// With `engine=auto`, a ring or AIO context that cannot be set up
+    /// (locked-memory limits, `aio-max-nr` exhausted) falls back to the
+    /// thread pool with a warning.
     pub fn queue(&self) -> Result<DiskQueue, BlockError> {
         match self.queue_with_engine(self.engine) {
-            Err(e @ BlockError::UringSetup(_)) if self.options.engine == EngineKind::Auto => {
+            Err(e @ (BlockError::UringSetup(_) | BlockError::AioSetup(_)))
+                if self.options.engine == EngineKind::Auto =>
+            {
                 log::warn!(
-                    "disk {}: io_uring queue setup failed ({e}); this queue uses the threads engine",
-                    self.options.path.display()
+                    "disk {}: {} queue setup failed ({e}: {}); this queue uses the threads engine",
+                    self.options.path.display(),
+                    self.engine,
+                    std::error::Error::source(&e)
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
                 );
                 self.queue_with_engine(EngineKind::Threads)
             }

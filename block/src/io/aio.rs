@@ -180,7 +180,7 @@ impl AioEngine {
         let mut retries = 0;
         while !self.queued.is_empty() {
             if self.in_kernel >= self.depth {
-                self.wait_events()?;
+                self.wait_or_fail_queued()?;
                 continue;
             }
             match self.io_submit() {
@@ -195,7 +195,7 @@ impl AioEngine {
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
                     retries += 1;
                     if self.in_kernel > 0 {
-                        self.wait_events()?;
+                        self.wait_or_fail_queued()?;
                     } else {
                         std::thread::yield_now();
                     }
@@ -209,6 +209,21 @@ impl AioEngine {
             }
         }
         Ok(())
+    }
+
+    /// Waits for completions to make room; if even that fails, the queued
+    /// control blocks can never be submitted: each completes with the
+    /// error (so no request waits forever), and the error is returned.
+    fn wait_or_fail_queued(&mut self) -> Result<(), BlockError> {
+        let r = self.wait_events();
+        if let Err(BlockError::AioWait(e)) = &r {
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            while let Some(cb) = self.queued.pop_front() {
+                self.complete(cb.aio_data, Err(io::Error::from_raw_os_error(errno)));
+            }
+            let _ = self.eventfd.write(1);
+        }
+        r
     }
 
     /// The kernel refused the first queued control block with `e`: an
