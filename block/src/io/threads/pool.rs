@@ -188,8 +188,14 @@ impl WorkerPool {
                 }
             }
         }
+        // A busy worker looks at the queue before it sleeps (under the
+        // lock), so only a sleeping one needs waking: no futex call per
+        // job while every worker is busy.
+        let wake = st.idle > 0;
         drop(st);
-        self.shared.work.notify_one();
+        if wake {
+            self.shared.work.notify_one();
+        }
         Ok(())
     }
 }
