@@ -165,7 +165,7 @@ fn convert_takes_preallocation_and_refuses_it_with_compression() {
         qemu_img(&["compare", "-q", &src, &ours]);
     }
     let out = dir.file("c.qcow2");
-    let ours = ch_status(&[
+    let args = [
         "convert",
         "-c",
         "-O",
@@ -174,17 +174,9 @@ fn convert_takes_preallocation_and_refuses_it_with_compression() {
         "preallocation=falloc",
         &src,
         &out,
-    ]);
-    let theirs = qemu_img_status(&[
-        "convert",
-        "-c",
-        "-O",
-        "qcow2",
-        "-o",
-        "preallocation=falloc",
-        &src,
-        &out,
-    ]);
+    ];
+    let ours = ch_status(&args);
+    let theirs = qemu_img_status(&args);
     assert!(!ours.status.success() && !theirs.status.success());
     assert!(
         String::from_utf8_lossy(&ours.stderr).contains("Compression and preallocation"),
