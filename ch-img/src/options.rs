@@ -97,11 +97,11 @@ pub fn open_error(path: &str, cache: CacheMode, source: BlockError) -> CliError 
 /// Applies `-o` option strings ("a=1,b=2", possibly repeated) to `opts`.
 pub fn apply_create_options(opts: &mut CreateOptions, values: &[&str]) -> Result<(), CliError> {
     for (key, val) in option_items(values) {
-        if (key == "preallocation" && val == "off") || set_create_option(opts, key, val)? {
+        if set_create_option(opts, key, val)? {
             continue;
         }
         return Err(CliError::Usage(format!(
-            "Invalid parameter '{key}' (ch-img supports size, cluster_size, backing_file, backing_fmt, compat, refcount_bits, lazy_refcounts, extended_l2, compression_type, preallocation=off)"
+            "Invalid parameter '{key}' (ch-img supports size, cluster_size, backing_file, backing_fmt, compat, refcount_bits, lazy_refcounts, extended_l2, compression_type, preallocation)"
         )));
     }
     Ok(())
@@ -118,12 +118,13 @@ pub fn option_items<'a>(values: &[&'a str]) -> Vec<(&'a str, &'a str)> {
         .collect()
 }
 
-/// Sets one image creation option (every one `create` takes except
-/// `preallocation`); `Ok(false)` when `key` is not one of them.
+/// Sets one image creation option (every one `create` takes);
+/// `Ok(false)` when `key` is not one of them.
 pub fn set_create_option(opts: &mut CreateOptions, key: &str, val: &str) -> Result<bool, CliError> {
     let bad = || CliError::Usage(format!("Invalid value '{val}' for option '{key}'"));
     match key {
         "size" => opts.size = parse_size(val).ok_or_else(bad)?,
+        "preallocation" => opts.preallocation = val.parse().map_err(CliError::Usage)?,
         "cluster_size" => opts.cluster_size = Some(parse_size(val).ok_or_else(bad)?),
         "backing_file" => opts.backing_file = Some(val.to_string()),
         "backing_fmt" => opts.backing_fmt = Some(parse_format(Some(val))?),

@@ -28,13 +28,14 @@ use std::fs::OpenOptions;
 use block::create::{create_image, CreateOptions};
 use block::formats::Compression;
 use block::options::CacheMode;
+use block::prealloc::{preallocate_range, Preallocation};
 use block::ImageType;
 
 use crate::args::{parse, OptSpec};
 use crate::copy_pipeline::{self, Job, Mode};
 use crate::error::CliError;
 use crate::options::{
-    apply_create_options, open_image_cached, parse_cache, parse_format, CacheFlag,
+    apply_create_options, open_image_cached, option_items, parse_cache, parse_format, CacheFlag,
 };
 use crate::progress::Progress;
 use crate::size::parse_size;
@@ -79,7 +80,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     }
     let src_fmt = parse_format(p.value("f"))?;
     let size = open_image_cached(src, src_fmt, true, src_cache)?.size();
-    create_output(dst, out_fmt, size, &p.values("o"))?;
+    create_output(dst, out_fmt, size, &p.values("o"), compress)?;
     let output = open_image_cached(dst, out_fmt, false, dst_cache)?;
     if let Some(n) = p.value("compressed-cache") {
         let n = n.parse().map_err(|_| {
@@ -148,9 +149,21 @@ fn parse_workers(value: Option<&str>) -> Result<usize, CliError> {
     }
 }
 
-/// Creates the output image (a qcow2 with the `-o` options, or a sparse
-/// raw file of the source's size).
-fn create_output(dst: &str, fmt: ImageType, size: u64, o: &[&str]) -> Result<(), CliError> {
+/// Creates the output image: a qcow2 with the `-o` options, or a raw file
+/// of the source's size (sparse, or preallocated with `-o
+/// preallocation=falloc|full`). Preallocation with `-c` is refused, as
+/// qemu-img refuses it; a preallocation that fails removes the file.
+fn create_output(
+    dst: &str,
+    fmt: ImageType,
+    size: u64,
+    o: &[&str],
+    compress: bool,
+) -> Result<(), CliError> {
+    let create_error = |source| CliError::Create {
+        path: dst.into(),
+        source,
+    };
     if fmt == ImageType::Qcow2 {
         let mut opts = CreateOptions {
             format: ImageType::Qcow2,
@@ -158,24 +171,64 @@ fn create_output(dst: &str, fmt: ImageType, size: u64, o: &[&str]) -> Result<(),
             ..Default::default()
         };
         apply_create_options(&mut opts, o)?;
+        refuse_compressed_preallocation(compress, opts.preallocation)?;
         opts.path = dst.into();
         opts.size = size;
-        return create_image(&opts).map_err(|source| CliError::Create {
-            path: dst.into(),
-            source,
-        });
+        return create_image(&opts).map_err(create_error);
     }
-    if !o.is_empty() {
-        return Err(CliError::Usage("raw output takes no -o options".into()));
+    let mut preallocation = Preallocation::Off;
+    for (key, val) in option_items(o) {
+        if key != "preallocation" {
+            return Err(CliError::Usage(
+                "raw output takes no -o options but preallocation".into(),
+            ));
+        }
+        preallocation = val.parse().map_err(CliError::Usage)?;
     }
-    OpenOptions::new()
+    let f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(dst)
-        .and_then(|f| f.set_len(size))
+        .and_then(|f| f.set_len(size).map(|()| f))
         .map_err(|source| CliError::OutputFile {
             path: dst.into(),
             source,
-        })
+        })?;
+    if preallocation != Preallocation::Off {
+        let path = std::path::Path::new(dst);
+        preallocate_raw(&f, path, preallocation, size).map_err(|source| {
+            let _ = std::fs::remove_file(path);
+            create_error(source)
+        })?;
+    }
+    Ok(())
+}
+
+/// qemu-img convert refuses `-c` with any preallocation but off.
+fn refuse_compressed_preallocation(compress: bool, p: Preallocation) -> Result<(), CliError> {
+    if compress && p != Preallocation::Off {
+        return Err(CliError::Usage(
+            "Compression and preallocation not supported at the same time".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Preallocates a raw output: `falloc` or `full` (`metadata` is qcow2's).
+fn preallocate_raw(
+    f: &std::fs::File,
+    path: &std::path::Path,
+    p: Preallocation,
+    size: u64,
+) -> Result<(), block::BlockError> {
+    if p == Preallocation::Metadata {
+        return Err(block::BlockError::InvalidImage {
+            path: path.into(),
+            reason:
+                "option preallocation: metadata is for qcow2; raw images take off, falloc or full"
+                    .into(),
+        });
+    }
+    preallocate_range(f, path, p, 0, size)
 }
