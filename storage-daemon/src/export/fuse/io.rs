@@ -1,0 +1,203 @@
+//! The data requests: READ, WRITE, FSYNC/FLUSH and FALLOCATE become block
+//! requests ([`Action::Submit`]); LSEEK's SEEK_DATA/SEEK_HOLE is answered
+//! from the format's block status. The limits are qemu-storage-daemon's:
+//! reads stop at the end of the disk, writes past it grow the disk only
+//! with `growable=on` (else they are cut short), fallocate allocates only
+//! at the end, punches holes only with KEEP_SIZE and zeroes ranges.
+
+use std::sync::Arc;
+
+use block::{BlockRequest, IoMemory, RequestOp};
+
+use super::abi::{FallocateIn, LseekIn, LseekOut, Pod, ReadWriteIn, WriteOut};
+use super::attr::ExportState;
+use super::handler::{block_errno, Action, FuseRequest, Pending, Reply};
+
+fn submit(op: RequestOp, offset: u64, memory: IoMemory, pending: Pending) -> Action {
+    Action::Submit {
+        request: BlockRequest {
+            user_data: 0,
+            op,
+            offset,
+            memory,
+        },
+        pending,
+    }
+}
+
+fn error(errno: i32) -> Action {
+    Action::Reply(Reply::Error(errno))
+}
+
+fn empty() -> Action {
+    Action::Reply(Reply::Body(Vec::new()))
+}
+
+pub fn read(state: &Arc<ExportState>, req: &FuseRequest) -> Action {
+    let Some(rd) = ReadWriteIn::read_from(req.arg) else {
+        return error(libc::EINVAL);
+    };
+    let size = state.size();
+    let len = u64::from(rd.size).min(size.saturating_sub(rd.offset));
+    if len == 0 {
+        return empty();
+    }
+    submit(
+        RequestOp::Read,
+        rd.offset,
+        IoMemory::Owned(vec![0; len as usize]),
+        Pending::Read,
+    )
+}
+
+pub fn write(state: &Arc<ExportState>, req: &FuseRequest) -> Action {
+    if !state.writable {
+        return error(libc::EACCES);
+    }
+    let Some(wr) = ReadWriteIn::read_from(req.arg) else {
+        return error(libc::EINVAL);
+    };
+    let Some(data) = req.data.get(..wr.size as usize) else {
+        log::debug!(
+            "fuse: WRITE of {} bytes carries {} (unique {})",
+            wr.size,
+            req.data.len(),
+            req.header.unique
+        );
+        return error(libc::EINVAL);
+    };
+    let Some(end) = wr.offset.checked_add(data.len() as u64) else {
+        return error(libc::EFBIG);
+    };
+    let mut len = data.len() as u64;
+    if end > state.size() {
+        if state.growable {
+            if let Err(errno) = state.grow_to(end) {
+                return error(errno);
+            }
+        } else {
+            // qemu's export: a short write up to the end.
+            len = state.size().saturating_sub(wr.offset);
+        }
+    }
+    if len == 0 {
+        return Action::Reply(Reply::Body(WriteOut::default().as_bytes().to_vec()));
+    }
+    submit(
+        RequestOp::Write,
+        wr.offset,
+        IoMemory::Owned(data[..len as usize].to_vec()),
+        Pending::Write { size: len as u32 },
+    )
+}
+
+/// FSYNC and FLUSH (close): a block flush, as qemu's `blk_flush`.
+pub fn flush(state: &Arc<ExportState>) -> Action {
+    if !state.writable {
+        return empty();
+    }
+    submit(RequestOp::Flush, 0, IoMemory::None, Pending::Empty)
+}
+
+pub fn fallocate(state: &Arc<ExportState>, arg: &[u8]) -> Action {
+    const KEEP_SIZE: u32 = libc::FALLOC_FL_KEEP_SIZE as u32;
+    const PUNCH_HOLE: u32 = libc::FALLOC_FL_PUNCH_HOLE as u32;
+    const ZERO_RANGE: u32 = libc::FALLOC_FL_ZERO_RANGE as u32;
+    if !state.writable {
+        return error(libc::EACCES);
+    }
+    let Some(fa) = FallocateIn::read_from(arg) else {
+        return error(libc::EINVAL);
+    };
+    let Some(end) = fa.offset.checked_add(fa.length) else {
+        return error(libc::EFBIG);
+    };
+    let size = state.size();
+    match fa.mode {
+        // Plain allocation: only at the end, by growing the disk.
+        0 => {
+            if fa.offset < size {
+                error(libc::EOPNOTSUPP)
+            } else if fa.offset > size {
+                error(libc::EINVAL)
+            } else {
+                state.grow_to(end).map_or_else(error, |()| empty())
+            }
+        }
+        m if m == PUNCH_HOLE | KEEP_SIZE => {
+            let len = fa.length.min(size.saturating_sub(fa.offset));
+            if len == 0 {
+                return empty();
+            }
+            // Unmap, and read back as zeroes whatever the backing image
+            // holds (qemu: write_zeroes with MAY_UNMAP).
+            let op = RequestOp::WriteZeroes {
+                len,
+                may_unmap: true,
+            };
+            submit(op, fa.offset, IoMemory::None, Pending::Empty)
+        }
+        m if m & !KEEP_SIZE == ZERO_RANGE => {
+            if m & KEEP_SIZE == 0 && end > size {
+                if let Err(errno) = state.grow_to(end) {
+                    return error(errno);
+                }
+            }
+            let len = fa.length.min(state.size().saturating_sub(fa.offset));
+            if len == 0 {
+                return empty();
+            }
+            let op = RequestOp::WriteZeroes {
+                len,
+                may_unmap: false,
+            };
+            submit(op, fa.offset, IoMemory::None, Pending::Empty)
+        }
+        m if m & PUNCH_HOLE != 0 && m & KEEP_SIZE == 0 => error(libc::EINVAL),
+        _ => error(libc::EOPNOTSUPP),
+    }
+}
+
+/// SEEK_DATA / SEEK_HOLE from the format's block status; a range that
+/// reads as zeroes counts as a hole. Past the end: ENXIO for SEEK_DATA,
+/// the offset itself for SEEK_HOLE (qemu's answers).
+pub fn lseek(state: &Arc<ExportState>, arg: &[u8]) -> Reply {
+    let Some(ls) = LseekIn::read_from(arg) else {
+        return Reply::Error(libc::EINVAL);
+    };
+    let want_data = match ls.whence as i32 {
+        libc::SEEK_DATA => true,
+        libc::SEEK_HOLE => false,
+        _ => return Reply::Error(libc::EINVAL),
+    };
+    let size = state.size();
+    let found = |offset: u64| Reply::Body(LseekOut { offset }.as_bytes().to_vec());
+    if ls.offset >= size {
+        return if want_data {
+            Reply::Error(libc::ENXIO)
+        } else {
+            found(ls.offset)
+        };
+    }
+    let format = state.disk.format();
+    let mut pos = ls.offset;
+    while pos < size {
+        let status = match format.block_status(pos, size - pos) {
+            Ok(s) => s,
+            Err(e) => return Reply::Error(block_errno(&e)),
+        };
+        let is_data = status.data && !status.zero;
+        if is_data == want_data {
+            return found(pos);
+        }
+        if status.len == 0 {
+            break;
+        }
+        pos = pos.saturating_add(status.len);
+    }
+    if want_data {
+        Reply::Error(libc::ENXIO)
+    } else {
+        found(size)
+    }
+}
