@@ -171,11 +171,30 @@ fn start_queues(
             .map_err(|e| fuse_error(config, format!("/dev/fuse queue {i}: {e}")))?;
         threads.push(spawn(format!("fuse-q{i}"), move || queue.run())?);
     }
+    let (registered_tx, registered_rx) = std::sync::mpsc::channel();
+    let ring_count = rings.len();
     for ring in rings {
         let name = format!("fuse-ring{}", ring.qid());
-        threads.push(spawn(name, move || ring.run())?);
+        let tx = registered_tx.clone();
+        threads.push(spawn(name, move || ring.run(tx))?);
+    }
+    for _ in 0..ring_count {
+        let outcome = registered_rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .map_err(|e| fuse_error(config, format!("ring registration: {e}")))
+            .and_then(|r| r.map_err(|e| fuse_error(config, e)));
+        if let Err(e) = outcome {
+            abandon(threads);
+            return Err(e);
+        }
     }
     Ok(threads)
+}
+
+/// Lets threads of a failed start end on their own (they exit once the
+/// caller unmounts and ends the connection).
+fn abandon(threads: Vec<JoinHandle<std::io::Result<()>>>) {
+    drop(threads);
 }
 
 fn spawn(

@@ -185,6 +185,7 @@ impl FuseMount {
         })?;
         // SAFETY: `target` is a NUL-terminated path.
         if unsafe { libc::umount2(target.as_ptr(), 0) } == 0 {
+            log::debug!("fuse: unmounted {}", self.mountpoint.display());
             return Ok(());
         }
         let first = std::io::Error::last_os_error();
@@ -198,19 +199,59 @@ impl FuseMount {
                 std::io::Error::last_os_error(),
             ));
         }
+        log::info!(
+            "fuse: {} is busy: detached lazily, ending the connection",
+            self.mountpoint.display()
+        );
         Ok(())
     }
 
     /// Ends the connection (every request not yet taken fails with
     /// ECONNABORTED, ring entries complete with ENOTCONN); a no-op when
-    /// the unmount already ended it.
+    /// the unmount already ended it. Needs the fusectl file system, which
+    /// is mounted on /sys/fs/fuse/connections when it is not.
     pub fn abort_connection(&self) {
-        let path = format!("/sys/fs/fuse/connections/{}/abort", self.connection);
-        if self.connection != 0 && Path::new(&path).exists() {
+        if self.connection == 0 {
+            log::warn!("fuse: unknown connection id; cannot abort it");
+            return;
+        }
+        ensure_fusectl();
+        let path = format!("{FUSECTL_DIR}/{}/abort", self.connection);
+        if Path::new(&path).exists() {
+            log::debug!("fuse: aborting connection {}", self.connection);
             if let Err(e) = std::fs::write(&path, "1") {
-                log::debug!("{path}: {e}");
+                log::warn!("fuse: {path}: {e}");
             }
         }
+    }
+}
+
+const FUSECTL_DIR: &str = "/sys/fs/fuse/connections";
+
+/// Mounts fusectl on /sys/fs/fuse/connections unless it is there (systemd
+/// usually mounts it at boot; containers often lack it).
+fn ensure_fusectl() {
+    let mounted = std::fs::read_to_string("/proc/self/mounts")
+        .map(|m| m.lines().any(|l| l.split(' ').nth(2) == Some("fusectl")))
+        .unwrap_or(false);
+    if mounted {
+        return;
+    }
+    // SAFETY: NUL-terminated constant strings; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            c"fusectl".as_ptr(),
+            c"/sys/fs/fuse/connections".as_ptr(),
+            c"fusectl".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        log::warn!(
+            "fuse: cannot mount fusectl on {FUSECTL_DIR}: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

@@ -145,8 +145,8 @@ fn register_sqe(fd: i32, qid: u16, iov: &[libc::iovec; 2], tag: u64) -> squeue::
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(bytes) }
 }
 
-/// Creates every ring queue and registers its entries (the INIT reply
-/// must have been sent). Fails if the kernel refuses a registration.
+/// Creates every ring queue (each registers its entries in its own
+/// thread, see [`RingQueue::run`]).
 pub fn setup_rings(
     disk: &Disk,
     session: &File,
@@ -160,7 +160,7 @@ pub fn setup_rings(
             .build(ENTRIES_PER_QUEUE as u32 + 2)
             .map_err(|e| RingError::Create(qid, e))?;
         let disk_queue = disk.queue().map_err(|e| RingError::DiskQueue(qid, e))?;
-        let mut queue = RingQueue {
+        let queue = RingQueue {
             qid,
             ring,
             session: session.clone(),
@@ -169,7 +169,6 @@ pub fn setup_rings(
             state: state.clone(),
             served: 0,
         };
-        queue.register_entries()?;
         queues.push(queue);
     }
     Ok(queues)
@@ -180,7 +179,9 @@ impl RingQueue {
         self.qid
     }
 
-    fn register_entries(&mut self) -> Result<(), RingError> {
+    /// Registers every entry. Returns the CQEs already posted: a request
+    /// may arrive in an entry before the last one is registered.
+    fn register_entries(&mut self) -> Result<Vec<(u64, i32)>, RingError> {
         let fd = self.session.as_raw_fd();
         for i in 0..ENTRIES_PER_QUEUE {
             let mut header = Box::<UringReqHeader>::default();
@@ -218,24 +219,57 @@ impl RingQueue {
                 .submit()
                 .map_err(|e| RingError::Submit(self.qid, e))?;
         }
-        // A refused REGISTER completes at once; a good one stays armed.
-        if let Some(cqe) = self.ring.completion().next() {
-            if cqe.result() < 0 {
-                return Err(RingError::Register(
-                    self.qid,
-                    std::io::Error::from_raw_os_error(-cqe.result()),
-                ));
-            }
+        // A refused REGISTER completes at once; a good one stays armed
+        // until a request arrives (res 0), which must not be lost.
+        let posted: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        match posted.iter().find(|&&(_, res)| res < 0) {
+            Some(&(_, res)) => Err(RingError::Register(
+                self.qid,
+                std::io::Error::from_raw_os_error(-res),
+            )),
+            None => Ok(posted),
         }
-        Ok(())
     }
 
-    /// Serves the queue until every entry is gone and no I/O is in flight.
-    pub fn run(mut self) -> std::io::Result<()> {
+    /// Registers the entries (the INIT reply must have been sent) and
+    /// reports the outcome on `registered`, then serves the queue until
+    /// every entry is gone and no I/O is in flight.
+    ///
+    /// The registering thread must be the serving thread: the kernel
+    /// copies each request into the entry's buffers in the context of the
+    /// task that submitted the command.
+    pub fn run(
+        mut self,
+        registered: std::sync::mpsc::Sender<Result<(), RingError>>,
+    ) -> std::io::Result<()> {
         pin_to_cpu(self.qid);
+        let mut early = Vec::new();
+        match self.register_entries() {
+            Ok(posted) => {
+                early = posted;
+                let _ = registered.send(Ok(()));
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                let _ = registered.send(Err(e));
+                // Entries registered before the failure end with the
+                // connection; serve until then.
+                log::debug!("fuse ring {}: {reason}", self.qid);
+            }
+        }
         self.arm_completion_poll()?;
         let mut completions = Vec::new();
         let mut batch = Vec::new();
+        for (tag, res) in early {
+            self.take_request(tag as usize, res, &mut batch)?;
+        }
+        if !batch.is_empty() {
+            self.disk.submit_batch_requests(batch.drain(..));
+        }
         loop {
             let alive = self.entries.iter().any(|e| e.state != EntryState::Gone);
             if !alive && self.disk.in_flight() == 0 {
