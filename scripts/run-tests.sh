@@ -3,8 +3,9 @@
 # fresh machine, builds everything, then runs every test of the workspace.
 #
 # What it installs when missing: qemu-utils (qemu-img, qemu-io: the oracle
-# the tests compare against), fio (the reference of the benchmarks) and
-# acpica-tools (iasl, which disassembles our ACPI tables in a test).
+# the tests compare against), fio (the reference of the benchmarks),
+# acpica-tools (iasl, which disassembles our ACPI tables in a test) and
+# fdisk, e2fsprogs, util-linux (the FUSE export's loop-device ext4 test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,11 @@ command -v qemu-img >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v qemu-io >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v fio >/dev/null 2>&1 || need_apt+=(fio)
 command -v iasl >/dev/null 2>&1 || need_apt+=(acpica-tools)
+# The FUSE export tests: sfdisk (fdisk), mkfs.ext4/fsck.ext4 (e2fsprogs),
+# losetup/fallocate (util-linux).
+command -v sfdisk >/dev/null 2>&1 || need_apt+=(fdisk)
+command -v mkfs.ext4 >/dev/null 2>&1 || need_apt+=(e2fsprogs)
+command -v losetup >/dev/null 2>&1 || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "run-tests: installing ${need_apt[*]}"
     sudo_cmd=()
