@@ -52,9 +52,11 @@ fn fio_and_qemu_img(transport: Transport, format: &str) {
     };
     let dir = scratch(&format!("fio-{format}-{transport:?}"));
     let image = qemu_img_create(&dir, "disk.img", format, "64M");
+    // qcow2 runs with O_DIRECT (aligned buffers), raw buffered.
+    let direct = if format == "qcow2" { "on" } else { "off" };
     let d = Daemon::start(
         &dir,
-        &format!("path={image},image_type={format}"),
+        &format!("path={image},image_type={format},direct={direct}"),
         &format!("{}writable=on,num_queues=2", transport.options()),
     )
     .unwrap();

@@ -8,7 +8,8 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
-use block::Disk;
+use block::aligned::AlignedBuf;
+use block::{Disk, IoMemory};
 
 use super::abi::{fattr, Attr, AttrOut, Pod, SetattrIn, ROOT_ID};
 use super::handler::{block_errno, Reply};
@@ -16,12 +17,19 @@ use super::handler::{block_errno, Reply};
 /// How long the kernel may cache the attributes (qemu: one second).
 const ATTR_VALID_SECS: u64 = 1;
 
+/// Alignment of data buffers with O_DIRECT (a page: enough for every
+/// logical block size the block layer accepts).
+const DIRECT_BUFFER_ALIGN: usize = 4096;
+
 /// What every queue thread of one export shares.
 pub struct ExportState {
     pub disk: Disk,
     pub writable: bool,
     pub growable: bool,
     pub allow_other: bool,
+    /// O_DIRECT on the image: data buffers are page aligned so the block
+    /// layer needs no bounce copy.
+    pub direct: bool,
     /// Permission bits of the file (S_IFREG is added on the way out).
     mode: AtomicU32,
     uid: u32,
@@ -34,6 +42,7 @@ impl ExportState {
     pub fn new(disk: Disk, writable: bool, growable: bool, allow_other: bool) -> Self {
         let (uid, gid) = super::mount::owner_ids();
         ExportState {
+            direct: disk.options().direct,
             disk,
             writable,
             growable,
@@ -43,6 +52,19 @@ impl ExportState {
             gid,
             resize_lock: Mutex::new(()),
         }
+    }
+
+    /// A data buffer of `len` bytes holding `data` (zeroes when empty).
+    pub fn buffer(&self, len: usize, data: &[u8]) -> IoMemory {
+        if self.direct {
+            if let Some(mut buf) = AlignedBuf::new(len, DIRECT_BUFFER_ALIGN) {
+                buf.as_mut_slice()[..data.len()].copy_from_slice(data);
+                return IoMemory::Aligned(buf);
+            }
+        }
+        let mut v = vec![0; len];
+        v[..data.len()].copy_from_slice(data);
+        IoMemory::Owned(v)
     }
 
     pub fn size(&self) -> u64 {

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use block::{BlockError, BlockRequest, Completion};
+use block::{BlockError, BlockRequest, Completion, IoMemory};
 
 use super::abi::{
     opcode, InHeader, OpenOut, Pod, ReadWriteIn, StatfsOut, WriteOut, FOPEN_DIRECT_IO,
@@ -99,9 +99,11 @@ impl Pending {
     pub fn reply(self, completion: Completion) -> Reply {
         match (completion.result, self) {
             (Err(e), _) => Reply::Error(block_errno(&e)),
-            (Ok(_), Pending::Read) => {
-                Reply::Body(completion.memory.into_owned().unwrap_or_default())
-            }
+            (Ok(_), Pending::Read) => match completion.memory {
+                IoMemory::Owned(data) => Reply::Body(data),
+                IoMemory::Aligned(buf) => Reply::Body(buf.as_slice().to_vec()),
+                _ => Reply::Error(libc::EIO),
+            },
             (Ok(_), Pending::Write { size }) => {
                 Reply::Body(WriteOut { size, padding: 0 }.as_bytes().to_vec())
             }

@@ -12,6 +12,7 @@ use block::{BlockRequest, IoMemory, RequestOp};
 use super::abi::{FallocateIn, LseekIn, LseekOut, Pod, ReadWriteIn, WriteOut};
 use super::attr::ExportState;
 use super::handler::{block_errno, Action, FuseRequest, Pending, Reply};
+use super::mount::MAX_READ;
 
 fn submit(op: RequestOp, offset: u64, memory: IoMemory, pending: Pending) -> Action {
     Action::Submit {
@@ -37,17 +38,21 @@ pub fn read(state: &Arc<ExportState>, req: &FuseRequest) -> Action {
     let Some(rd) = ReadWriteIn::read_from(req.arg) else {
         return error(libc::EINVAL);
     };
+    if rd.size > MAX_READ {
+        log::debug!(
+            "fuse: READ of {} bytes (unique {})",
+            rd.size,
+            req.header.unique
+        );
+        return error(libc::EINVAL);
+    }
     let size = state.size();
     let len = u64::from(rd.size).min(size.saturating_sub(rd.offset));
     if len == 0 {
         return empty();
     }
-    submit(
-        RequestOp::Read,
-        rd.offset,
-        IoMemory::Owned(vec![0; len as usize]),
-        Pending::Read,
-    )
+    let memory = state.buffer(len as usize, &[]);
+    submit(RequestOp::Read, rd.offset, memory, Pending::Read)
 }
 
 pub fn write(state: &Arc<ExportState>, req: &FuseRequest) -> Action {
@@ -86,7 +91,7 @@ pub fn write(state: &Arc<ExportState>, req: &FuseRequest) -> Action {
     submit(
         RequestOp::Write,
         wr.offset,
-        IoMemory::Owned(data[..len as usize].to_vec()),
+        state.buffer(len as usize, &data[..len as usize]),
         Pending::Write { size: len as u32 },
     )
 }
