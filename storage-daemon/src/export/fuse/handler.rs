@@ -223,6 +223,31 @@ mod tests {
     }
 
     #[test]
+    fn unknown_and_unexpected_requests_are_refused() {
+        let path = std::env::temp_dir().join(format!("fuse-dispatch-{}", std::process::id()));
+        std::fs::File::create(&path).unwrap().set_len(4096).unwrap();
+        let mut options = block::DiskOptions::new(&path);
+        options.image_type = block::ImageType::Raw;
+        let disk = block::Disk::open(&options).unwrap();
+        let state = Arc::new(ExportState::new(disk, false, false, false));
+        let answer = |op: u32| {
+            let buf = dev_buffer(op, &[], &[]);
+            match dispatch(&state, &FuseRequest::from_dev_buffer(&buf).unwrap()) {
+                Action::Reply(r) => r,
+                Action::Submit { .. } => panic!("opcode {op} submitted I/O"),
+            }
+        };
+        assert_eq!(answer(999), Reply::Error(libc::ENOSYS));
+        assert_eq!(answer(opcode::INIT), Reply::Error(libc::EINVAL));
+        assert_eq!(answer(opcode::LOOKUP), Reply::Error(libc::ENOENT));
+        assert_eq!(answer(opcode::FORGET), Reply::Nothing);
+        // A SETATTR or READ without its argument struct: EINVAL.
+        assert_eq!(answer(opcode::SETATTR), Reply::Error(libc::EINVAL));
+        assert_eq!(answer(opcode::READ), Reply::Error(libc::EINVAL));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
     fn host_errnos_pass_through() {
         let e = BlockError::Write {
             offset: 0,

@@ -206,3 +206,193 @@ pub fn lseek(state: &Arc<ExportState>, arg: &[u8]) -> Reply {
         found(size)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::fuse::abi::{opcode, InHeader};
+    use block::{Disk, DiskOptions};
+
+    /// An export state over a sparse raw file of `size` bytes.
+    fn state(
+        name: &str,
+        size: u64,
+        writable: bool,
+        growable: bool,
+    ) -> (Arc<ExportState>, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!("fuse-io-{name}-{}", std::process::id()));
+        std::fs::File::create(&path).unwrap().set_len(size).unwrap();
+        let mut options = DiskOptions::new(&path);
+        options.image_type = block::ImageType::Raw;
+        let disk = Disk::open(&options).unwrap();
+        (
+            Arc::new(ExportState::new(disk, writable, growable, false)),
+            path,
+        )
+    }
+
+    fn request<'a>(op: u32, arg: &'a [u8], data: &'a [u8]) -> FuseRequest<'a> {
+        FuseRequest {
+            header: InHeader {
+                opcode: op,
+                unique: 1,
+                ..Default::default()
+            },
+            arg,
+            data,
+        }
+    }
+
+    fn rw(offset: u64, size: u32) -> ReadWriteIn {
+        ReadWriteIn {
+            offset,
+            size,
+            ..Default::default()
+        }
+    }
+
+    fn submitted(a: Action) -> (BlockRequest, Pending) {
+        match a {
+            Action::Submit { request, pending } => (request, pending),
+            Action::Reply(r) => panic!("expected a block request, got {r:?}"),
+        }
+    }
+
+    fn replied(a: Action) -> Reply {
+        match a {
+            Action::Reply(r) => r,
+            Action::Submit { request, .. } => panic!("expected a reply, got {request:?}"),
+        }
+    }
+
+    #[test]
+    fn reads_stop_at_the_end() {
+        let (s, path) = state("read", 8192, false, false);
+        let arg = rw(4096, 8192);
+        let (req, _) = submitted(read(&s, &request(opcode::READ, arg.as_bytes(), &[])));
+        assert_eq!((req.offset, req.memory.len()), (4096, 4096));
+        let arg = rw(8192, 10);
+        assert_eq!(
+            replied(read(&s, &request(opcode::READ, arg.as_bytes(), &[]))),
+            Reply::Body(vec![])
+        );
+        let arg = rw(0, MAX_READ + 1);
+        assert_eq!(
+            replied(read(&s, &request(opcode::READ, arg.as_bytes(), &[]))),
+            Reply::Error(libc::EINVAL)
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn writes_need_writable_and_are_cut_or_grow_at_the_end() {
+        let (ro, p1) = state("ro", 8192, false, false);
+        let arg = rw(0, 4);
+        let req = request(opcode::WRITE, arg.as_bytes(), b"abcd");
+        assert_eq!(replied(write(&ro, &req)), Reply::Error(libc::EACCES));
+        let (rw_state, p2) = state("rw", 8192, true, false);
+        let arg = rw(8190, 4);
+        let (req, pending) = submitted(write(
+            &rw_state,
+            &request(opcode::WRITE, arg.as_bytes(), b"abcd"),
+        ));
+        assert_eq!(req.memory.len(), 2);
+        assert_eq!(pending, Pending::Write { size: 2 });
+        // Data shorter than the header says: EINVAL, nothing submitted.
+        let arg = rw(0, 8);
+        assert_eq!(
+            replied(write(
+                &rw_state,
+                &request(opcode::WRITE, arg.as_bytes(), b"abcd")
+            )),
+            Reply::Error(libc::EINVAL)
+        );
+        let (grow, p3) = state("grow", 8192, true, true);
+        let arg = rw(12288, 4);
+        let (req, _) = submitted(write(
+            &grow,
+            &request(opcode::WRITE, arg.as_bytes(), b"abcd"),
+        ));
+        assert_eq!(req.memory.len(), 4);
+        assert_eq!(grow.size(), 12292);
+        for p in [p1, p2, p3] {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+
+    #[test]
+    fn fallocate_modes_are_qemus() {
+        let (s, path) = state("falloc", 8192, true, false);
+        let fa = |offset, length, mode| FallocateIn {
+            offset,
+            length,
+            mode,
+            ..Default::default()
+        };
+        let keep = libc::FALLOC_FL_KEEP_SIZE as u32;
+        let punch = libc::FALLOC_FL_PUNCH_HOLE as u32;
+        let zero = libc::FALLOC_FL_ZERO_RANGE as u32;
+        assert_eq!(
+            replied(fallocate(&s, fa(0, 4096, 0).as_bytes())),
+            Reply::Error(libc::EOPNOTSUPP)
+        );
+        assert_eq!(
+            replied(fallocate(&s, fa(9000, 1, 0).as_bytes())),
+            Reply::Error(libc::EINVAL)
+        );
+        assert_eq!(
+            replied(fallocate(&s, fa(8192, 4096, 0).as_bytes())),
+            Reply::Body(vec![])
+        );
+        assert_eq!(s.size(), 12288);
+        assert_eq!(
+            replied(fallocate(&s, fa(0, 4096, punch).as_bytes())),
+            Reply::Error(libc::EINVAL)
+        );
+        let (req, _) = submitted(fallocate(&s, fa(4096, 1 << 20, punch | keep).as_bytes()));
+        assert_eq!(
+            req.op,
+            RequestOp::WriteZeroes {
+                len: 8192,
+                may_unmap: true
+            }
+        );
+        let (req, _) = submitted(fallocate(&s, fa(12288, 4096, zero).as_bytes()));
+        assert_eq!(s.size(), 16384);
+        assert_eq!(
+            req.op,
+            RequestOp::WriteZeroes {
+                len: 4096,
+                may_unmap: false
+            }
+        );
+        assert_eq!(
+            replied(fallocate(&s, fa(0, 1, 0x40).as_bytes())),
+            Reply::Error(libc::EOPNOTSUPP)
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn lseek_answers_past_the_end_and_refuses_other_whences() {
+        let (s, path) = state("lseek", 8192, false, false);
+        let ls = |offset, whence: i32| LseekIn {
+            offset,
+            whence: whence as u32,
+            ..Default::default()
+        };
+        assert_eq!(
+            lseek(&s, ls(8192, libc::SEEK_DATA).as_bytes()),
+            Reply::Error(libc::ENXIO)
+        );
+        assert_eq!(
+            lseek(&s, ls(9000, libc::SEEK_HOLE).as_bytes()),
+            Reply::Body(LseekOut { offset: 9000 }.as_bytes().to_vec())
+        );
+        assert_eq!(
+            lseek(&s, ls(0, libc::SEEK_SET).as_bytes()),
+            Reply::Error(libc::EINVAL)
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+}
