@@ -184,17 +184,13 @@ fn start_queues(
             .map_err(|e| fuse_error(config, format!("ring registration: {e}")))
             .and_then(|r| r.map_err(|e| fuse_error(config, e)));
         if let Err(e) = outcome {
-            abandon(threads);
+            // The threads end on their own once the caller unmounts and
+            // ends the connection; their handles are not joined.
+            drop(threads);
             return Err(e);
         }
     }
     Ok(threads)
-}
-
-/// Lets threads of a failed start end on their own (they exit once the
-/// caller unmounts and ends the connection).
-fn abandon(threads: Vec<JoinHandle<std::io::Result<()>>>) {
-    drop(threads);
 }
 
 fn spawn(
