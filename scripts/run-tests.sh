@@ -3,11 +3,12 @@
 # fresh machine, builds everything, then runs every test of the workspace.
 #
 # What it installs when missing: qemu-utils (qemu-img, qemu-io: the oracle
-# the tests compare against), fio (the reference of the benchmarks) and
+# the tests compare against), fio (the reference of the benchmarks),
 # acpica-tools (iasl, which disassembles our ACPI tables in a test),
 # qemu-system-x86 (the vhost-user-blk front end of the export tests),
-# util-linux (fincore: page-cache residency) and strace (counting
-# flushes), both for tests/tests/ch_img_cache.rs.
+# util-linux (fincore: page-cache residency; losetup/fallocate for the
+# FUSE export's loop-device test), strace (counting flushes), fdisk and
+# e2fsprogs (the FUSE export's ext4 test).
 #
 # CH_REQUIRE_ALL=1 (the default here) makes every test that needs a tool
 # from outside the project fail instead of skipping when the tool is
@@ -25,6 +26,11 @@ command -v iasl >/dev/null 2>&1 || need_apt+=(acpica-tools)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need_apt+=(qemu-system-x86)
 command -v fincore >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v strace >/dev/null 2>&1 || need_apt+=(strace)
+# The FUSE export tests: sfdisk (fdisk), mkfs.ext4/fsck.ext4 (e2fsprogs),
+# losetup (util-linux).
+command -v sfdisk >/dev/null 2>&1 || need_apt+=(fdisk)
+command -v mkfs.ext4 >/dev/null 2>&1 || need_apt+=(e2fsprogs)
+command -v losetup >/dev/null 2>&1 || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "run-tests: installing ${need_apt[*]}"
     sudo_cmd=()

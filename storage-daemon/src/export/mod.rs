@@ -60,7 +60,6 @@ pub enum ExportError {
     Fuse { mountpoint: String, reason: String },
     #[error("vhost-user-blk export on {socket}: {reason}")]
     VhostUserBlk { socket: String, reason: String },
-    #[allow(dead_code)] // used once an export is built
     #[error("{what}")]
     Io {
         what: String,

@@ -1,0 +1,264 @@
+//! The request dispatcher both transports share: a parsed FUSE request
+//! in, an [`Action`] out: either a reply to send now, or a block request
+//! for the queue's [`block::DiskQueue`] plus what to reply when its
+//! completion comes back ([`Pending::reply`]).
+//!
+//! A transport hands over the request's three parts the way it received
+//! them ([`FuseRequest`]): /dev/fuse delivers them back to back in one
+//! buffer ([`FuseRequest::from_dev_buffer`] splits it), a ring entry in
+//! its header and payload buffers. Nothing here blocks on image data I/O;
+//! only metadata work (resize, block status) runs inline, as the block
+//! crate's rules allow.
+
+use std::sync::Arc;
+
+use block::{BlockError, BlockRequest, Completion, IoMemory};
+
+use super::abi::{
+    opcode, InHeader, OpenOut, Pod, ReadWriteIn, StatfsOut, WriteOut, FOPEN_DIRECT_IO,
+    FOPEN_PARALLEL_DIRECT_WRITES,
+};
+use super::attr::ExportState;
+
+/// One FUSE request as a transport received it.
+pub struct FuseRequest<'a> {
+    pub header: InHeader,
+    /// The opcode's first argument (`fuse_write_in`, ...), maybe longer.
+    pub arg: &'a [u8],
+    /// What follows the first argument (write data).
+    pub data: &'a [u8],
+}
+
+/// Why a buffer is not a FUSE request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ParseError {
+    /// Shorter than a `fuse_in_header`: nobody to answer.
+    NoHeader,
+    /// The header's length disagrees with the bytes received.
+    BadLength(InHeader),
+}
+
+/// Size of the first argument of the opcodes whose data follows it.
+fn first_arg_size(op: u32) -> usize {
+    match op {
+        opcode::WRITE | opcode::READ => std::mem::size_of::<ReadWriteIn>(),
+        _ => 0,
+    }
+}
+
+impl<'a> FuseRequest<'a> {
+    /// Splits one /dev/fuse read: header, first argument, data.
+    pub fn from_dev_buffer(buf: &'a [u8]) -> Result<Self, ParseError> {
+        let header = InHeader::read_from(buf).ok_or(ParseError::NoHeader)?;
+        let header_len = std::mem::size_of::<InHeader>();
+        if header.len as usize != buf.len() {
+            return Err(ParseError::BadLength(header));
+        }
+        let rest = &buf[header_len..];
+        let split = first_arg_size(header.opcode).min(rest.len());
+        Ok(FuseRequest {
+            header,
+            arg: rest,
+            data: &rest[split..],
+        })
+    }
+}
+
+/// A reply to a request (errno values are positive here).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    Error(i32),
+    Body(Vec<u8>),
+    /// FORGET and INTERRUPT get no reply.
+    Nothing,
+}
+
+/// What became of a request.
+pub enum Action {
+    Reply(Reply),
+    /// Submit `request` (its `user_data` is the transport's to set) and
+    /// answer with `pending.reply(completion)` when it completes.
+    Submit {
+        request: BlockRequest,
+        pending: Pending,
+    },
+}
+
+/// What a submitted request's completion turns into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pending {
+    /// The data read is the body.
+    Read,
+    /// `fuse_write_out { size }`.
+    Write { size: u32 },
+    /// An empty body (flush, fsync, fallocate).
+    Empty,
+}
+
+impl Pending {
+    pub fn reply(self, completion: Completion) -> Reply {
+        match (completion.result, self) {
+            (Err(e), _) => Reply::Error(block_errno(&e)),
+            (Ok(_), Pending::Read) => match completion.memory {
+                IoMemory::Owned(data) => Reply::Body(data),
+                IoMemory::Aligned(buf) => Reply::Body(buf.as_slice().to_vec()),
+                _ => Reply::Error(libc::EIO),
+            },
+            (Ok(_), Pending::Write { size }) => {
+                Reply::Body(WriteOut { size, padding: 0 }.as_bytes().to_vec())
+            }
+            (Ok(_), Pending::Empty) => Reply::Body(Vec::new()),
+        }
+    }
+}
+
+/// The errno an application sees for a block-layer error: the host's own
+/// errno where there is one (EIO, ENOSPC...), else the closest match.
+pub fn block_errno(e: &BlockError) -> i32 {
+    match e {
+        BlockError::Read { source, .. }
+        | BlockError::Write { source, .. }
+        | BlockError::Flush(source)
+        | BlockError::Fallocate { source, .. }
+        | BlockError::MetadataRead { source, .. }
+        | BlockError::MetadataWrite { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        BlockError::NoSpace(_) => libc::ENOSPC,
+        BlockError::ReadOnly => libc::EROFS,
+        BlockError::OutOfRange { .. } => libc::EINVAL,
+        BlockError::Unsupported { .. } => libc::EOPNOTSUPP,
+        _ => libc::EIO,
+    }
+}
+
+/// Answers or turns into a block request one FUSE request of a running
+/// export (INIT was answered at start; a second one is refused).
+pub fn dispatch(state: &Arc<ExportState>, req: &FuseRequest) -> Action {
+    let reply = |r| Action::Reply(r);
+    match req.header.opcode {
+        opcode::GETATTR => reply(state.getattr()),
+        opcode::SETATTR => reply(state.setattr(req.arg)),
+        opcode::OPEN => reply(Reply::Body(
+            OpenOut {
+                fh: 0,
+                open_flags: FOPEN_DIRECT_IO | FOPEN_PARALLEL_DIRECT_WRITES,
+                backing_id: 0,
+            }
+            .as_bytes()
+            .to_vec(),
+        )),
+        opcode::READ => super::io::read(state, req),
+        opcode::WRITE => super::io::write(state, req),
+        opcode::FSYNC | opcode::FLUSH => super::io::flush(state),
+        opcode::FALLOCATE => super::io::fallocate(state, req.arg),
+        opcode::LSEEK => reply(super::io::lseek(state, req.arg)),
+        opcode::STATFS => reply(Reply::Body(
+            StatfsOut {
+                bsize: 512,
+                frsize: 512,
+                namelen: 255,
+                ..Default::default()
+            }
+            .as_bytes()
+            .to_vec(),
+        )),
+        opcode::RELEASE | opcode::DESTROY => reply(Reply::Body(Vec::new())),
+        opcode::LOOKUP => reply(Reply::Error(libc::ENOENT)),
+        opcode::FORGET | opcode::BATCH_FORGET | opcode::INTERRUPT => reply(Reply::Nothing),
+        opcode::INIT => {
+            log::debug!("fuse: a second INIT (unique {})", req.header.unique);
+            reply(Reply::Error(libc::EINVAL))
+        }
+        other => {
+            log::debug!(
+                "fuse: opcode {other} not implemented (unique {})",
+                req.header.unique
+            );
+            reply(Reply::Error(libc::ENOSYS))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev_buffer(op: u32, arg: &[u8], data: &[u8]) -> Vec<u8> {
+        let len = 40 + arg.len() + data.len();
+        let h = InHeader {
+            len: len as u32,
+            opcode: op,
+            unique: 9,
+            nodeid: 1,
+            ..Default::default()
+        };
+        [h.as_bytes(), arg, data].concat()
+    }
+
+    #[test]
+    fn dev_buffer_splits_header_argument_and_data() {
+        let w = ReadWriteIn {
+            offset: 4096,
+            size: 3,
+            ..Default::default()
+        };
+        let buf = dev_buffer(opcode::WRITE, w.as_bytes(), b"abc");
+        let req = FuseRequest::from_dev_buffer(&buf).unwrap();
+        assert_eq!(req.header.opcode, opcode::WRITE);
+        assert_eq!(ReadWriteIn::read_from(req.arg).unwrap().offset, 4096);
+        assert_eq!(req.data, b"abc");
+    }
+
+    #[test]
+    fn bad_lengths_are_refused() {
+        assert_eq!(
+            FuseRequest::from_dev_buffer(&[0u8; 10]).err(),
+            Some(ParseError::NoHeader)
+        );
+        let mut buf = dev_buffer(opcode::GETATTR, &[0; 16], &[]);
+        buf.push(0);
+        assert!(matches!(
+            FuseRequest::from_dev_buffer(&buf),
+            Err(ParseError::BadLength(h)) if h.unique == 9
+        ));
+    }
+
+    #[test]
+    fn unknown_and_unexpected_requests_are_refused() {
+        let path = std::env::temp_dir().join(format!("fuse-dispatch-{}", std::process::id()));
+        std::fs::File::create(&path).unwrap().set_len(4096).unwrap();
+        let mut options = block::DiskOptions::new(&path);
+        options.image_type = block::ImageType::Raw;
+        let disk = block::Disk::open(&options).unwrap();
+        let state = Arc::new(ExportState::new(disk, false, false, false));
+        let answer = |op: u32| {
+            let buf = dev_buffer(op, &[], &[]);
+            match dispatch(&state, &FuseRequest::from_dev_buffer(&buf).unwrap()) {
+                Action::Reply(r) => r,
+                Action::Submit { .. } => panic!("opcode {op} submitted I/O"),
+            }
+        };
+        assert_eq!(answer(999), Reply::Error(libc::ENOSYS));
+        assert_eq!(answer(opcode::INIT), Reply::Error(libc::EINVAL));
+        assert_eq!(answer(opcode::LOOKUP), Reply::Error(libc::ENOENT));
+        assert_eq!(answer(opcode::FORGET), Reply::Nothing);
+        // A SETATTR or READ without its argument struct: EINVAL.
+        assert_eq!(answer(opcode::SETATTR), Reply::Error(libc::EINVAL));
+        assert_eq!(answer(opcode::READ), Reply::Error(libc::EINVAL));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn host_errnos_pass_through() {
+        let e = BlockError::Write {
+            offset: 0,
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        assert_eq!(block_errno(&e), libc::ENOSPC);
+        let e = BlockError::Read {
+            offset: 0,
+            source: std::io::Error::from_raw_os_error(libc::EIO),
+        };
+        assert_eq!(block_errno(&e), libc::EIO);
+        assert_eq!(block_errno(&BlockError::NoSpace("x".into())), libc::ENOSPC);
+    }
+}

@@ -1,0 +1,518 @@
+//! The FUSE-over-io_uring transport (Linux 6.14+, protocol 7.42): one
+//! thread per possible CPU, each owning the ring entries of that CPU's
+//! kernel queue, its own io_uring (SQE128) and its own [`DiskQueue`].
+//!
+//! At start ([`setup_rings`], after the INIT reply) every entry is
+//! registered: an `IORING_OP_URING_CMD` REGISTER whose iovecs point at the
+//! entry's header buffer ([`UringReqHeader`]) and payload buffer. The
+//! kernel completes the command when it has put a request there; the
+//! thread dispatches it with the same handlers as /dev/fuse, and answers
+//! with COMMIT_AND_FETCH (reply in the same buffers), which also re-arms
+//! the entry. Requests that need image I/O go to the disk queue; a
+//! POLL_ADD on its completion eventfd wakes the same ring, so one
+//! `io_uring_enter` waits for both the kernel's requests and the I/O.
+//!
+//! Teardown: after the connection ends the kernel completes every armed
+//! entry with -ENOTCONN; the thread stops when every entry is gone and no
+//! I/O is in flight. The buffers are freed only then (else leaked: the
+//! kernel may still write into an entry it holds).
+
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
+use std::sync::Arc;
+
+use block::{BlockRequest, Completion, Disk, DiskQueue};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use thiserror::Error;
+
+use super::abi::{
+    InHeader, OutHeader, Pod, UringCmdReq, UringReqHeader, URING_CMD_COMMIT_AND_FETCH,
+    URING_CMD_REGISTER,
+};
+use super::attr::ExportState;
+use super::handler::{dispatch, Action, FuseRequest, Pending, Reply};
+use super::init::MAX_WRITE;
+
+/// Ring entries per queue (qemu's series uses 64).
+const ENTRIES_PER_QUEUE: usize = 64;
+/// The kernel's `max_payload_sz`: max(8 KiB, max_write, max_pages pages).
+const PAYLOAD_SIZE: usize = MAX_WRITE as usize;
+/// `user_data` of the POLL_ADD on the disk queue's eventfd.
+const COMPLETION_POLL: u64 = u64::MAX;
+
+#[derive(Debug, Error)]
+pub enum RingError {
+    #[error("cannot read the possible CPUs")]
+    PossibleCpus(#[source] std::io::Error),
+    #[error("cannot create the io_uring of ring queue {0}")]
+    Create(u16, #[source] std::io::Error),
+    #[error("cannot open a disk queue for ring queue {0}")]
+    DiskQueue(u16, #[source] block::BlockError),
+    #[error("registering the ring entries of queue {0} failed")]
+    Submit(u16, #[source] std::io::Error),
+    #[error("the kernel refused ring entry registration on queue {0}")]
+    Register(u16, #[source] std::io::Error),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EntryState {
+    /// Registered or committed: the kernel owns the buffers.
+    Armed,
+    /// Holds a request whose block I/O is in flight.
+    Busy {
+        unique: u64,
+        commit_id: u64,
+        pending: Pending,
+    },
+    /// Completed with an error (connection gone): never armed again.
+    Gone,
+}
+
+/// One ring entry: the buffers the kernel reads requests into.
+struct RingEntry {
+    header: Box<UringReqHeader>,
+    payload: Box<[u8]>,
+    state: EntryState,
+}
+
+/// One kernel ring queue and the thread state that serves it.
+pub struct RingQueue {
+    qid: u16,
+    ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    /// The session's /dev/fuse descriptor (shared with its reader).
+    session: Arc<File>,
+    entries: Vec<RingEntry>,
+    disk: DiskQueue,
+    state: Arc<ExportState>,
+    /// Requests taken, for the log line at the end.
+    served: u64,
+}
+
+/// Parses `/sys/devices/system/cpu/possible` ("0-3", "0,2-5").
+fn count_cpus(list: &str) -> Option<u16> {
+    let mut n = 0u16;
+    for part in list.trim().split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<u16>().ok()?, b.parse::<u16>().ok()?),
+            None => {
+                let a = part.parse::<u16>().ok()?;
+                (a, a)
+            }
+        };
+        n = n.checked_add(b.checked_sub(a)?.checked_add(1)?)?;
+    }
+    Some(n)
+}
+
+/// The kernel makes one ring queue per possible CPU.
+fn possible_cpus() -> Result<u16, RingError> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .map_err(RingError::PossibleCpus)?;
+    count_cpus(&text).ok_or_else(|| {
+        RingError::PossibleCpus(std::io::Error::other(format!(
+            "cannot parse '{}'",
+            text.trim()
+        )))
+    })
+}
+
+/// A URING_CMD for FUSE on `fd` with the command area `cmd`.
+fn fuse_cmd(fd: i32, cmd_op: u32, cmd: &UringCmdReq) -> opcode::UringCmd80 {
+    let mut area = [0u8; 80];
+    area[..std::mem::size_of::<UringCmdReq>()].copy_from_slice(cmd.as_bytes());
+    opcode::UringCmd80::new(types::Fd(fd), cmd_op).cmd(area)
+}
+
+/// The REGISTER SQE: `addr` = the two iovecs, `len` = 2. The io-uring
+/// crate's UringCmd80 has no `len`, so it is patched into bytes 24..28 of
+/// the 128-byte `#[repr(C)]` entry (`struct io_uring_sqe`'s `len`).
+fn register_sqe(fd: i32, qid: u16, iov: &[libc::iovec; 2], tag: u64) -> squeue::Entry128 {
+    let cmd = UringCmdReq {
+        qid,
+        ..Default::default()
+    };
+    let entry = fuse_cmd(fd, URING_CMD_REGISTER, &cmd)
+        .addr(Some(iov.as_ptr() as u64))
+        .build()
+        .user_data(tag);
+    // SAFETY: Entry128 is #[repr(C)] (a 64-byte io_uring_sqe then 64 bytes
+    // of command area), so it and [u8; 128] have the same size and every
+    // byte is initialised; the sqe's `len` field is at offset 24.
+    let mut bytes: [u8; 128] = unsafe { std::mem::transmute(entry) };
+    bytes[24..28].copy_from_slice(&2u32.to_ne_bytes());
+    // SAFETY: the bytes came from a valid Entry128 with one u32 field
+    // changed; any value is a valid u32.
+    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(bytes) }
+}
+
+/// Creates every ring queue (each registers its entries in its own
+/// thread, see [`RingQueue::run`]).
+pub fn setup_rings(
+    disk: &Disk,
+    session: &File,
+    state: &Arc<ExportState>,
+) -> Result<Vec<RingQueue>, RingError> {
+    let session = Arc::new(session.try_clone().map_err(|e| RingError::Create(0, e))?);
+    let mut queues = Vec::new();
+    for qid in 0..possible_cpus()? {
+        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+            .setup_cqsize(2 * ENTRIES_PER_QUEUE as u32 + 2)
+            .build(ENTRIES_PER_QUEUE as u32 + 2)
+            .map_err(|e| RingError::Create(qid, e))?;
+        let disk_queue = disk.queue().map_err(|e| RingError::DiskQueue(qid, e))?;
+        let queue = RingQueue {
+            qid,
+            ring,
+            session: session.clone(),
+            entries: Vec::new(),
+            disk: disk_queue,
+            state: state.clone(),
+            served: 0,
+        };
+        queues.push(queue);
+    }
+    Ok(queues)
+}
+
+impl RingQueue {
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    /// Registers every entry. Returns the CQEs already posted: a request
+    /// may arrive in an entry before the last one is registered.
+    fn register_entries(&mut self) -> Result<Vec<(u64, i32)>, RingError> {
+        let fd = self.session.as_raw_fd();
+        for i in 0..ENTRIES_PER_QUEUE {
+            let mut header = Box::<UringReqHeader>::default();
+            let mut payload = vec![0u8; PAYLOAD_SIZE].into_boxed_slice();
+            let iov = [
+                libc::iovec {
+                    iov_base: (&mut *header as *mut UringReqHeader).cast(),
+                    iov_len: std::mem::size_of::<UringReqHeader>(),
+                },
+                libc::iovec {
+                    iov_base: payload.as_mut_ptr().cast(),
+                    iov_len: payload.len(),
+                },
+            ];
+            let sqe = register_sqe(fd, self.qid, &iov, i as u64);
+            self.entries.push(RingEntry {
+                header,
+                payload,
+                state: EntryState::Armed,
+            });
+            // SAFETY: the iovecs point at buffers owned by `self.entries`,
+            // which outlive the registration (freed only once the kernel
+            // has completed the entry, or leaked, see Drop); the iovec
+            // array itself is read during the submit below.
+            let pushed = unsafe { self.ring.submission().push(&sqe) };
+            if pushed.is_err() {
+                return Err(RingError::Submit(
+                    self.qid,
+                    std::io::Error::other("SQ full"),
+                ));
+            }
+            // The kernel copies the iovecs at submit time: submit while
+            // `iov` is alive.
+            self.ring
+                .submit()
+                .map_err(|e| RingError::Submit(self.qid, e))?;
+        }
+        // A refused REGISTER completes at once; a good one stays armed
+        // until a request arrives (res 0), which must not be lost.
+        let posted: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        match posted.iter().find(|&&(_, res)| res < 0) {
+            Some(&(_, res)) => Err(RingError::Register(
+                self.qid,
+                std::io::Error::from_raw_os_error(-res),
+            )),
+            None => Ok(posted),
+        }
+    }
+
+    /// Registers the entries (the INIT reply must have been sent) and
+    /// reports the outcome on `registered`, then serves the queue until
+    /// every entry is gone and no I/O is in flight.
+    ///
+    /// The registering thread must be the serving thread: the kernel
+    /// copies each request into the entry's buffers in the context of the
+    /// task that submitted the command.
+    pub fn run(
+        mut self,
+        registered: std::sync::mpsc::Sender<Result<(), RingError>>,
+    ) -> std::io::Result<()> {
+        pin_to_cpu(self.qid);
+        let mut early = Vec::new();
+        match self.register_entries() {
+            Ok(posted) => {
+                early = posted;
+                let _ = registered.send(Ok(()));
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                let _ = registered.send(Err(e));
+                // Entries registered before the failure end with the
+                // connection; serve until then.
+                log::debug!("fuse ring {}: {reason}", self.qid);
+            }
+        }
+        self.arm_completion_poll()?;
+        let mut completions = Vec::new();
+        let mut batch = Vec::new();
+        for (tag, res) in early {
+            self.take_request(tag as usize, res, &mut batch)?;
+        }
+        if !batch.is_empty() {
+            self.disk.submit_batch_requests(batch.drain(..));
+        }
+        loop {
+            let alive = self.entries.iter().any(|e| e.state != EntryState::Gone);
+            if !alive && self.disk.in_flight() == 0 {
+                log::info!(
+                    "fuse ring queue {}: served {} requests",
+                    self.qid,
+                    self.served
+                );
+                return Ok(());
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+                Err(e) => return Err(e),
+            }
+            let cqes: Vec<(u64, i32)> = self
+                .ring
+                .completion()
+                .map(|c| (c.user_data(), c.result()))
+                .collect();
+            for (tag, res) in cqes {
+                if tag == COMPLETION_POLL {
+                    self.answer_completions(&mut completions)?;
+                    self.arm_completion_poll()?;
+                } else {
+                    self.take_request(tag as usize, res, &mut batch)?;
+                }
+            }
+            if !batch.is_empty() {
+                self.disk.submit_batch_requests(batch.drain(..));
+            }
+        }
+    }
+
+    fn arm_completion_poll(&mut self) -> std::io::Result<()> {
+        let fd = self.disk.completion_eventfd().as_raw_fd();
+        let sqe: squeue::Entry128 = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+            .build()
+            .user_data(COMPLETION_POLL)
+            .into();
+        self.push(&sqe)
+    }
+
+    fn push(&mut self, sqe: &squeue::Entry128) -> std::io::Result<()> {
+        loop {
+            // SAFETY: the SQEs pushed here (POLL_ADD on an eventfd the disk
+            // queue owns, COMMIT_AND_FETCH whose buffers were registered)
+            // reference no memory beyond what `self` keeps alive.
+            if unsafe { self.ring.submission().push(sqe) }.is_ok() {
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+
+    /// A CQE of entry `index`: a request (res 0) or the entry's end.
+    fn take_request(
+        &mut self,
+        index: usize,
+        res: i32,
+        batch: &mut Vec<BlockRequest>,
+    ) -> std::io::Result<()> {
+        let Some(entry) = self.entries.get_mut(index) else {
+            log::error!("fuse ring {}: CQE for unknown entry {index}", self.qid);
+            return Ok(());
+        };
+        if res < 0 {
+            if res != -libc::ENOTCONN {
+                log::warn!(
+                    "fuse ring {}: entry {index} ended: {}",
+                    self.qid,
+                    std::io::Error::from_raw_os_error(-res)
+                );
+            }
+            entry.state = EntryState::Gone;
+            return Ok(());
+        }
+        self.served += 1;
+        let header = InHeader::read_from(&entry.header.in_out).unwrap_or_default();
+        let ent = entry.header.ring_ent_in_out;
+        let data_len = (ent.payload_sz as usize).min(entry.payload.len());
+        let req = FuseRequest {
+            header,
+            arg: &entry.header.op_in,
+            data: &entry.payload[..data_len],
+        };
+        if ent.commit_id != header.unique {
+            log::debug!(
+                "fuse ring {}: commit id {} for request {}",
+                self.qid,
+                ent.commit_id,
+                header.unique
+            );
+        }
+        match dispatch(&self.state, &req) {
+            Action::Reply(reply) => self.commit(index, header.unique, ent.commit_id, &reply),
+            Action::Submit {
+                mut request,
+                pending,
+            } => {
+                request.user_data = index as u64;
+                entry.state = EntryState::Busy {
+                    unique: header.unique,
+                    commit_id: ent.commit_id,
+                    pending,
+                };
+                batch.push(request);
+                Ok(())
+            }
+        }
+    }
+
+    fn answer_completions(&mut self, completions: &mut Vec<Completion>) -> std::io::Result<()> {
+        self.disk.drain_completions(completions);
+        for c in completions.drain(..) {
+            let index = c.user_data as usize;
+            let Some(EntryState::Busy {
+                unique,
+                commit_id,
+                pending,
+            }) = self.entries.get(index).map(|e| e.state)
+            else {
+                log::error!("fuse ring {}: completion for idle entry {index}", self.qid);
+                continue;
+            };
+            let reply = pending.reply(c);
+            self.commit(index, unique, commit_id, &reply)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `reply` into entry `index`'s buffers and commits it (which
+    /// re-arms the entry for the next request).
+    fn commit(
+        &mut self,
+        index: usize,
+        unique: u64,
+        commit_id: u64,
+        reply: &Reply,
+    ) -> std::io::Result<()> {
+        let fd = self.session.as_raw_fd();
+        let qid = self.qid;
+        let Some(entry) = self.entries.get_mut(index) else {
+            return Ok(());
+        };
+        let (error, body): (i32, &[u8]) = match reply {
+            Reply::Error(errno) => (-errno, &[]),
+            Reply::Body(body) => (0, body),
+            Reply::Nothing => (0, &[]),
+        };
+        let (error, len) = if body.len() > entry.payload.len() {
+            log::error!("fuse ring {qid}: a {}-byte reply does not fit", body.len());
+            (-libc::EIO, 0)
+        } else {
+            entry.payload[..body.len()].copy_from_slice(body);
+            (error, body.len())
+        };
+        let out = OutHeader {
+            len: (std::mem::size_of::<OutHeader>() + len) as u32,
+            error,
+            unique,
+        };
+        entry.header.in_out = [0; 128];
+        entry.header.in_out[..out.as_bytes().len()].copy_from_slice(out.as_bytes());
+        entry.header.ring_ent_in_out.payload_sz = len as u32;
+        entry.state = EntryState::Armed;
+        let cmd = UringCmdReq {
+            commit_id,
+            qid,
+            ..Default::default()
+        };
+        let sqe = fuse_cmd(fd, URING_CMD_COMMIT_AND_FETCH, &cmd)
+            .build()
+            .user_data(index as u64);
+        self.push(&sqe)
+    }
+}
+
+impl Drop for RingQueue {
+    fn drop(&mut self) {
+        let entries = std::mem::take(&mut self.entries);
+        if entries.iter().any(|e| e.state != EntryState::Gone) {
+            // The kernel may still hold some entries and write into their
+            // buffers: leak them rather than free memory it points at.
+            log::warn!(
+                "fuse ring {}: leaking buffers of entries still registered",
+                self.qid
+            );
+            std::mem::forget(entries);
+        }
+    }
+}
+
+/// Runs the thread on CPU `qid`, where the requests of its queue come
+/// from (best effort: a failure only costs locality).
+fn pin_to_cpu(qid: u16) {
+    // SAFETY: an all-zero cpu_set_t is an empty set; CPU_SET writes inside
+    // it; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(usize::from(qid), &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            log::debug!("fuse ring {qid}: cannot pin to CPU {qid}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn possible_cpu_lists_are_counted() {
+        assert_eq!(count_cpus("0-1\n"), Some(2));
+        assert_eq!(count_cpus("0"), Some(1));
+        assert_eq!(count_cpus("0,2-5"), Some(5));
+        assert_eq!(count_cpus("x"), None);
+        assert_eq!(count_cpus("5-2"), None);
+    }
+
+    #[test]
+    fn register_sqe_carries_two_iovecs() {
+        let iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let sqe = register_sqe(7, 3, &iov, 9);
+        // SAFETY: reading the bytes of a #[repr(C)] 128-byte entry.
+        let bytes: [u8; 128] = unsafe { std::mem::transmute(sqe) };
+        assert_eq!(bytes[0], io_uring::opcode::UringCmd80::CODE);
+        assert_eq!(i32::from_ne_bytes(bytes[4..8].try_into().unwrap()), 7);
+        assert_eq!(
+            u64::from_ne_bytes(bytes[16..24].try_into().unwrap()),
+            iov.as_ptr() as u64
+        );
+        assert_eq!(u32::from_ne_bytes(bytes[24..28].try_into().unwrap()), 2);
+        // cmd_op (offset 8) and the qid in the command area (offset 48+16).
+        assert_eq!(
+            u32::from_ne_bytes(bytes[8..12].try_into().unwrap()),
+            URING_CMD_REGISTER
+        );
+        assert_eq!(u16::from_ne_bytes(bytes[64..66].try_into().unwrap()), 3);
+        assert_eq!(u64::from_ne_bytes(bytes[32..40].try_into().unwrap()), 9);
+    }
+}
