@@ -33,6 +33,8 @@ pub struct Config {
     pub snapshots: bool,
     pub queues: usize,
     pub engine: EngineKind,
+    /// O_DIRECT on the image file (data writes bounce and read-modify-write).
+    pub direct: bool,
     /// Guest requests submitted.
     pub requests: usize,
     pub size: u64,
@@ -44,13 +46,14 @@ impl Config {
         let bit = |i: u32| (seed >> i) & 1 == 1;
         // Any 8 consecutive seeds from a multiple of 8 cover every
         // cluster size x queue count x backing, half with snapshots and
-        // half with lazy refcounts.
+        // half with lazy refcounts, half with O_DIRECT.
         Config {
             cluster: if bit(0) { 65536 } else { 4096 },
             queues: if bit(1) { 4 } else { 1 },
             backing: bit(2),
             snapshots: bit(0) ^ bit(1) ^ bit(2) ^ bit(3),
             lazy_refcounts: bit(0) ^ bit(1) ^ bit(4),
+            direct: bit(0) ^ bit(2) ^ bit(3),
             engine,
             requests: 160,
             size: 4 << 20,
@@ -224,6 +227,7 @@ pub fn record(dir: &Path, img: &Path, cfg: &Config, seed: u64) -> Recording {
     let mut o = DiskOptions::new(img);
     o.lock = false;
     o.engine = cfg.engine;
+    o.direct = cfg.direct;
     let file = block::formats::open::open_file(&o).unwrap();
     let qcow2 = Arc::new(Qcow2Image::open(&o, file).unwrap());
     let l = log.clone();
