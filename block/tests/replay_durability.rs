@@ -196,6 +196,19 @@ fn crash_images_from_io_uring_runs() {
     replay(EngineKind::IoUring, 1 << 20, 3, 100);
 }
 
+/// Runs that once found a durability bug, replayed as they were.
+/// Seed 24 (4 KiB clusters, snapshots, lazy refcounts, O_DIRECT, one
+/// queue): copying an L2 table shared with a snapshot dropped the old
+/// table's refcount before the L1 entry naming the copy was durable;
+/// crash image 5 (after barrier 8) had the L1 entry still on the old
+/// table with refcount 1 and two references (qemu-img check: "refcount=1
+/// reference=2", "OFLAG_COPIED L2 cluster").
+#[test]
+fn crash_images_of_past_failures() {
+    let mut tally = Tally::default();
+    replay_run(24, EngineKind::Sync, IMAGES_PER_RUN, &mut tally);
+}
+
 /// The method can fail: with the fdatasyncs of the guest FLUSHes left out
 /// of the log, crash images right after a FLUSH lose acknowledged writes
 /// (overwrites of allocated clusters need no metadata barrier), and the

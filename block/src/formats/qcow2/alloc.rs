@@ -370,7 +370,8 @@ impl MetaState {
             return Ok(());
         }
         // A new, larger table after the new blocks; the header switches to
-        // it in one write, then the old table's clusters are freed.
+        // it in one write, and the old table's clusters are freed once that
+        // write is durable (the next flush).
         let new_rt_off = (start + n + missing.len() as u64) * cs;
         let mut rt = self.rt.clone();
         rt.resize((rt_clusters * cs / 8) as usize, 0);
@@ -400,6 +401,8 @@ impl MetaState {
         for (_, (off, t)) in new_blocks {
             self.rb_cache.insert(off, t);
         }
-        self.free_clusters(old_off / cs, old_clusters)
+        // Freed once the header naming the new table is durable.
+        self.deferred_release.push((old_off / cs, old_clusters));
+        Ok(())
     }
 }
