@@ -77,6 +77,40 @@ pub enum Event {
     GuestDone { submit: usize, ok: bool },
 }
 
+/// One line about `e` (REPLAY_KEEP dumps): offsets, lengths, sources and
+/// the first bytes written.
+pub fn describe(e: &Event) -> String {
+    match e {
+        Event::WriteIssue {
+            source,
+            offset,
+            len,
+            data,
+        } => {
+            let head: Vec<String> = data
+                .iter()
+                .flat_map(|d| d.iter().take(16))
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!(
+                "write {source:?} at {offset:#x} len {len:#x} [{}]",
+                head.join("")
+            )
+        }
+        Event::WriteDone { issue, done } => format!("write-done of {issue}: {done:?}"),
+        Event::SyncIssue { engine } => format!("sync (engine: {engine})"),
+        Event::SyncDone { issue, ok } => format!("sync-done of {issue}: ok {ok}"),
+        Event::GuestSubmit { op } => match op {
+            GuestOp::Write { offset, data } => {
+                format!("guest write at {offset:#x} len {:#x}", data.len())
+            }
+            GuestOp::Zero { offset, len } => format!("guest zero at {offset:#x} len {len:#x}"),
+            GuestOp::Flush => "guest flush".into(),
+        },
+        Event::GuestDone { submit, ok } => format!("guest done of {submit}: ok {ok}"),
+    }
+}
+
 /// The shared, ordered log.
 #[derive(Clone, Default)]
 pub struct Log(Arc<Mutex<Vec<Event>>>);

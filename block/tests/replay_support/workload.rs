@@ -3,7 +3,8 @@
 //! some data was written), opened by our block layer with the recorders
 //! installed, then random allocating writes, overwrites, discards,
 //! write-zeroes and flushes on one or more queues of one `Disk`, driven
-//! round-robin from one thread so a seed replays the same requests.
+//! round-robin from one thread (a seed replays the same requests) or by
+//! one thread per queue.
 //!
 //! A [`Config`] and a seed enter; a [`Recording`] leaves: the file's first
 //! bytes, the disk's first contents, the log, and the file's final size.
@@ -32,6 +33,8 @@ pub struct Config {
     pub backing: bool,
     pub snapshots: bool,
     pub queues: usize,
+    /// Each queue driven by its own thread (else one thread, round-robin).
+    pub threads: bool,
     pub engine: EngineKind,
     /// O_DIRECT on the image file (data writes bounce and read-modify-write).
     pub direct: bool,
@@ -50,6 +53,7 @@ impl Config {
         Config {
             cluster: if bit(0) { 65536 } else { 4096 },
             queues: if bit(1) { 4 } else { 1 },
+            threads: bit(1) && (bit(0) ^ bit(3)),
             backing: bit(2),
             snapshots: bit(0) ^ bit(1) ^ bit(2) ^ bit(3),
             lazy_refcounts: bit(0) ^ bit(1) ^ bit(4),
@@ -219,6 +223,80 @@ fn pump(queues: &mut [DiskQueue], log: &Log, left: usize, cfg: &Config, seed: u6
     }
 }
 
+/// `batch` random requests, logged as submitted.
+fn random_batch(rng: &mut Rng, batch: usize, log: &Log, cfg: &Config) -> Vec<BlockRequest> {
+    (0..batch)
+        .map(|_| {
+            let (op, offset, memory, guest) = random_request(rng, cfg);
+            let at = log.push(Event::GuestSubmit { op: guest });
+            BlockRequest {
+                user_data: at as u64,
+                op,
+                offset,
+                memory,
+            }
+        })
+        .collect()
+}
+
+/// One thread submits to every queue in turn and drains them now and
+/// then: the same seed gives the same requests (and, on the sync engine,
+/// the same log).
+fn drive_round_robin(queues: &mut [DiskQueue], log: &Log, cfg: &Config, seed: u64) {
+    let mut rng = Rng::scrambled(seed);
+    let mut out = Vec::new();
+    let mut submitted = 0;
+    while submitted < cfg.requests {
+        let q = rng.below(cfg.queues as u64) as usize;
+        let batch = (1 + rng.below(3) as usize).min(cfg.requests - submitted);
+        let reqs = random_batch(&mut rng, batch, log, cfg);
+        submitted += batch;
+        queues[q].submit_batch_requests(reqs);
+        // Drain some queue now and then; pump when much is in flight.
+        let d = rng.below(cfg.queues as u64) as usize;
+        if rng.below(2) == 0 {
+            queues[d].drain_completions(&mut out);
+        }
+        note_done(log, &mut out, cfg, seed);
+        if in_flight(queues) > 12 {
+            pump(queues, log, 6, cfg, seed);
+        }
+    }
+    pump(queues, log, 0, cfg, seed);
+}
+
+/// One thread per queue, each with its own requests (seeded from the run's
+/// seed and its index) and its own blocking waits: the metadata lock, the
+/// discard barriers and parked writes are raced for real, so the log (not
+/// the requests) differs from one run of a seed to the next.
+fn drive_threads(queues: &mut [DiskQueue], log: &Log, cfg: &Config, seed: u64) {
+    let per_queue = cfg.requests / queues.len().max(1);
+    std::thread::scope(|scope| {
+        for (i, q) in queues.iter_mut().enumerate() {
+            scope.spawn(move || {
+                let mut rng = Rng::scrambled(seed ^ ((i as u64 + 1) << 40));
+                let mut out = Vec::new();
+                let mut submitted = 0;
+                while submitted < per_queue {
+                    let batch = (1 + rng.below(3) as usize).min(per_queue - submitted);
+                    q.submit_batch_requests(random_batch(&mut rng, batch, log, cfg));
+                    submitted += batch;
+                    if q.in_flight() > 4 {
+                        q.wait_completions(&mut out).unwrap();
+                    } else {
+                        q.drain_completions(&mut out);
+                    }
+                    note_done(log, &mut out, cfg, seed);
+                }
+                while q.in_flight() > 0 {
+                    q.wait_completions(&mut out).unwrap();
+                    note_done(log, &mut out, cfg, seed);
+                }
+            });
+        }
+    });
+}
+
 /// Opens `img` with the recorders installed, runs the workload, and
 /// returns what was recorded.
 pub fn record(dir: &Path, img: &Path, cfg: &Config, seed: u64) -> Recording {
@@ -241,37 +319,11 @@ pub fn record(dir: &Path, img: &Path, cfg: &Config, seed: u64) -> Recording {
             disk.queue_on(Box::new(RecordingEngine::new(engine, log.clone())))
         })
         .collect();
-    let mut rng = Rng::scrambled(seed);
-    let mut out = Vec::new();
-    let mut submitted = 0;
-    while submitted < cfg.requests {
-        let q = rng.below(cfg.queues as u64) as usize;
-        let batch = (1 + rng.below(3) as usize).min(cfg.requests - submitted);
-        let reqs: Vec<BlockRequest> = (0..batch)
-            .map(|_| {
-                let (op, offset, memory, guest) = random_request(&mut rng, cfg);
-                let at = log.push(Event::GuestSubmit { op: guest });
-                BlockRequest {
-                    user_data: at as u64,
-                    op,
-                    offset,
-                    memory,
-                }
-            })
-            .collect();
-        submitted += batch;
-        queues[q].submit_batch_requests(reqs);
-        // Drain some queue now and then; wait when much is in flight.
-        let d = rng.below(cfg.queues as u64) as usize;
-        if rng.below(2) == 0 {
-            queues[d].drain_completions(&mut out);
-        }
-        note_done(&log, &mut out, cfg, seed);
-        if in_flight(&queues) > 12 {
-            pump(&mut queues, &log, 6, cfg, seed);
-        }
+    if cfg.threads {
+        drive_threads(&mut queues, &log, cfg, seed);
+    } else {
+        drive_round_robin(&mut queues, &log, cfg, seed);
     }
-    pump(&mut queues, &log, 0, cfg, seed);
     let events = log.events();
     let final_len = std::fs::metadata(img).unwrap().len();
     drop(queues);
