@@ -51,7 +51,13 @@ impl Config {
         // cluster size x queue count x backing, half with snapshots and
         // half with lazy refcounts, half with O_DIRECT.
         Config {
-            cluster: if bit(0) { 65536 } else { 4096 },
+            // One run in 8: 512-byte clusters with 64-bit refcounts, so a
+            // refcount block covers 32 KiB and the refcount table moves.
+            cluster: match (seed % 8, bit(0)) {
+                (5, _) => 512,
+                (_, true) => 65536,
+                _ => 4096,
+            },
             queues: if bit(1) { 4 } else { 1 },
             threads: bit(1) && (bit(0) ^ bit(3)),
             backing: bit(2),
@@ -81,9 +87,14 @@ pub struct Recording {
 pub fn make_image(dir: &Path, cfg: &Config, seed: u64) -> PathBuf {
     let img = dir.join("image.qcow2");
     let opts = format!(
-        "cluster_size={},lazy_refcounts={}",
+        "cluster_size={},lazy_refcounts={}{}",
         cfg.cluster,
-        if cfg.lazy_refcounts { "on" } else { "off" }
+        if cfg.lazy_refcounts { "on" } else { "off" },
+        if cfg.cluster == 512 {
+            ",refcount_bits=64"
+        } else {
+            ""
+        }
     );
     let size = cfg.size.to_string();
     if cfg.backing {
@@ -120,7 +131,9 @@ pub fn virtual_contents(dir: &Path, img: &Path, name: &str) -> Vec<u8> {
 /// One random guest request (sector-aligned, inside the disk).
 fn random_request(rng: &mut Rng, cfg: &Config) -> (RequestOp, u64, IoMemory, GuestOp) {
     let sectors = cfg.size / 512;
-    let cs = cfg.cluster / 512;
+    // Request sizes scale with the cluster size, but at least with 64 KiB
+    // (512-byte clusters: the image must outgrow its refcount table).
+    let cs = (cfg.cluster / 512).max(128);
     // Half of the requests hit the first quarter, so overwrites are common.
     let span = if rng.below(2) == 0 {
         sectors / 4
