@@ -63,7 +63,10 @@ impl Config {
             backing: bit(2),
             snapshots: bit(0) ^ bit(1) ^ bit(2) ^ bit(3),
             lazy_refcounts: bit(0) ^ bit(1) ^ bit(4),
-            direct: bit(0) ^ bit(2) ^ bit(3),
+            // Not with clusters smaller than a page: our metadata pwrites
+            // and O_DIRECT data writes then share pages, which Linux does
+            // not keep coherent (a known issue, see docs/qcow2.md).
+            direct: seed % 8 != 5 && bit(0) ^ bit(2) ^ bit(3),
             engine,
             requests: 160,
             size: 4 << 20,
@@ -187,8 +190,9 @@ fn note_done(log: &Log, out: &mut Vec<Completion>, cfg: &Config, seed: u64) {
     for c in out.drain(..) {
         if let Err(e) = &c.result {
             panic!(
-                "seed {seed} {cfg:?}: request at log position {} failed: {e}",
-                c.user_data
+                "seed {seed} {cfg:?}: request at log position {} failed: {e}: {:?}",
+                c.user_data,
+                std::error::Error::source(e)
             );
         }
         log.push(Event::GuestDone {
