@@ -311,6 +311,52 @@ impl MetaState {
         Err(BlockError::NoSpace(format!("no room for {n} clusters")))
     }
 
+    /// Puts new refcount blocks (written and durable) in the table. A
+    /// block is linked only once the block counting its own cluster is:
+    /// those blocks' entries first, a barrier, then the blocks they count
+    /// (else a crash could keep an entry whose block's refcount lies in a
+    /// block no entry names yet).
+    fn link_new_blocks(
+        &mut self,
+        mut pending: BTreeMap<u64, (u64, Vec<u8>)>,
+    ) -> Result<(), BlockError> {
+        let cs = self.g.cluster_size;
+        let rbe = self.g.rb_entries;
+        while !pending.is_empty() {
+            let counter = |off: u64| off / cs / rbe;
+            let mut ready: Vec<u64> = pending
+                .iter()
+                .filter(|(b, (off, _))| {
+                    counter(*off) == **b || !pending.contains_key(&counter(*off))
+                })
+                .map(|(b, _)| *b)
+                .collect();
+            if ready.is_empty() {
+                // A cycle cannot happen (blocks lie in index order); link
+                // the rest rather than loop.
+                ready = pending.keys().copied().collect();
+            }
+            for b in ready {
+                let Some((off, t)) = pending.remove(&b) else {
+                    continue;
+                };
+                self.write(
+                    MetaKind::RefcountTable,
+                    self.rt_offset + b * 8,
+                    &off.to_be_bytes(),
+                )?;
+                self.rt[b as usize] = off;
+                self.refblocks.insert(off);
+                self.metadata_map.add(MetaKind::RefcountBlock, off, cs);
+                self.rb_cache.insert(off, t);
+            }
+            if !pending.is_empty() {
+                self.barrier()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Writes refcounts for `start..start+n+missing+rt_clusters`, the new
     /// refcount blocks, and then the table entries (or a new table).
     fn commit_layout(
@@ -356,21 +402,11 @@ impl MetaState {
         }
         self.barrier()?;
         if rt_clusters == 0 {
-            for (b, (off, t)) in new_blocks {
-                self.write(
-                    MetaKind::RefcountTable,
-                    self.rt_offset + b * 8,
-                    &off.to_be_bytes(),
-                )?;
-                self.rt[b as usize] = off;
-                self.refblocks.insert(off);
-                self.metadata_map.add(MetaKind::RefcountBlock, off, cs);
-                self.rb_cache.insert(off, t);
-            }
-            return Ok(());
+            return self.link_new_blocks(new_blocks);
         }
         // A new, larger table after the new blocks; the header switches to
-        // it in one write, then the old table's clusters are freed.
+        // it in one write, and the old table's clusters are freed once that
+        // write is durable (the next flush).
         let new_rt_off = (start + n + missing.len() as u64) * cs;
         let mut rt = self.rt.clone();
         rt.resize((rt_clusters * cs / 8) as usize, 0);
@@ -400,6 +436,8 @@ impl MetaState {
         for (_, (off, t)) in new_blocks {
             self.rb_cache.insert(off, t);
         }
-        self.free_clusters(old_off / cs, old_clusters)
+        // Freed once the header naming the new table is durable.
+        self.deferred_release.push((old_off / cs, old_clusters));
+        Ok(())
     }
 }

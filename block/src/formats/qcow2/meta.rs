@@ -515,7 +515,10 @@ impl MetaState {
             self.l2_cache.remove(off);
             self.metadata_map
                 .remove(MetaKind::L2Table, off, self.g.cluster_size);
-            self.free_clusters(off >> self.g.cluster_bits, 1)?;
+            // Its reference drops once the new L1 entry is durable (a
+            // snapshot may share it: dropped first, a crash would leave
+            // the L1 entry on a table whose refcount no longer counts it).
+            self.deferred_release.push((off >> self.g.cluster_bits, 1));
         }
         Ok(new)
     }
@@ -552,7 +555,9 @@ impl MetaState {
         self.l1_offset = new;
         self.l1.resize(new_len, 0);
         if old_clusters > 0 {
-            self.free_clusters(old >> self.g.cluster_bits, old_clusters)?;
+            // Freed once the header naming the new table is durable.
+            self.deferred_release
+                .push((old >> self.g.cluster_bits, old_clusters));
         }
         Ok(())
     }

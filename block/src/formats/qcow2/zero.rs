@@ -6,6 +6,8 @@
 //! unmapping) or unallocated; the L2 entry is written now, the engine then
 //! punches the old host cluster, and `commit` drops its refcount, so a
 //! crash leaks, never corrupts, and a reused cluster is never punched.
+//! A cluster flagged zero while keeping its host cluster (no unmapping
+//! allowed) gets its entry published like an allocating write's.
 //! Partial clusters, and v2 images over a backing file (v2 has no zero
 //! flag), get zeroes written. Discard is write-zeroes with unmapping
 //! allowed: a discarded range of a qcow2 image reads as zeroes.
@@ -119,9 +121,7 @@ impl Qcow2Image {
             }
             // Keep the allocation, flag it zero.
             L2Entry::Normal { host, copied: true } if !may_unmap => {
-                st.meta.writable_l2(guest)?;
-                st.meta
-                    .set_l2_entry(guest, host | OFLAG_COPIED | OFLAG_ZERO, 0)
+                keep_allocation_zeroed(st, guest, host | OFLAG_COPIED | OFLAG_ZERO, 0)
             }
             L2Entry::Zero { host: None, .. } => Ok(()),
             L2Entry::Zero { host: Some(_), .. } if !may_unmap => Ok(()),
@@ -154,8 +154,7 @@ impl Qcow2Image {
                 Ok(())
             }
             L2Entry::Normal { host, copied: true } if !may_unmap => {
-                st.meta.writable_l2(guest)?;
-                st.meta.set_l2_entry(guest, host | OFLAG_COPIED, ALL_ZERO)
+                keep_allocation_zeroed(st, guest, host | OFLAG_COPIED, ALL_ZERO)
             }
             L2Entry::Unallocated if bitmap == ALL_ZERO || (bitmap == 0 && !has_backing) => Ok(()),
             _ => {
@@ -197,4 +196,23 @@ impl Qcow2Image {
         }
         Ok(())
     }
+}
+
+/// Flags an allocated cluster zero, keeping its host cluster: the new
+/// entry is published like an allocating write's (in the cache now, on
+/// disk at the next flush, after a barrier), because the host cluster may
+/// have been allocated since the last barrier: written through now, the
+/// entry could reach the disk before the cluster's refcount does.
+fn keep_allocation_zeroed(
+    st: &mut State,
+    guest: u64,
+    raw: u64,
+    bitmap: u64,
+) -> Result<(), BlockError> {
+    st.meta.writable_l2(guest)?;
+    st.meta.publish_l2_entry(guest, raw, bitmap)?;
+    if st.meta.should_flush() {
+        st.meta.flush_dirty()?;
+    }
+    Ok(())
 }
