@@ -198,16 +198,6 @@ fn replay(engine: EngineKind, first_seed: u64, stride: u64, default: usize) {
     assert!(tally.images > 0);
 }
 
-/// A tool the test needs is missing: a skip, unless CH_REQUIRE_ALL=1
-/// says every test must run.
-fn missing(what: &str) {
-    assert!(
-        std::env::var("CH_REQUIRE_ALL").as_deref() != Ok("1"),
-        "{what} is missing and CH_REQUIRE_ALL=1"
-    );
-    eprintln!("skipped: {what} is missing");
-}
-
 #[test]
 fn crash_images_from_sync_engine_runs() {
     // Seeds 0..8: every cluster size x queue count x backing file.
@@ -216,8 +206,7 @@ fn crash_images_from_sync_engine_runs() {
 
 #[test]
 fn crash_images_from_io_uring_runs() {
-    if let Err(e) = block::io::probe::uring_support() {
-        missing(&format!("io_uring ({e})"));
+    if !testkit::available("io_uring", block::io::probe::uring_support()) {
         return;
     }
     // Seeds 0, 3, 6, 9 (+2^20): both cluster sizes and queue counts.
