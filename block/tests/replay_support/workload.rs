@@ -336,7 +336,7 @@ pub fn record(dir: &Path, img: &Path, cfg: &Config, seed: u64) -> Recording {
     let l = log.clone();
     qcow2.wrap_meta_io(move |inner| Arc::new(RecordingMetaIo::new(inner, l)) as Arc<dyn MetaIo>);
     let start = std::fs::read(img).unwrap();
-    let disk = Disk::from_format(qcow2.clone(), &o);
+    let disk = Disk::from_format(qcow2.clone(), &o).unwrap();
     let mut queues: Vec<DiskQueue> = (0..cfg.queues)
         .map(|_| {
             let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
