@@ -165,16 +165,21 @@ fn parse_count(min: u16, max: u16, power_of_two: bool) -> impl Fn(&str) -> Resul
     }
 }
 
-pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
-    let mut kv = KvList::parse("--disk", s)?;
-    let options = take_image_options(&mut kv)?;
+/// `num_queues` (default 1) and `queue_size` (default 128), shared with
+/// vhost-user disks.
+pub(super) fn parse_queue_shape(kv: &mut KvList) -> Result<(u16, u16), ConfigError> {
     let num_queues = kv
         .take_parsed("num_queues", parse_count(1, MAX_QUEUES, false))?
         .unwrap_or(1);
     let queue_size = kv
         .take_parsed("queue_size", parse_count(2, MAX_QUEUE_SIZE, true))?
         .unwrap_or(128);
-    let id = kv.take_parsed("id", |s| {
+    Ok((num_queues, queue_size))
+}
+
+/// `id=NAME`, shared with vhost-user disks.
+pub(super) fn parse_disk_id(kv: &mut KvList) -> Result<Option<String>, ConfigError> {
+    Ok(kv.take_parsed("id", |s| {
         if s.is_empty()
             || !s
                 .bytes()
@@ -184,7 +189,14 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
         } else {
             Ok(s.to_string())
         }
-    })?;
+    })?)
+}
+
+pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
+    let mut kv = KvList::parse("--disk", s)?;
+    let options = take_image_options(&mut kv)?;
+    let (num_queues, queue_size) = parse_queue_shape(&mut kv)?;
+    let id = parse_disk_id(&mut kv)?;
     let serial = kv.take_parsed("serial", |s| {
         if s.len() > MAX_SERIAL || !s.bytes().all(|b| b.is_ascii_graphic()) {
             Err(format!(
