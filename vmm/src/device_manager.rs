@@ -69,12 +69,8 @@ pub enum DeviceError {
     Seccomp(#[source] crate::seccomp::SeccompError),
     #[error("too many disks: the PCI bus and MMIO window hold {0}")]
     TooManyDisks(usize),
-    #[error("cannot set up the vhost-user disk on {socket}")]
-    VhostUser {
-        socket: String,
-        #[source]
-        source: virtio_devices::vhost_user_blk::VhostUserBlkError,
-    },
+    #[error("cannot set up a vhost-user disk")]
+    VhostUser(#[source] virtio_devices::vhost_user_blk::VhostUserBlkError),
 }
 
 /// A disk opened from its `--disk` config.

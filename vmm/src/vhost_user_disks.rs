@@ -27,10 +27,7 @@ pub(crate) fn add_vhost_user_disks(
             num_queues: c.num_queues,
             queue_size: c.queue_size,
         })
-        .map_err(|source| DeviceError::VhostUser {
-            socket: socket.clone(),
-            source,
-        })?;
+        .map_err(DeviceError::VhostUser)?;
         let capacity = dev.capacity_bytes();
         let (slot, bar) = attach.add(Box::new(dev), c.num_queues, first_index + i, next_gsi)?;
         log::info!(
