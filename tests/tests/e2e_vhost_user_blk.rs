@@ -12,8 +12,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_support::{boot, check_clean, test_guest, vmm_binary};
-use integration_tests::{project_bin, qemu_img, qemu_io, TempDir};
+use e2e_support::{boot, check_clean, check_pattern, test_guest, vmm_binary};
+use integration_tests::{project_bin, qemu_img, TempDir};
 
 /// `ch-storage-daemon` exporting `image` over vhost-user-blk at `socket`.
 struct Daemon {
@@ -77,42 +77,18 @@ impl Drop for Daemon {
     }
 }
 
-/// The guest's pattern for `queues` queues (as in e2e_virtio_blk.rs).
-fn check_pattern(fmt: &str, image: &str, queues: u64) {
-    for q in 0..queues {
-        let b = q * 262_144;
-        qemu_io(
-            fmt,
-            image,
-            &[
-                &format!("read -P {} {b} 64k", 0x40 + q),
-                &format!("read -P {} {} 4k", 0x80 + q, b + 65_536),
-                &format!("read -P 0 {} 60k", b + 69_632),
-                &format!("read -P 0 {} 64k", b + 196_608),
-            ],
-        );
-    }
-}
-
-#[test]
-fn qcow2_two_queues_through_ch_storage_daemon() {
+/// Boots the test guest with one vhost-user disk of `queues` queues that
+/// ch-storage-daemon serves from `img`; asserts PASS, a clean exit of
+/// both processes and that the queues went to the backend. Returns the
+/// serial output.
+fn boot_through_daemon(img: &str, queues: u16, extra: &[&str]) -> String {
     let dir = TempDir::new("e2e-vu");
-    let img = dir.file("disk.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", &img, "64M"]);
     let socket = dir.file("vu.sock");
-    let daemon = Daemon::start(&dir, &img, &socket, 2);
-    let b = boot(
-        &dir,
-        test_guest(),
-        &[
-            "--cmdline",
-            "disks=1",
-            "--memory",
-            "size=128M,shared=on",
-            "--disk",
-            &format!("vhost_user=on,socket={socket},num_queues=2"),
-        ],
-    );
+    let daemon = Daemon::start(&dir, img, &socket, queues);
+    let disk = format!("vhost_user=on,socket={socket},num_queues={queues}");
+    let mut args = vec!["--cmdline", "disks=1", "--disk", &disk];
+    args.extend(extra);
+    let b = boot(&dir, test_guest(), &args);
     let daemon_log = daemon.stop();
     assert!(
         b.serial.lines().any(|l| l == "RESULT: PASS"),
@@ -121,13 +97,38 @@ fn qcow2_two_queues_through_ch_storage_daemon() {
         b.stderr
     );
     assert!(b.status.success(), "VMM exit {}: {}", b.status, b.stderr);
-    assert!(
-        b.stderr.contains("2 queue(s) handed to the backend"),
-        "{}",
-        b.stderr
-    );
+    let handed = format!("{queues} queue(s) handed to the backend");
+    assert!(b.stderr.contains(&handed), "{}", b.stderr);
+    b.serial
+}
+
+#[test]
+fn qcow2_two_queues_through_ch_storage_daemon() {
+    let dir = TempDir::new("e2e-vu-img");
+    let img = dir.file("disk.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &img, "64M"]);
+    boot_through_daemon(&img, 2, &["--memory", "size=128M,shared=on"]);
     check_clean(&img);
     check_pattern("qcow2", &img, 2);
+}
+
+/// Guest RAM above 4 GiB is a second region of the same memfd (at file
+/// offset 3 GiB); the backend maps both.
+#[test]
+fn raw_four_queues_two_vcpus_ram_above_4g() {
+    let dir = TempDir::new("e2e-vu-img");
+    let img = dir.file("disk.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &img, "16M"]);
+    let serial = boot_through_daemon(
+        &img,
+        4,
+        &["--cpus", "boot=2", "--memory", "size=4G,shared=on"],
+    );
+    assert!(
+        serial.contains("0x100000000-0x140000000 type 1"),
+        "{serial}"
+    );
+    check_pattern("raw", &img, 4);
 }
 
 fn cli(args: &[&str]) -> (bool, String) {

@@ -21,7 +21,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::call_forwarder::CallForwarder;
 use super::handshake::{self, Connection};
 use super::vrings::{self, VringFds};
-use super::VhostUserBlkError;
+use super::{request_failed, VhostUserBlkError};
 use crate::block::VIRTIO_ID_BLOCK;
 use crate::device::{ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt};
 
@@ -75,14 +75,7 @@ impl VhostUserBlkDevice {
         queues: &[ActivatedQueue],
     ) -> Result<Running, VhostUserBlkError> {
         let socket = self.connection.socket.clone();
-        let request = |request: &'static str| {
-            let socket = socket.clone();
-            move |source| VhostUserBlkError::Request {
-                socket,
-                request,
-                source,
-            }
-        };
+        let request = |request: &'static str| request_failed(&socket, request);
         let frontend = &mut self.connection.frontend;
         frontend
             .set_features(self.acked_features | self.connection.protocol_bit)

@@ -21,7 +21,7 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
-use super::VhostUserBlkError;
+use super::{request_failed, VhostUserBlkError};
 use crate::block::config_space::offset;
 use crate::block::features::bit;
 
@@ -71,14 +71,7 @@ pub fn connect(socket: &Path, num_queues: u16) -> Result<Connection, VhostUserBl
             source,
         }
     })?;
-    let request = |request: &'static str| {
-        let socket = name.clone();
-        move |source| VhostUserBlkError::Request {
-            socket,
-            request,
-            source,
-        }
-    };
+    let request = |request: &'static str| request_failed(&name, request);
     let missing = |what: &'static str| VhostUserBlkError::MissingFeature {
         socket: name.clone(),
         what,
@@ -148,11 +141,7 @@ fn read_config(
     let buf = vec![0u8; offset::END];
     let (_, mut config) = frontend
         .get_config(0, offset::END as u32, VhostUserConfigFlags::empty(), &buf)
-        .map_err(|source| VhostUserBlkError::Request {
-            socket: socket.to_string(),
-            request: "GET_CONFIG",
-            source,
-        })?;
+        .map_err(request_failed(socket, "GET_CONFIG"))?;
     if let Some(field) = config.get_mut(offset::NUM_QUEUES..offset::NUM_QUEUES + 2) {
         field.copy_from_slice(&num_queues.to_le_bytes());
     }

@@ -61,3 +61,16 @@ pub enum VhostUserBlkError {
     #[error("cannot set up the call eventfds and their forwarding thread")]
     CallForwarder(#[source] io::Error),
 }
+
+/// For `map_err`: message `request` to the backend at `socket` failed.
+pub(crate) fn request_failed(
+    socket: &str,
+    request: &'static str,
+) -> impl FnOnce(vhost::Error) -> VhostUserBlkError {
+    let socket = socket.to_string();
+    move |source| VhostUserBlkError::Request {
+        socket,
+        request,
+        source,
+    }
+}

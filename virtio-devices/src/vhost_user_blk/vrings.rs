@@ -12,7 +12,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::VhostUserBlkError;
+use super::{request_failed, VhostUserBlkError};
 
 /// Most regions one SET_MEM_TABLE carries (fds in one message).
 pub const MAX_REGIONS: usize = 8;
@@ -47,13 +47,7 @@ pub fn start_vring(
     queue: &Queue,
     fds: VringFds<'_>,
 ) -> Result<(), VhostUserBlkError> {
-    let request = |request: &'static str| {
-        move |source| VhostUserBlkError::Request {
-            socket: socket.to_string(),
-            request,
-            source,
-        }
-    };
+    let request = |request: &'static str| request_failed(socket, request);
     let host = |addr: u64| {
         mem.get_host_address(GuestAddress(addr))
             .map(|p| p as u64)
@@ -98,9 +92,5 @@ pub fn stop_vring(
 ) -> Result<u32, VhostUserBlkError> {
     frontend
         .get_vring_base(usize::from(index))
-        .map_err(|source| VhostUserBlkError::Request {
-            socket: socket.to_string(),
-            request: "GET_VRING_BASE",
-            source,
-        })
+        .map_err(request_failed(socket, "GET_VRING_BASE"))
 }
