@@ -211,3 +211,47 @@ fn missing_socket_is_named() {
     assert!(matches!(err, VhostUserBlkError::Connect { .. }), "{err:?}");
     assert!(err.to_string().contains("nobody.sock"), "{err}");
 }
+
+/// Guest RAM the backend cannot map (anonymous, `--memory shared=off`):
+/// activation fails with a message, and the device then activates on
+/// shared memory.
+#[test]
+fn anonymous_memory_is_refused_at_activation() {
+    let dir = TempDir::new("vufront-anon");
+    let image = zeroed_raw(&dir, "disk.raw", IMAGE_SIZE);
+    let daemon = Daemon::start(&dir, &image, "", "num_queues=1");
+    let mut device = VhostUserBlkDevice::new(&VhostUserBlkConfig {
+        socket: daemon.socket.clone(),
+        num_queues: 1,
+        queue_size: QUEUE_SIZE,
+    })
+    .expect("connect");
+    device.ack_features(device.features());
+    let anon = Arc::new(
+        vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)])
+            .expect("anonymous memory"),
+    );
+    let layout = QueueLayout::at(GuestAddress(0), QUEUE_SIZE);
+    let vq = DriverQueue::new(Arc::clone(&anon), layout, true);
+    let irq: Arc<dyn VirtioInterrupt> = Arc::new(EventFdInterrupt::new(1).expect("eventfds"));
+    let err = device
+        .activate(
+            anon,
+            irq,
+            vec![ActivatedQueue {
+                index: 0,
+                queue: vq.device_queue(),
+                kick: EventFd::new(EFD_NONBLOCK).expect("kick"),
+            }],
+        )
+        .expect_err("anonymous memory accepted");
+    assert!(err.to_string().contains("shared=on"), "{err}");
+    let mut guest = activate(&mut device, SharedMemory::new(1 << 20), None);
+    let used = guest.drivers[0]
+        .run(VIRTIO_BLK_T_IN, 0, 512)
+        .expect("read after the failed activation");
+    assert_eq!(used.status, OK);
+    device.shutdown();
+    drop(device);
+    daemon.stop();
+}

@@ -83,20 +83,32 @@ impl VhostUserBlkDevice {
         frontend
             .set_mem_table(&vrings::memory_regions(mem)?)
             .map_err(request("SET_MEM_TABLE"))?;
+        // The forwarder owns the call eventfds; the backend gets duplicates.
         let mut calls = Vec::with_capacity(queues.len());
+        let mut backend_calls = Vec::with_capacity(queues.len());
         for q in queues {
             let call = EventFd::new(EFD_NONBLOCK).map_err(VhostUserBlkError::CallForwarder)?;
+            backend_calls.push(call.try_clone().map_err(VhostUserBlkError::CallForwarder)?);
             calls.push((q.index, call));
         }
-        for (q, (_, call)) in queues.iter().zip(&calls) {
+        let forwarder =
+            CallForwarder::start(calls, interrupt).map_err(VhostUserBlkError::CallForwarder)?;
+        for (started, (q, call)) in queues.iter().zip(&backend_calls).enumerate() {
             let fds = VringFds {
                 kick: &q.kick,
                 call,
             };
-            vrings::start_vring(frontend, &socket, mem, q.index, &q.queue, fds)?;
+            if let Err(e) = vrings::start_vring(frontend, &socket, mem, q.index, &q.queue, fds) {
+                // Take back the queues already handed over: the transport
+                // reuses their kick eventfds.
+                for q in &queues[..started] {
+                    if let Err(stop) = vrings::stop_vring(frontend, &socket, q.index) {
+                        log::error!("{}", error_chain(&stop));
+                    }
+                }
+                return Err(e);
+            }
         }
-        let forwarder =
-            CallForwarder::start(calls, interrupt).map_err(VhostUserBlkError::CallForwarder)?;
         Ok(Running {
             indexes: queues.iter().map(|q| q.index).collect(),
             kicks: Vec::new(),
