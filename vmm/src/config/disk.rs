@@ -7,6 +7,9 @@
 //! busy-poll for up to N microseconds before it sleeps (docs/virtio-blk.md,
 //! "Busy poll"; QEMU's iothread `poll-max-ns` plays this part).
 //!
+//! `vhost_user=on` makes the disk a vhost-user one, parsed by
+//! [`super::vhost_user_disk`] instead; `vhost_user=off` is accepted here.
+//!
 //! Enters as the option's string; leaves as a [`DiskConfig`] holding the
 //! block crate's [`DiskOptions`] plus the device's queue settings. Nothing is
 //! opened here.
@@ -17,7 +20,7 @@ use block::DiskOptions;
 use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
 
 use super::ConfigError;
-use block::options::kv::{split_top_level, KvList};
+use block::options::kv::{parse_on_off, split_top_level, KvList};
 
 /// Most queues per disk: the vCPU count is small on our machines and each
 /// queue is a thread.
@@ -197,6 +200,9 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
     let options = take_image_options(&mut kv)?;
     let (num_queues, queue_size) = parse_queue_shape(&mut kv)?;
     let id = parse_disk_id(&mut kv)?;
+    // `vhost_user=off` (or absent) is this parser's; `on` goes to
+    // super::vhost_user_disk (see args.rs).
+    kv.take_parsed("vhost_user", parse_on_off)?;
     let serial = kv.take_parsed("serial", |s| {
         if s.len() > MAX_SERIAL || !s.bytes().all(|b| b.is_ascii_graphic()) {
             Err(format!(
@@ -338,6 +344,12 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn vhost_user_off_is_an_ordinary_disk() {
+        assert_eq!(parse_disk("path=x,vhost_user=off").unwrap().num_queues, 1);
+        assert!(parse_disk("path=x,vhost_user=maybe").is_err());
     }
 
     #[test]
