@@ -4,8 +4,10 @@
 #
 # What it installs when missing: qemu-utils (qemu-img, qemu-io: the oracle
 # the tests compare against), fio (the reference of the benchmarks) and
-# acpica-tools (iasl, which disassembles our ACPI tables in a test) and
-# qemu-system-x86 (the vhost-user-blk front end of the export tests).
+# acpica-tools (iasl, which disassembles our ACPI tables in a test),
+# qemu-system-x86 (the vhost-user-blk front end of the export tests),
+# util-linux (fincore: page-cache residency) and strace (counting
+# flushes), both for tests/tests/ch_img_cache.rs.
 #
 # CH_REQUIRE_ALL=1 (the default here) makes every test that needs a tool
 # from outside the project fail instead of skipping when the tool is
@@ -21,6 +23,8 @@ command -v fio >/dev/null 2>&1 || need_apt+=(fio)
 command -v iasl >/dev/null 2>&1 || need_apt+=(acpica-tools)
 # QEMU as a vhost-user-blk front end (storage-daemon's vhost_user_qemu test).
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need_apt+=(qemu-system-x86)
+command -v fincore >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "run-tests: installing ${need_apt[*]}"
     sudo_cmd=()

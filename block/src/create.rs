@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::error::BlockError;
 use crate::formats::qcow2::create::{create_qcow2, Qcow2Params};
 use crate::options::{DiskOptions, ImageType};
+use crate::prealloc::{preallocate_range, Preallocation};
 
 /// qemu-img create's `-f` and `-o` options that we support.
 #[derive(Clone, Debug, Default)]
@@ -34,6 +35,8 @@ pub struct CreateOptions {
     /// Compress clusters with zstd instead of zlib (`compression_type`;
     /// needs compat=1.1).
     pub zstd: bool,
+    /// qemu-img's `preallocation=` (raw: off, falloc, full).
+    pub preallocation: Preallocation,
 }
 
 fn bad(opts: &CreateOptions, option: &str, why: impl std::fmt::Display) -> BlockError {
@@ -44,13 +47,27 @@ fn bad(opts: &CreateOptions, option: &str, why: impl std::fmt::Display) -> Block
 }
 
 /// Creates the image; fails if the options are inconsistent (the message
-/// names the option).
+/// names the option). When writing the new file fails (say, ENOSPC while
+/// preallocating), the partial file is removed.
 pub fn create_image(opts: &CreateOptions) -> Result<(), BlockError> {
-    match opts.format {
+    let r = match opts.format {
         ImageType::Raw => create_raw(opts),
         ImageType::Qcow2 => create_qcow2_image(opts),
         ImageType::Auto => Err(bad(opts, "format", "give raw or qcow2")),
+    };
+    if let Err(e) = &r {
+        // Only errors after the file was opened and truncated as ours; a
+        // refused open (locked, bad options) leaves the file alone.
+        if matches!(
+            e,
+            BlockError::Preallocate { .. }
+                | BlockError::MetadataWrite { .. }
+                | BlockError::Flush(_)
+        ) {
+            let _ = std::fs::remove_file(&opts.path);
+        }
     }
+    r
 }
 
 fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
@@ -69,11 +86,16 @@ fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
             return Err(bad(opts, name, "not a raw image option"));
         }
     }
+    if opts.preallocation == Preallocation::Metadata {
+        return Err(bad(
+            opts,
+            "preallocation",
+            "metadata is for qcow2; raw images take off, falloc or full",
+        ));
+    }
     let f = open_for_create(&opts.path)?;
-    f.set_len(opts.size).map_err(|source| BlockError::Open {
-        path: opts.path.clone(),
-        source,
-    })
+    preallocate_range(&f, &opts.path, opts.preallocation, 0, opts.size)?;
+    f.sync_all().map_err(BlockError::Flush)
 }
 
 /// Opens (or creates) `path` for a new image: locked like a writer first,
@@ -153,6 +175,15 @@ fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
         Some(ImageType::Raw) => Some("raw".to_string()),
         Some(ImageType::Qcow2) => Some("qcow2".to_string()),
     };
+    if opts.preallocation != Preallocation::Off && opts.backing_file.is_some() && !opts.extended_l2
+    {
+        // As qemu-img: preallocated clusters would hide the backing data.
+        return Err(bad(
+            opts,
+            "preallocation",
+            "a backing file and preallocation need extended_l2=on",
+        ));
+    }
     if backing_format.is_some() && opts.backing_file.is_none() {
         return Err(bad(opts, "backing_fmt", "given without backing_file"));
     }
@@ -186,6 +217,7 @@ fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
             zstd: opts.zstd,
             backing_file: opts.backing_file.clone(),
             backing_format,
+            preallocation: opts.preallocation,
         },
     )
 }

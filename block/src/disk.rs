@@ -18,13 +18,14 @@
 //! [`Disk::write_at`], ...), which run one request through a sync-engine
 //! queue: the same code path as the device.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::error::BlockError;
 use crate::formats::Format;
 use crate::io::executor::{DiskShared, Executor};
+use crate::io::threads::{self, WorkerPool};
 use crate::io::Engine;
 use crate::options::{DiskOptions, EngineKind};
 use crate::request::{BlockRequest, Completion, IoMemory, RequestOp};
@@ -46,6 +47,8 @@ pub struct Disk {
     helper: Arc<Mutex<Option<DiskQueue>>>,
     /// Partial-block locks and write tracking shared by this disk's queues.
     shared: Arc<DiskShared>,
+    /// The worker pool of this disk's `threads` queues (made by the first).
+    pool: Arc<OnceLock<Arc<WorkerPool>>>,
 }
 
 impl Disk {
@@ -53,25 +56,39 @@ impl Disk {
     /// engine (`auto` probes io_uring once).
     pub fn open(options: &DiskOptions) -> Result<Disk, BlockError> {
         let format = crate::formats::open_format(options)?;
-        Ok(Self::from_format(format, options))
+        Self::from_format(format, options)
     }
 
-    /// Wraps an already opened format (tests, tools).
-    pub fn from_format(format: Arc<dyn Format>, options: &DiskOptions) -> Disk {
-        let engine = crate::io::probe::resolve_engine(options.engine, &options.path);
+    /// Wraps an already opened format (tests, tools) and resolves its
+    /// engine; fails when an explicit `engine=aio` cannot work here.
+    pub fn from_format(format: Arc<dyn Format>, options: &DiskOptions) -> Result<Disk, BlockError> {
+        let engine = crate::io::probe::resolve_engine(
+            options.engine,
+            options.direct,
+            format.as_ref(),
+            &options.path,
+        )
+        .map_err(|reason| BlockError::AioUnavailable {
+            path: options.path.clone(),
+            reason,
+        })?;
         let block_size = format
             .files()
             .iter()
             .map(|f| crate::io::align::file_alignment(f).offset)
             .fold(crate::SECTOR_SIZE as u32, u32::max);
-        Disk {
+        Ok(Disk {
             format,
             options: options.clone(),
             engine,
             block_size,
             helper: Arc::new(Mutex::new(None)),
-            shared: Arc::new(DiskShared::default()),
-        }
+            shared: Arc::new(DiskShared {
+                ignore_flushes: !options.cache.flushes(),
+                ..Default::default()
+            }),
+            pool: Arc::new(OnceLock::new()),
+        })
     }
 
     pub fn size(&self) -> u64 {
@@ -86,7 +103,7 @@ impl Disk {
         &self.options
     }
 
-    /// The engine in use (`IoUring` or `Sync`).
+    /// The engine in use (never `Auto`).
     pub fn engine(&self) -> EngineKind {
         self.engine
     }
@@ -102,16 +119,23 @@ impl Disk {
     }
 
     /// Creates a queue handle with its own engine and completion eventfd.
-    /// With `engine=auto`, a ring that cannot be set up (say, locked-memory
-    /// limits) falls back to the sync engine with a warning.
+    /// With `engine=auto`, a ring or AIO context that cannot be set up
+    /// (locked-memory limits, `aio-max-nr` exhausted) falls back to the
+    /// thread pool with a warning.
     pub fn queue(&self) -> Result<DiskQueue, BlockError> {
         match self.queue_with_engine(self.engine) {
-            Err(e @ BlockError::UringSetup(_)) if self.options.engine == EngineKind::Auto => {
+            Err(e @ (BlockError::UringSetup(_) | BlockError::AioSetup(_)))
+                if self.options.engine == EngineKind::Auto =>
+            {
                 log::warn!(
-                    "disk {}: io_uring queue setup failed ({e}); this queue uses the sync engine",
-                    self.options.path.display()
+                    "disk {}: {} queue setup failed ({e}: {}); this queue uses the threads engine",
+                    self.options.path.display(),
+                    self.engine,
+                    std::error::Error::source(&e)
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
                 );
-                self.queue_with_engine(EngineKind::Sync)
+                self.queue_with_engine(EngineKind::Threads)
             }
             r => r,
         }
@@ -120,7 +144,18 @@ impl Disk {
     /// A queue on a given engine (`Auto` means sync here).
     pub fn queue_with_engine(&self, kind: EngineKind) -> Result<DiskQueue, BlockError> {
         let eventfd = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?);
-        let engine = crate::io::new_engine(kind, self.format.files(), eventfd)?;
+        let engine: Box<dyn Engine> = if kind == EngineKind::Threads {
+            let pool = self
+                .pool
+                .get_or_init(|| Arc::new(WorkerPool::new(threads::DEFAULT_MAX_THREADS)));
+            Box::new(threads::ThreadsEngine::new(
+                self.format.files(),
+                eventfd,
+                pool.clone(),
+            ))
+        } else {
+            crate::io::new_engine(kind, self.format.files(), eventfd)?
+        };
         Ok(self.queue_on(engine))
     }
 

@@ -83,6 +83,20 @@ pub enum BlockError {
     UringSetup(#[source] io::Error),
     #[error("io_uring submission failed")]
     UringSubmit(#[source] io::Error),
+    #[error("preallocation={mode} of {path} failed ({errno})")]
+    Preallocate {
+        path: PathBuf,
+        mode: &'static str,
+        errno: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("engine=aio for {path}: {reason}")]
+    AioUnavailable { path: PathBuf, reason: String },
+    #[error("Linux AIO context setup (io_setup) failed")]
+    AioSetup(#[source] io::Error),
+    #[error("waiting for Linux AIO completions (io_getevents) failed")]
+    AioWait(#[source] io::Error),
     #[error("eventfd operation failed")]
     EventFd(#[source] io::Error),
     #[error("resize failed: {0}")]
@@ -131,6 +145,7 @@ impl BlockError {
             | MetadataWrite { .. }
             | NoSpace(_)
             | Resize(_)
+            | Preallocate { .. }
             | BufferAlloc(_) => Consequence::HostIo,
             InvalidImage { .. } | Decompress { .. } | Corrupt => Consequence::Corrupt,
             Open { .. }
@@ -138,6 +153,9 @@ impl BlockError {
             | Lock { .. }
             | UringSetup(_)
             | UringSubmit(_)
+            | AioUnavailable { .. }
+            | AioSetup(_)
+            | AioWait(_)
             | EventFd(_)
             | NoSuchFile(_)
             | LostCompletion => Consequence::Setup,

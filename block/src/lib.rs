@@ -7,8 +7,10 @@
 //!   [`formats::WritePlan`]) and performs the metadata updates (allocation,
 //!   L2 and refcount writes, discard). It never moves guest data itself.
 //! - [`io`]: engines that execute plans against host files: `sync`
-//!   (preadv/pwritev in the calling thread) and `uring` (one io_uring per
-//!   queue). Both implement one trait, so every format runs on every engine.
+//!   (preadv/pwritev in the calling thread), `threads` (a worker pool per
+//!   disk), `aio` (Linux native AIO per queue) and `uring` (one io_uring
+//!   per queue). All implement one trait, so every format runs on every
+//!   engine.
 //! - [`disk`]: the handle that joins them. A [`disk::Disk`] is the shared,
 //!   opened image; [`disk::DiskQueue`] is the per-queue handle a virtio queue
 //!   worker (or `ch-img`) submits [`request::BlockRequest`]s to and drains
@@ -27,6 +29,7 @@ pub mod formats;
 pub mod io;
 pub mod lock;
 pub mod options;
+pub mod prealloc;
 pub mod request;
 
 pub use disk::{Disk, DiskQueue};

@@ -143,13 +143,41 @@ cases! {
     qcow2_big_clusters_uring_direct: EngineKind::IoUring, true, Kind::Big;
     qcow2_subclusters_read_sync_buffered: EngineKind::Sync, false, Kind::Subclusters;
     qcow2_subclusters_read_uring_direct: EngineKind::IoUring, true, Kind::Subclusters;
+    qcow2_plain_aio_buffered: EngineKind::Aio, false, Kind::Plain;
+    qcow2_plain_aio_direct: EngineKind::Aio, true, Kind::Plain;
+    qcow2_backing_aio_buffered: EngineKind::Aio, false, Kind::Backing;
+    qcow2_backing_aio_direct: EngineKind::Aio, true, Kind::Backing;
+    qcow2_deflate_aio_buffered: EngineKind::Aio, false, Kind::Deflate;
+    qcow2_deflate_aio_direct: EngineKind::Aio, true, Kind::Deflate;
+    qcow2_zstd_aio_buffered: EngineKind::Aio, false, Kind::Zstd;
+    qcow2_zstd_aio_direct: EngineKind::Aio, true, Kind::Zstd;
+    qcow2_small_clusters_aio_buffered: EngineKind::Aio, false, Kind::Small;
+    qcow2_small_clusters_aio_direct: EngineKind::Aio, true, Kind::Small;
+    qcow2_big_clusters_aio_buffered: EngineKind::Aio, false, Kind::Big;
+    qcow2_big_clusters_aio_direct: EngineKind::Aio, true, Kind::Big;
+    qcow2_subclusters_read_aio_buffered: EngineKind::Aio, false, Kind::Subclusters;
+    qcow2_subclusters_read_aio_direct: EngineKind::Aio, true, Kind::Subclusters;
+    qcow2_plain_threads_buffered: EngineKind::Threads, false, Kind::Plain;
+    qcow2_plain_threads_direct: EngineKind::Threads, true, Kind::Plain;
+    qcow2_backing_threads_buffered: EngineKind::Threads, false, Kind::Backing;
+    qcow2_backing_threads_direct: EngineKind::Threads, true, Kind::Backing;
+    qcow2_deflate_threads_buffered: EngineKind::Threads, false, Kind::Deflate;
+    qcow2_deflate_threads_direct: EngineKind::Threads, true, Kind::Deflate;
+    qcow2_zstd_threads_buffered: EngineKind::Threads, false, Kind::Zstd;
+    qcow2_zstd_threads_direct: EngineKind::Threads, true, Kind::Zstd;
+    qcow2_small_clusters_threads_buffered: EngineKind::Threads, false, Kind::Small;
+    qcow2_small_clusters_threads_direct: EngineKind::Threads, true, Kind::Small;
+    qcow2_big_clusters_threads_buffered: EngineKind::Threads, false, Kind::Big;
+    qcow2_big_clusters_threads_direct: EngineKind::Threads, true, Kind::Big;
+    qcow2_subclusters_read_threads_buffered: EngineKind::Threads, false, Kind::Subclusters;
+    qcow2_subclusters_read_threads_direct: EngineKind::Threads, true, Kind::Subclusters;
 }
 
 /// The body on an overlay with a backing file, through a fault engine
-/// over io_uring that halves every transfer and answers EAGAIN to every
+/// over a real engine that halves every transfer and answers EAGAIN to every
 /// seventh op: real qcow2 plans (copy-on-write parts, several ops per
 /// request) must still come out right.
-fn faulty_case(direct: bool) {
+fn faulty_case(engine: EngineKind, direct: bool) {
     use block::io::new_engine;
     use engine_support::faults::{FaultEngine, FaultPlan};
     use std::sync::Arc;
@@ -158,12 +186,12 @@ fn faulty_case(direct: bool) {
     let dir = TempDir::new("conf-qcow2-faults");
     let (img, model) = make(&dir, Kind::Backing);
     let mut o = DiskOptions::new(&img);
-    o.engine = EngineKind::IoUring;
+    o.engine = engine;
     o.direct = direct;
     o.image_type = ImageType::Qcow2;
     let disk = Disk::open(&o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let inner = new_engine(EngineKind::IoUring, disk.format().files(), efd).unwrap();
+    let inner = new_engine(engine, disk.format().files(), efd).unwrap();
     let plan = FaultPlan {
         short: true,
         short_align: if direct { 4096 } else { 1 },
@@ -184,10 +212,20 @@ fn faulty_case(direct: bool) {
 
 #[test]
 fn qcow2_backing_uring_with_faults_buffered() {
-    faulty_case(false);
+    faulty_case(EngineKind::IoUring, false);
 }
 
 #[test]
 fn qcow2_backing_uring_with_faults_direct() {
-    faulty_case(true);
+    faulty_case(EngineKind::IoUring, true);
+}
+
+#[test]
+fn qcow2_backing_aio_with_faults_direct() {
+    faulty_case(EngineKind::Aio, true);
+}
+
+#[test]
+fn qcow2_backing_threads_with_faults_buffered() {
+    faulty_case(EngineKind::Threads, false);
 }

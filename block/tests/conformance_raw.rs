@@ -45,3 +45,23 @@ fn raw_uring_buffered() {
 fn raw_uring_direct() {
     raw_case(EngineKind::IoUring, true);
 }
+
+#[test]
+fn raw_aio_buffered() {
+    raw_case(EngineKind::Aio, false);
+}
+
+#[test]
+fn raw_aio_direct() {
+    raw_case(EngineKind::Aio, true);
+}
+
+#[test]
+fn raw_threads_buffered() {
+    raw_case(EngineKind::Threads, false);
+}
+
+#[test]
+fn raw_threads_direct() {
+    raw_case(EngineKind::Threads, true);
+}

@@ -367,3 +367,18 @@ fn four_queues_sync_engine_over_zstd_clusters() {
 fn four_queues_uring_engine_direct_over_zstd_clusters() {
     run(EngineKind::IoUring, true, Start::ZstdClusters);
 }
+
+#[test]
+fn four_queues_threads_engine() {
+    run(EngineKind::Threads, false, Start::RawBacking);
+}
+
+#[test]
+fn four_queues_aio_engine_direct() {
+    run(EngineKind::Aio, true, Start::RawBacking);
+}
+
+#[test]
+fn four_queues_aio_engine_direct_over_zstd_clusters() {
+    run(EngineKind::Aio, true, Start::ZstdClusters);
+}

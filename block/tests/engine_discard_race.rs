@@ -155,3 +155,13 @@ fn a_discard_does_not_free_a_cluster_under_an_in_flight_write_uring() {
     }
     run(EngineKind::IoUring);
 }
+
+#[test]
+fn a_discard_does_not_free_a_cluster_under_an_in_flight_write_threads() {
+    run(EngineKind::Threads);
+}
+
+#[test]
+fn a_discard_does_not_free_a_cluster_under_an_in_flight_write_aio() {
+    run(EngineKind::Aio);
+}

@@ -77,7 +77,12 @@ fn setup_clusters(
 
 #[test]
 fn reads_of_one_cluster_in_one_batch_read_it_once() {
-    for kind in [EngineKind::Sync, EngineKind::IoUring] {
+    for kind in [
+        EngineKind::Sync,
+        EngineKind::IoUring,
+        EngineKind::Aio,
+        EngineKind::Threads,
+    ] {
         if kind == EngineKind::IoUring
             && !testkit::available("io_uring", block::io::probe::uring_support())
         {
@@ -110,7 +115,12 @@ fn reads_of_one_cluster_in_one_batch_read_it_once() {
 
 #[test]
 fn a_failed_cluster_read_fails_every_waiting_read_once() {
-    for kind in [EngineKind::Sync, EngineKind::IoUring] {
+    for kind in [
+        EngineKind::Sync,
+        EngineKind::IoUring,
+        EngineKind::Aio,
+        EngineKind::Threads,
+    ] {
         if kind == EngineKind::IoUring
             && !testkit::available("io_uring", block::io::probe::uring_support())
         {
@@ -149,7 +159,12 @@ fn a_failed_cluster_read_fails_every_waiting_read_once() {
 /// (without the wake-up it would sleep forever after the first drain).
 #[test]
 fn queue_inflated_clusters_come_back_a_few_per_drain() {
-    for kind in [EngineKind::Sync, EngineKind::IoUring] {
+    for kind in [
+        EngineKind::Sync,
+        EngineKind::IoUring,
+        EngineKind::Aio,
+        EngineKind::Threads,
+    ] {
         if kind == EngineKind::IoUring
             && !testkit::available("io_uring", block::io::probe::uring_support())
         {

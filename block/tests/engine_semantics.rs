@@ -20,7 +20,12 @@ use engine_support::*;
 use support::*;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-const ENGINES: [EngineKind; 2] = [EngineKind::Sync, EngineKind::IoUring];
+const ENGINES: [EngineKind; 4] = [
+    EngineKind::Sync,
+    EngineKind::IoUring,
+    EngineKind::Aio,
+    EngineKind::Threads,
+];
 
 fn open_file(path: &std::path::Path, direct: bool) -> Arc<File> {
     let mut o = OpenOptions::new();
@@ -306,7 +311,7 @@ fn tiny_sq_of_four_entries_does_not_stall() {
     let dir = TempDir::new("tiny-sq");
     let fmt = split_format(&dir, 4 << 20, false);
     let o = DiskOptions::new("scripted");
-    let disk = Disk::from_format(fmt.clone(), &o);
+    let disk = Disk::from_format(fmt.clone(), &o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
     let engine = UringEngine::new(&fmt.files, efd, 4).unwrap();
     let (engine, stats) = FaultEngine::new(

@@ -249,3 +249,13 @@ fn full_host_file_system_small_clusters_sync_engine() {
 fn full_host_file_system_small_clusters_uring_engine() {
     run(EngineKind::IoUring, "4k", 24);
 }
+
+#[test]
+fn full_host_file_system_threads_engine() {
+    run(EngineKind::Threads, "64k", 6);
+}
+
+#[test]
+fn full_host_file_system_aio_engine() {
+    run(EngineKind::Aio, "64k", 6);
+}

@@ -31,7 +31,7 @@ fn open_disk(p: &Path) -> (Disk, Arc<Qcow2Image>) {
     o.lock = false;
     let file = block::formats::open::open_file(&o).unwrap();
     let img = Arc::new(Qcow2Image::open(&o, file).unwrap());
-    (Disk::from_format(img.clone(), &o), img)
+    (Disk::from_format(img.clone(), &o).unwrap(), img)
 }
 
 /// Installs `faults` at the image's metadata seam from now on.

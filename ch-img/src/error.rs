@@ -19,6 +19,13 @@ pub enum CliError {
         #[source]
         source: BlockError,
     },
+    #[error("Could not open '{path}' with cache mode '{mode}': the file system refuses O_DIRECT")]
+    DirectRefused {
+        path: PathBuf,
+        mode: block::options::CacheMode,
+        #[source]
+        source: BlockError,
+    },
     #[error("Could not create '{path}'")]
     Create {
         path: PathBuf,
@@ -33,6 +40,13 @@ pub enum CliError {
     },
     #[error("error while writing at byte {offset}")]
     Write {
+        offset: u64,
+        #[source]
+        source: BlockError,
+    },
+    #[error("error while writing at byte {offset} of '{path}'")]
+    WriteOutput {
+        path: PathBuf,
         offset: u64,
         #[source]
         source: BlockError,

@@ -5,6 +5,11 @@
 //! sync-engine [`DiskQueue`] and waited for; the data leaves in the
 //! caller's buffer (reads) or in the image (writes). `bench` drives its own
 //! queue with many requests in flight instead.
+//!
+//! The cache mode the image was opened in is honoured here: O_DIRECT was
+//! set at open (the engine bounces unaligned requests); a mode without a
+//! volatile write cache (writethrough, directsync) flushes after every
+//! write before it returns; `unsafe` skips the flushes, also at close.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -12,6 +17,7 @@ use std::sync::Arc;
 use block::formats::{BlockStatus, Format};
 
 use crate::error::CliError;
+use block::options::CacheMode;
 use block::{
     BlockError, BlockRequest, Disk, DiskOptions, DiskQueue, EngineKind, IoMemory, RequestOp,
 };
@@ -20,13 +26,15 @@ use block::{
 pub struct ImageIo {
     disk: Disk,
     queue: RefCell<DiskQueue>,
+    cache: CacheMode,
 }
 
 impl ImageIo {
-    pub fn open(opts: &DiskOptions) -> Result<Self, BlockError> {
+    /// Opens the image; `opts.direct` must already say what `cache` asks.
+    pub fn open(opts: &DiskOptions, cache: CacheMode) -> Result<Self, BlockError> {
         let disk = Disk::open(opts)?;
         let queue = RefCell::new(disk.queue_with_engine(EngineKind::Sync)?);
-        Ok(ImageIo { disk, queue })
+        Ok(ImageIo { disk, queue, cache })
     }
 
     pub fn format(&self) -> &Arc<dyn Format> {
@@ -54,9 +62,34 @@ impl ImageIo {
     }
 
     /// Writes `data` at `offset` (allocating as the format needs).
+    /// In writethrough and directsync modes the data is durable on return.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BlockError> {
-        self.run(RequestOp::Write, offset, IoMemory::Owned(data.to_vec()))
-            .map(|_| ())
+        self.run(RequestOp::Write, offset, IoMemory::Owned(data.to_vec()))?;
+        self.write_done()
+    }
+
+    /// Writes one cluster at `offset` that `packed` holds compressed with
+    /// the image's algorithm (`block::formats::compress_cluster`).
+    pub fn write_packed(&self, offset: u64, packed: &[u8]) -> Result<(), BlockError> {
+        self.format().write_compressed_packed(offset, packed)?;
+        self.write_done()
+    }
+
+    /// After a write: makes it durable when the cache mode has no
+    /// volatile write cache.
+    fn write_done(&self) -> Result<(), BlockError> {
+        if self.cache.writeback() {
+            return Ok(());
+        }
+        self.flush()
+    }
+
+    /// Makes every completed write durable (nothing in `unsafe` mode).
+    pub fn flush(&self) -> Result<(), BlockError> {
+        if !self.cache.flushes() {
+            return Ok(());
+        }
+        self.run(RequestOp::Flush, 0, IoMemory::None).map(|_| ())
     }
 
     /// The block status of the extent starting at `pos`, cut at `end`. A
@@ -93,8 +126,8 @@ impl ImageIo {
             },
             offset,
             IoMemory::None,
-        )
-        .map(|_| ())
+        )?;
+        self.write_done()
     }
 
     /// Grows the virtual disk to `new_size`. When the backing file is
@@ -117,9 +150,13 @@ impl ImageIo {
         Ok(())
     }
 
-    /// Flushes, then marks the image clean.
+    /// Flushes, then marks the image clean. In `unsafe` mode the metadata
+    /// is written but nothing is synced.
     pub fn close(&self) -> Result<(), BlockError> {
-        self.run(RequestOp::Flush, 0, IoMemory::None)?;
+        if !self.cache.flushes() {
+            return self.format().close();
+        }
+        self.flush()?;
         self.disk.close()
     }
 

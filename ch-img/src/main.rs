@@ -8,10 +8,13 @@
 
 mod args;
 mod cmd;
+mod copy_pipeline;
 mod error;
+mod help;
 mod image_io;
 mod json_style;
 mod options;
+mod progress;
 mod qcow2_space;
 mod size;
 
@@ -19,9 +22,7 @@ use std::process::ExitCode;
 
 use error::{chain, CliError};
 
-const USAGE: &str = "usage: ch-img COMMAND [OPTIONS] ...
-commands: create, info, check, convert, map, measure, compare, resize, bench, snapshot, rebase, commit
-See docs/ch-img.md for the options of each command.";
+use help::{asks_for_help, verb_help, USAGE};
 
 fn main() -> ExitCode {
     // Like qemu-img, die quietly when stdout is a closed pipe (`| head`)
@@ -34,6 +35,9 @@ fn main() -> ExitCode {
         eprintln!("ch-img: Not enough arguments\n{USAGE}");
         return ExitCode::from(1);
     };
+    if let Some(status) = print_help(verb, rest) {
+        return status;
+    }
     let (result, error_status): (Result<u8, CliError>, u8) = match verb.as_str() {
         "create" => (cmd::create::run(rest), 1),
         "info" => (cmd::info::run(rest), 1),
@@ -47,10 +51,6 @@ fn main() -> ExitCode {
         "snapshot" => (cmd::snapshot::run(rest), 1),
         "rebase" => (cmd::rebase::run(rest), 1),
         "commit" => (cmd::commit::run(rest), 1),
-        "-h" | "--help" | "help" => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
         other => {
             eprintln!("ch-img: Command not found: {other}\n{USAGE}");
             return ExitCode::from(1);
@@ -61,6 +61,31 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("ch-img: {}", chain(&e));
             ExitCode::from(error_status)
+        }
+    }
+}
+
+/// `--help`, `help [COMMAND]` and `COMMAND --help`; `None` when the
+/// words ask for something else.
+fn print_help(verb: &str, rest: &[String]) -> Option<ExitCode> {
+    let wanted = match verb {
+        "-h" | "--help" => None,
+        "help" => rest.first().map(String::as_str),
+        v if asks_for_help(rest) => Some(v),
+        _ => return None,
+    };
+    let Some(v) = wanted else {
+        println!("{USAGE}");
+        return Some(ExitCode::SUCCESS);
+    };
+    match verb_help(v) {
+        Some(text) => {
+            print!("{text}");
+            Some(ExitCode::SUCCESS)
+        }
+        None => {
+            eprintln!("ch-img: Command not found: {v}\n{USAGE}");
+            Some(ExitCode::from(1))
         }
     }
 }

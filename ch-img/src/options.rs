@@ -1,12 +1,14 @@
 //! Option values shared by several verbs: `-f` formats, `-o key=value`
-//! creation options, and opening an image read-only or read-write.
+//! creation options, `-t`/`-T` cache modes, and opening an image
+//! read-only or read-write in a cache mode.
 //!
 //! Words from the command line enter; block-crate option structs leave.
 
 use std::path::Path;
 
 use block::create::CreateOptions;
-use block::{DiskOptions, ImageType};
+use block::options::CacheMode;
+use block::{BlockError, DiskOptions, ImageType};
 
 use crate::error::CliError;
 use crate::image_io::ImageIo;
@@ -22,25 +24,84 @@ pub fn parse_format(value: Option<&str>) -> Result<ImageType, CliError> {
     }
 }
 
-/// Opens an image for a verb; errors name the file like qemu-img does.
+/// Which cache option a value came from: qemu-img words its error
+/// differently for `-t` (the image written) and `-T` (the source).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheFlag {
+    /// `-t`: the image the verb writes.
+    Target,
+    /// `-T`: the image the verb reads.
+    Source,
+}
+
+/// Parses a `-t`/`-T` value (`None`: `default`). qemu-img also takes
+/// "off" for "none".
+pub fn parse_cache(
+    value: Option<&str>,
+    default: CacheMode,
+    flag: CacheFlag,
+) -> Result<CacheMode, CliError> {
+    let Some(value) = value else {
+        return Ok(default);
+    };
+    let word = if value == "off" { "none" } else { value };
+    word.parse().map_err(|_| {
+        CliError::Usage(match flag {
+            CacheFlag::Target => format!("Invalid cache option: {value}"),
+            CacheFlag::Source => format!("Invalid source cache option: {value}"),
+        })
+    })
+}
+
+/// Opens an image for a verb in the default cache mode (writeback).
 pub fn open_image(path: &str, fmt: ImageType, readonly: bool) -> Result<ImageIo, CliError> {
+    open_image_cached(path, fmt, readonly, CacheMode::Writeback)
+}
+
+/// Opens an image for a verb in cache mode `cache`; errors name the file
+/// like qemu-img does, and a file system that refuses O_DIRECT is named
+/// with the mode that asked for it (there is no buffered fallback).
+pub fn open_image_cached(
+    path: &str,
+    fmt: ImageType,
+    readonly: bool,
+    cache: CacheMode,
+) -> Result<ImageIo, CliError> {
     let mut opts = DiskOptions::new(path);
     opts.readonly = readonly;
     opts.image_type = fmt;
-    ImageIo::open(&opts).map_err(|source| CliError::Open {
-        path: path.into(),
-        source,
-    })
+    opts.direct = cache.direct();
+    ImageIo::open(&opts, cache).map_err(|source| open_error(path, cache, source))
+}
+
+/// `Open`, or `DirectRefused` when O_DIRECT was asked for and the open
+/// failed with EINVAL (what file systems without O_DIRECT answer).
+pub fn open_error(path: &str, cache: CacheMode, source: BlockError) -> CliError {
+    match &source {
+        BlockError::Open { source: io, .. }
+            if cache.direct() && io.raw_os_error() == Some(libc::EINVAL) =>
+        {
+            CliError::DirectRefused {
+                path: path.into(),
+                mode: cache,
+                source,
+            }
+        }
+        _ => CliError::Open {
+            path: path.into(),
+            source,
+        },
+    }
 }
 
 /// Applies `-o` option strings ("a=1,b=2", possibly repeated) to `opts`.
 pub fn apply_create_options(opts: &mut CreateOptions, values: &[&str]) -> Result<(), CliError> {
     for (key, val) in option_items(values) {
-        if (key == "preallocation" && val == "off") || set_create_option(opts, key, val)? {
+        if set_create_option(opts, key, val)? {
             continue;
         }
         return Err(CliError::Usage(format!(
-            "Invalid parameter '{key}' (ch-img supports size, cluster_size, backing_file, backing_fmt, compat, refcount_bits, lazy_refcounts, extended_l2, compression_type, preallocation=off)"
+            "Invalid parameter '{key}' (ch-img supports size, cluster_size, backing_file, backing_fmt, compat, refcount_bits, lazy_refcounts, extended_l2, compression_type, preallocation)"
         )));
     }
     Ok(())
@@ -57,12 +118,13 @@ pub fn option_items<'a>(values: &[&'a str]) -> Vec<(&'a str, &'a str)> {
         .collect()
 }
 
-/// Sets one image creation option (every one `create` takes except
-/// `preallocation`); `Ok(false)` when `key` is not one of them.
+/// Sets one image creation option (every one `create` takes);
+/// `Ok(false)` when `key` is not one of them.
 pub fn set_create_option(opts: &mut CreateOptions, key: &str, val: &str) -> Result<bool, CliError> {
     let bad = || CliError::Usage(format!("Invalid value '{val}' for option '{key}'"));
     match key {
         "size" => opts.size = parse_size(val).ok_or_else(bad)?,
+        "preallocation" => opts.preallocation = val.parse().map_err(CliError::Usage)?,
         "cluster_size" => opts.cluster_size = Some(parse_size(val).ok_or_else(bad)?),
         "backing_file" => opts.backing_file = Some(val.to_string()),
         "backing_fmt" => opts.backing_fmt = Some(parse_format(Some(val))?),
@@ -94,4 +156,50 @@ fn parse_bool(v: &str) -> Option<bool> {
 pub fn allocated_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| m.blocks() * 512)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_values_and_qemu_img_errors() {
+        let t = |v| parse_cache(Some(v), CacheMode::Unsafe, CacheFlag::Target);
+        assert_eq!(t("off").unwrap(), CacheMode::None);
+        assert_eq!(t("directsync").unwrap(), CacheMode::Directsync);
+        assert_eq!(
+            parse_cache(None, CacheMode::Unsafe, CacheFlag::Target).unwrap(),
+            CacheMode::Unsafe
+        );
+        let msg = |r: Result<CacheMode, CliError>| match r {
+            Err(CliError::Usage(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(msg(t("bogus")), "Invalid cache option: bogus");
+        assert_eq!(
+            msg(parse_cache(
+                Some("x"),
+                CacheMode::Writeback,
+                CacheFlag::Source
+            )),
+            "Invalid source cache option: x"
+        );
+    }
+
+    #[test]
+    fn o_direct_refusal_names_file_and_mode() {
+        let refused = || BlockError::Open {
+            path: "/mnt/img".into(),
+            source: std::io::Error::from_raw_os_error(libc::EINVAL),
+        };
+        let e = open_error("/mnt/img", CacheMode::Directsync, refused());
+        let text = crate::error::chain(&e);
+        assert!(
+            text.contains("'/mnt/img'") && text.contains("directsync") && text.contains("O_DIRECT"),
+            "{text}"
+        );
+        // Without O_DIRECT the same errno is an ordinary open error.
+        let e = open_error("/mnt/img", CacheMode::Writeback, refused());
+        assert!(matches!(e, CliError::Open { .. }), "{e:?}");
+    }
 }

@@ -20,8 +20,9 @@ every request, flushes and closes the image clean.
   path=IMG                 the image file (required)
   readonly=on|off          open read-only (default off)
   direct=on|off            O_DIRECT on every file of the image (default off)
+  cache=none|writeback|writethrough|directsync|unsafe   QEMU's cache modes
   image_type=auto|raw|qcow2
-  engine=auto|io_uring|sync
+  engine=auto|io_uring|aio|threads|sync   (aio needs cache=none|directsync)
 
 --export type=fuse keys:
   mountpoint=FILE          an existing regular file that becomes the image's view

@@ -28,6 +28,9 @@ fn cli(args: &[&str]) -> (bool, String, String) {
 fn help_and_version() {
     let (ok, out, _) = cli(&["--help"]);
     assert!(ok && out.contains("--disk") && out.contains("num_queues"));
+    for word in ["cache=none", "directsync", "unsafe", "aio", "threads"] {
+        assert!(out.contains(word), "--help lacks {word}");
+    }
     let (ok, out, _) = cli(&["--version"]);
     assert!(ok && out.starts_with("cloud-hypervisor "));
 }
@@ -38,8 +41,26 @@ fn bad_disk_options_are_refused_before_anything_is_opened() {
     let img = make_image(&dir, "d.raw", "raw", "1M");
     let missing_kernel = dir.file("no-such-kernel");
     for (arg, must_name) in [
-        (format!("path={img},cache=none"), vec!["cache"]),
-        (format!("path={img},engine=aio"), vec!["engine", "aio"]),
+        (
+            format!("path={img},cache=nocache"),
+            vec!["cache", "nocache"],
+        ),
+        (
+            format!("path={img},engine=native"),
+            vec!["engine", "native"],
+        ),
+        (
+            format!("path={img},engine=aio"),
+            vec!["engine=aio", "cache="],
+        ),
+        (
+            format!("path={img},engine=aio,cache=writethrough"),
+            vec!["engine=aio", "cache=writethrough"],
+        ),
+        (
+            format!("path={img},direct=on,cache=unsafe"),
+            vec!["direct=on", "cache=unsafe"],
+        ),
         (format!("path={img},num_queues=0"), vec!["num_queues", "0"]),
         (format!("path={img},queue_size=3"), vec!["queue_size", "3"]),
         (format!("path={img},readonly=yes"), vec!["readonly", "yes"]),

@@ -79,6 +79,21 @@ fn raw_direct_sync() {
 }
 
 #[test]
+fn qcow2_two_queues_threads_writethrough() {
+    run_one("qcow2", "num_queues=2,engine=threads,cache=writethrough", 2);
+}
+
+#[test]
+fn raw_two_queues_aio_cache_none() {
+    run_one("raw", "num_queues=2,engine=aio,cache=none", 2);
+}
+
+#[test]
+fn qcow2_aio_directsync() {
+    run_one("qcow2", "engine=aio,cache=directsync", 1);
+}
+
+#[test]
 fn qcow2_one_queue_sync() {
     run_one("qcow2", "engine=sync", 1);
 }

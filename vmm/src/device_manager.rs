@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use block::{BlockError, Disk, EngineKind};
+use block::{BlockError, Disk};
 use hypervisor::{IoEventAddress, Vm};
 use thiserror::Error;
 use virtio_devices::block::{BlockDevice, BlockDeviceConfig, BlockDeviceError};
@@ -79,14 +79,6 @@ pub struct OpenedDisk {
     pub disk: Disk,
 }
 
-fn engine_name(e: EngineKind) -> &'static str {
-    match e {
-        EngineKind::IoUring => "io_uring",
-        EngineKind::Sync => "sync",
-        EngineKind::Auto => "auto",
-    }
-}
-
 /// Opens every disk (format probe, backing chain, locks, engine choice)
 /// and logs one line per disk with the engine in use.
 pub fn open_disks(configs: &[DiskConfig]) -> Result<Vec<OpenedDisk>, DeviceError> {
@@ -102,11 +94,12 @@ pub fn open_disks(configs: &[DiskConfig]) -> Result<Vec<OpenedDisk>, DeviceError
                 source,
             })?;
             log::info!(
-                "disk {}: {} bytes, engine {} (asked {}), {}{}",
+                "disk {}: {} bytes, engine {} (asked {}), cache={}, {}{}",
                 c.options.path.display(),
                 disk.size(),
-                engine_name(disk.engine()),
-                engine_name(c.options.engine),
+                disk.engine(),
+                c.options.engine,
+                c.options.cache,
                 if c.options.readonly {
                     "read-only"
                 } else {

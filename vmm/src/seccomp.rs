@@ -5,8 +5,10 @@
 //!   only with the KVM requests in [`hypervisor::ioctls::VCPU_THREAD_IOCTLS`]
 //!   (run, MSI routes, ioeventfd moves, IRQ line, MSI injection).
 //! - [`ThreadKind::QueueWorker`]: block queue workers: epoll, eventfds,
-//!   both engines (preadv/pwritev, fdatasync, fallocate;
-//!   io_uring_setup/enter/register), and creating threads (only
+//!   every engine (preadv/pwritev, fdatasync, fallocate;
+//!   io_uring_setup/enter/register; io_setup/submit/getevents/destroy;
+//!   the threads engine's pool workers start from the queue worker and
+//!   inherit its filter), and creating threads (only
 //!   `clone` with CLONE_THREAD; `clone3`, whose flags a filter cannot
 //!   see, fails with ENOSYS so the C library falls back to `clone`). No
 //!   ioctl, no file opening. The virtio-pci transport installs it in the
@@ -88,6 +90,12 @@ const COMMON: &[libc::c_long] = &[
     libc::SYS_getpid,
     libc::SYS_getrandom,
     libc::SYS_gettid,
+    // The aio engine (io_setup happens where queues are made; the other
+    // three wherever a queue runs or is dropped).
+    libc::SYS_io_destroy,
+    libc::SYS_io_getevents,
+    libc::SYS_io_setup,
+    libc::SYS_io_submit,
     libc::SYS_io_uring_enter,
     libc::SYS_io_uring_register,
     libc::SYS_lseek,

@@ -28,6 +28,7 @@ pub mod qcow2;
 pub mod raw;
 
 pub use open::open_format;
+pub use qcow2::compress_write::compress_cluster;
 
 /// Index into [`Format::files`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -266,6 +267,28 @@ pub trait Format: Send + Sync {
     fn write_compressed(&self, offset: u64, data: &[u8]) -> Result<bool, BlockError> {
         let _ = (offset, data);
         Err(unsupported(self.name(), "compressed writes"))
+    }
+
+    /// The algorithm compressed clusters of this image use (`None`: the
+    /// format has no compressed clusters).
+    fn compression(&self) -> Option<Compression> {
+        None
+    }
+
+    /// Like [`Format::write_compressed`] for a cluster already compressed
+    /// with [`compress_cluster`] and this image's [`Format::compression`]
+    /// (so a tool can compress on many threads and write in order).
+    fn write_compressed_packed(&self, offset: u64, packed: &[u8]) -> Result<(), BlockError> {
+        let _ = (offset, packed);
+        Err(unsupported(self.name(), "compressed writes"))
+    }
+
+    /// How many complete host clusters of compressed data are kept in
+    /// memory before they are written (64 unless set; 0: none, every
+    /// compressed cluster is written at once). Set it before the first
+    /// compressed write; formats without compressed clusters ignore it.
+    fn set_compressed_cache(&self, host_clusters: usize) {
+        let _ = host_clusters;
     }
 
     /// Adds an internal snapshot `name` of the disk as it is now, dated

@@ -4,7 +4,8 @@
 //! [`executor`] asks the format for a plan, turns each piece into a host
 //! operation ([`HostOp`]) and pushes it to the queue's [`Engine`] under a
 //! token. The engine performs the operation (the `sync` engine inline at
-//! submit, the `uring` engine in the kernel) and hands back
+//! submit, the `threads` engine on a worker pool, the `aio` and `uring`
+//! engines in the kernel) and hands back
 //! [`EngineCompletion`]s, signalling the queue's completion eventfd.
 //!
 //! Raw pointers and `libc::iovec` exist only inside this boundary:
@@ -21,14 +22,21 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::error::BlockError;
 use crate::formats::FileId;
 
+pub mod aio;
 pub mod align;
+pub mod allocation;
+pub(crate) mod blocking;
 pub(crate) mod executor;
 pub use executor::INFLATIONS_PER_DRAIN;
 pub mod inflate;
 pub mod inflate_pool;
 pub(crate) mod memory;
 pub mod probe;
+pub mod submit_stats;
 pub mod sync;
+#[cfg(test)]
+mod test_blocks;
+pub mod threads;
 pub mod uring;
 
 /// Tags an operation; returned with its completion.
@@ -103,8 +111,9 @@ pub trait Engine: Send {
     fn eventfd(&self) -> &Arc<EventFd>;
 }
 
-/// Creates the engine `kind` (never `Auto`) over per-queue copies of
-/// `files`, signalling `eventfd`.
+/// Creates the engine `kind` (`Auto` means sync here) over `files`,
+/// signalling `eventfd`. A `threads` engine made here gets a pool of its
+/// own; [`crate::Disk`] shares one pool between a disk's queues.
 pub fn new_engine(
     kind: crate::options::EngineKind,
     files: &[Arc<std::fs::File>],
@@ -117,6 +126,16 @@ pub fn new_engine(
             eventfd,
             uring::DEFAULT_ENTRIES,
         )?)),
+        EngineKind::Aio => Ok(Box::new(aio::AioEngine::new(
+            files,
+            eventfd,
+            aio::DEFAULT_DEPTH,
+        )?)),
+        EngineKind::Threads => Ok(Box::new(threads::ThreadsEngine::new(
+            files,
+            eventfd,
+            Arc::new(threads::WorkerPool::new(threads::DEFAULT_MAX_THREADS)),
+        ))),
         EngineKind::Sync | EngineKind::Auto => Ok(Box::new(sync::SyncEngine::new(files, eventfd))),
     }
 }

@@ -1,14 +1,22 @@
-//! `engine=auto`: whether this kernel gives an io_uring with every opcode
-//! the uring engine uses, decided once per process.
+//! Which engine a disk uses, decided once per disk at open and logged
+//! with its reason.
 //!
-//! [`resolve_engine`] turns the user's choice into `IoUring` or `Sync` and
-//! logs one line with the reason; [`uring_support`] is the probe itself.
+//! `engine=auto`: io_uring where the kernel gives a ring with every
+//! opcode the uring engine uses ([`uring_support`]); else Linux AIO, but
+//! only for an image opened O_DIRECT that is fully allocated
+//! ([`super::allocation`]), because `io_submit` otherwise blocks the
+//! queue while the file system allocates; else the thread pool.
+//! An explicit `engine=aio` is honoured with a warning where that does not
+//! hold, and fails when the kernel refuses AIO ([`super::aio::aio_support`]).
+//!
+//! Enters as the user's [`EngineKind`], the O_DIRECT flag and the opened
+//! format; leaves as a concrete [`EngineKind`] (never `Auto`).
 
-use std::path::Path;
 use std::sync::OnceLock;
 
 use io_uring::{opcode, IoUring, Probe};
 
+use crate::formats::Format;
 use crate::options::EngineKind;
 
 /// The opcodes the uring engine issues.
@@ -46,39 +54,199 @@ fn probe_kernel() -> Result<(), String> {
     }
 }
 
-/// Resolves `Auto` (logging the choice for `path`); other kinds pass
-/// through.
-pub fn resolve_engine(kind: EngineKind, path: &Path) -> EngineKind {
-    if kind != EngineKind::Auto {
-        return kind;
-    }
-    match uring_support() {
-        Ok(()) => {
-            log::info!(
-                "disk {}: engine=auto -> io_uring (ring and opcodes READV, WRITEV, FSYNC, FALLOCATE available)",
-                path.display()
-            );
-            EngineKind::IoUring
-        }
-        Err(why) => {
-            log::info!("disk {}: engine=auto -> sync ({why})", path.display());
-            EngineKind::Sync
+/// What the kernel offers (each `Err` says why not).
+pub struct KernelSupport {
+    pub uring: Result<(), String>,
+    pub aio: Result<(), String>,
+}
+
+impl KernelSupport {
+    /// This kernel, now (io_uring cached per process; AIO asked each time,
+    /// since `aio-max-nr` fills up and empties).
+    pub fn probe() -> Self {
+        KernelSupport {
+            uring: uring_support(),
+            aio: super::aio::aio_support(),
         }
     }
+}
+
+/// An engine choice: the engine, why, and what the user should know.
+#[derive(Debug, PartialEq, Eq)]
+pub struct EngineChoice {
+    pub kind: EngineKind,
+    pub reason: String,
+    pub warning: Option<String>,
+}
+
+/// The policy of the module docs. `allocated` says whether the image is
+/// fully allocated (asked only when the answer matters). `Err` when an
+/// explicit `engine=aio` cannot work on this kernel.
+pub fn choose_engine(
+    kind: EngineKind,
+    direct: bool,
+    kernel: &KernelSupport,
+    allocated: impl FnOnce() -> Result<(), String>,
+) -> Result<EngineChoice, String> {
+    let choice = |kind, reason: String| EngineChoice {
+        kind,
+        reason,
+        warning: None,
+    };
+    match kind {
+        EngineKind::Auto => {
+            let no_uring = match &kernel.uring {
+                Ok(()) => {
+                    return Ok(choice(
+                        EngineKind::IoUring,
+                        "ring and opcodes READV, WRITEV, FSYNC, FALLOCATE available".into(),
+                    ))
+                }
+                Err(why) => why,
+            };
+            if !direct {
+                return Ok(choice(
+                    EngineKind::Threads,
+                    format!("no io_uring ({no_uring}); not O_DIRECT, so Linux AIO would run synchronously"),
+                ));
+            }
+            if let Err(why) = allocated() {
+                return Ok(choice(
+                    EngineKind::Threads,
+                    format!("no io_uring ({no_uring}); the image is sparse ({why}), so io_submit could block"),
+                ));
+            }
+            match &kernel.aio {
+                Ok(()) => Ok(choice(
+                    EngineKind::Aio,
+                    format!("no io_uring ({no_uring}); O_DIRECT on a fully allocated image"),
+                )),
+                Err(why) => Ok(choice(
+                    EngineKind::Threads,
+                    format!("no io_uring ({no_uring}); Linux AIO unavailable ({why})"),
+                )),
+            }
+        }
+        EngineKind::Aio => {
+            kernel.aio.clone()?;
+            let warning = if !direct {
+                Some(
+                    "engine=aio without O_DIRECT: the kernel runs every read and write synchronously inside io_submit, on the queue's thread".to_string(),
+                )
+            } else {
+                allocated().err().map(|why| {
+                    format!(
+                        "engine=aio on a sparse image ({why}): io_submit blocks the queue's thread while the file system allocates blocks for a write into unallocated space; preallocate (falloc/full) or use io_uring or threads"
+                    )
+                })
+            };
+            Ok(EngineChoice {
+                kind,
+                reason: "asked for".into(),
+                warning,
+            })
+        }
+        other => Ok(choice(other, "asked for".into())),
+    }
+}
+
+/// Resolves the engine of the disk at `path` (logging the choice and any
+/// warning). `Err` says why an explicit `engine=aio` cannot work.
+pub fn resolve_engine(
+    kind: EngineKind,
+    direct: bool,
+    format: &dyn Format,
+    path: &std::path::Path,
+) -> Result<EngineKind, String> {
+    let kernel = KernelSupport::probe();
+    let c = choose_engine(kind, direct, &kernel, || {
+        super::allocation::fully_allocated(format)
+    })?;
+    if let Some(w) = &c.warning {
+        log::warn!("disk {}: {w}", path.display());
+    }
+    if kind == EngineKind::Auto {
+        log::info!(
+            "disk {}: engine=auto -> {} ({})",
+            path.display(),
+            c.kind,
+            c.reason
+        );
+    }
+    Ok(c.kind)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn kernel(uring: bool, aio: bool) -> KernelSupport {
+        let r = |ok: bool, why: &str| if ok { Ok(()) } else { Err(why.to_string()) };
+        KernelSupport {
+            uring: r(uring, "no ring"),
+            aio: r(aio, "io_setup failed: EAGAIN"),
+        }
+    }
+
+    fn sparse() -> Result<(), String> {
+        Err("hole at 0".into())
+    }
+
+    fn auto(k: &KernelSupport, direct: bool, allocated: bool) -> EngineChoice {
+        let a = move || if allocated { Ok(()) } else { sparse() };
+        choose_engine(EngineKind::Auto, direct, k, a).unwrap()
+    }
+
     #[test]
-    fn auto_resolves_to_a_concrete_engine() {
-        let k = resolve_engine(EngineKind::Auto, Path::new("x"));
-        assert_ne!(k, EngineKind::Auto);
-        assert_eq!(k == EngineKind::IoUring, uring_support().is_ok());
+    fn auto_prefers_uring_then_aio_only_when_safe_then_threads() {
         assert_eq!(
-            resolve_engine(EngineKind::Sync, Path::new("x")),
-            EngineKind::Sync
+            auto(&kernel(true, true), false, false).kind,
+            EngineKind::IoUring
         );
+        let k = kernel(false, true);
+        assert_eq!(auto(&k, true, true).kind, EngineKind::Aio);
+        let c = auto(&k, true, false);
+        assert_eq!(c.kind, EngineKind::Threads);
+        assert!(
+            c.reason.contains("sparse") && c.reason.contains("no ring"),
+            "{}",
+            c.reason
+        );
+        let c = auto(&k, false, true);
+        assert_eq!(c.kind, EngineKind::Threads);
+        assert!(c.reason.contains("O_DIRECT"), "{}", c.reason);
+        let c = auto(&kernel(false, false), true, true);
+        assert_eq!(c.kind, EngineKind::Threads);
+        assert!(c.reason.contains("EAGAIN"), "{}", c.reason);
+    }
+
+    #[test]
+    fn explicit_aio_warns_on_sparse_or_buffered_and_fails_without_aio() {
+        let k = kernel(true, true);
+        let c = choose_engine(EngineKind::Aio, true, &k, sparse).unwrap();
+        assert_eq!(c.kind, EngineKind::Aio);
+        assert!(c.warning.unwrap().contains("allocates"));
+        let c = choose_engine(EngineKind::Aio, false, &k, || Ok(())).unwrap();
+        assert!(c.warning.unwrap().contains("O_DIRECT"));
+        let c = choose_engine(EngineKind::Aio, true, &k, || Ok(())).unwrap();
+        assert_eq!(c.warning, None);
+        let err = choose_engine(EngineKind::Aio, true, &kernel(true, false), || Ok(()));
+        assert!(err.unwrap_err().contains("io_setup"));
+    }
+
+    #[test]
+    fn explicit_engines_pass_through() {
+        let k = kernel(false, false);
+        for kind in [EngineKind::Sync, EngineKind::Threads, EngineKind::IoUring] {
+            assert_eq!(choose_engine(kind, false, &k, sparse).unwrap().kind, kind);
+        }
+    }
+
+    #[test]
+    fn this_kernel_resolves_auto_to_a_concrete_engine() {
+        let k = KernelSupport::probe();
+        let c = choose_engine(EngineKind::Auto, true, &k, || Ok(())).unwrap();
+        assert_ne!(c.kind, EngineKind::Auto);
+        assert_eq!(c.kind == EngineKind::IoUring, uring_support().is_ok());
     }
 }

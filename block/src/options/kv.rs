@@ -31,6 +31,14 @@ pub enum KvError {
         value: String,
         reason: String,
     },
+    /// Two keys that each parse but cannot be used together.
+    #[error("{option}: '{first}' and '{second}' conflict: {reason}")]
+    Conflict {
+        option: &'static str,
+        first: String,
+        second: String,
+        reason: String,
+    },
     #[error("{option}: cannot parse '{value}': {reason}")]
     Syntax {
         option: &'static str,

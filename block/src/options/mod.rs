@@ -42,25 +42,55 @@ impl FromStr for ImageType {
 /// Which I/O engine executes the plans.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EngineKind {
-    /// io_uring when the kernel offers a ring with every opcode we use,
-    /// else sync. Resolved once, at open, by [`crate::io::probe`].
+    /// io_uring when the kernel offers a ring with every opcode we use;
+    /// else aio on O_DIRECT images that are fully allocated; else threads.
+    /// Resolved once, at open, by [`crate::io::probe`].
     #[default]
     Auto,
     IoUring,
+    /// Linux native AIO (needs O_DIRECT to be asynchronous).
+    Aio,
+    /// A pool of worker threads per disk.
+    Threads,
     Sync,
+}
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 5] = [
+        EngineKind::Auto,
+        EngineKind::IoUring,
+        EngineKind::Aio,
+        EngineKind::Threads,
+        EngineKind::Sync,
+    ];
+
+    /// The name `engine=` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Auto => "auto",
+            EngineKind::IoUring => "io_uring",
+            EngineKind::Aio => "aio",
+            EngineKind::Threads => "threads",
+            EngineKind::Sync => "sync",
+        }
+    }
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl FromStr for EngineKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "io_uring" => Ok(Self::IoUring),
-            "sync" => Ok(Self::Sync),
-            _ => Err(format!(
-                "unknown engine '{s}' (expected auto, io_uring or sync)"
-            )),
-        }
+        EngineKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                format!("unknown engine '{s}' (expected auto, io_uring, aio, threads or sync)")
+            })
     }
 }
 
@@ -69,8 +99,13 @@ impl FromStr for EngineKind {
 pub struct DiskOptions {
     pub path: PathBuf,
     pub readonly: bool,
-    /// O_DIRECT on every file of the image (the `cache=none` of other VMMs).
+    /// O_DIRECT on every file of the image. `cache=` sets it (and
+    /// [`take_image_options`] refuses a `direct=` that disagrees).
     pub direct: bool,
+    /// QEMU's cache mode: besides O_DIRECT (see `direct`), whether the
+    /// device starts with a volatile write cache and whether flushes reach
+    /// the disk (`unsafe` ignores them).
+    pub cache: CacheMode,
     pub image_type: ImageType,
     pub engine: EngineKind,
     /// Take OFD locks (shared for read-only, exclusive for read-write) the
@@ -94,8 +129,12 @@ impl DiskOptions {
 }
 
 /// Takes the image keys shared by `--disk` and `--image` from `kv`:
-/// `path` (required), `readonly`, `direct`, `image_type` and `engine`.
-/// Other keys stay in `kv` for the caller.
+/// `path` (required), `readonly`, `direct`, `cache`, `image_type` and
+/// `engine`. Other keys stay in `kv` for the caller.
+///
+/// Refused: a `direct` that disagrees with `cache` (naming both), and
+/// `engine=aio` without O_DIRECT (QEMU's aio=native needs
+/// cache.direct=on).
 pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
     let option = kv.option();
     let path = kv.take("path")?.ok_or(KvError::MissingKey {
@@ -114,14 +153,44 @@ pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
     if let Some(v) = kv.take_parsed("readonly", parse_on_off)? {
         options.readonly = v;
     }
-    if let Some(v) = kv.take_parsed("direct", parse_on_off)? {
-        options.direct = v;
+    let direct = kv.take_parsed("direct", parse_on_off)?;
+    let cache = kv.take_parsed("cache", |s| s.parse::<CacheMode>())?;
+    let on_off = |d: bool| if d { "on" } else { "off" };
+    match (direct, cache) {
+        (Some(d), Some(c)) if d != c.direct() => {
+            return Err(KvError::Conflict {
+                option,
+                first: format!("direct={}", on_off(d)),
+                second: format!("cache={c}"),
+                reason: format!(
+                    "cache={c} opens the image {} O_DIRECT; drop one of the two",
+                    if c.direct() { "with" } else { "without" }
+                ),
+            });
+        }
+        (_, Some(c)) => options.cache = c,
+        (Some(true), None) => options.cache = CacheMode::None,
+        _ => {}
     }
+    options.direct = options.cache.direct();
     if let Some(v) = kv.take_parsed("image_type", |s| s.parse::<ImageType>())? {
         options.image_type = v;
     }
     if let Some(v) = kv.take_parsed("engine", |s| s.parse::<EngineKind>())? {
         options.engine = v;
+    }
+    if options.engine == EngineKind::Aio && !options.direct {
+        let buffered = match (direct, cache) {
+            (_, Some(c)) => format!("cache={c}"),
+            (Some(_), None) => "direct=off".to_string(),
+            (None, None) => "cache=writeback (the default)".to_string(),
+        };
+        return Err(KvError::Conflict {
+            option,
+            first: "engine=aio".into(),
+            second: buffered,
+            reason: "Linux AIO needs O_DIRECT (as QEMU's aio=native): use cache=none or cache=directsync".into(),
+        });
     }
     Ok(options)
 }
@@ -146,6 +215,104 @@ mod tests {
         );
         assert_eq!(kv.take("num_queues").unwrap().as_deref(), Some("2"));
         kv.finish().unwrap();
+    }
+
+    #[test]
+    fn engine_names_round_trip_and_the_error_lists_them_all() {
+        for k in EngineKind::ALL {
+            assert_eq!(k.as_str().parse::<EngineKind>(), Ok(k));
+        }
+        let err = "native".parse::<EngineKind>().unwrap_err();
+        for name in ["'native'", "auto", "io_uring", "aio", "threads", "sync"] {
+            assert!(err.contains(name), "{err}");
+        }
+    }
+
+    fn parse(s: &str) -> Result<DiskOptions, KvError> {
+        let mut kv = KvList::parse("--disk", s)?;
+        let o = take_image_options(&mut kv)?;
+        kv.finish()?;
+        Ok(o)
+    }
+
+    #[test]
+    fn cache_modes_set_direct() {
+        for (mode, direct) in [
+            ("none", true),
+            ("writeback", false),
+            ("writethrough", false),
+            ("directsync", true),
+            ("unsafe", false),
+        ] {
+            let o = parse(&format!("path=/a,cache={mode}")).unwrap();
+            assert_eq!(o.cache.as_str(), mode);
+            assert_eq!(o.direct, direct, "{mode}");
+        }
+        let o = parse("path=/a,direct=on").unwrap();
+        assert_eq!((o.direct, o.cache), (true, CacheMode::None));
+        let o = parse("path=/a,direct=off,cache=writethrough").unwrap();
+        assert_eq!((o.direct, o.cache), (false, CacheMode::Writethrough));
+        let o = parse("path=/a").unwrap();
+        assert_eq!((o.direct, o.cache), (false, CacheMode::Writeback));
+    }
+
+    #[test]
+    fn a_direct_that_disagrees_with_cache_names_both() {
+        for s in [
+            "path=/a,direct=on,cache=writeback",
+            "path=/a,direct=off,cache=none",
+        ] {
+            let err = parse(s).unwrap_err();
+            assert!(matches!(err, KvError::Conflict { .. }), "{err}");
+            let msg = err.to_string();
+            assert!(msg.contains("direct=") && msg.contains("cache="), "{msg}");
+        }
+    }
+
+    #[test]
+    fn unknown_cache_mode_names_the_key_and_the_values() {
+        let msg = parse("path=/a,cache=nocache").unwrap_err().to_string();
+        for word in [
+            "cache",
+            "nocache",
+            "none",
+            "writeback",
+            "writethrough",
+            "directsync",
+            "unsafe",
+        ] {
+            assert!(msg.contains(word), "{msg}");
+        }
+        let msg = parse("path=/a,engine=native").unwrap_err().to_string();
+        for word in [
+            "engine", "native", "auto", "io_uring", "aio", "threads", "sync",
+        ] {
+            assert!(msg.contains(word), "{msg}");
+        }
+    }
+
+    #[test]
+    fn aio_needs_o_direct() {
+        for (s, names) in [
+            ("path=/a,engine=aio", "cache=writeback (the default)"),
+            (
+                "path=/a,engine=aio,cache=writethrough",
+                "cache=writethrough",
+            ),
+            ("path=/a,engine=aio,cache=unsafe", "cache=unsafe"),
+            ("path=/a,engine=aio,direct=off", "direct=off"),
+        ] {
+            let msg = parse(s).unwrap_err().to_string();
+            assert!(msg.contains("engine=aio") && msg.contains(names), "{msg}");
+        }
+        for s in [
+            "path=/a,engine=aio,cache=none",
+            "path=/a,engine=aio,cache=directsync",
+            "path=/a,engine=aio,direct=on",
+        ] {
+            let o = parse(s).unwrap();
+            assert!(o.direct && o.engine == EngineKind::Aio);
+        }
     }
 
     #[test]

@@ -223,7 +223,7 @@ pub fn faulty_queue(
 ) -> (Disk, DiskQueue, Arc<Mutex<FaultStats>>) {
     let mut o = DiskOptions::new("scripted");
     o.engine = kind;
-    let disk = Disk::from_format(format.clone(), &o);
+    let disk = Disk::from_format(format.clone(), &o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
     let inner = new_engine(kind, &format.files, efd).unwrap();
     let (engine, stats) = FaultEngine::new(inner, plan);

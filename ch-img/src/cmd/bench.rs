@@ -7,6 +7,11 @@
 //! request's latency in a bounded histogram. Options enter from the command
 //! line; qemu-img bench's two lines (or one JSON object) leave on stdout.
 //!
+//! `-t` as in qemu-img: `none`/`directsync` open with O_DIRECT; in
+//! `writethrough`/`directsync` a write completes (and its latency ends)
+//! only after a flush that follows it; `unsafe` drops the
+//! `--flush-interval` flushes and the sync at close.
+//!
 //! Extensions over qemu-img: `--random` (uniform, size-aligned offsets;
 //! `--seed N`), `--rw-mix=READ_PERCENT`, `--output=json`, and `-i sync`.
 
@@ -14,13 +19,14 @@ use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 
 use block::aligned::AlignedBuf;
+use block::options::CacheMode;
 use block::{BlockRequest, Disk, DiskOptions, EngineKind, IoMemory, RequestOp};
 use serde_json::json;
 
 use crate::args::{parse, OptSpec};
 use crate::cmd::{print_json, OutputFormat};
 use crate::error::CliError;
-use crate::options::parse_format;
+use crate::options::{open_error, parse_cache, parse_format, CacheFlag};
 use crate::size::parse_size;
 
 const SPEC: OptSpec = OptSpec {
@@ -32,6 +38,9 @@ const SPEC: OptSpec = OptSpec {
 
 /// Marks the flush requests bench adds between data requests.
 const FLUSH_TAG: u64 = u64::MAX;
+/// Tags of the flush that completes a slot's write in writethrough and
+/// directsync modes (slot number added).
+const SYNC_TAG_BASE: u64 = 1 << 62;
 /// Latency histogram: 1 µs buckets up to 100 ms, then one overflow bucket.
 const HIST_BUCKETS: usize = 100_000;
 
@@ -50,6 +59,7 @@ struct BenchParams {
     random: bool,
     seed: u64,
     direct: bool,
+    cache: CacheMode,
     engine: EngineKind,
 }
 
@@ -65,10 +75,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     opts.readonly = params.read_percent == 100;
     opts.direct = params.direct;
     opts.engine = params.engine;
-    let disk = Disk::open(&opts).map_err(|source| CliError::Open {
-        path: path.into(),
-        source,
-    })?;
+    let disk = Disk::open(&opts).map_err(|source| open_error(path, params.cache, source))?;
     if params.size > disk.size() {
         return Err(CliError::Usage(format!(
             "request size {} is larger than the image ({} bytes)",
@@ -80,8 +87,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         print_header(&params);
     }
     let result = drive(&disk, &params)?;
-    if !opts.readonly {
+    if !opts.readonly && params.cache.flushes() {
         disk.close().map_err(CliError::Close)?;
+    } else if !opts.readonly {
+        // `unsafe`: the metadata is written, nothing is synced.
+        disk.format().close().map_err(CliError::Close)?;
     }
     match output {
         OutputFormat::Human => println!(
@@ -172,11 +182,10 @@ fn params(p: &crate::args::Parsed) -> Result<BenchParams, CliError> {
             "--no-drain requires --flush-interval".into(),
         ));
     }
-    let direct = match p.value("t").unwrap_or("writeback") {
-        "none" | "directsync" => true,
-        "writeback" | "writethrough" | "unsafe" => false,
-        other => return Err(CliError::Usage(format!("Invalid cache mode '{other}'"))),
-    };
+    // qemu-img bench words this error unlike the other verbs.
+    let cache = parse_cache(p.value("t"), CacheMode::Writeback, CacheFlag::Target)
+        .map_err(|_| CliError::Usage("Invalid cache mode".into()))?;
+    let direct = cache.direct();
     let aio = if p.flag("n") {
         Some("native")
     } else {
@@ -207,6 +216,7 @@ fn params(p: &crate::args::Parsed) -> Result<BenchParams, CliError> {
         random: p.flag("random"),
         seed: number(p, "seed", 1)?,
         direct,
+        cache,
         engine,
     })
 }
@@ -321,6 +331,11 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
         let mut batch = Vec::new();
         while submitted < b.count && !flush_in_flight {
             if b.flush_interval > 0 && since_flush >= b.flush_interval {
+                // `unsafe` ignores flushes, as qemu's cache=unsafe does.
+                if !b.cache.flushes() {
+                    since_flush = 0;
+                    continue;
+                }
                 // Drain first (qemu-img's default): the flush covers every
                 // write before it.
                 if b.drain && free_slots.len() < b.depth {
@@ -388,6 +403,7 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
         }
         wait_readable(queue.completion_eventfd().as_raw_fd())?;
         queue.drain_completions(&mut out);
+        let mut syncs = Vec::new();
         for c in out.drain(..) {
             if c.user_data == FLUSH_TAG {
                 if let Err(source) = c.result {
@@ -396,20 +412,17 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
                 flush_in_flight = false;
                 continue;
             }
-            let slot = c.user_data as usize;
+            let synced = c.user_data >= SYNC_TAG_BASE;
+            let slot = (c.user_data & !SYNC_TAG_BASE) as usize;
             let (was_read, offset) = slot_op.get(slot).copied().unwrap_or((false, 0));
             if let Err(source) = c.result {
-                return Err(if was_read {
+                return Err(if synced {
+                    CliError::Flush(source)
+                } else if was_read {
                     CliError::Read { offset, source }
                 } else {
                     CliError::Write { offset, source }
                 });
-            }
-            if let Some(t) = started.get_mut(slot).and_then(Option::take) {
-                let ns = t.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
-                result.latency_sum_ns += u128::from(ns);
-                result.max_ns = result.max_ns.max(ns);
-                result.histogram[((ns / 1000) as usize).min(HIST_BUCKETS)] += 1;
             }
             if let IoMemory::Aligned(buf) = c.memory {
                 if was_read {
@@ -418,8 +431,28 @@ fn drive(disk: &Disk, b: &BenchParams) -> Result<BenchResult, CliError> {
                     pattern_buffers.push(buf);
                 }
             }
+            // Without a volatile write cache a write completes once a
+            // flush has made it durable (qemu's writethrough).
+            if !was_read && !synced && !b.cache.writeback() {
+                syncs.push(BlockRequest {
+                    user_data: SYNC_TAG_BASE | slot as u64,
+                    op: RequestOp::Flush,
+                    offset: 0,
+                    memory: IoMemory::None,
+                });
+                continue;
+            }
+            if let Some(t) = started.get_mut(slot).and_then(Option::take) {
+                let ns = t.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+                result.latency_sum_ns += u128::from(ns);
+                result.max_ns = result.max_ns.max(ns);
+                result.histogram[((ns / 1000) as usize).min(HIST_BUCKETS)] += 1;
+            }
             free_slots.push(slot);
             completed += 1;
+        }
+        if !syncs.is_empty() {
+            queue.submit_batch_requests(syncs);
         }
     }
     result.elapsed = t0.elapsed();

@@ -17,13 +17,20 @@
 //! 4. close them (flushing the base), reopen the image read-write and
 //!    unmap all of it ([`block::formats::Format::make_empty`]), unless
 //!    `-d` or `-b` (which implies `-d`, as in qemu-img).
+//!
+//! `-t` (default writeback, as qemu-img's) is the cache mode of every
+//! image the commit opens.
 
+use block::options::CacheMode;
 use block::{DiskOptions, ImageType};
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
-use crate::options::{open_image, parse_format};
+use crate::options::{
+    open_error, open_image, open_image_cached, parse_cache, parse_format, CacheFlag,
+};
+use crate::progress::Progress;
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "ftbr",
@@ -50,11 +57,13 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         return Err(CliError::Usage("Expecting one image file name".into()));
     };
     let fmt = parse_format(p.value("f"))?;
+    let cache = parse_cache(p.value("t"), CacheMode::Writeback, CacheFlag::Target)?;
     let (layers, base_path, base_fmt) = chain_above_base(path, fmt, p.value("b"))?;
-    let base = open_image(&base_path, base_fmt, false)?;
+    let base = open_image_cached(&base_path, base_fmt, false, cache)?;
     // The layers are open only inside: released (with their locks) before
     // the image is reopened read-write with its chain.
-    let copied = commit_layers(&layers, &base);
+    let mut progress = Progress::new(p.flag("p") && !p.flag("q"), 0);
+    let copied = commit_layers(&layers, &base, cache, &mut progress);
     let closed = base.close().map_err(CliError::Close);
     drop(base);
     copied.and(closed)?;
@@ -62,7 +71,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // between no longer read as before, and the top image must keep its
     // data to stay valid.
     if !p.flag("d") && p.value("b").is_none() {
-        let top = open_image(path, fmt, false)?;
+        let top = open_image_cached(path, fmt, false, cache)?;
         let emptied = top
             .format()
             .make_empty()
@@ -70,6 +79,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         let closed = top.close().map_err(CliError::Close);
         emptied.and(closed)?;
     }
+    progress.finish();
     if !p.flag("q") {
         println!("Image committed.");
     }
@@ -121,19 +131,17 @@ fn chain_above_base(
 
 /// Opens one layer read-only *without* its backing chain (so the base is
 /// not held open read-only by us).
-fn open_layer(layer: &Layer) -> Result<ImageIo, CliError> {
+fn open_layer(layer: &Layer, cache: CacheMode) -> Result<ImageIo, CliError> {
     let mut opts = DiskOptions::new(&layer.path);
     opts.readonly = true;
     opts.no_backing = true;
+    opts.direct = cache.direct();
     opts.image_type = if layer.fmt == ImageType::Auto {
         ImageType::Qcow2
     } else {
         layer.fmt
     };
-    ImageIo::open(&opts).map_err(|source| CliError::Open {
-        path: layer.path.clone().into(),
-        source,
-    })
+    ImageIo::open(&opts, cache).map_err(|source| open_error(&layer.path, cache, source))
 }
 
 /// Writes the top image's view of everything the layers above the base
@@ -141,10 +149,15 @@ fn open_layer(layer: &Layer) -> Result<ImageIo, CliError> {
 /// layers are copied from the lowest up, each over the ones below, so
 /// the last word is the top's. Where a layer reads past the end of the
 /// image below it (zeroes), zeroes are written first.
-fn commit_layers(layers: &[Layer], base: &ImageIo) -> Result<(), CliError> {
+fn commit_layers(
+    layers: &[Layer],
+    base: &ImageIo,
+    cache: CacheMode,
+    progress: &mut Progress,
+) -> Result<(), CliError> {
     let opened = layers
         .iter()
-        .map(open_layer)
+        .map(|layer| open_layer(layer, cache))
         .collect::<Result<Vec<_>, _>>()?;
     let Some(size) = opened.first().map(ImageIo::size) else {
         return Ok(());
@@ -152,6 +165,7 @@ fn commit_layers(layers: &[Layer], base: &ImageIo) -> Result<(), CliError> {
     if base.size() < size {
         base.grow(size)?;
     }
+    progress.set_total(size * opened.len() as u64);
     // What of each layer the top image sees: up to the smallest size from
     // the top down to it.
     let visible: Vec<u64> = opened
@@ -171,7 +185,10 @@ fn commit_layers(layers: &[Layer], base: &ImageIo) -> Result<(), CliError> {
                     source,
                 })?;
         }
-        copy_allocated(&opened[i], base, visible[i])?;
+        let done_below = size * (opened.len() - 1 - i) as u64;
+        copy_allocated(&opened[i], base, visible[i], &mut |pos| {
+            progress.update(done_below + pos)
+        })?;
     }
     Ok(())
 }
@@ -179,10 +196,16 @@ fn commit_layers(layers: &[Layer], base: &ImageIo) -> Result<(), CliError> {
 /// Copies what `top` (one layer, opened without its chain) maps itself
 /// below `size` into `base`: data is read and written, zero clusters
 /// become write-zeroes.
-fn copy_allocated(top: &ImageIo, base: &ImageIo, size: u64) -> Result<(), CliError> {
+fn copy_allocated(
+    top: &ImageIo,
+    base: &ImageIo,
+    size: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(), CliError> {
     let mut buf = vec![0u8; CHUNK as usize];
     let mut pos = 0u64;
     while pos < size {
+        progress(pos);
         let status = top.extent_at(pos, size)?;
         let end = pos + status.len;
         if !(status.depth == 0 && status.present) {

@@ -6,12 +6,15 @@
 //! zeroes unless `-s` (strict), where a size difference is a mismatch and
 //! so is a difference in allocation status (present, zero, data flags of
 //! `block_status`).
-//! Exit 0 identical, 1 different, 2 error.
+//! Exit 0 identical, 1 different, 2 error. `-T` is the cache mode both
+//! images are read in (default writeback, as qemu-img's).
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
-use crate::options::{open_image, parse_format};
+use block::options::CacheMode;
+
+use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "fFT",
@@ -29,8 +32,9 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     };
     let quiet = p.flag("q");
     let strict = p.flag("s");
-    let img1 = open_image(a, parse_format(p.value("f"))?, true)?;
-    let img2 = open_image(b, parse_format(p.value("F").or(p.value("f")))?, true)?;
+    let cache = parse_cache(p.value("T"), CacheMode::Writeback, CacheFlag::Source)?;
+    let img1 = open_image_cached(a, parse_format(p.value("f"))?, true, cache)?;
+    let img2 = open_image_cached(b, parse_format(p.value("F").or(p.value("f")))?, true, cache)?;
     let (s1, s2) = (img1.size(), img2.size());
     if strict && s1 != s2 {
         if !quiet {

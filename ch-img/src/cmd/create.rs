@@ -1,5 +1,8 @@
 //! `ch-img create [-f fmt] [-o opts] [-b backing [-F backing_fmt]] [-u] [-q] FILE [SIZE]`
 //!
+//! `-o preallocation=off|metadata|falloc|full` (raw: off, falloc, full)
+//! lays the image out as qemu-img does ([`block::prealloc`]).
+//!
 //! Builds a [`CreateOptions`] from qemu-img's options, prints qemu-img's
 //! "Formatting ..." line and calls [`block::create::create_image`].
 
@@ -85,12 +88,17 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
 /// qemu-img's "Formatting 'FILE', fmt=... size=..." line.
 fn formatting_line(o: &CreateOptions) -> String {
     let path = o.path.display();
+    // qemu-img names preallocation when it was given; we when it is not off.
+    let prealloc = match o.preallocation {
+        block::prealloc::Preallocation::Off => String::new(),
+        p => format!(" preallocation={p}"),
+    };
     if o.format == ImageType::Raw {
-        return format!("Formatting '{path}', fmt=raw size={}", o.size);
+        return format!("Formatting '{path}', fmt=raw size={}{prealloc}", o.size);
     }
     let onoff = |b: bool| if b { "on" } else { "off" };
     let mut s = format!(
-        "Formatting '{path}', fmt=qcow2 cluster_size={} extended_l2={} compression_type={} size={}",
+        "Formatting '{path}', fmt=qcow2 cluster_size={} extended_l2={}{prealloc} compression_type={} size={}",
         o.cluster_size.unwrap_or(65536),
         onoff(o.extended_l2),
         if o.zstd { "zstd" } else { "zlib" },

@@ -13,6 +13,7 @@
 use std::path::Path;
 
 use block::formats::qcow2::bitmap_directory::persistent_bitmaps;
+use block::prealloc::Preallocation;
 use block::ImageType;
 use serde_json::{json, Map, Value};
 
@@ -38,33 +39,10 @@ const SECTOR: u64 = 512;
 const RAW_KEYS: &str = "size, preallocation";
 const QCOW2_KEYS: &str = "size, preallocation, cluster_size, compat, refcount_bits, extended_l2, lazy_refcounts, compression_type, backing_file, backing_fmt";
 
-/// `-o preallocation=`: for measure, only whether the data clusters
-/// count as required.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Preallocation {
-    Off,
-    Metadata,
-    Falloc,
-    Full,
-}
-
-impl Preallocation {
-    fn parse(value: &str) -> Result<Self, CliError> {
-        match value {
-            "off" => Ok(Self::Off),
-            "metadata" => Ok(Self::Metadata),
-            "falloc" => Ok(Self::Falloc),
-            "full" => Ok(Self::Full),
-            other => Err(CliError::Usage(format!(
-                "Invalid value '{other}' for option 'preallocation' (off, metadata, falloc or full)"
-            ))),
-        }
-    }
-
-    /// Whether the new image would have every data cluster written.
-    fn allocates_data(self) -> bool {
-        matches!(self, Self::Falloc | Self::Full)
-    }
+/// `-o preallocation=`: for measure, only whether the new image would
+/// have every data cluster allocated (falloc, full).
+fn allocates_data(p: Preallocation) -> bool {
+    matches!(p, Preallocation::Falloc | Preallocation::Full)
 }
 
 /// The output image as the `-o` options describe it.
@@ -158,7 +136,7 @@ impl Target {
         let mut create = block::create::CreateOptions::default();
         for (key, val) in option_items(values) {
             let known = if key == "preallocation" {
-                preallocation = Preallocation::parse(val)?;
+                preallocation = val.parse().map_err(CliError::Usage)?;
                 true
             } else if key == "size" || format == ImageType::Qcow2 {
                 set_create_option(&mut create, key, val)?
@@ -266,7 +244,7 @@ fn measure_qcow2(target: &Target, input: Option<&Input>) -> Result<Measurement, 
             (virtual_size, data)
         }
     };
-    if target.preallocation.allocates_data() {
+    if allocates_data(target.preallocation) {
         data = virtual_size;
     }
     let fully_allocated = layout.fully_allocated(virtual_size).ok_or_else(too_large)?;

@@ -10,13 +10,19 @@
 //! ([`block::formats::Format::set_backing_file`]). `-u` only changes the
 //! header. As in qemu-img 7.2, a non-empty `-b` needs `-F`, and a
 //! relative `-b` is relative to the image's folder.
+//!
+//! `-t` is the cache mode of the image and its old chain, `-T` that of
+//! the new backing file (both default writeback, as qemu-img's).
 
 use std::path::Path;
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
-use crate::options::{open_image, parse_format};
+use block::options::CacheMode;
+
+use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
+use crate::progress::Progress;
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "fbFtT",
@@ -51,7 +57,9 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "Could not change the backing file to '{backing}': backing format must be specified"
         )));
     }
-    let image = open_image(path, parse_format(p.value("f"))?, false)?;
+    let cache = parse_cache(p.value("t"), CacheMode::Writeback, CacheFlag::Target)?;
+    let src_cache = parse_cache(p.value("T"), CacheMode::Writeback, CacheFlag::Source)?;
+    let image = open_image_cached(path, parse_format(p.value("f"))?, false, cache)?;
     let result = (|| {
         if !unsafe_mode {
             let new = if backing.is_empty() {
@@ -64,17 +72,18 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
                     .unwrap_or_else(|| backing.into());
                 let resolved = resolved.to_string_lossy().into_owned();
                 Some(
-                    open_image(&resolved, parse_format(backing_fmt)?, true).map_err(
-                        |e| match e {
+                    open_image_cached(&resolved, parse_format(backing_fmt)?, true, src_cache)
+                        .map_err(|e| match e {
                             CliError::Open { source, .. } => CliError::Usage(format!(
                                 "Could not open new backing file '{backing}': {source}"
                             )),
                             other => other,
-                        },
-                    )?,
+                        })?,
                 )
             };
-            copy_differences(&image, new.as_ref())?;
+            let mut progress = Progress::new(p.flag("p") && !p.flag("q"), image.size());
+            copy_differences(&image, new.as_ref(), &mut progress)?;
+            progress.finish();
         }
         let name = (!backing.is_empty()).then_some(backing);
         image
@@ -88,7 +97,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
 }
 
 /// Safe mode's copy (see the module docs).
-fn copy_differences(image: &ImageIo, new: Option<&ImageIo>) -> Result<(), CliError> {
+fn copy_differences(
+    image: &ImageIo,
+    new: Option<&ImageIo>,
+    progress: &mut Progress,
+) -> Result<(), CliError> {
     let size = image.size();
     let cs = image.format().info().cluster_size.unwrap_or(65536);
     let new_size = new.map_or(0, ImageIo::size);
@@ -96,6 +109,7 @@ fn copy_differences(image: &ImageIo, new: Option<&ImageIo>) -> Result<(), CliErr
     let mut new_buf = vec![0u8; cs as usize];
     let mut pos = 0u64;
     while pos < size {
+        progress.update(pos);
         let status = image.extent_at(pos, size)?;
         let end = pos + status.len;
         if status.depth == 0 && status.present {

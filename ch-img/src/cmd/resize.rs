@@ -1,9 +1,13 @@
-//! `ch-img resize [-f fmt] [--shrink] [-q] FILE [+|-]SIZE`
+//! `ch-img resize [-f fmt] [--preallocation=MODE] [--shrink] [-q] FILE [+|-]SIZE`
 //!
 //! Computes the new size (absolute or relative), refuses to shrink without
 //! `--shrink` as qemu-img does, and calls the format's `resize` (growing
 //! zeroes the new area where a longer backing file would show through,
-//! [`crate::image_io::ImageIo::grow`]).
+//! [`crate::image_io::ImageIo::grow`]). `--preallocation` (off, metadata
+//! for qcow2, falloc, full) then allocates the grown area
+//! ([`block::prealloc::preallocate_grown`]).
+
+use block::prealloc::{preallocate_grown, Preallocation};
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
@@ -26,13 +30,17 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let [path] = p.operands.as_slice() else {
         return Err(CliError::Usage("Expecting image file name and size".into()));
     };
-    if p.value("preallocation").is_some_and(|v| v != "off") {
-        return Err(CliError::Usage(
-            "ch-img resize supports only --preallocation=off".into(),
-        ));
-    }
+    let preallocation: Preallocation = match p.value("preallocation") {
+        Some(v) => v.parse().map_err(CliError::Usage)?,
+        None => Preallocation::Off,
+    };
     let bad = || CliError::Usage("Invalid image size specified".into());
     let image = open_image(path, parse_format(p.value("f"))?, false)?;
+    if preallocation == Preallocation::Metadata && image.format().name() == "raw" {
+        return Err(CliError::Usage(
+            "Unsupported preallocation mode for raw images: metadata (off, falloc or full)".into(),
+        ));
+    }
     let current = image.size();
     let new_size = if let Some(d) = last.strip_prefix('+') {
         current
@@ -52,6 +60,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     }
     if new_size > current {
         image.grow(new_size)?;
+        preallocate_grown(
+            image.format().as_ref(),
+            std::path::Path::new(path),
+            preallocation,
+            current,
+            new_size,
+        )
+        .map_err(CliError::Resize)?;
     } else {
         image.format().resize(new_size).map_err(CliError::Resize)?;
     }

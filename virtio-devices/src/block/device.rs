@@ -102,7 +102,11 @@ impl BlockDevice {
         let mut config = config;
         config.logical_block_size = config.logical_block_size.max(disk.logical_block_size());
         config.physical_block_size = config.physical_block_size.max(config.logical_block_size);
-        let config_space = ConfigSpace::new(&config, disk.size(), readonly);
+        let mut config_space = ConfigSpace::new(&config, disk.size(), readonly);
+        // The cache mode decides whether the device starts with a volatile
+        // write cache (QEMU: cache.writeback).
+        let writeback = disk.options().cache.writeback();
+        config_space.write(WRITEBACK_OFFSET, &[u8::from(writeback)]);
         let limiters = (0..config.num_queues)
             .map(|_| RateLimiter::new(config.rate_limit, Instant::now()))
             .collect();
@@ -113,7 +117,7 @@ impl BlockDevice {
             config,
             config_space,
             acked: 0,
-            writeback: Arc::new(AtomicBool::new(true)),
+            writeback: Arc::new(AtomicBool::new(writeback)),
             workers: Vec::new(),
             limiters,
             closed: false,
@@ -287,6 +291,12 @@ impl VirtioDevice for BlockDevice {
     }
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {
+        if offset == WRITEBACK_OFFSET && !self.disk.options().cache.flushes() {
+            // cache=unsafe: flushes never reach the disk, so writethrough
+            // would promise durability it cannot give; the cache stays on.
+            warn!("virtio-blk: cache=unsafe: the guest may not turn the write cache off; ignored");
+            return;
+        }
         if self.config_space.write(offset, data) {
             self.writeback
                 .store(self.config_space.writeback(), Ordering::Relaxed);
@@ -334,8 +344,10 @@ impl VirtioDevice for BlockDevice {
     fn reset(&mut self) -> Vec<EventFd> {
         let kicks = self.stop_workers();
         self.acked = 0;
-        self.config_space.write(WRITEBACK_OFFSET, &[1]);
-        self.writeback.store(true, Ordering::Relaxed);
+        let writeback = self.disk.options().cache.writeback();
+        self.config_space
+            .write(WRITEBACK_OFFSET, &[u8::from(writeback)]);
+        self.writeback.store(writeback, Ordering::Relaxed);
         kicks
     }
 
@@ -386,7 +398,7 @@ impl BlockDevice {
                 .get(usize::from(index))
                 .cloned()
                 .flatten(),
-            submit_each: self.disk.engine() != block::EngineKind::IoUring,
+            submit_each: self.disk.engine() == block::EngineKind::Sync,
         };
         let handle = std::thread::Builder::new()
             .name(format!("virtio-blk-q{index}"))

@@ -36,9 +36,11 @@ Options:
                            (needed by vhost_user disks)
   --disk KEY=VALUE,...   a virtio-blk disk (repeatable); keys:
                            path=PATH (required), readonly=on|off,
-                           direct=on|off, num_queues=N, queue_size=N,
+                           direct=on|off, cache=none|writeback|writethrough|
+                           directsync|unsafe, num_queues=N, queue_size=N,
                            image_type=auto|raw|qcow2,
-                           engine=auto|io_uring|sync, id=NAME, serial=STRING,
+                           engine=auto|io_uring|aio|threads|sync (aio needs
+                           cache=none|directsync), id=NAME, serial=STRING,
                            bw_size=BYTES, bw_one_time_burst=BYTES,
                            bw_refill_time=MS, ops_size=N,
                            ops_one_time_burst=N, ops_refill_time=MS,

@@ -1,5 +1,6 @@
 //! `--disk`: one virtio-blk device. Keys: `path`, `readonly`, `direct`,
-//! `num_queues`, `queue_size`, `image_type`, `engine`, `id`, `serial`, and
+//! `cache` (QEMU's five modes), `num_queues`, `queue_size`, `image_type`,
+//! `engine` (auto, io_uring, aio, threads, sync), `id`, `serial`, and
 //! Cloud Hypervisor's throttling keys `bw_size`, `bw_one_time_burst`,
 //! `bw_refill_time`, `ops_size`, `ops_one_time_burst`, `ops_refill_time`,
 //! and `queue_affinity=[QUEUE@[CPUS],...]` (CPUS: numbers and ranges).
@@ -244,6 +245,7 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use block::options::CacheMode;
     use block::{EngineKind, ImageType};
 
     #[test]
@@ -362,9 +364,60 @@ mod tests {
     }
 
     #[test]
+    fn engines_and_cache_modes() {
+        for (arg, engine, cache, direct) in [
+            (
+                "path=x,engine=threads",
+                EngineKind::Threads,
+                CacheMode::Writeback,
+                false,
+            ),
+            (
+                "path=x,engine=aio,cache=none",
+                EngineKind::Aio,
+                CacheMode::None,
+                true,
+            ),
+            (
+                "path=x,engine=aio,direct=on",
+                EngineKind::Aio,
+                CacheMode::None,
+                true,
+            ),
+            (
+                "path=x,engine=sync,cache=unsafe",
+                EngineKind::Sync,
+                CacheMode::Unsafe,
+                false,
+            ),
+            (
+                "path=x,cache=directsync",
+                EngineKind::Auto,
+                CacheMode::Directsync,
+                true,
+            ),
+            (
+                "path=x,cache=writethrough,direct=off",
+                EngineKind::Auto,
+                CacheMode::Writethrough,
+                false,
+            ),
+        ] {
+            let d = parse_disk(arg).unwrap();
+            assert_eq!(
+                (d.options.engine, d.options.cache, d.options.direct),
+                (engine, cache, direct),
+                "{arg}"
+            );
+        }
+    }
+
+    #[test]
     fn errors_name_key_and_value() {
         for (arg, key, value) in [
-            ("path=x,engine=aio", "engine", "aio"),
+            ("path=x,engine=native", "engine", "native"),
+            ("path=x,cache=nocache", "cache", "nocache"),
+            ("path=x,direct=maybe", "direct", "maybe"),
             ("path=x,num_queues=0", "num_queues", "0"),
             ("path=x,queue_size=100", "queue_size", "100"),
             ("path=x,queue_size=1", "queue_size", "1"),
@@ -380,8 +433,29 @@ mod tests {
             let e = parse_disk(arg).unwrap_err().to_string();
             assert!(e.contains(key) && e.contains(value), "{arg}: {e}");
         }
-        let e = parse_disk("path=x,cache=none").unwrap_err().to_string();
-        assert!(e.contains("cache"), "{e}");
+        // Values that parse but conflict name both keys.
+        for (arg, first, second) in [
+            (
+                "path=x,direct=on,cache=writeback",
+                "direct=on",
+                "cache=writeback",
+            ),
+            (
+                "path=x,direct=off,cache=directsync",
+                "direct=off",
+                "cache=directsync",
+            ),
+            ("path=x,engine=aio", "engine=aio", "cache=writeback"),
+            (
+                "path=x,engine=aio,cache=unsafe",
+                "engine=aio",
+                "cache=unsafe",
+            ),
+            ("path=x,engine=aio,direct=off", "engine=aio", "direct=off"),
+        ] {
+            let e = parse_disk(arg).unwrap_err().to_string();
+            assert!(e.contains(first) && e.contains(second), "{arg}: {e}");
+        }
         assert!(matches!(
             parse_disk("readonly=on"),
             Err(ConfigError::Kv(KvError::MissingKey { key: "path", .. }))

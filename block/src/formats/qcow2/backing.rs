@@ -108,6 +108,7 @@ pub(crate) fn open_backing(
         path: path.clone(),
         readonly: true,
         direct: opts.direct,
+        cache: opts.cache,
         image_type: ImageType::Auto,
         engine: opts.engine,
         lock: opts.lock,

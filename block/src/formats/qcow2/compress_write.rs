@@ -11,18 +11,24 @@
 //!    they fit there (or in freshly allocated clusters right behind it),
 //!    else from new clusters; every host cluster the data touches gets one
 //!    more reference (`alloc_compressed_bytes`);
-//! 3. the data is written, and the L2 entry (compressed descriptor) is
-//!    published like any allocating write's: it reaches the disk at the
-//!    next flush, after a barrier has made data and refcounts durable.
+//! 3. the data goes to the compressed-cluster write cache
+//!    (`compressed_cache`), which writes whole host clusters and then
+//!    publishes the L2 entry (compressed descriptor) like any allocating
+//!    write's: it reaches the disk at the next flush, after a barrier has
+//!    made data and refcounts durable.
 //!
-//! Only for tools writing an image on their own (convert): there is no
-//! in-flight tracking against queues writing the same clusters.
+//! Compression ([`compress_cluster`]) is separate from steps 1-3
+//! (`write_packed_impl`), so a tool can compress on every core and write
+//! in order. Only for tools writing an image on their own (convert): there
+//! is no in-flight tracking against queues writing the same clusters.
 
 use std::cell::RefCell;
+use std::sync::atomic::Ordering;
 
 use flate2::{Compress, FlushCompress, Status};
 
-use super::image::Qcow2Image;
+use super::compressed_cache::write_uncached;
+use super::image::{Qcow2Image, State};
 use super::l2_entry::{compressed_entry, L2Entry};
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
@@ -49,15 +55,112 @@ impl Qcow2Image {
         guest: u64,
         data: &[u8],
     ) -> Result<bool, BlockError> {
+        self.check_compressed_write(guest, data.len() as u64)?;
+        let Some(packed) = compress_cluster(self.header.compression, data)? else {
+            return Ok(false);
+        };
+        self.write_packed_impl(guest, &packed)?;
+        Ok(true)
+    }
+
+    /// Steps 1-3 of the module docs for a cluster already compressed with
+    /// the image's compression type ([`compress_cluster`]).
+    pub(crate) fn write_packed_impl(&self, guest: u64, packed: &[u8]) -> Result<(), BlockError> {
+        let cs = self.header.cluster_size();
+        self.check_compressed_write(guest, cs)?;
+        if packed.is_empty() || packed.len() as u64 >= cs {
+            return Err(BlockError::OutOfRange {
+                offset: guest,
+                len: packed.len() as u64,
+                size: cs,
+            });
+        }
+        let mut st = self.lock();
+        let State {
+            meta, compressed, ..
+        } = &mut *st;
+        let mapped = !matches!(
+            meta.l2_entry(guest)?.0,
+            L2Entry::Unallocated | L2Entry::Zero { host: None, .. }
+        );
+        if mapped || compressed.is_pending(guest) {
+            return Err(BlockError::Unsupported {
+                path: self.path.clone(),
+                feature: format!("a compressed write over the allocated cluster at {guest:#x}"),
+            });
+        }
+        // The L2 table is allocated before the data, as qemu-img lays it out.
+        meta.writable_l2(guest)?;
+        let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
+        let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
+        if compressed.capacity() == 0 {
+            // No cache: one write per compressed cluster, checked against
+            // the metadata like every write to the image file.
+            meta.check_overlap(MetaKind::GuestData, host, packed.len() as u64)?;
+            write_uncached(&self.files[0], host, packed)?;
+            meta.publish_l2_entry(guest, raw, 0)?;
+            if meta.should_flush() {
+                meta.flush_dirty()?;
+            }
+            return Ok(());
+        }
+        self.compressed_cached.store(true, Ordering::Release);
+        compressed.insert(&self.cow_files[0], cs, guest, raw, host, packed)?;
+        if compressed.is_full(meta.compressed_tail, cs) {
+            compressed.write_out(meta, &self.files[0], &self.cow_files[0], false)?;
+        }
+        Ok(())
+    }
+
+    /// Writes every cached compressed cluster (padded) and publishes their
+    /// L2 entries; before a flush, a close or a resize.
+    pub(crate) fn write_out_compressed(&self) -> Result<(), BlockError> {
+        if !self.compressed_cached.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        let State {
+            meta, compressed, ..
+        } = &mut *st;
+        compressed.write_out(meta, &self.files[0], &self.cow_files[0], true)
+    }
+
+    /// Writes the cache out when guest clusters in `offset..offset+len`
+    /// still have their compressed data only there (a read, a write or a
+    /// discard of them must see it mapped).
+    pub(crate) fn write_out_compressed_in(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        if !self.compressed_cached.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let cs = self.header.cluster_size();
+        let mut st = self.lock();
+        if !st.compressed.overlaps(offset, len, cs) {
+            return Ok(());
+        }
+        let State {
+            meta, compressed, ..
+        } = &mut *st;
+        compressed.write_out(meta, &self.files[0], &self.cow_files[0], true)
+    }
+
+    /// How many complete host clusters the compressed-cluster write cache
+    /// holds before it writes them (64 by default); 0 writes every
+    /// compressed cluster at once, without the cache.
+    pub(crate) fn set_compressed_cache_impl(&self, host_clusters: usize) {
+        self.lock().compressed.set_capacity(host_clusters);
+    }
+
+    /// A compressed write of `len` bytes at `guest` is possible at all.
+    fn check_compressed_write(&self, guest: u64, len: u64) -> Result<(), BlockError> {
         if self.readonly {
             return Err(BlockError::ReadOnly);
         }
         let cs = self.header.cluster_size();
         let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        if !guest.is_multiple_of(cs) || data.len() as u64 != cs || guest >= size {
+        if !guest.is_multiple_of(cs) || len != cs || guest >= size {
             return Err(BlockError::OutOfRange {
                 offset: guest,
-                len: data.len() as u64,
+                len,
                 size,
             });
         }
@@ -67,39 +170,24 @@ impl Qcow2Image {
                 feature: "compressed clusters in an image with an external data file".into(),
             });
         }
-        let Some(packed) = compress_cluster(self.header.compression, data)? else {
-            return Ok(false);
-        };
-        let mut st = self.lock();
-        let meta = &mut st.meta;
-        match meta.l2_entry(guest)?.0 {
-            L2Entry::Unallocated | L2Entry::Zero { host: None, .. } => {}
-            _ => {
-                return Err(BlockError::Unsupported {
-                    path: self.path.clone(),
-                    feature: format!("a compressed write over the allocated cluster at {guest:#x}"),
-                })
-            }
-        }
-        meta.writable_l2(guest)?;
-        let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
-        meta.write(MetaKind::GuestData, host, &packed)?;
-        let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
-        meta.publish_l2_entry(guest, raw, 0)?;
-        if meta.should_flush() {
-            meta.flush_dirty()?;
-        }
-        Ok(true)
+        Ok(())
     }
 }
 
-/// `data` compressed, or `None` when the result would not be smaller than
-/// `data` minus one byte (qemu's limit).
-fn compress_cluster(algorithm: Compression, data: &[u8]) -> Result<Option<Vec<u8>>, BlockError> {
+/// `data` (one cluster) compressed with `algorithm`, or `None` when the
+/// result would not be smaller than `data` minus one byte (qemu's limit).
+/// Pure: callers may compress on many threads and write in order with
+/// [`crate::formats::Format::write_compressed_packed`].
+pub fn compress_cluster(
+    algorithm: Compression,
+    data: &[u8],
+) -> Result<Option<Vec<u8>>, BlockError> {
     let limit = data.len() - 1;
     let out = match algorithm {
         Compression::Deflate => {
-            let mut out = Vec::with_capacity(limit);
+            // Room for deflate's worst case (stored blocks): zlib-rs panics
+            // when an incompressible cluster meets a smaller buffer.
+            let mut out = Vec::with_capacity(data.len() + data.len() / 8 + 64);
             let status = DEFLATE.with(|cell| {
                 let mut c = cell.borrow_mut();
                 c.reset();
@@ -159,4 +247,28 @@ fn alloc_compressed_bytes(meta: &mut MetaState, len: u64) -> Result<u64, BlockEr
     let new = meta.alloc_clusters(len.div_ceil(cs))?;
     meta.compressed_tail = new + len;
     Ok(new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incompressible_small_clusters_are_refused_not_a_panic() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let data: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        for algorithm in [Compression::Deflate, Compression::Zstd] {
+            assert_eq!(compress_cluster(algorithm, &data).unwrap(), None);
+            let text = b"compressible ".repeat(400);
+            let packed = compress_cluster(algorithm, &text[..4096]).unwrap().unwrap();
+            assert!(packed.len() < 4096);
+        }
+    }
 }

@@ -1,17 +1,24 @@
-//! Creating an empty qcow2 image the way qemu-img lays it out: header
-//! cluster, refcount table, refcount block(s), L1 table.
+//! Creating a qcow2 image the way qemu-img lays it out: header cluster,
+//! refcount table, refcount block(s), L1 table; with preallocation
+//! (`metadata`, `falloc`, `full`) also every L2 table and then every data
+//! cluster, contiguous after the metadata, each L1/L2 entry pointing at
+//! its table or cluster with the COPIED flag.
 //!
 //! Validated creation parameters enter; the file leaves written (every
-//! metadata cluster refcounted once, L1 empty).
+//! cluster refcounted once; L1 empty without preallocation). With extended
+//! L2 the preallocated clusters' subclusters stay unallocated, as in qemu,
+//! so a backing file still shows through.
 
 use std::path::Path;
 
 use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_COMPRESSION, INCOMPAT_EXTL2};
 use super::header::{Header, EXT_BACKING_FORMAT, EXT_END, V2_HEADER_LEN, V3_HEADER_LEN};
+use super::l2_entry::OFLAG_COPIED;
 use super::meta_io::{write_at, MetaKind};
 use super::refcount::{entries_per_block, write_refcount_entry};
 use crate::error::BlockError;
 use crate::formats::Compression;
+use crate::prealloc::{preallocate_range, Preallocation};
 
 /// Parameters of a new qcow2 image, already checked by the caller.
 pub struct Qcow2Params {
@@ -25,6 +32,28 @@ pub struct Qcow2Params {
     pub zstd: bool,
     pub backing_file: Option<String>,
     pub backing_format: Option<String>,
+    pub preallocation: Preallocation,
+}
+
+/// Where everything goes, in clusters from the start of the file.
+struct Layout {
+    rt_clusters: u64,
+    rb_count: u64,
+    l1_clusters: u64,
+    /// L2 tables (preallocation only): one per L1 entry.
+    l2_tables: u64,
+    /// Data clusters (preallocation only): one per guest cluster.
+    data_clusters: u64,
+}
+
+impl Layout {
+    fn total(&self) -> u64 {
+        1 + self.rt_clusters
+            + self.rb_count
+            + self.l1_clusters
+            + self.l2_tables
+            + self.data_clusters
+    }
 }
 
 fn ext(buf: &mut Vec<u8>, ty: u32, data: &[u8]) {
@@ -49,23 +78,32 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         )));
     }
     let l1_clusters = (l1_size * 8).div_ceil(cs).max(1);
+    let prealloc = p.preallocation != Preallocation::Off;
+    let mut lay = Layout {
+        rt_clusters: 1,
+        rb_count: 1,
+        l1_clusters,
+        l2_tables: if prealloc { l1_size } else { 0 },
+        data_clusters: if prealloc { p.size.div_ceil(cs) } else { 0 },
+    };
     let rbe = entries_per_block(p.cluster_bits, p.refcount_order);
-    // header + refcount table + refcount blocks + L1, to a fixed point.
-    let (mut rt_clusters, mut rb_count) = (1u64, 1u64);
+    // Every cluster counts itself, the refcount blocks included: find the
+    // fixed point.
     loop {
-        let total = 1 + rt_clusters + rb_count + l1_clusters;
-        let rb = total.div_ceil(rbe);
+        let rb = lay.total().div_ceil(rbe);
         let rt = (rb * 8).div_ceil(cs);
-        if rb == rb_count && rt == rt_clusters {
+        if rb == lay.rb_count && rt == lay.rt_clusters {
             break;
         }
-        rb_count = rb;
-        rt_clusters = rt;
+        lay.rb_count = rb;
+        lay.rt_clusters = rt;
     }
-    let total = 1 + rt_clusters + rb_count + l1_clusters;
     let rt_off = cs;
-    let rb_off = rt_off + rt_clusters * cs;
-    let l1_off = rb_off + rb_count * cs;
+    let rb_off = rt_off + lay.rt_clusters * cs;
+    let l1_off = rb_off + lay.rb_count * cs;
+    let l2_off = l1_off + lay.l1_clusters * cs;
+    let data_off = l2_off + lay.l2_tables * cs;
+    let (rt_clusters, rb_count) = (lay.rt_clusters, lay.rb_count);
 
     let mut h = Header {
         version: p.version,
@@ -136,22 +174,41 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         let off = rb_off + i * cs;
         rt[(i * 8) as usize..(i * 8 + 8) as usize].copy_from_slice(&off.to_be_bytes());
     }
-    let mut rbs = vec![0u8; (rb_count * cs) as usize];
-    for c in 0..total {
-        let block = (c / rbe) as usize;
-        let slice = &mut rbs[block * cs as usize..(block + 1) * cs as usize];
-        write_refcount_entry(slice, (c % rbe) as usize, p.refcount_order, 1);
-    }
-
     let file = crate::create::open_for_create(path)?;
     write_at(&file, MetaKind::Header, 0, &hdr)?;
     write_at(&file, MetaKind::RefcountTable, rt_off, &rt)?;
-    write_at(&file, MetaKind::RefcountBlock, rb_off, &rbs)?;
-    write_at(
-        &file,
-        MetaKind::L1Table,
-        l1_off,
-        &vec![0u8; (l1_clusters * cs) as usize],
-    )?;
+    // Refcount blocks one at a time (a large preallocated image has many).
+    let total = lay.total();
+    let mut block = vec![0u8; cs as usize];
+    for i in 0..rb_count {
+        block.fill(0);
+        let first = i * rbe;
+        for c in first..total.min(first + rbe) {
+            write_refcount_entry(&mut block, (c - first) as usize, p.refcount_order, 1);
+        }
+        write_at(&file, MetaKind::RefcountBlock, rb_off + i * cs, &block)?;
+    }
+    let mut l1 = vec![0u8; (l1_clusters * cs) as usize];
+    for t in 0..lay.l2_tables {
+        let e = (l2_off + t * cs) | OFLAG_COPIED;
+        l1[(t * 8) as usize..(t * 8 + 8) as usize].copy_from_slice(&e.to_be_bytes());
+    }
+    write_at(&file, MetaKind::L1Table, l1_off, &l1)?;
+    let entry_len = if p.extended_l2 { 16 } else { 8 };
+    for t in 0..lay.l2_tables {
+        block.fill(0);
+        for j in 0..l2_entries {
+            let c = t * l2_entries + j;
+            if c >= lay.data_clusters {
+                break;
+            }
+            let e = (data_off + c * cs) | OFLAG_COPIED;
+            let at = (j * entry_len) as usize;
+            block[at..at + 8].copy_from_slice(&e.to_be_bytes());
+        }
+        write_at(&file, MetaKind::L2Table, l2_off + t * cs, &block)?;
+    }
+    let data_len = lay.data_clusters * cs;
+    preallocate_range(&file, path, p.preallocation, data_off, data_len)?;
     file.sync_all().map_err(BlockError::Flush)
 }

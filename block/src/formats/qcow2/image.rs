@@ -10,10 +10,11 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::backing::{open_backing, resolve, Backing};
+use super::compressed_cache::CompressedCache;
 use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::header::{Header, HeaderError, OFF_AUTOCLEAR, OFF_INCOMPAT};
 use super::inflight::InFlight;
@@ -32,6 +33,8 @@ pub(crate) struct State {
     /// Whether the image looks metadata-preallocated (decided on the
     /// first block-status query; see `prealloc_detect`).
     pub metadata_prealloc: Option<bool>,
+    /// Compressed clusters packed into host clusters, not yet written.
+    pub compressed: CompressedCache,
 }
 
 pub struct Qcow2Image {
@@ -49,6 +52,9 @@ pub struct Qcow2Image {
     pub(crate) readonly: bool,
     pub(crate) size: AtomicU64,
     pub(crate) state: Mutex<State>,
+    /// Whether `State::compressed` may hold data (read without the lock
+    /// on every read and write plan).
+    pub(crate) compressed_cached: AtomicBool,
 }
 
 fn header_error(path: &Path, e: HeaderError) -> BlockError {
@@ -234,11 +240,13 @@ impl Qcow2Image {
         let meta = MetaState::load(&header, meta_file, path.clone(), file_size)?;
         Ok(Qcow2Image {
             size: AtomicU64::new(header.size),
+            compressed_cached: AtomicBool::new(false),
             state: Mutex::new(State {
                 meta,
                 inflight: InFlight::default(),
                 incompatible: header.incompatible,
                 metadata_prealloc: None,
+                compressed: CompressedCache::default(),
             }),
             path,
             files,

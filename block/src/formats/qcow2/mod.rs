@@ -11,6 +11,8 @@
 //!   every write against it (refusal sets the corrupt bit);
 //! - `check`: `ch-img check` and its repairs;
 //! - `compressed`: compressed-cluster descriptors and inflating;
+//! - `compress_write`, `compressed_cache`: writing compressed clusters,
+//!   packed per host cluster in memory before they are written;
 //! - `inflight`: allocations whose L2 entries wait for their data;
 //! - `cow`: copy-on-write sources, read outside the metadata lock;
 //! - `reserve`: the file's size kept ahead of allocation;
@@ -30,7 +32,7 @@ use std::sync::Arc;
 
 use crate::error::BlockError;
 use crate::formats::{
-    BlockStatus, FileId, Format, ImageInfo, ReadPlan, Waker, WriteCommit, WriteOutcome,
+    BlockStatus, Compression, FileId, Format, ImageInfo, ReadPlan, Waker, WriteCommit, WriteOutcome,
 };
 
 pub(crate) mod alloc;
@@ -39,8 +41,9 @@ pub(crate) mod backing_rewrite;
 pub mod bitmap_directory;
 pub(crate) mod cache;
 pub mod check;
-pub(crate) mod compress_write;
+pub mod compress_write;
 pub(crate) mod compressed;
+pub(crate) mod compressed_cache;
 pub(crate) mod cow;
 pub mod create;
 pub(crate) mod features;
@@ -87,10 +90,12 @@ impl Format for Qcow2Image {
     }
 
     fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
+        self.write_out_compressed_in(offset, len)?;
         self.plan_read_impl(offset, len, plan)
     }
 
     fn plan_write(&self, offset: u64, len: u64, waker: &Waker) -> Result<WriteOutcome, BlockError> {
+        self.write_out_compressed_in(offset, len)?;
         self.plan_write_impl(offset, len, waker)
     }
 
@@ -100,6 +105,7 @@ impl Format for Qcow2Image {
         len: u64,
         waker: &Waker,
     ) -> Result<WriteOutcome, BlockError> {
+        self.write_out_compressed_in(offset, len)?;
         self.plan_write_zeroes_impl(offset, len, true, waker)
     }
 
@@ -110,6 +116,7 @@ impl Format for Qcow2Image {
         may_unmap: bool,
         waker: &Waker,
     ) -> Result<WriteOutcome, BlockError> {
+        self.write_out_compressed_in(offset, len)?;
         self.plan_write_zeroes_impl(offset, len, may_unmap, waker)
     }
 
@@ -127,6 +134,7 @@ impl Format for Qcow2Image {
         if self.readonly {
             return Ok(());
         }
+        self.write_out_compressed()?;
         self.lock().meta.flush_dirty()
     }
 
@@ -139,6 +147,7 @@ impl Format for Qcow2Image {
     }
 
     fn resize(&self, new_size: u64) -> Result<(), BlockError> {
+        self.write_out_compressed()?;
         self.resize_impl(new_size)
     }
 
@@ -147,6 +156,7 @@ impl Format for Qcow2Image {
     }
 
     fn close(&self) -> Result<(), BlockError> {
+        self.write_out_compressed()?;
         self.close_impl()
     }
 
@@ -156,6 +166,18 @@ impl Format for Qcow2Image {
 
     fn write_compressed(&self, offset: u64, data: &[u8]) -> Result<bool, BlockError> {
         self.write_compressed_impl(offset, data)
+    }
+
+    fn compression(&self) -> Option<Compression> {
+        Some(self.header.compression)
+    }
+
+    fn write_compressed_packed(&self, offset: u64, packed: &[u8]) -> Result<(), BlockError> {
+        self.write_packed_impl(offset, packed)
+    }
+
+    fn set_compressed_cache(&self, host_clusters: usize) {
+        self.set_compressed_cache_impl(host_clusters)
     }
 
     fn snapshot_create(&self, name: &str, date: (u32, u32)) -> Result<(), BlockError> {

@@ -98,6 +98,8 @@ pub struct DiskShared {
     pub writes: WriteTracker,
     /// Recently inflated compressed clusters, for every queue.
     pub inflated: Mutex<InflateCache>,
+    /// `cache=unsafe`: flushes complete at once without touching the disk.
+    pub ignore_flushes: bool,
 }
 
 impl Executor {

@@ -179,7 +179,12 @@ impl UringEngine {
     fn enter_submit(&mut self) -> io::Result<usize> {
         match self.injected.pop_front() {
             Some(errno) if errno != 0 => Err(io::Error::from_raw_os_error(errno)),
-            _ => self.ring.submit(),
+            _ => {
+                let t = super::submit_stats::start();
+                let r = self.ring.submit();
+                super::submit_stats::record(t);
+                r
+            }
         }
     }
 

@@ -15,7 +15,7 @@ Usage: blk-bench --image PATH [options]
 
   --image PATH           image to run against (required)
   --format F             auto|raw|qcow2 (default auto)
-  --engine E             sync|io_uring|auto (default auto)
+  --engine E             auto|io_uring|aio|threads|sync (default auto)
   --direct on|off        O_DIRECT on the image files (default on)
   --queues N             virtqueues, one driver thread each (default 1)
   --qd N                 requests kept in flight per queue (default 1)
@@ -34,7 +34,9 @@ Usage: blk-bench --image PATH [options]
                          sleeps, as KVM halt-polls a halted vCPU (its
                          default halt_poll_ns is 200000; default 0: off;
                          at most 1000)
-  --output json|table    result format (default table); --output=json works
+  --output json|table    result format (default table); --output=json works;
+                         json also gives the kernel submit-call times
+                         (submit_p50_us, submit_p99_us, submit_max_us)
   --compare-fio          run fio (io_uring, direct=1, same pattern) and us
                          interleaved, --repeats times, and print medians
   --repeats N            repeats for --compare-fio (default 3)

@@ -21,7 +21,7 @@ fn config_json(o: &Options) -> serde_json::Value {
     json!({
         "image": o.image.display().to_string(),
         "format": format!("{:?}", o.format).to_lowercase(),
-        "engine": format!("{:?}", o.engine).to_lowercase(),
+        "engine": o.engine.to_string(),
         "direct": o.direct,
         "queues": o.queues,
         "qd": o.qd,
@@ -35,10 +35,18 @@ fn config_json(o: &Options) -> serde_json::Value {
 }
 
 fn single(o: &Options) -> Result<(), String> {
+    // The time the device's queue threads spend inside io_submit /
+    // io_uring_enter (what blocks native AIO on sparse images).
+    block::io::submit_stats::enable();
     let s = workload::run_ours(o)?;
+    let submit = block::io::submit_stats::take();
     if o.json {
         let mut v = s.to_json();
         v["config"] = config_json(o);
+        v["submit_calls"] = json!(submit.calls);
+        v["submit_p50_us"] = json!(submit.p50.as_secs_f64() * 1e6);
+        v["submit_p99_us"] = json!(submit.p99.as_secs_f64() * 1e6);
+        v["submit_max_us"] = json!(submit.max.as_secs_f64() * 1e6);
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         println!("{}", RunStats::table_header());

@@ -1,0 +1,457 @@
+//! ch-img's cache modes, parallel convert, progress, help and ENOSPC,
+//! against qemu-img's behaviour: O_DIRECT outputs leave no page cache,
+//! every worker count gives the same output, errors read like qemu-img's.
+
+use std::process::{Command, Stdio};
+
+use integration_tests::{ch, ch_img, ch_status, json, qemu_img, qemu_img_status, TempDir};
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A source of `mib` MiB: compressible text, random bytes, zeroes and
+/// ones in turn, 256 KiB each, and an odd tail.
+fn mixed_source(dir: &TempDir, mib: usize) -> String {
+    let path = dir.file("src.raw");
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut data = Vec::with_capacity(mib << 20);
+    let text: Vec<u8> = (0..20000)
+        .flat_map(|i| format!("line {i}: a compressible sentence\n").into_bytes())
+        .collect();
+    for i in 0..mib * 4 {
+        let mut part = vec![0u8; 256 << 10];
+        match i % 4 {
+            0 => part.copy_from_slice(&text[..256 << 10]),
+            1 => part.iter_mut().for_each(|b| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                *b = rng as u8;
+            }),
+            2 => {}
+            _ => part.fill(1),
+        }
+        data.extend_from_slice(&part);
+    }
+    data.extend_from_slice(b"tail of an odd size");
+    std::fs::write(&path, &data).unwrap();
+    path
+}
+
+/// Bytes of `path` in the page cache (fincore, from util-linux).
+fn resident_bytes(path: &str) -> u64 {
+    let out = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES", path])
+        .output()
+        .expect("fincore (util-linux) is needed");
+    assert!(out.status.success(), "fincore {path}: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("fincore output: {e}"))
+}
+
+#[test]
+fn convert_with_cache_none_leaves_no_page_cache() {
+    let dir = TempDir::new("cache");
+    let src = mixed_source(&dir, 16);
+    for compress in [true, false] {
+        for (mode, expect_cached) in [("none", false), ("writeback", true)] {
+            let out = dir.file(&format!("out-{mode}-{compress}.qcow2"));
+            let mut args = vec!["convert", "-O", "qcow2", "-t", mode];
+            if compress {
+                args.push("-c");
+            }
+            args.extend([src.as_str(), out.as_str()]);
+            ch(&args);
+            // Measured before qemu-img reads the file (into the page cache).
+            let size = std::fs::metadata(&out).unwrap().len();
+            let resident = resident_bytes(&out);
+            qemu_img(&["check", &out]);
+            qemu_img(&["compare", "-f", "raw", "-F", "qcow2", &src, &out]);
+            if expect_cached {
+                assert!(
+                    resident > size / 2,
+                    "-t {mode} -c={compress}: only {resident} of {size} bytes cached"
+                );
+            } else {
+                // Only metadata (header, tables) goes through the page cache.
+                assert!(
+                    resident < size / 10,
+                    "-t {mode} -c={compress}: {resident} of {size} bytes cached"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_cache_mode_gives_the_same_compressed_image() {
+    let dir = TempDir::new("cache");
+    let src = mixed_source(&dir, 4);
+    let reference = dir.file("ref.qcow2");
+    ch(&["convert", "-c", "-O", "qcow2", "-m", "1", &src, &reference]);
+    for mode in [
+        "none",
+        "off",
+        "writeback",
+        "writethrough",
+        "directsync",
+        "unsafe",
+    ] {
+        let out = dir.file("out.qcow2");
+        ch(&[
+            "convert", "-c", "-O", "qcow2", "-t", mode, "-T", mode, &src, &out,
+        ]);
+        qemu_img(&["check", &out]);
+        qemu_img(&["compare", "-f", "raw", "-F", "qcow2", &src, &out]);
+        let a = json(&qemu_img(&["map", "--output=json", &reference]));
+        let b = json(&qemu_img(&["map", "--output=json", &out]));
+        assert_eq!(a, b, "-t {mode}: layout differs from the serial run");
+    }
+    // The cache's size changes when host clusters are written, not where.
+    for cache in ["--compressed-cache=0", "--compressed-cache=1"] {
+        for mode in ["none", "writeback"] {
+            let out = dir.file("out.qcow2");
+            ch(&[
+                "convert", "-c", "-O", "qcow2", "-t", mode, cache, &src, &out,
+            ]);
+            qemu_img(&["check", &out]);
+            qemu_img(&["compare", "-f", "raw", "-F", "qcow2", &src, &out]);
+            let a = json(&qemu_img(&["map", "--output=json", &reference]));
+            let b = json(&qemu_img(&["map", "--output=json", &out]));
+            assert_eq!(
+                a, b,
+                "-t {mode} {cache}: layout differs from the serial run"
+            );
+        }
+    }
+    // The O_DIRECT output reads back through our own read path too.
+    let back = dir.file("back.raw");
+    ch(&[
+        "convert", "-T", "none", "-t", "none", "-O", "raw", &reference, &back,
+    ]);
+    qemu_img(&["compare", "-f", "raw", "-F", "raw", &src, &back]);
+}
+
+#[test]
+fn parallel_convert_equals_serial() {
+    let dir = TempDir::new("cache");
+    let src = mixed_source(&dir, 8);
+    for (opts, compress) in [
+        ("compression_type=zlib", true),
+        ("compression_type=zstd", true),
+        ("cluster_size=4096", true),
+        ("cluster_size=65536", false),
+    ] {
+        let serial = dir.file("serial.qcow2");
+        let mut base = vec!["convert", "-O", "qcow2", "-o", opts];
+        if compress {
+            base.push("-c");
+        }
+        let run = |out: &str, extra: &[&str]| {
+            let mut args = base.clone();
+            args.extend_from_slice(extra);
+            args.extend([src.as_str(), out]);
+            ch(&args);
+            qemu_img(&["check", out]);
+            qemu_img(&["compare", "-f", "raw", "-F", "qcow2", &src, out]);
+        };
+        run(&serial, &["-m", "1"]);
+        for extra in [
+            &["-m", "8"][..],
+            &["-m", "16", "-W"],
+            &["-m", "3", "-t", "none"],
+        ] {
+            let out = dir.file("par.qcow2");
+            run(&out, extra);
+            // -W lays clusters out in another order: qemu-img compare -s
+            // then sees other extents, so only in-order runs are strict.
+            if !extra.contains(&"-W") {
+                qemu_img(&["compare", "-s", &serial, &out]);
+            }
+            if compress {
+                // In layout order: the very same file.
+                integration_tests::assert_same_bytes(&serial, &out);
+            }
+        }
+    }
+}
+
+/// Exit status and message of the same bad command line for both tools.
+fn same_error(args: &[&str]) {
+    let ours = ch_status(args);
+    let theirs = qemu_img_status(args);
+    assert_eq!(ours.status.code(), theirs.status.code(), "{args:?}");
+    let want = stderr(&theirs).replace("qemu-img:", "ch-img:");
+    let want = want.lines().next().unwrap_or_default();
+    assert!(
+        stderr(&ours).starts_with(want),
+        "{args:?}: ours {:?}, qemu-img's {want:?}",
+        stderr(&ours)
+    );
+}
+
+#[test]
+fn bad_cache_modes_and_worker_counts_fail_like_qemu_img() {
+    let dir = TempDir::new("cache");
+    let img = dir.file("img.qcow2");
+    let base = dir.file("base.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &base, "1M"]);
+    qemu_img(&[
+        "create", "-q", "-f", "qcow2", "-b", &base, "-F", "qcow2", &img,
+    ]);
+    let out = dir.file("out.qcow2");
+    for args in [
+        &["convert", "-t", "bogus", "-O", "qcow2", &img, &out][..],
+        &["convert", "-T", "bogus", "-O", "qcow2", &img, &out],
+        &["convert", "-m", "0", "-O", "qcow2", &img, &out],
+        &["convert", "-m", "17", "-O", "qcow2", &img, &out],
+        &["convert", "-m", "x", "-O", "qcow2", &img, &out],
+        &["commit", "-t", "bogus", &img],
+        &["rebase", "-t", "bogus", "-u", "-b", "", &img],
+        &["rebase", "-T", "bogus", "-u", "-b", "", &img],
+        &["check", "-T", "bogus", &img],
+        &["compare", "-T", "bogus", &img, &img],
+        &["bench", "-t", "bogus", &img],
+    ] {
+        same_error(args);
+    }
+    // qemu-img 7.2 accepts -W with -c; so do we.
+    ch(&["convert", "-W", "-c", "-O", "qcow2", &img, &out]);
+    qemu_img(&["convert", "-W", "-c", "-O", "qcow2", &img, &out]);
+}
+
+/// fdatasync calls of `ch-img ARGS` (strace; the sync engine makes them
+/// system calls).
+fn fdatasyncs(args: &[&str]) -> u64 {
+    let log = TempDir::new("strace");
+    let file = log.file("trace");
+    let out = Command::new("strace")
+        .args(["-f", "-c", "-e", "trace=fdatasync", "-o", &file])
+        .arg(ch_img())
+        .args(args)
+        .output()
+        .expect("strace is needed");
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    let text = std::fs::read_to_string(&file).unwrap();
+    text.lines()
+        .find(|l| l.trim_end().ends_with("fdatasync"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[test]
+fn bench_flushes_as_its_cache_mode_says() {
+    let dir = TempDir::new("cache");
+    let img = dir.file("b.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &img, "16M"]);
+    let bench = |mode| {
+        fdatasyncs(&[
+            "bench",
+            "-w",
+            "-c",
+            "100",
+            "-d",
+            "4",
+            "-i",
+            "threads",
+            "--flush-interval=50",
+            "-t",
+            mode,
+            &img,
+        ])
+    };
+    // Every write is followed by a flush in writethrough and directsync.
+    assert!(bench("writethrough") >= 100);
+    assert!(bench("directsync") >= 100);
+    // writeback: the two interval flushes and the close.
+    let wb = bench("writeback");
+    assert!((2..=4).contains(&wb), "{wb}");
+    assert_eq!(bench("unsafe"), 0);
+}
+
+#[test]
+fn convert_flushes_as_its_cache_mode_says() {
+    let dir = TempDir::new("cache");
+    let src = mixed_source(&dir, 4);
+    let out = dir.file("out.qcow2");
+    let count = |mode: &str| {
+        let _ = std::fs::remove_file(&out);
+        fdatasyncs(&["convert", "-m", "1", "-O", "qcow2", "-t", mode, &src, &out])
+    };
+    let (unsafe_, writeback, writethrough) =
+        (count("unsafe"), count("writeback"), count("writethrough"));
+    // Every write of a data run is made durable on its own (12 data
+    // parts of 256 KiB here, so at least 12 writes);
+    // unsafe leaves only the qcow2 format's own barriers at close.
+    assert!(writethrough >= 12, "{writethrough}");
+    assert!(writethrough > writeback, "{writethrough} vs {writeback}");
+    assert!(writeback > unsafe_, "{writeback} vs {unsafe_}");
+}
+
+/// qemu-img's progress bytes: `    (0.00/100%)\r` ... `(100.00/100%)\r\n`.
+fn assert_progress(out: &str, what: &str) {
+    assert!(out.starts_with("    (0.00/100%)\r"), "{what}: {out:?}");
+    assert!(out.ends_with("    (100.00/100%)\r\n"), "{what}: {out:?}");
+}
+
+#[test]
+fn progress_is_printed_like_qemu_img() {
+    let dir = TempDir::new("cache");
+    let src = mixed_source(&dir, 4);
+    let out = dir.file("out.qcow2");
+    assert_progress(
+        &ch(&["convert", "-p", "-O", "qcow2", &src, &out]),
+        "convert",
+    );
+    let theirs = qemu_img(&["convert", "-p", "-O", "qcow2", &src, &out]);
+    assert_progress(&theirs, "qemu-img convert");
+    let top = dir.file("top.qcow2");
+    qemu_img(&[
+        "create", "-q", "-f", "qcow2", "-b", &out, "-F", "qcow2", &top,
+    ]);
+    qemu_img(&["rebase", "-q", "-u", "-b", &out, "-F", "qcow2", &top]);
+    let rebased = ch(&[
+        "rebase",
+        "-p",
+        "-t",
+        "directsync",
+        "-T",
+        "none",
+        "-b",
+        "",
+        &top,
+    ]);
+    assert_progress(&rebased, "rebase");
+    qemu_img(&["compare", "-f", "raw", &src, &top]);
+    let top2 = dir.file("top2.qcow2");
+    qemu_img(&[
+        "create", "-q", "-f", "qcow2", "-b", &top, "-F", "qcow2", &top2,
+    ]);
+    let committed = ch(&["commit", "-p", "-t", "none", &top2]);
+    assert!(committed.ends_with("Image committed.\n"), "{committed:?}");
+    assert_progress(committed.trim_end_matches("Image committed.\n"), "commit");
+}
+
+#[test]
+fn sigusr1_prints_the_progress_once() {
+    let dir = TempDir::new("cache");
+    let src = mixed_source(&dir, 48);
+    let out = dir.file("out.qcow2");
+    let child = Command::new(ch_img())
+        .args([
+            "convert",
+            "-c",
+            "-m",
+            "1",
+            "-t",
+            "writethrough",
+            "-O",
+            "qcow2",
+            &src,
+            &out,
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Long enough for the handler to be installed (it is, before the copy).
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let pid = child.id().to_string();
+    let killed = Command::new("kill").args(["-USR1", &pid]).status().unwrap();
+    assert!(
+        killed.success(),
+        "the convert ended before SIGUSR1 was sent"
+    );
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "{text:?}");
+    assert!(
+        lines[0].starts_with("    (") && lines[0].ends_with("/100%)"),
+        "{text:?}"
+    );
+}
+
+#[test]
+fn help_prints_each_verbs_synopsis() {
+    let list = ch(&["--help"]);
+    assert!(
+        list.contains("convert") && list.contains("rebase"),
+        "{list}"
+    );
+    for verb in ["convert", "commit", "rebase", "check", "bench", "compare"] {
+        let a = ch(&["help", verb]);
+        let b = ch(&[verb, "--help"]);
+        assert_eq!(a, b);
+        assert!(a.starts_with(&format!("usage: ch-img {verb}")), "{a}");
+        assert!(a.contains("-t") || a.contains("-T"), "{verb}: {a}");
+    }
+    let o = ch_status(&["help", "frobnicate"]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+/// A tmpfs of `size` mounted on a fresh folder, unmounted on drop.
+struct SmallFs {
+    dir: TempDir,
+}
+
+impl SmallFs {
+    fn mount(size: &str) -> Option<SmallFs> {
+        let dir = TempDir::new("enospc");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Some(SmallFs { dir });
+        }
+        assert!(
+            std::env::var("CH_REQUIRE_ALL").as_deref() != Ok("1"),
+            "cannot mount a tmpfs (needs root)"
+        );
+        eprintln!("skipped: cannot mount a tmpfs (needs root)");
+        None
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[test]
+fn enospc_names_the_output_and_leaves_it() {
+    let dir = TempDir::new("cache");
+    let src = mixed_source(&dir, 24);
+    let Some(fs) = SmallFs::mount("4M") else {
+        return;
+    };
+    for (mode, compress) in [("unsafe", false), ("none", true), ("writeback", true)] {
+        let out = fs.dir.file("out.qcow2");
+        let mut args = vec!["convert", "-O", "qcow2", "-t", mode];
+        if compress {
+            args.push("-c");
+        }
+        args.extend([src.as_str(), out.as_str()]);
+        let o = ch_status(&args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains(&out) && e.contains("No space left on device"),
+            "{args:?}: {e}"
+        );
+        assert!(
+            std::path::Path::new(&out).exists(),
+            "the partial output is left, as qemu-img leaves it"
+        );
+        // What was written is consistent: no corruption (leaks may remain).
+        let check = qemu_img_status(&["check", &out]);
+        assert_ne!(check.status.code(), Some(2), "{}", stderr(&check));
+        std::fs::remove_file(&out).unwrap();
+    }
+}
