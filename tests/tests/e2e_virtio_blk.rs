@@ -7,7 +7,9 @@
 
 mod e2e_support;
 
-use e2e_support::{boot, check_clean, create_lazy_qcow2, dirty_flag, test_guest, Boot};
+use e2e_support::{
+    boot, check_clean, check_pattern, create_lazy_qcow2, dirty_flag, test_guest, Boot,
+};
 use integration_tests::{qemu_create_overlay, qemu_img, qemu_io, TempDir};
 
 /// Boots the test guest and asserts PASS and a clean exit.
@@ -33,23 +35,6 @@ fn boot_guest_with(dir: &TempDir, disks: &[String], cmdline: &str, extra: &[&str
     );
     assert!(b.status.success(), "VMM exit {}: {}", b.status, b.stderr);
     b
-}
-
-/// Checks the guest's documented layout for `queues` queues.
-fn check_pattern(fmt: &str, image: &str, queues: u64) {
-    for q in 0..queues {
-        let b = q * 262_144;
-        qemu_io(
-            fmt,
-            image,
-            &[
-                &format!("read -P {} {b} 64k", 0x40 + q),
-                &format!("read -P {} {} 4k", 0x80 + q, b + 65_536),
-                &format!("read -P 0 {} 60k", b + 69_632),
-                &format!("read -P 0 {} 64k", b + 196_608),
-            ],
-        );
-    }
 }
 
 fn make_image(dir: &TempDir, name: &str, fmt: &str, size: &str) -> String {

@@ -5,6 +5,8 @@
 //!   implements, and [`device::VirtioInterrupt`], how a device signals the
 //!   guest without knowing about KVM.
 //! - [`block`]: virtio-blk (request parser, per-queue workers, config space).
+//! - [`vhost_user_blk`]: virtio-blk served by a vhost-user backend (the
+//!   VMM as a vhost-user front end).
 //! - `transport`: virtio-pci (modern) with MSI-X.
 //! - [`testing`]: a host-side virtio driver (split virtqueues in guest
 //!   memory) that drives a real device in tests and `blk-bench`.
@@ -13,5 +15,6 @@ pub mod block;
 pub mod device;
 pub mod testing;
 pub mod transport;
+pub mod vhost_user_blk;
 
 pub use device::{ActivateError, ActivatedQueue, InterruptKind, VirtioDevice, VirtioInterrupt};

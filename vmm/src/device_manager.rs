@@ -1,7 +1,7 @@
 //! Builds the machine's devices: the serial port, the i8042 reset line,
 //! the ACPI sleep and reset registers,
 //! the PCI host bridge, and one virtio-blk device behind virtio-pci per
-//! `--disk`, wired to KVM (irqfds routed to the guest's MSI-X messages,
+//! `--disk` (in-VMM, or a vhost-user front end: [`crate::vhost_user_disks`]), wired to KVM (irqfds routed to the guest's MSI-X messages,
 //! ioeventfds on each queue's notify address).
 //!
 //! Disks are opened first ([`open_disks`], before the VM exists, so a bad
@@ -69,6 +69,8 @@ pub enum DeviceError {
     Seccomp(#[source] crate::seccomp::SeccompError),
     #[error("too many disks: the PCI bus and MMIO window hold {0}")]
     TooManyDisks(usize),
+    #[error("cannot set up a vhost-user disk")]
+    VhostUser(#[source] virtio_devices::vhost_user_blk::VhostUserBlkError),
 }
 
 /// A disk opened from its `--disk` config.
@@ -154,6 +156,65 @@ impl NotifyRegistry for KvmNotifyRegistry {
     }
 }
 
+/// What putting a virtio device behind virtio-pci needs.
+pub(crate) struct PciAttach<'a> {
+    pub vm: &'a Arc<Vm>,
+    pub mem: &'a Arc<GuestMemoryMmap>,
+    pub pci: &'a Arc<Mutex<PciDevices>>,
+    pub worker_filters: &'a Arc<Vec<seccompiler::BpfProgram>>,
+}
+
+impl PciAttach<'_> {
+    /// Puts `dev` (with `num_queues` queues) behind virtio-pci as device
+    /// number `index`: irqfds routed from GSI `next_gsi` on, ioeventfds on
+    /// its notify addresses, the queue workers' seccomp filter. Returns the
+    /// PCI slot and BAR0 address.
+    pub fn add(
+        &self,
+        dev: Box<dyn virtio_devices::VirtioDevice>,
+        num_queues: u16,
+        index: usize,
+        next_gsi: &mut u32,
+    ) -> Result<(usize, u32), DeviceError> {
+        let vm = self.vm;
+        let vectors = VirtioPciDevice::vectors_needed(usize::from(num_queues));
+        let mut irqfds = Vec::with_capacity(vectors);
+        for v in 0..vectors as u32 {
+            let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+            vm.register_irqfd(&fd, *next_gsi + v)
+                .map_err(DeviceError::Kvm)?;
+            irqfds.push(fd);
+        }
+        let router = Arc::new(KvmMsiRouter {
+            vm: vm.clone(),
+            base_gsi: *next_gsi,
+        });
+        *next_gsi += vectors as u32;
+        // Pre-assigned BARs, one per function, inside the window.
+        let bar = PCI_MMIO_START + index as u64 * u64::from(BAR_SIZE);
+        let bar = u32::try_from(bar).map_err(|_| DeviceError::TooManyDisks(index))?;
+        let mut pci_dev = VirtioPciDevice::new(dev, self.mem.clone(), bar, irqfds, router)
+            .map_err(DeviceError::Transport)?;
+        if !self.worker_filters.is_empty() {
+            let programs = self.worker_filters.clone();
+            pci_dev.set_activation_hook(Arc::new(move || {
+                seccomp::apply_programs(&programs).map_err(|e| e.to_string())
+            }));
+        }
+        for (addr, fd) in pci_dev.notify_eventfds().map_err(DeviceError::EventFd)? {
+            vm.register_ioevent(&fd, IoEventAddress::Mmio(addr))
+                .map_err(DeviceError::Kvm)?;
+        }
+        let slot = self
+            .pci
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(Arc::new(Mutex::new(pci_dev)))
+            .ok_or(DeviceError::TooManyDisks(index))?;
+        Ok((slot, bar))
+    }
+}
+
 pub struct DeviceManager {
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
@@ -230,6 +291,10 @@ impl DeviceManager {
                 .map_err(DeviceError::Seccomp)?,
         );
         let mut next_gsi = Vm::FIRST_MSI_GSI;
+        let disk_count = disks.len();
+        if disk_count + config.vhost_user_disks.len() > max_disks() {
+            return Err(DeviceError::TooManyDisks(max_disks()));
+        }
         for (i, d) in disks.into_iter().enumerate() {
             let path = d.config.options.path.display().to_string();
             let blk_config = BlockDeviceConfig {
@@ -247,45 +312,31 @@ impl DeviceManager {
                     source,
                 }
             })?;
-            let vectors = VirtioPciDevice::vectors_needed(usize::from(d.config.num_queues));
-            let mut irqfds = Vec::with_capacity(vectors);
-            for v in 0..vectors as u32 {
-                let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
-                vm.register_irqfd(&fd, next_gsi + v)
-                    .map_err(DeviceError::Kvm)?;
-                irqfds.push(fd);
-            }
-            let router = Arc::new(KvmMsiRouter {
-                vm: vm.clone(),
-                base_gsi: next_gsi,
-            });
-            next_gsi += vectors as u32;
-            // Pre-assigned BARs, one per function, inside the window.
-            let bar = PCI_MMIO_START + i as u64 * u64::from(BAR_SIZE);
-            let bar = u32::try_from(bar).map_err(|_| DeviceError::TooManyDisks(i))?;
-            let mut pci_dev = VirtioPciDevice::new(Box::new(dev), mem.clone(), bar, irqfds, router)
-                .map_err(DeviceError::Transport)?;
-            if !worker_filters.is_empty() {
-                let programs = worker_filters.clone();
-                pci_dev.set_activation_hook(Arc::new(move || {
-                    seccomp::apply_programs(&programs).map_err(|e| e.to_string())
-                }));
-            }
-            for (addr, fd) in pci_dev.notify_eventfds().map_err(DeviceError::EventFd)? {
-                vm.register_ioevent(&fd, IoEventAddress::Mmio(addr))
-                    .map_err(DeviceError::Kvm)?;
-            }
-            let slot = pci
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .add(Arc::new(Mutex::new(pci_dev)))
-                .ok_or(DeviceError::TooManyDisks(i))?;
+            let attach = PciAttach {
+                vm,
+                mem,
+                pci: &pci,
+                worker_filters: &worker_filters,
+            };
+            let (slot, bar) = attach.add(Box::new(dev), d.config.num_queues, i, &mut next_gsi)?;
             log::info!(
                 "disk {path}: virtio-blk at PCI 00:{slot:02x}.0, BAR0 {bar:#x}, {} queue(s) of {}",
                 d.config.num_queues,
                 d.config.queue_size
             );
         }
+        let attach = PciAttach {
+            vm,
+            mem,
+            pci: &pci,
+            worker_filters: &worker_filters,
+        };
+        crate::vhost_user_disks::add_vhost_user_disks(
+            &attach,
+            &config.vhost_user_disks,
+            disk_count,
+            &mut next_gsi,
+        )?;
         Ok(DeviceManager {
             pio: Arc::new(pio),
             mmio: Arc::new(mmio),

@@ -18,4 +18,5 @@ pub mod seccomp;
 pub mod signals;
 pub mod terminal;
 pub mod vcpu;
+pub mod vhost_user_disks;
 pub mod vm;

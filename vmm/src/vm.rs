@@ -115,7 +115,8 @@ pub fn run(config: &VmConfig, disks: Vec<OpenedDisk>) -> Result<ExitReason, VmEr
     crate::signals::install(exit.eventfd()).map_err(VmError::Signals)?;
 
     let vm = Vm::new().map_err(VmError::CreateVm)?;
-    let mem = create_guest_memory(&vm, config.memory).map_err(VmError::Memory)?;
+    let mem =
+        create_guest_memory(&vm, config.memory, config.shared_memory).map_err(VmError::Memory)?;
     let entry = boot::load_kernel(
         &mem,
         &config.kernel,

@@ -198,6 +198,24 @@ pub fn create_lazy_qcow2(path: &str, size: &str) {
     ]);
 }
 
+/// Checks the test guest's documented write pattern (tests/guest/README.md)
+/// for `queues` queues in `image`.
+pub fn check_pattern(fmt: &str, image: &str, queues: u64) {
+    for q in 0..queues {
+        let b = q * 262_144;
+        integration_tests::qemu_io(
+            fmt,
+            image,
+            &[
+                &format!("read -P {} {b} 64k", 0x40 + q),
+                &format!("read -P {} {} 4k", 0x80 + q, b + 65_536),
+                &format!("read -P 0 {} 60k", b + 69_632),
+                &format!("read -P 0 {} 64k", b + 196_608),
+            ],
+        );
+    }
+}
+
 /// `qemu-img check` must report no errors.
 pub fn check_clean(image: &str) {
     let out = qemu_img(&["check", image]);

@@ -7,7 +7,7 @@
 //! The only field a driver may write is `writeback` (CONFIG_WCE).
 
 /// Byte offsets of `struct virtio_blk_config` (virtio 1.2, 5.2.4).
-mod offset {
+pub mod offset {
     pub const CAPACITY: usize = 0;
     pub const SEG_MAX: usize = 12;
     pub const BLK_SIZE: usize = 20;

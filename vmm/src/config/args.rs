@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use super::cpus::parse_cpus;
 use super::disk::parse_disk;
-use super::memory::parse_memory;
+use super::memory::{parse_memory, MemoryConfig};
 use super::serial::{parse_serial, SerialMode};
+use super::vhost_user_disk::{is_vhost_user, parse_vhost_user_disk};
 use super::{ConfigError, SeccompMode, VmConfig};
 use block::options::kv::KvError;
 
@@ -29,7 +30,10 @@ Options:
   --initramfs PATH       initial ramdisk
   --cmdline STRING       kernel command line
   --cpus boot=N          number of vCPUs (default 1)
-  --memory size=SIZE     guest RAM, K/M/G suffixes (default 512M)
+  --memory size=SIZE[,shared=on|off]
+                         guest RAM, K/M/G suffixes (default 512M);
+                           shared=on puts it in a memfd mapped shared
+                           (needed by vhost_user disks)
   --disk KEY=VALUE,...   a virtio-blk disk (repeatable); keys:
                            path=PATH (required), readonly=on|off,
                            direct=on|off, cache=none|writeback|writethrough|
@@ -42,6 +46,10 @@ Options:
                            ops_one_time_burst=N, ops_refill_time=MS,
                            queue_affinity=[QUEUE@[CPUS],...],
                            poll_us=0..1000 (docs/disk-options.md)
+  --disk vhost_user=on,socket=PATH[,num_queues=N][,queue_size=N][,id=NAME]
+                         a virtio-blk disk served by a vhost-user backend
+                           (e.g. ch-storage-daemon); needs --memory
+                           shared=on; the image keys belong to the backend
   --serial MODE          tty (default), file=PATH or off
   --seccomp MODE         true (default), false or log
   -v                     more logging (repeatable)
@@ -54,10 +62,11 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
     let mut initramfs: Option<PathBuf> = None;
     let mut cmdline: Option<String> = None;
     let mut cpus: Option<u8> = None;
-    let mut memory: Option<u64> = None;
+    let mut memory: Option<MemoryConfig> = None;
     let mut serial: Option<SerialMode> = None;
     let mut seccomp: Option<SeccompMode> = None;
     let mut disks = Vec::new();
+    let mut vhost_user_disks = Vec::new();
     let mut verbosity: u8 = 0;
 
     let mut it = args.iter();
@@ -121,12 +130,27 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
                 };
                 once(&mut seccomp, name, mode)?
             }
-            "--disk" => disks.push(parse_disk(&value(&mut it)?)?),
+            "--disk" => {
+                let v = value(&mut it)?;
+                if is_vhost_user(&v)? {
+                    vhost_user_disks.push(parse_vhost_user_disk(&v)?);
+                } else {
+                    disks.push(parse_disk(&v)?);
+                }
+            }
             _ => return Err(ConfigError::UnknownArgument(arg.clone())),
         }
     }
     let kernel = kernel.ok_or(ConfigError::MissingKernel)?;
-    let mut ids: Vec<&str> = disks.iter().filter_map(|d| d.id.as_deref()).collect();
+    let memory = memory.unwrap_or_default();
+    if !vhost_user_disks.is_empty() && !memory.shared {
+        return Err(ConfigError::VhostUserNeedsSharedMemory);
+    }
+    let mut ids: Vec<&str> = disks
+        .iter()
+        .filter_map(|d| d.id.as_deref())
+        .chain(vhost_user_disks.iter().filter_map(|d| d.id.as_deref()))
+        .collect();
     ids.sort_unstable();
     if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
         return Err(ConfigError::DuplicateDiskId(w[0].to_string()));
@@ -136,8 +160,10 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
         initramfs,
         cmdline: cmdline.unwrap_or_default(),
         cpus: cpus.unwrap_or(1),
-        memory: memory.unwrap_or(512 << 20),
+        memory: memory.size,
+        shared_memory: memory.shared,
         disks,
+        vhost_user_disks,
         serial: serial.unwrap_or(SerialMode::Tty),
         seccomp: seccomp.unwrap_or_default(),
         verbosity,
@@ -189,6 +215,56 @@ mod tests {
         assert_eq!(c.serial, SerialMode::Off);
         assert_eq!(c.seccomp, SeccompMode::Log);
         assert_eq!(c.verbosity, 3);
+    }
+
+    #[test]
+    fn vhost_user_disks() {
+        let c = run(&[
+            "--kernel",
+            "k",
+            "--memory",
+            "size=64M,shared=on",
+            "--disk",
+            "path=a.raw,id=a",
+            "--disk",
+            "vhost_user=on,socket=/s,num_queues=2,id=b",
+        ])
+        .unwrap();
+        assert!(c.shared_memory);
+        assert_eq!(c.disks.len(), 1);
+        assert_eq!(c.vhost_user_disks.len(), 1);
+        assert_eq!(c.vhost_user_disks[0].num_queues, 2);
+        // Shared memory is required, naming both keys.
+        let e = run(&["--kernel", "k", "--disk", "vhost_user=on,socket=/s"]).unwrap_err();
+        assert_eq!(e, ConfigError::VhostUserNeedsSharedMemory);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("vhost_user") && msg.contains("shared=on"),
+            "{msg}"
+        );
+        assert!(run(&[
+            "--kernel",
+            "k",
+            "--memory",
+            "shared=off",
+            "--disk",
+            "vhost_user=on,socket=/s"
+        ])
+        .is_err());
+        // Ids are unique across both kinds of disk.
+        assert!(matches!(
+            run(&[
+                "--kernel",
+                "k",
+                "--memory",
+                "shared=on",
+                "--disk",
+                "path=a,id=x",
+                "--disk",
+                "vhost_user=on,socket=/s,id=x"
+            ]),
+            Err(ConfigError::DuplicateDiskId(_))
+        ));
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! busy-poll for up to N microseconds before it sleeps (docs/virtio-blk.md,
 //! "Busy poll"; QEMU's iothread `poll-max-ns` plays this part).
 //!
+//! `vhost_user=on` makes the disk a vhost-user one, parsed by
+//! [`super::vhost_user_disk`] instead; `vhost_user=off` is accepted here.
+//!
 //! Enters as the option's string; leaves as a [`DiskConfig`] holding the
 //! block crate's [`DiskOptions`] plus the device's queue settings. Nothing is
 //! opened here.
@@ -18,7 +21,7 @@ use block::DiskOptions;
 use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
 
 use super::ConfigError;
-use block::options::kv::{split_top_level, KvList};
+use block::options::kv::{parse_on_off, split_top_level, KvList};
 
 /// Most queues per disk: the vCPU count is small on our machines and each
 /// queue is a thread.
@@ -166,16 +169,21 @@ fn parse_count(min: u16, max: u16, power_of_two: bool) -> impl Fn(&str) -> Resul
     }
 }
 
-pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
-    let mut kv = KvList::parse("--disk", s)?;
-    let options = take_image_options(&mut kv)?;
+/// `num_queues` (default 1) and `queue_size` (default 128), shared with
+/// vhost-user disks.
+pub(super) fn parse_queue_shape(kv: &mut KvList) -> Result<(u16, u16), ConfigError> {
     let num_queues = kv
         .take_parsed("num_queues", parse_count(1, MAX_QUEUES, false))?
         .unwrap_or(1);
     let queue_size = kv
         .take_parsed("queue_size", parse_count(2, MAX_QUEUE_SIZE, true))?
         .unwrap_or(128);
-    let id = kv.take_parsed("id", |s| {
+    Ok((num_queues, queue_size))
+}
+
+/// `id=NAME`, shared with vhost-user disks.
+pub(super) fn parse_disk_id(kv: &mut KvList) -> Result<Option<String>, ConfigError> {
+    Ok(kv.take_parsed("id", |s| {
         if s.is_empty()
             || !s
                 .bytes()
@@ -185,7 +193,17 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
         } else {
             Ok(s.to_string())
         }
-    })?;
+    })?)
+}
+
+pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
+    let mut kv = KvList::parse("--disk", s)?;
+    let options = take_image_options(&mut kv)?;
+    let (num_queues, queue_size) = parse_queue_shape(&mut kv)?;
+    let id = parse_disk_id(&mut kv)?;
+    // `vhost_user=off` (or absent) is this parser's; `on` goes to
+    // super::vhost_user_disk (see args.rs).
+    kv.take_parsed("vhost_user", parse_on_off)?;
     let serial = kv.take_parsed("serial", |s| {
         if s.len() > MAX_SERIAL || !s.bytes().all(|b| b.is_ascii_graphic()) {
             Err(format!(
@@ -328,6 +346,12 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn vhost_user_off_is_an_ordinary_disk() {
+        assert_eq!(parse_disk("path=x,vhost_user=off").unwrap().num_queues, 1);
+        assert!(parse_disk("path=x,vhost_user=maybe").is_err());
     }
 
     #[test]

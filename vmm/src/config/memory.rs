@@ -1,15 +1,34 @@
-//! `--memory size=SIZE`: guest RAM. Enters as the option string, leaves as
-//! a byte count that is a multiple of 2 MiB, at least [`MIN_MEMORY`].
+//! `--memory size=SIZE[,shared=on|off]`: guest RAM. Enters as the option
+//! string, leaves as a [`MemoryConfig`]: a byte count that is a multiple of
+//! 2 MiB, at least [`MIN_MEMORY`], and whether RAM lives in a memfd mapped
+//! shared (needed by vhost-user disks, whose backend maps guest RAM too).
 
 use super::size::parse_size;
 use super::ConfigError;
-use block::options::kv::KvList;
+use block::options::kv::{parse_on_off, KvList};
 
 pub const MIN_MEMORY: u64 = 32 << 20;
 /// The host decides in the end; this only stops absurd values early.
 pub const MAX_MEMORY: u64 = 1 << 40;
+pub const DEFAULT_MEMORY: u64 = 512 << 20;
 
-pub fn parse_memory(s: &str) -> Result<u64, ConfigError> {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryConfig {
+    pub size: u64,
+    /// Guest RAM in a memfd, mapped MAP_SHARED (`shared=on`).
+    pub shared: bool,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            size: DEFAULT_MEMORY,
+            shared: false,
+        }
+    }
+}
+
+pub fn parse_memory(s: &str) -> Result<MemoryConfig, ConfigError> {
     let mut kv = KvList::parse("--memory", s)?;
     let size = kv
         .take_parsed("size", |v| {
@@ -22,9 +41,10 @@ pub fn parse_memory(s: &str) -> Result<u64, ConfigError> {
             }
             Ok(n)
         })?
-        .unwrap_or(512 << 20);
+        .unwrap_or(DEFAULT_MEMORY);
+    let shared = kv.take_parsed("shared", parse_on_off)?.unwrap_or(false);
     kv.finish()?;
-    Ok(size)
+    Ok(MemoryConfig { size, shared })
 }
 
 #[cfg(test)]
@@ -33,11 +53,21 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_memory("size=1G").unwrap(), 1 << 30);
-        assert_eq!(parse_memory("size=64M").unwrap(), 64 << 20);
+        assert_eq!(parse_memory("size=1G").unwrap().size, 1 << 30);
+        assert_eq!(parse_memory("size=64M").unwrap().size, 64 << 20);
         let e = parse_memory("size=1M").unwrap_err().to_string();
         assert!(e.contains("size") && e.contains("1M"), "{e}");
         assert!(parse_memory("size=33M").is_err());
         assert!(parse_memory("hotplug=1G").is_err());
+    }
+
+    #[test]
+    fn shared() {
+        assert!(!parse_memory("size=64M").unwrap().shared);
+        assert!(parse_memory("size=64M,shared=on").unwrap().shared);
+        assert!(parse_memory("shared=true").unwrap().shared);
+        assert!(!parse_memory("size=64M,shared=off").unwrap().shared);
+        let e = parse_memory("shared=maybe").unwrap_err().to_string();
+        assert!(e.contains("shared") && e.contains("maybe"), "{e}");
     }
 }

@@ -1,7 +1,8 @@
 //! The command line: `cloud-hypervisor --kernel ... --disk ...`.
 //!
 //! [`args::parse_args`] walks argv and hands each option's value to its
-//! group's parser ([`disk`], [`cpus`], [`memory`], [`serial`]), all built
+//! group's parser ([`disk`], [`vhost_user_disk`], [`cpus`], [`memory`],
+//! [`serial`]), all built
 //! on the generic `key=value` syntax of `block::options::kv`. The result is a complete
 //! [`VmConfig`] (or help / version); nothing is opened until it is.
 
@@ -11,6 +12,7 @@ pub mod disk;
 pub mod memory;
 pub mod serial;
 pub mod size;
+pub mod vhost_user_disk;
 
 use std::path::PathBuf;
 
@@ -19,7 +21,9 @@ use thiserror::Error;
 
 pub use args::{parse_args, Command};
 pub use disk::DiskConfig;
+pub use memory::MemoryConfig;
 pub use serial::SerialMode;
+pub use vhost_user_disk::VhostUserDiskConfig;
 
 /// `--seccomp true|false|log`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,7 +45,11 @@ pub struct VmConfig {
     pub cmdline: String,
     pub cpus: u8,
     pub memory: u64,
+    /// Guest RAM in a memfd mapped shared (`--memory shared=on`).
+    pub shared_memory: bool,
     pub disks: Vec<DiskConfig>,
+    /// `--disk vhost_user=on,...`: disks a vhost-user backend serves.
+    pub vhost_user_disks: Vec<VhostUserDiskConfig>,
     pub serial: SerialMode,
     pub seccomp: SeccompMode,
     /// Number of `-v`: 0 = warn, 1 = info, 2 = debug, 3+ = trace.
@@ -62,4 +70,8 @@ pub enum ConfigError {
     MissingKernel,
     #[error("two disks share the id '{0}'")]
     DuplicateDiskId(String),
+    #[error("--disk vhost_user=on: key '{0}' belongs to the vhost-user backend (give it to the backend, e.g. ch-storage-daemon --image/--export)")]
+    VhostUserBackendKey(&'static str),
+    #[error("--disk vhost_user=on needs --memory shared=on (the backend maps guest RAM)")]
+    VhostUserNeedsSharedMemory,
 }
