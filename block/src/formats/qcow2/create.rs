@@ -77,7 +77,9 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
             p.size
         )));
     }
-    let l1_clusters = (l1_size * 8).div_ceil(cs).max(1);
+    // A zero-size disk has an empty L1 table and, as with qemu-img, no
+    // cluster for it (its offset is where it would start).
+    let l1_clusters = (l1_size * 8).div_ceil(cs);
     let prealloc = p.preallocation != Preallocation::Off;
     let mut lay = Layout {
         rt_clusters: 1,
