@@ -117,6 +117,15 @@ impl KvList {
         self.option
     }
 
+    /// Removes `key` and returns its value; a missing key is refused,
+    /// naming it.
+    pub fn take_required(&mut self, key: &'static str) -> Result<String, KvError> {
+        self.take(key)?.ok_or(KvError::MissingKey {
+            option: self.option,
+            key,
+        })
+    }
+
     /// Removes `key` and returns its value (`Ok(None)` if absent). A key
     /// given without `=value` is refused.
     pub fn take(&mut self, key: &str) -> Result<Option<String>, KvError> {

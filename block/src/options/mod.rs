@@ -137,10 +137,7 @@ impl DiskOptions {
 /// cache.direct=on).
 pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
     let option = kv.option();
-    let path = kv.take("path")?.ok_or(KvError::MissingKey {
-        option,
-        key: "path",
-    })?;
+    let path = kv.take_required("path")?;
     if path.is_empty() {
         return Err(KvError::BadValue {
             option,

@@ -25,10 +25,7 @@ impl ExportConfig {
     /// Takes `type=` and that type's keys; the caller refuses the rest.
     pub fn from_kv(kv: &mut KvList) -> Result<Self, KvError> {
         let option = kv.option();
-        let kind = kv.take("type")?.ok_or(KvError::MissingKey {
-            option,
-            key: "type",
-        })?;
+        let kind = kv.take_required("type")?;
         match kind.as_str() {
             "fuse" => Ok(ExportConfig::Fuse(fuse::FuseConfig::from_kv(kv)?)),
             "vhost-user-blk" => Ok(ExportConfig::VhostUserBlk(

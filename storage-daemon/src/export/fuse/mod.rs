@@ -64,10 +64,7 @@ pub const MAX_QUEUES: u16 = 64;
 
 impl FuseConfig {
     pub fn from_kv(kv: &mut KvList) -> Result<Self, KvError> {
-        let mountpoint = kv.take("mountpoint")?.ok_or(KvError::MissingKey {
-            option: kv.option(),
-            key: "mountpoint",
-        })?;
+        let mountpoint = kv.take_required("mountpoint")?;
         Ok(FuseConfig {
             mountpoint: PathBuf::from(mountpoint),
             writable: kv.take_parsed("writable", parse_on_off)?.unwrap_or(false),

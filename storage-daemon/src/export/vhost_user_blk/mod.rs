@@ -41,10 +41,7 @@ pub const MAX_SERIAL: usize = 20;
 
 impl VhostUserBlkConfig {
     pub fn from_kv(kv: &mut KvList) -> Result<Self, KvError> {
-        let socket = kv.take("socket")?.ok_or(KvError::MissingKey {
-            option: kv.option(),
-            key: "socket",
-        })?;
+        let socket = kv.take_required("socket")?;
         Ok(VhostUserBlkConfig {
             socket: PathBuf::from(socket),
             num_queues: kv
