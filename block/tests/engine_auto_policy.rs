@@ -71,12 +71,7 @@ fn auto_without_uring_follows_the_allocation() {
         uring: Err("pretend".into()),
         aio: block::io::aio::aio_support(),
     };
-    if let Err(why) = &kernel.aio {
-        assert!(
-            std::env::var("CH_REQUIRE_ALL").as_deref() != Ok("1"),
-            "Linux AIO unavailable: {why}"
-        );
-        eprintln!("skipped: Linux AIO unavailable: {why}");
+    if !testkit::available("Linux AIO", kernel.aio.clone()) {
         return;
     }
     let pick = |prealloc: &str| {

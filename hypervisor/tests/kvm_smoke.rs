@@ -46,7 +46,7 @@ fn vm_or_skip() -> Option<std::sync::Arc<Vm>> {
     match Vm::new() {
         Ok(vm) => Some(vm),
         Err(e) => {
-            eprintln!("SKIPPED: KVM not usable here: {e}");
+            testkit::available("KVM", Err(e.to_string()));
             None
         }
     }
