@@ -6,6 +6,9 @@
 //!   live?" with a plan of host extents ([`formats::ReadPlan`],
 //!   [`formats::WritePlan`]) and performs the metadata updates (allocation,
 //!   L2 and refcount writes, discard). It never moves guest data itself.
+//!   What queues call is the queue-facing trait [`formats::Format`]; the
+//!   image-tool capabilities (snapshots, backing edits, compressed writes,
+//!   make-empty, resize) are separate traits in [`formats::tools`].
 //! - [`io`]: engines that execute plans against host files: `sync`
 //!   (preadv/pwritev in the calling thread), `threads` (a worker pool per
 //!   disk), `aio` (Linux native AIO per queue) and `uring` (one io_uring
@@ -14,7 +17,11 @@
 //! - [`disk`]: the handle that joins them. A [`disk::Disk`] is the shared,
 //!   opened image; [`disk::DiskQueue`] is the per-queue handle a virtio queue
 //!   worker (or `ch-img`) submits [`request::BlockRequest`]s to and drains
-//!   [`request::Completion`]s from.
+//!   [`request::Completion`]s from. Both hold only a [`formats::Format`].
+//! - [`exclusive`]: the owner's open, [`ExclusiveImage`]: a `Disk` for I/O
+//!   plus the tool capabilities ([`formats::ImageTools`]), which no `Disk`
+//!   or `DiskQueue` can reach; and [`Resizer`], the one capability an owner
+//!   may lend to threads running queues.
 //!
 //! Data enters as a batch of requests, each owning the memory it reads into
 //! or writes from ([`request::IoMemory`]); it leaves as exactly one
@@ -25,6 +32,7 @@ pub mod check;
 pub mod create;
 pub mod disk;
 pub mod error;
+pub mod exclusive;
 pub mod formats;
 pub mod io;
 pub mod lock;
@@ -34,6 +42,7 @@ pub mod request;
 
 pub use disk::{Disk, DiskQueue};
 pub use error::{BlockError, Consequence};
+pub use exclusive::{ExclusiveImage, Resizer};
 pub use options::{DiskOptions, EngineKind, ImageType};
 pub use request::{BlockRequest, Completion, IoMemory, RequestOp};
 

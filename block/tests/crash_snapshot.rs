@@ -26,7 +26,7 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use block::{Disk, DiskOptions, ImageType};
+use block::{DiskOptions, ExclusiveImage, ImageType};
 use support::*;
 
 const ROUNDS: u64 = 30;
@@ -46,8 +46,8 @@ fn snapshot_crash_child() {
     };
     let mut opts = DiskOptions::new(&img);
     opts.image_type = ImageType::Qcow2;
-    let disk = Disk::open(&opts).expect("child: open");
-    let f = disk.format();
+    let image = ExclusiveImage::open(&opts).expect("child: open");
+    let f = image.tools();
     let tail = vec![0x5a; 65536];
     for i in 0..100_000u32 {
         let name = format!("s{i}");
@@ -62,7 +62,7 @@ fn snapshot_crash_child() {
         // entries of a table the snapshot shares (64 KiB clusters) or
         // drops whole tables (4 KiB clusters).
         f.resize(SIZE + GROWTH).expect("child: grow");
-        write(&**f, SIZE, &tail);
+        write(f, SIZE, &tail);
         f.resize(SIZE).expect("child: shrink");
     }
 }

@@ -8,7 +8,7 @@ mod support;
 
 use std::sync::Arc;
 
-use block::formats::Format;
+use block::formats::ImageTools;
 use block::options::{DiskOptions, ImageType};
 use support::*;
 
@@ -20,11 +20,11 @@ fn cluster(i: usize) -> Vec<u8> {
     line.bytes().cycle().take(CLUSTER).collect()
 }
 
-fn open_direct(p: &std::path::Path, direct: bool) -> Arc<dyn Format> {
+fn open_direct(p: &std::path::Path, direct: bool) -> Arc<dyn ImageTools> {
     let mut o = DiskOptions::new(p);
     o.image_type = ImageType::Qcow2;
     o.direct = direct;
-    block::formats::open_format(&o).unwrap_or_else(|e| panic!("open: {e:?}"))
+    block::formats::open_image_tools(&o).unwrap_or_else(|e| panic!("open: {e:?}"))
 }
 
 #[test]

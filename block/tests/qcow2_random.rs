@@ -16,7 +16,7 @@ struct Shape {
     snapshot: bool,
     compress_base: bool,
     /// Fill the first 3 MiB with clusters written by our own
-    /// `Format::write_compressed` (mostly compressible, some not).
+    /// `CompressedWrites::write_compressed` (mostly compressible, some not).
     compress_ours: bool,
 }
 

@@ -14,17 +14,19 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use block::formats::{BlockStatus, Format};
+use block::formats::{BlockStatus, Format, ImageTools};
 
 use crate::error::CliError;
 use block::options::CacheMode;
 use block::{
-    BlockError, BlockRequest, Disk, DiskOptions, DiskQueue, EngineKind, IoMemory, RequestOp,
+    BlockError, BlockRequest, DiskOptions, DiskQueue, EngineKind, ExclusiveImage, IoMemory,
+    RequestOp,
 };
 
-/// An opened image and the queue ch-img runs its requests on.
+/// An image ch-img opened as its owner, and the queue it runs its
+/// requests on.
 pub struct ImageIo {
-    disk: Disk,
+    image: ExclusiveImage,
     queue: RefCell<DiskQueue>,
     cache: CacheMode,
 }
@@ -32,17 +34,29 @@ pub struct ImageIo {
 impl ImageIo {
     /// Opens the image; `opts.direct` must already say what `cache` asks.
     pub fn open(opts: &DiskOptions, cache: CacheMode) -> Result<Self, BlockError> {
-        let disk = Disk::open(opts)?;
-        let queue = RefCell::new(disk.queue_with_engine(EngineKind::Sync)?);
-        Ok(ImageIo { disk, queue, cache })
+        let image = ExclusiveImage::open(opts)?;
+        let queue = RefCell::new(image.disk().queue_with_engine(EngineKind::Sync)?);
+        Ok(ImageIo {
+            image,
+            queue,
+            cache,
+        })
     }
 
+    /// The queue-facing format: `info`, `name`, block status.
     pub fn format(&self) -> &Arc<dyn Format> {
-        self.disk.format()
+        self.image.disk().format()
+    }
+
+    /// The image's tool capabilities (snapshots, backing edits,
+    /// compressed writes, make-empty); ch-img has no other request in
+    /// flight when it calls them.
+    pub fn tools(&self) -> &dyn ImageTools {
+        self.image.tools()
     }
 
     pub fn size(&self) -> u64 {
-        self.disk.size()
+        self.image.disk().size()
     }
 
     /// Fills `buf` with the virtual disk's bytes at `offset`.
@@ -71,7 +85,7 @@ impl ImageIo {
     /// Writes one cluster at `offset` that `packed` holds compressed with
     /// the image's algorithm (`block::formats::compress_cluster`).
     pub fn write_packed(&self, offset: u64, packed: &[u8]) -> Result<(), BlockError> {
-        self.format().write_compressed_packed(offset, packed)?;
+        self.tools().write_compressed_packed(offset, packed)?;
         self.write_done()
     }
 
@@ -130,24 +144,14 @@ impl ImageIo {
         self.write_done()
     }
 
-    /// Grows the virtual disk to `new_size`. When the backing file is
-    /// longer than the old size, the new area is then zeroed, so the
-    /// backing file's data there does not show through (qemu-img does the
-    /// same; without it an overlay grown over a longer backing file would
-    /// read the backing file's bytes where a grown disk must read zeroes).
-    pub fn grow(&self, new_size: u64) -> Result<(), CliError> {
-        let old = self.size();
-        self.format().resize(new_size).map_err(CliError::Resize)?;
-        // Like qemu-img, the whole new area is zeroed (its layout then
-        // matches), not only the part the backing file covers.
-        if self.format().backing_size().is_some_and(|b| b > old) {
-            self.write_zeroes(old, new_size - old)
-                .map_err(|source| CliError::Write {
-                    offset: old,
-                    source,
-                })?;
-        }
-        Ok(())
+    /// Sets the virtual size to `new_size`; a grown area reads as zeroes
+    /// even over a longer backing file ([`block::Resizer::resize`]).
+    pub fn resize(&self, new_size: u64) -> Result<(), CliError> {
+        self.image
+            .resizer()
+            .resize(new_size)
+            .map_err(CliError::Resize)?;
+        self.write_done().map_err(CliError::Resize)
     }
 
     /// Flushes, then marks the image clean. In `unsafe` mode the metadata
@@ -157,7 +161,7 @@ impl ImageIo {
             return self.format().close();
         }
         self.flush()?;
-        self.disk.close()
+        self.image.disk().close()
     }
 
     fn run(&self, op: RequestOp, offset: u64, memory: IoMemory) -> Result<IoMemory, BlockError> {

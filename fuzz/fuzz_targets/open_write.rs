@@ -15,7 +15,7 @@
 use std::io::Write;
 
 use block::check::{check_image, Repair};
-use block::{Disk, DiskOptions, ImageType};
+use block::{DiskOptions, ExclusiveImage, ImageType};
 use libfuzzer_sys::fuzz_target;
 
 /// Script bytes, taken from the end of the input: the image is the whole
@@ -36,7 +36,9 @@ fuzz_target!(|data: &[u8]| {
     let mut opts = DiskOptions::new(&path);
     opts.lock = false;
     opts.image_type = ImageType::Qcow2;
-    if let Ok(disk) = Disk::open(&opts) {
+    if let Ok(image) = ExclusiveImage::open(&opts) {
+        let disk = image.disk();
+        let tools = image.tools();
         let size = disk.size();
         let buf = vec![0x5au8; 70_000];
         for (i, &b) in script.iter().enumerate() {
@@ -48,33 +50,31 @@ fuzz_target!(|data: &[u8]| {
                 (size / 251 * u64::from(b)) & !511
             };
             let len = (u64::from(b) * 277 % 70_000 + 1).min(size.saturating_sub(off));
-            let fmt = disk.format();
             let _ = match (b as usize + i) % 11 {
                 0..=3 => disk.write_at(off, &buf[..(len as usize & !511).clamp(512, buf.len())]),
                 4 => disk.write_zeroes(off, len & !511, b & 1 == 0),
                 5 => disk.discard(off, len & !511),
-                6 => fmt
+                6 => tools
                     .write_compressed(off & !0xffff, &buf[..65536])
                     .map(|_| ()),
-                7 => fmt.snapshot_create(&format!("s{}", b % 3), (0, 0)),
-                8 => fmt.snapshot_apply(&format!("s{}", b % 3)).map(|_| ()),
-                9 => fmt.snapshot_delete(&format!("s{}", b % 3)).map(|_| ()),
+                7 => tools.snapshot_create(&format!("s{}", b % 3), (0, 0)),
+                8 => tools.snapshot_apply(&format!("s{}", b % 3)).map(|_| ()),
+                9 => tools.snapshot_delete(&format!("s{}", b % 3)).map(|_| ()),
                 _ => disk.flush(),
             };
         }
         match script.first().map(|b| b % 5) {
             Some(0) => {
-                let _ = disk.format().resize(size.saturating_add(1 << 20));
+                let _ = image.resizer().resize(size.saturating_add(1 << 20));
             }
             // A shrink to a sector inside the disk (snapshots may share
             // the tables and the last cluster it cuts).
             Some(1) => {
-                let _ = disk.format().resize(size / 3 / 512 * 512);
+                let _ = image.resizer().resize(size / 3 / 512 * 512);
             }
             _ => {}
         }
-        let _ = disk.close();
-        drop(disk);
+        let _ = image.close();
         let _ = check_image(&path, Some(Repair::All));
     }
     let _ = std::fs::remove_file(&path);

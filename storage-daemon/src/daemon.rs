@@ -3,7 +3,7 @@
 //! image, start the exports, wait for SIGTERM or SIGINT, stop the exports
 //! in reverse order and close the image clean.
 
-use block::{BlockError, Disk};
+use block::{BlockError, ExclusiveImage};
 use thiserror::Error;
 
 use crate::args::DaemonConfig;
@@ -67,17 +67,19 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let signals = block_exit_signals()?;
     let path = config.image.path.display().to_string();
-    let disk = Disk::open(&config.image).map_err(DaemonError::Open)?;
+    // The daemon owns the image; its exports get queues (and FUSE a
+    // resizer), never the other tool capabilities.
+    let image = ExclusiveImage::open(&config.image).map_err(DaemonError::Open)?;
     let mut running = Vec::new();
     for export_config in config.exports {
-        match export::start(&disk, export_config) {
+        match export::start(&image, export_config) {
             Ok(e) => {
                 log::info!("exporting {path}: {}", e.describe());
                 running.push(e);
             }
             Err(e) => {
                 let _ = stop_all(running);
-                let _ = disk.close();
+                let _ = image.close();
                 return Err(e.into());
             }
         }
@@ -85,7 +87,8 @@ pub fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let sig = wait_for_signal(&signals);
     log::info!("signal {sig}: stopping");
     let stopped = stop_all(running);
-    disk.close()
+    image
+        .close()
         .map_err(|source| DaemonError::Close { path, source })?;
     stopped.map_err(DaemonError::from)
 }

@@ -1,5 +1,15 @@
 //! Image formats: where a guest range lives, and the metadata that says so.
 //!
+//! Two surfaces, so the types say who may do what:
+//! - [`Format`] (this file) is queue-facing: size, files, plan
+//!   read/write/discard/write-zeroes, commit/abort, flush metadata, block
+//!   status, plus `info`, `name`, `close`. [`crate::Disk`],
+//!   [`crate::DiskQueue`] and the executor hold only an `Arc<dyn Format>`.
+//! - [`tools`] holds the image-tool capabilities ([`Snapshots`],
+//!   [`BackingEdits`], [`CompressedWrites`], [`Resizable`], together
+//!   [`ImageTools`]), reachable only from the owner's open,
+//!   [`crate::ExclusiveImage`] (or [`open_image_tools`]).
+//!
 //! A format turns a guest range into a plan ([`ReadPlan`], [`WritePlan`])
 //! of host extents in the files of the image chain, identified by
 //! [`FileId`] (an index into [`Format::files`]). The engine executes the
@@ -26,9 +36,13 @@ pub mod open;
 pub mod probe;
 pub mod qcow2;
 pub mod raw;
+pub mod tools;
 
 pub use open::open_format;
 pub use qcow2::compress_write::compress_cluster;
+pub use tools::{
+    open_image_tools, BackingEdits, CompressedWrites, ImageTools, Resizable, Snapshots,
+};
 
 /// Index into [`Format::files`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -190,7 +204,9 @@ pub struct ImageInfo {
     pub bitmaps: Vec<qcow2::bitmap_directory::BitmapEntry>,
 }
 
-/// One opened image format (with its backing chain).
+/// One opened image format (with its backing chain), as running queues
+/// see it: no method here changes the image's shape (snapshots, backing
+/// file, size); those are the tool capabilities of [`tools`].
 ///
 /// Plans take `&self`: implementations keep their metadata behind a lock
 /// whose read path is short, so queues on several threads plan at once.
@@ -239,107 +255,20 @@ pub trait Format: Send + Sync {
     /// Allocation status of the extent starting at `offset` (at most `len`).
     fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError>;
 
+    /// Facts about the image (`ch-img info`); reads only.
     fn info(&self) -> ImageInfo;
 
-    /// Grows (or, where supported, shrinks) the virtual disk. A grown
-    /// area is left unmapped: where the backing file is longer than the
-    /// old size ([`Format::backing_size`]) its data shows through there,
-    /// so a caller that wants zeroes (`ch-img resize`, as qemu-img) writes
-    /// zeroes over it afterwards.
-    fn resize(&self, new_size: u64) -> Result<(), BlockError>;
-
-    /// The virtual size of the opened backing image, if there is one.
-    fn backing_size(&self) -> Option<u64> {
-        None
-    }
-
-    /// Flushes metadata and marks the image clean (qcow2 dirty bit).
+    /// Flushes metadata and marks the image clean (qcow2 dirty bit); the
+    /// last call of whoever owns the image, after its queues are idle.
     fn close(&self) -> Result<(), BlockError>;
 
     /// The format's name ("raw", "qcow2").
     fn name(&self) -> &'static str;
-
-    /// Writes the whole cluster at `offset` (cluster aligned, `data` one
-    /// cluster long, zero-padded past the disk's end) compressed, into an
-    /// unallocated cluster. `Ok(false)`: compression would not shrink it,
-    /// nothing was written, write it normally. For tools that own the
-    /// image (convert -c), not for queues.
-    fn write_compressed(&self, offset: u64, data: &[u8]) -> Result<bool, BlockError> {
-        let _ = (offset, data);
-        Err(unsupported(self.name(), "compressed writes"))
-    }
-
-    /// The algorithm compressed clusters of this image use (`None`: the
-    /// format has no compressed clusters).
-    fn compression(&self) -> Option<Compression> {
-        None
-    }
-
-    /// Like [`Format::write_compressed`] for a cluster already compressed
-    /// with [`compress_cluster`] and this image's [`Format::compression`]
-    /// (so a tool can compress on many threads and write in order).
-    fn write_compressed_packed(&self, offset: u64, packed: &[u8]) -> Result<(), BlockError> {
-        let _ = (offset, packed);
-        Err(unsupported(self.name(), "compressed writes"))
-    }
-
-    /// How many complete host clusters of compressed data are kept in
-    /// memory before they are written (64 unless set; 0: none, every
-    /// compressed cluster is written at once). Set it before the first
-    /// compressed write; formats without compressed clusters ignore it.
-    fn set_compressed_cache(&self, host_clusters: usize) {
-        let _ = host_clusters;
-    }
-
-    /// Adds an internal snapshot `name` of the disk as it is now, dated
-    /// (seconds, nanoseconds) since the epoch. For tools that own the
-    /// image, not for queues.
-    fn snapshot_create(&self, name: &str, date: (u32, u32)) -> Result<(), BlockError> {
-        let _ = (name, date);
-        Err(unsupported(self.name(), "internal snapshots"))
-    }
-
-    /// Deletes the first internal snapshot named `name`; `Ok(false)` when
-    /// there is none. For tools that own the image, not for queues.
-    fn snapshot_delete(&self, name: &str) -> Result<bool, BlockError> {
-        let _ = name;
-        Err(unsupported(self.name(), "internal snapshots"))
-    }
-
-    /// Makes the internal snapshot with id or name `name` the active
-    /// disk; `Ok(false)` when there is none. For tools that own the image.
-    fn snapshot_apply(&self, name: &str) -> Result<bool, BlockError> {
-        let _ = name;
-        Err(unsupported(self.name(), "internal snapshots"))
-    }
-
-    /// Points the image's header at backing file `name` (format `format`)
-    /// or at none, without copying any data (`rebase -u`). For tools that
-    /// own the image; the open image keeps its old chain until reopened.
-    fn set_backing_file(&self, name: Option<&str>, format: Option<&str>) -> Result<(), BlockError> {
-        let _ = (name, format);
-        Err(unsupported(self.name(), "backing files"))
-    }
-
-    /// Unmaps every cluster so the disk reads through to its backing file
-    /// (`commit` without `-d`). For tools that own the image.
-    fn make_empty(&self) -> Result<(), BlockError> {
-        Err(unsupported(self.name(), "emptying"))
-    }
 
     /// True for a raw image whose format was probed, not given: the engine
     /// must refuse writes to its first sector that carry another format's
     /// magic (see [`crate::formats::probe::looks_like_image_header`]).
     fn guards_first_sector(&self) -> bool {
         false
-    }
-}
-
-/// The error of an operation format `name` does not have (the default of
-/// the tool-only `Format` methods).
-fn unsupported(name: &str, what: &str) -> BlockError {
-    BlockError::Unsupported {
-        path: std::path::PathBuf::new(),
-        feature: format!("{what} in {name} images"),
     }
 }

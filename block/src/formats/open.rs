@@ -1,8 +1,11 @@
 //! Opening an image: the file (O_DIRECT, read-only), the lock, the format
 //! probe, and the format's own open (which opens its backing chain).
 //!
-//! Options enter; an opened `Format` leaves, its files locked the way qemu
-//! locks them when `opts.lock` is set (see [`crate::lock`]).
+//! Options enter; an opened image leaves, its files locked the way qemu
+//! locks them when `opts.lock` is set (see [`crate::lock`]): as the
+//! queue-facing [`Format`] ([`open_format`], what a [`crate::Disk`] holds)
+//! or with its tool capabilities (`open_image`, for the owner of an
+//! exclusive open, see [`super::tools`]).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -11,12 +14,18 @@ use std::sync::Arc;
 use super::probe::probe_image_type;
 use super::qcow2::Qcow2Image;
 use super::raw::RawImage;
+use super::tools::ImageTools;
 use super::Format;
 use crate::error::BlockError;
 use crate::options::{DiskOptions, ImageType};
 
-/// Opens `opts.path` as the format it names (or probes).
+/// Opens `opts.path` as the format it names (or probes), queue-facing.
 pub fn open_format(opts: &DiskOptions) -> Result<Arc<dyn Format>, BlockError> {
+    Ok(open_image(opts)?)
+}
+
+/// Opens `opts.path` with every capability (the owner's open).
+pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, BlockError> {
     let file = open_file(opts)?;
     let (image_type, probed) = match opts.image_type {
         ImageType::Auto => (probe_file(&file, opts)?, true),

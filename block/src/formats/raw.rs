@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::tools::{unsupported, BackingEdits, CompressedWrites, Resizable, Snapshots};
 use super::{
-    BlockStatus, FileId, Format, HostWrite, ImageInfo, ReadPiece, ReadPlan, ReadSource, Waker,
-    WriteCommit, WriteData, WriteOutcome, WritePlan,
+    BlockStatus, Compression, FileId, Format, HostWrite, ImageInfo, ReadPiece, ReadPlan,
+    ReadSource, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan,
 };
 use crate::error::BlockError;
 
@@ -198,17 +199,6 @@ impl Format for RawImage {
         }
     }
 
-    fn resize(&self, new_size: u64) -> Result<(), BlockError> {
-        if self.readonly {
-            return Err(BlockError::ReadOnly);
-        }
-        self.files[0]
-            .set_len(new_size)
-            .map_err(|e| BlockError::Resize(format!("{}: {e}", self.path.display())))?;
-        self.size.store(new_size, Ordering::Release);
-        Ok(())
-    }
-
     fn close(&self) -> Result<(), BlockError> {
         Ok(())
     }
@@ -220,4 +210,63 @@ impl Format for RawImage {
     fn guards_first_sector(&self) -> bool {
         self.probed && !self.readonly
     }
+}
+
+impl Resizable for RawImage {
+    /// The file's length is the disk's size: set it (a sparse grow).
+    fn resize(&self, new_size: u64) -> Result<(), BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        self.files[0]
+            .set_len(new_size)
+            .map_err(|e| BlockError::Resize(format!("{}: {e}", self.path.display())))?;
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
+    }
+
+    fn backing_size(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl Snapshots for RawImage {
+    fn snapshot_create(&self, _name: &str, _date: (u32, u32)) -> Result<(), BlockError> {
+        Err(unsupported("raw", "internal snapshots"))
+    }
+
+    fn snapshot_delete(&self, _name: &str) -> Result<bool, BlockError> {
+        Err(unsupported("raw", "internal snapshots"))
+    }
+
+    fn snapshot_apply(&self, _name: &str) -> Result<bool, BlockError> {
+        Err(unsupported("raw", "internal snapshots"))
+    }
+}
+
+impl BackingEdits for RawImage {
+    fn set_backing_file(&self, _name: Option<&str>, _fmt: Option<&str>) -> Result<(), BlockError> {
+        Err(unsupported("raw", "backing files"))
+    }
+
+    fn make_empty(&self) -> Result<(), BlockError> {
+        Err(unsupported("raw", "emptying"))
+    }
+}
+
+impl CompressedWrites for RawImage {
+    fn compression(&self) -> Option<Compression> {
+        None
+    }
+
+    fn write_compressed(&self, _offset: u64, _data: &[u8]) -> Result<bool, BlockError> {
+        Err(unsupported("raw", "compressed writes"))
+    }
+
+    fn write_compressed_packed(&self, _offset: u64, _packed: &[u8]) -> Result<(), BlockError> {
+        Err(unsupported("raw", "compressed writes"))
+    }
+
+    /// Raw images have no compressed clusters: nothing to cache.
+    fn set_compressed_cache(&self, _host_clusters: usize) {}
 }

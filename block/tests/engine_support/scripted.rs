@@ -247,10 +247,6 @@ impl Format for ScriptedFormat {
         }
     }
 
-    fn resize(&self, _new_size: u64) -> Result<(), BlockError> {
-        Err(BlockError::Resize("scripted".into()))
-    }
-
     fn close(&self) -> Result<(), BlockError> {
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! A tiny synchronous runner for format plans (the qcow2 tests drive a
-//! `Format` directly, without an engine): opens an image, carries out read
+//! `Format` directly, without an engine): opens an image with its tool
+//! capabilities (`ImageTools`, as the image's owner), carries out read
 //! and write plans with plain pread/pwrite, and keeps a raw reference file
 //! in step for comparison.
 
@@ -10,19 +11,19 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use block::formats::{
-    Format, HostWrite, ReadPlan, ReadSource, Waker, WriteData, WriteOutcome, WritePlan,
+    Format, HostWrite, ImageTools, ReadPlan, ReadSource, Waker, WriteData, WriteOutcome, WritePlan,
 };
 use block::options::{DiskOptions, ImageType};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-pub fn open(p: &Path, readonly: bool) -> Arc<dyn Format> {
+pub fn open(p: &Path, readonly: bool) -> Arc<dyn ImageTools> {
     let mut o = DiskOptions::new(p);
     o.readonly = readonly;
     o.image_type = ImageType::Auto;
     // Another test thread's child process may briefly hold a copy of a
     // just-closed descriptor (between fork and exec), and with it the lock.
     for _ in 0..200 {
-        match block::formats::open_format(&o) {
+        match block::formats::open_image_tools(&o) {
             Err(block::BlockError::Locked { .. }) => {
                 std::thread::sleep(std::time::Duration::from_millis(10))
             }

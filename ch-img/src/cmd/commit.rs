@@ -15,7 +15,7 @@
 //!    become write-zeroes, and where an image reads past the end of the
 //!    one below it, zeroes are written first;
 //! 4. close them (flushing the base), reopen the image read-write and
-//!    unmap all of it ([`block::formats::Format::make_empty`]), unless
+//!    unmap all of it ([`block::formats::BackingEdits::make_empty`]), unless
 //!    `-d` or `-b` (which implies `-d`, as in qemu-img).
 //!
 //! `-t` (default writeback, as qemu-img's) is the cache mode of every
@@ -73,7 +73,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     if !p.flag("d") && p.value("b").is_none() {
         let top = open_image_cached(path, fmt, false, cache)?;
         let emptied = top
-            .format()
+            .tools()
             .make_empty()
             .map_err(|source| CliError::Write { offset: 0, source });
         let closed = top.close().map_err(CliError::Close);
@@ -163,7 +163,7 @@ fn commit_layers(
         return Ok(());
     };
     if base.size() < size {
-        base.grow(size)?;
+        base.resize(size)?;
     }
     progress.set_total(size * opened.len() as u64);
     // What of each layer the top image sees: up to the smallest size from

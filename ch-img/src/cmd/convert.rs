@@ -88,15 +88,12 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
                 "Invalid --compressed-cache value '{n}' (host clusters)"
             ))
         })?;
-        output.format().set_compressed_cache(n);
+        output.tools().set_compressed_cache(n);
     }
     let mode = if compress {
         Mode::Compressed {
             cluster_size: output.format().info().cluster_size.unwrap_or(65536),
-            algorithm: output
-                .format()
-                .compression()
-                .unwrap_or(Compression::Deflate),
+            algorithm: output.tools().compression().unwrap_or(Compression::Deflate),
         }
     } else {
         Mode::Sparse { block }

@@ -7,7 +7,7 @@
 //! (zeroes past its end, or everywhere with `-b ""`), and where they
 //! differ the old data is written into the image, a cluster at a time;
 //! then the header names the new backing file
-//! ([`block::formats::Format::set_backing_file`]). `-u` only changes the
+//! ([`block::formats::BackingEdits::set_backing_file`]). `-u` only changes the
 //! header. As in qemu-img 7.2, a non-empty `-b` needs `-F`, and a
 //! relative `-b` is relative to the image's folder.
 //!
@@ -87,7 +87,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         }
         let name = (!backing.is_empty()).then_some(backing);
         image
-            .format()
+            .tools()
             .set_backing_file(name, name.and(backing_fmt))
             .map_err(|source| CliError::Write { offset: 0, source })
     })();

@@ -3,7 +3,7 @@
 //! Computes the new size (absolute or relative), refuses to shrink without
 //! `--shrink` as qemu-img does, and calls the format's `resize` (growing
 //! zeroes the new area where a longer backing file would show through,
-//! [`crate::image_io::ImageIo::grow`]). `--preallocation` (off, metadata
+//! [`crate::image_io::ImageIo::resize`]). `--preallocation` (off, metadata
 //! for qcow2, falloc, full) then allocates the grown area
 //! ([`block::prealloc::preallocate_grown`]).
 
@@ -59,7 +59,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         return Ok(1);
     }
     if new_size > current {
-        image.grow(new_size)?;
+        image.resize(new_size)?;
         preallocate_grown(
             image.format().as_ref(),
             std::path::Path::new(path),
@@ -69,7 +69,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         )
         .map_err(CliError::Resize)?;
     } else {
-        image.format().resize(new_size).map_err(CliError::Resize)?;
+        image.resize(new_size)?;
     }
     image.close().map_err(CliError::Close)?;
     if !p.flag("q") {

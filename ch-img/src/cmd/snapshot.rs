@@ -6,7 +6,7 @@
 //! `info` prints under "Snapshot list:" (human) and "snapshots" (JSON).
 //! `-c` creates a snapshot, `-a` reverts the disk to the one with that id
 //! or name, `-d` deletes the first one with that name
-//! ([`block::formats::Format::snapshot_create`], `snapshot_apply`,
+//! ([`block::formats::Snapshots::snapshot_create`], `snapshot_apply`,
 //! `snapshot_delete`).
 
 use block::formats::qcow2::snapshot_table::SnapshotInfo;
@@ -39,7 +39,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     };
     let image = open_image(path, parse_format(p.value("f"))?, changes == 0)?;
     if let Some(name) = p.value("c") {
-        let result = image.format().snapshot_create(name, now());
+        let result = image.tools().snapshot_create(name, now());
         // Close (flush, clean) whatever happened; report the first error.
         let closed = image.close();
         result.and(closed).map_err(|source| CliError::Snapshot {
@@ -58,9 +58,9 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     ] {
         let Some(name) = p.value(opt) else { continue };
         let result = if opt == "d" {
-            image.format().snapshot_delete(name)
+            image.tools().snapshot_delete(name)
         } else {
-            image.format().snapshot_apply(name)
+            image.tools().snapshot_apply(name)
         };
         let closed = image.close();
         let found = result

@@ -1,5 +1,6 @@
-//! The exports: each turns the shared [`Disk`] into something another
-//! program uses (a file over FUSE, a vhost-user-blk socket).
+//! The exports: each turns the image the daemon owns ([`ExclusiveImage`])
+//! into something another program uses (a file over FUSE, a
+//! vhost-user-blk socket) through queues of its [`block::Disk`].
 //!
 //! An export's configuration comes from its own `--export` keys
 //! ([`ExportConfig::from_kv`]); [`start`] opens its queues on the disk and
@@ -11,7 +12,7 @@ pub mod fuse;
 pub mod vhost_user_blk;
 
 use block::options::kv::{KvError, KvList};
-use block::Disk;
+use block::ExclusiveImage;
 use thiserror::Error;
 
 /// One `--export`.
@@ -67,10 +68,12 @@ pub enum ExportError {
     Block(#[from] block::BlockError),
 }
 
-/// Starts the export `config` on `disk`.
-pub fn start(disk: &Disk, config: ExportConfig) -> Result<Box<dyn Export>, ExportError> {
+/// Starts the export `config` of `image`, which the daemon owns: the
+/// vhost-user export gets its disk (queues only), FUSE also a
+/// [`block::Resizer`] for `truncate` and growable writes.
+pub fn start(image: &ExclusiveImage, config: ExportConfig) -> Result<Box<dyn Export>, ExportError> {
     match config {
-        ExportConfig::Fuse(c) => fuse::start(disk, c),
-        ExportConfig::VhostUserBlk(c) => vhost_user_blk::start(disk, c),
+        ExportConfig::Fuse(c) => fuse::start(image, c),
+        ExportConfig::VhostUserBlk(c) => vhost_user_blk::start(image.disk(), c),
     }
 }

@@ -12,16 +12,16 @@
 use super::header::{EXT_BACKING_FORMAT, EXT_END, MAX_BACKING_NAME};
 use super::image::Qcow2Image;
 use super::meta_io::MetaKind;
+use super::snapshot_ops::{write_l1, TreeOp};
 use crate::error::BlockError;
+use crate::formats::BackingEdits;
 
-impl Qcow2Image {
+impl Qcow2Image {}
+
+impl BackingEdits for Qcow2Image {
     /// Points the image at backing file `name` (format `format`, when
     /// given), or at none.
-    pub(crate) fn set_backing_impl(
-        &self,
-        name: Option<&str>,
-        format: Option<&str>,
-    ) -> Result<(), BlockError> {
+    fn set_backing_file(&self, name: Option<&str>, format: Option<&str>) -> Result<(), BlockError> {
         if self.readonly {
             return Err(BlockError::ReadOnly);
         }
@@ -91,5 +91,21 @@ impl Qcow2Image {
         new.resize(old.len(), 0);
         meta.write(MetaKind::Header, 0, &new)?;
         meta.barrier()
+    }
+
+    /// Unmaps every cluster of the active disk, so it reads through to the
+    /// backing file (`commit` without `-d`): the L1 table is zeroed first,
+    /// then the references the old tree held are dropped.
+    fn make_empty(&self) -> Result<(), BlockError> {
+        let mut st = self.begin_snapshot_op()?;
+        let meta = &mut st.meta;
+        let entries = meta.l1.len();
+        let old = std::mem::replace(&mut meta.l1, vec![0; entries]);
+        write_l1(meta)?;
+        meta.barrier()?;
+        self.tree_references(meta, &old, TreeOp::Drop)?;
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(())
     }
 }

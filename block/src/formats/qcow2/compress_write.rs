@@ -18,7 +18,7 @@
 //!    made data and refcounts durable.
 //!
 //! Compression ([`compress_cluster`]) is separate from steps 1-3
-//! (`write_packed_impl`), so a tool can compress on every core and write
+//! (`write_compressed_packed`), so a tool can compress on every core and write
 //! in order. Only for tools writing an image on their own (convert): there
 //! is no in-flight tracking against queues writing the same clusters.
 
@@ -34,6 +34,7 @@ use super::meta::MetaState;
 use super::meta_io::MetaKind;
 use super::refcount::max_refcount;
 use crate::error::BlockError;
+use crate::formats::CompressedWrites;
 use crate::formats::Compression;
 
 /// qemu inflates compressed clusters with a 2^12-byte deflate window.
@@ -50,68 +51,6 @@ thread_local! {
 }
 
 impl Qcow2Image {
-    pub(crate) fn write_compressed_impl(
-        &self,
-        guest: u64,
-        data: &[u8],
-    ) -> Result<bool, BlockError> {
-        self.check_compressed_write(guest, data.len() as u64)?;
-        let Some(packed) = compress_cluster(self.header.compression, data)? else {
-            return Ok(false);
-        };
-        self.write_packed_impl(guest, &packed)?;
-        Ok(true)
-    }
-
-    /// Steps 1-3 of the module docs for a cluster already compressed with
-    /// the image's compression type ([`compress_cluster`]).
-    pub(crate) fn write_packed_impl(&self, guest: u64, packed: &[u8]) -> Result<(), BlockError> {
-        let cs = self.header.cluster_size();
-        self.check_compressed_write(guest, cs)?;
-        if packed.is_empty() || packed.len() as u64 >= cs {
-            return Err(BlockError::OutOfRange {
-                offset: guest,
-                len: packed.len() as u64,
-                size: cs,
-            });
-        }
-        let mut st = self.lock();
-        let State {
-            meta, compressed, ..
-        } = &mut *st;
-        let mapped = !matches!(
-            meta.l2_entry(guest)?.0,
-            L2Entry::Unallocated | L2Entry::Zero { host: None, .. }
-        );
-        if mapped || compressed.is_pending(guest) {
-            return Err(BlockError::Unsupported {
-                path: self.path.clone(),
-                feature: format!("a compressed write over the allocated cluster at {guest:#x}"),
-            });
-        }
-        // The L2 table is allocated before the data, as qemu-img lays it out.
-        meta.writable_l2(guest)?;
-        let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
-        let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
-        if compressed.capacity() == 0 {
-            // No cache: one write per compressed cluster, checked against
-            // the metadata like every write to the image file.
-            meta.check_overlap(MetaKind::GuestData, host, packed.len() as u64)?;
-            write_uncached(&self.files[0], host, packed)?;
-            meta.publish_l2_entry(guest, raw, 0)?;
-            if meta.should_flush() {
-                meta.flush_dirty()?;
-            }
-            return Ok(());
-        }
-        self.compressed_cached.store(true, Ordering::Release);
-        compressed.insert(&self.cow_files[0], cs, guest, raw, host, packed)?;
-        if compressed.is_full(meta.compressed_tail, cs) {
-            compressed.write_out(meta, &self.files[0], &self.cow_files[0], false)?;
-        }
-        Ok(())
-    }
-
     /// Writes every cached compressed cluster (padded) and publishes their
     /// L2 entries; before a flush, a close or a resize.
     pub(crate) fn write_out_compressed(&self) -> Result<(), BlockError> {
@@ -143,13 +82,6 @@ impl Qcow2Image {
         compressed.write_out(meta, &self.files[0], &self.cow_files[0], true)
     }
 
-    /// How many complete host clusters the compressed-cluster write cache
-    /// holds before it writes them (64 by default); 0 writes every
-    /// compressed cluster at once, without the cache.
-    pub(crate) fn set_compressed_cache_impl(&self, host_clusters: usize) {
-        self.lock().compressed.set_capacity(host_clusters);
-    }
-
     /// A compressed write of `len` bytes at `guest` is possible at all.
     fn check_compressed_write(&self, guest: u64, len: u64) -> Result<(), BlockError> {
         if self.readonly {
@@ -177,7 +109,7 @@ impl Qcow2Image {
 /// `data` (one cluster) compressed with `algorithm`, or `None` when the
 /// result would not be smaller than `data` minus one byte (qemu's limit).
 /// Pure: callers may compress on many threads and write in order with
-/// [`crate::formats::Format::write_compressed_packed`].
+/// [`crate::formats::CompressedWrites::write_compressed_packed`].
 pub fn compress_cluster(
     algorithm: Compression,
     data: &[u8],
@@ -247,6 +179,77 @@ fn alloc_compressed_bytes(meta: &mut MetaState, len: u64) -> Result<u64, BlockEr
     let new = meta.alloc_clusters(len.div_ceil(cs))?;
     meta.compressed_tail = new + len;
     Ok(new)
+}
+
+impl CompressedWrites for Qcow2Image {
+    fn compression(&self) -> Option<Compression> {
+        Some(self.header.compression)
+    }
+
+    fn write_compressed(&self, guest: u64, data: &[u8]) -> Result<bool, BlockError> {
+        self.check_compressed_write(guest, data.len() as u64)?;
+        let Some(packed) = compress_cluster(self.header.compression, data)? else {
+            return Ok(false);
+        };
+        self.write_compressed_packed(guest, &packed)?;
+        Ok(true)
+    }
+
+    /// Steps 1-3 of the module docs for a cluster already compressed with
+    /// the image's compression type ([`compress_cluster`]).
+    fn write_compressed_packed(&self, guest: u64, packed: &[u8]) -> Result<(), BlockError> {
+        let cs = self.header.cluster_size();
+        self.check_compressed_write(guest, cs)?;
+        if packed.is_empty() || packed.len() as u64 >= cs {
+            return Err(BlockError::OutOfRange {
+                offset: guest,
+                len: packed.len() as u64,
+                size: cs,
+            });
+        }
+        let mut st = self.lock();
+        let State {
+            meta, compressed, ..
+        } = &mut *st;
+        let mapped = !matches!(
+            meta.l2_entry(guest)?.0,
+            L2Entry::Unallocated | L2Entry::Zero { host: None, .. }
+        );
+        if mapped || compressed.is_pending(guest) {
+            return Err(BlockError::Unsupported {
+                path: self.path.clone(),
+                feature: format!("a compressed write over the allocated cluster at {guest:#x}"),
+            });
+        }
+        // The L2 table is allocated before the data, as qemu-img lays it out.
+        meta.writable_l2(guest)?;
+        let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
+        let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
+        if compressed.capacity() == 0 {
+            // No cache: one write per compressed cluster, checked against
+            // the metadata like every write to the image file.
+            meta.check_overlap(MetaKind::GuestData, host, packed.len() as u64)?;
+            write_uncached(&self.files[0], host, packed)?;
+            meta.publish_l2_entry(guest, raw, 0)?;
+            if meta.should_flush() {
+                meta.flush_dirty()?;
+            }
+            return Ok(());
+        }
+        self.compressed_cached.store(true, Ordering::Release);
+        compressed.insert(&self.cow_files[0], cs, guest, raw, host, packed)?;
+        if compressed.is_full(meta.compressed_tail, cs) {
+            compressed.write_out(meta, &self.files[0], &self.cow_files[0], false)?;
+        }
+        Ok(())
+    }
+
+    /// How many complete host clusters the compressed-cluster write cache
+    /// holds before it writes them (64 by default); 0 writes every
+    /// compressed cluster at once, without the cache.
+    fn set_compressed_cache(&self, host_clusters: usize) {
+        self.lock().compressed.set_capacity(host_clusters);
+    }
 }
 
 #[cfg(test)]

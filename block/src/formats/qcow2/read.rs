@@ -1,5 +1,6 @@
 //! Read planning: guest ranges to host extents, zeroes, compressed
-//! clusters, or ranges of the backing image.
+//! clusters, or ranges of the backing image (`Format::plan_read` in
+//! `queue.rs` resolves the steps mapped here).
 //!
 //! A guest range enters; `ReadPiece`s leave, in order. The L2 lookups run
 //! under the image lock; backing ranges are planned by the backing image
@@ -13,7 +14,7 @@ use crate::error::BlockError;
 use crate::formats::{CompressedExtent, FileId, ReadPiece, ReadPlan, ReadSource};
 
 /// One step of a read, before backing ranges are resolved.
-enum Step {
+pub(super) enum Step {
     Piece(ReadPiece),
     Backing { offset: u64, len: u64 },
 }
@@ -46,27 +47,7 @@ pub(crate) fn push_piece(plan: &mut ReadPlan, piece: ReadPiece) {
 }
 
 impl Qcow2Image {
-    pub(crate) fn plan_read_impl(
-        &self,
-        offset: u64,
-        len: u64,
-        plan: &mut ReadPlan,
-    ) -> Result<(), BlockError> {
-        self.check_range(offset, len)?;
-        let steps = {
-            let mut st = self.lock();
-            self.map_range(&mut st.meta, offset, len)?
-        };
-        for step in steps {
-            match step {
-                Step::Piece(p) => push_piece(plan, p),
-                Step::Backing { offset, len } => self.plan_backing(offset, len, plan)?,
-            }
-        }
-        Ok(())
-    }
-
-    fn map_range(
+    pub(super) fn map_range(
         &self,
         meta: &mut super::meta::MetaState,
         offset: u64,
@@ -179,7 +160,12 @@ impl Qcow2Image {
     }
 
     /// Plans `offset..offset+len` of the backing image (zeroes past its end).
-    fn plan_backing(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
+    pub(super) fn plan_backing(
+        &self,
+        offset: u64,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), BlockError> {
         let Some(b) = &self.backing else {
             push_piece(
                 plan,

@@ -56,6 +56,7 @@ use super::meta_io::{be64_at, MetaKind};
 use super::refcount::max_refcount;
 use super::snapshot_table::{read_snapshot_table, SnapshotInfo, TableLocation};
 use crate::error::BlockError;
+use crate::formats::Snapshots;
 
 /// Bytes of extra data per entry qemu writes: 64-bit VM state size,
 /// virtual disk size, instruction count.
@@ -71,140 +72,10 @@ pub(super) enum TreeOp {
 }
 
 impl Qcow2Image {
-    /// Adds snapshot `name` of the current disk; `date` is (seconds,
-    /// nanoseconds) since the epoch.
-    pub(crate) fn snapshot_create_impl(
-        &self,
-        name: &str,
-        date: (u32, u32),
-    ) -> Result<(), BlockError> {
-        let mut st = self.begin_snapshot_op()?;
-        let meta = &mut st.meta;
-        let (mut entries, old_len) = self.current_table(meta)?;
-        if name.len() > u16::MAX as usize {
-            return Err(meta.invalid("snapshot name too long"));
-        }
-        let active = meta.l1.clone();
-        // A cluster reached twice (several compressed clusters in one host
-        // cluster) can still overflow below; that leaks, nothing worse.
-        self.tree_references(meta, &active, TreeOp::CheckRoom)?;
-        self.tree_references(meta, &active, TreeOp::Add)?;
-        meta.barrier()?;
-        // Every refcount is now at least two: this clears OFLAG_COPIED.
-        self.restore_copied(meta)?;
-        let l1_copy = copy_l1(meta)?;
-        write_l1(meta)?;
-        let id = entries
-            .iter()
-            .filter_map(|e| e.id.parse::<u64>().ok())
-            .max()
-            .unwrap_or(0)
-            + 1;
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        entries.push(SnapshotInfo {
-            id: id.to_string(),
-            name: name.to_string(),
-            l1_offset: l1_copy,
-            l1_size: meta.l1.len() as u32,
-            date_sec: date.0,
-            date_nsec: date.1,
-            vm_clock_nsec: 0,
-            vm_state_size: 0,
-            disk_size: Some(size),
-            icount: Some(0),
-        });
-        replace_table(meta, old_len, &entries, size)?;
-        meta.rebuild_metadata_map();
-        Ok(())
-    }
-
-    /// Makes the snapshot with id or name `name` the active disk.
-    /// `Ok(false)`: there is none.
-    pub(crate) fn snapshot_apply_impl(&self, name: &str) -> Result<bool, BlockError> {
-        let mut st = self.begin_snapshot_op()?;
-        let meta = &mut st.meta;
-        let (entries, _) = self.current_table(meta)?;
-        let Some(sn) = entries
-            .iter()
-            .find(|e| e.id == name)
-            .or_else(|| entries.iter().find(|e| e.name == name))
-        else {
-            return Ok(false);
-        };
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        // A snapshot taken at another size brings its size back (as
-        // qemu-img does); one without a recorded size keeps the current.
-        let new_size = sn.disk_size.unwrap_or(size);
-        let sn_l1 = read_l1(meta, sn)?;
-        if new_size != size {
-            let covered = (sn_l1.len() as u64).saturating_mul(meta.g.l2_coverage());
-            if !new_size.is_multiple_of(512) || new_size > covered {
-                return Err(meta.invalid(format!(
-                    "snapshot {} has a disk size of {new_size} bytes that its L1 table of {} entries does not fit",
-                    sn.id,
-                    sn_l1.len()
-                )));
-            }
-            if self.header.has_data_file() || self.header.version < 3 {
-                // qemu-img cannot resize these either.
-                return Err(BlockError::Unsupported {
-                    path: self.path.clone(),
-                    feature: "applying a snapshot taken at another disk size to a version 2 \
-                              image or one with a data file"
-                        .into(),
-                });
-            }
-        }
-        self.tree_references(meta, &sn_l1, TreeOp::CheckRoom)?;
-        self.tree_references(meta, &sn_l1, TreeOp::Add)?;
-        meta.barrier()?;
-        meta.grow_l1(sn_l1.len())?;
-        let old = meta.l1.clone();
-        for (i, e) in meta.l1.iter_mut().enumerate() {
-            *e = sn_l1.get(i).copied().unwrap_or(0) & !OFLAG_COPIED;
-        }
-        write_l1(meta)?;
-        meta.barrier()?;
-        self.tree_references(meta, &old, TreeOp::Drop)?;
-        self.restore_copied(meta)?;
-        write_l1(meta)?;
-        if new_size != size {
-            // Last: the L1 table already maps the snapshot's whole disk.
-            self.write_size(meta, new_size)?;
-        }
-        meta.barrier()?;
-        meta.rebuild_metadata_map();
-        Ok(true)
-    }
-
-    /// Deletes the first snapshot named `name`. `Ok(false)`: none is.
-    pub(crate) fn snapshot_delete_impl(&self, name: &str) -> Result<bool, BlockError> {
-        let mut st = self.begin_snapshot_op()?;
-        let meta = &mut st.meta;
-        let (mut entries, old_len) = self.current_table(meta)?;
-        let Some(at) = entries.iter().position(|e| e.name == name) else {
-            return Ok(false);
-        };
-        let gone = entries.remove(at);
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        replace_table(meta, old_len, &entries, size)?;
-        let gone_l1 = read_l1(meta, &gone)?;
-        self.tree_references(meta, &gone_l1, TreeOp::Drop)?;
-        if gone.l1_size > 0 {
-            let clusters = (u64::from(gone.l1_size) * 8).div_ceil(meta.g.cluster_size);
-            meta.change_refcounts(gone.l1_offset >> meta.g.cluster_bits, clusters, -1)?;
-        }
-        self.restore_copied(meta)?;
-        write_l1(meta)?;
-        meta.barrier()?;
-        meta.rebuild_metadata_map();
-        Ok(true)
-    }
-
     /// Rewrites the snapshot table as it is, every entry with qemu's full
     /// extra data (`check -r all` for a version 3 image whose entries
     /// lack it).
-    pub(crate) fn rewrite_snapshot_table_impl(&self) -> Result<(), BlockError> {
+    pub(crate) fn rewrite_snapshot_table(&self) -> Result<(), BlockError> {
         let mut st = self.begin_snapshot_op()?;
         let meta = &mut st.meta;
         let (entries, old_len) = self.current_table(meta)?;
@@ -215,25 +86,9 @@ impl Qcow2Image {
         Ok(())
     }
 
-    /// Unmaps every cluster of the active disk, so it reads through to the
-    /// backing file (`commit` without `-d`): the L1 table is zeroed first,
-    /// then the references the old tree held are dropped.
-    pub(crate) fn make_empty_impl(&self) -> Result<(), BlockError> {
-        let mut st = self.begin_snapshot_op()?;
-        let meta = &mut st.meta;
-        let entries = meta.l1.len();
-        let old = std::mem::replace(&mut meta.l1, vec![0; entries]);
-        write_l1(meta)?;
-        meta.barrier()?;
-        self.tree_references(meta, &old, TreeOp::Drop)?;
-        meta.barrier()?;
-        meta.rebuild_metadata_map();
-        Ok(())
-    }
-
     /// Checks the image may take snapshot operations, locks it, and makes
     /// everything cached durable first.
-    fn begin_snapshot_op(&self) -> Result<MutexGuard<'_, State>, BlockError> {
+    pub(super) fn begin_snapshot_op(&self) -> Result<MutexGuard<'_, State>, BlockError> {
         if self.readonly {
             return Err(BlockError::ReadOnly);
         }
@@ -463,4 +318,132 @@ fn encode_table(entries: &[SnapshotInfo], disk_size: u64) -> Vec<u8> {
         b.resize(b.len().div_ceil(8) * 8, 0);
     }
     b
+}
+
+impl Snapshots for Qcow2Image {
+    /// Adds snapshot `name` of the current disk; `date` is (seconds,
+    /// nanoseconds) since the epoch.
+    fn snapshot_create(&self, name: &str, date: (u32, u32)) -> Result<(), BlockError> {
+        let mut st = self.begin_snapshot_op()?;
+        let meta = &mut st.meta;
+        let (mut entries, old_len) = self.current_table(meta)?;
+        if name.len() > u16::MAX as usize {
+            return Err(meta.invalid("snapshot name too long"));
+        }
+        let active = meta.l1.clone();
+        // A cluster reached twice (several compressed clusters in one host
+        // cluster) can still overflow below; that leaks, nothing worse.
+        self.tree_references(meta, &active, TreeOp::CheckRoom)?;
+        self.tree_references(meta, &active, TreeOp::Add)?;
+        meta.barrier()?;
+        // Every refcount is now at least two: this clears OFLAG_COPIED.
+        self.restore_copied(meta)?;
+        let l1_copy = copy_l1(meta)?;
+        write_l1(meta)?;
+        let id = entries
+            .iter()
+            .filter_map(|e| e.id.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        entries.push(SnapshotInfo {
+            id: id.to_string(),
+            name: name.to_string(),
+            l1_offset: l1_copy,
+            l1_size: meta.l1.len() as u32,
+            date_sec: date.0,
+            date_nsec: date.1,
+            vm_clock_nsec: 0,
+            vm_state_size: 0,
+            disk_size: Some(size),
+            icount: Some(0),
+        });
+        replace_table(meta, old_len, &entries, size)?;
+        meta.rebuild_metadata_map();
+        Ok(())
+    }
+
+    /// Deletes the first snapshot named `name`. `Ok(false)`: none is.
+    fn snapshot_delete(&self, name: &str) -> Result<bool, BlockError> {
+        let mut st = self.begin_snapshot_op()?;
+        let meta = &mut st.meta;
+        let (mut entries, old_len) = self.current_table(meta)?;
+        let Some(at) = entries.iter().position(|e| e.name == name) else {
+            return Ok(false);
+        };
+        let gone = entries.remove(at);
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        replace_table(meta, old_len, &entries, size)?;
+        let gone_l1 = read_l1(meta, &gone)?;
+        self.tree_references(meta, &gone_l1, TreeOp::Drop)?;
+        if gone.l1_size > 0 {
+            let clusters = (u64::from(gone.l1_size) * 8).div_ceil(meta.g.cluster_size);
+            meta.change_refcounts(gone.l1_offset >> meta.g.cluster_bits, clusters, -1)?;
+        }
+        self.restore_copied(meta)?;
+        write_l1(meta)?;
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(true)
+    }
+
+    /// Makes the snapshot with id or name `name` the active disk.
+    /// `Ok(false)`: there is none.
+    fn snapshot_apply(&self, name: &str) -> Result<bool, BlockError> {
+        let mut st = self.begin_snapshot_op()?;
+        let meta = &mut st.meta;
+        let (entries, _) = self.current_table(meta)?;
+        let Some(sn) = entries
+            .iter()
+            .find(|e| e.id == name)
+            .or_else(|| entries.iter().find(|e| e.name == name))
+        else {
+            return Ok(false);
+        };
+        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        // A snapshot taken at another size brings its size back (as
+        // qemu-img does); one without a recorded size keeps the current.
+        let new_size = sn.disk_size.unwrap_or(size);
+        let sn_l1 = read_l1(meta, sn)?;
+        if new_size != size {
+            let covered = (sn_l1.len() as u64).saturating_mul(meta.g.l2_coverage());
+            if !new_size.is_multiple_of(512) || new_size > covered {
+                return Err(meta.invalid(format!(
+                    "snapshot {} has a disk size of {new_size} bytes that its L1 table of {} entries does not fit",
+                    sn.id,
+                    sn_l1.len()
+                )));
+            }
+            if self.header.has_data_file() || self.header.version < 3 {
+                // qemu-img cannot resize these either.
+                return Err(BlockError::Unsupported {
+                    path: self.path.clone(),
+                    feature: "applying a snapshot taken at another disk size to a version 2 \
+                              image or one with a data file"
+                        .into(),
+                });
+            }
+        }
+        self.tree_references(meta, &sn_l1, TreeOp::CheckRoom)?;
+        self.tree_references(meta, &sn_l1, TreeOp::Add)?;
+        meta.barrier()?;
+        meta.grow_l1(sn_l1.len())?;
+        let old = meta.l1.clone();
+        for (i, e) in meta.l1.iter_mut().enumerate() {
+            *e = sn_l1.get(i).copied().unwrap_or(0) & !OFLAG_COPIED;
+        }
+        write_l1(meta)?;
+        meta.barrier()?;
+        self.tree_references(meta, &old, TreeOp::Drop)?;
+        self.restore_copied(meta)?;
+        write_l1(meta)?;
+        if new_size != size {
+            // Last: the L1 table already maps the snapshot's whole disk.
+            self.write_size(meta, new_size)?;
+        }
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(true)
+    }
 }

@@ -22,7 +22,7 @@ use super::inflight::PendingCommit;
 use super::l2_entry::{normal_entry, subcluster_state, L2Entry, SubclusterState};
 use super::meta_io::MetaIo;
 use crate::error::BlockError;
-use crate::formats::{FileId, HostWrite, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan};
+use crate::formats::{FileId, Format, HostWrite, Waker, WriteData, WriteOutcome, WritePlan};
 
 /// A plan under construction.
 #[derive(Default)]
@@ -165,21 +165,6 @@ pub(crate) enum UpdateStart<'a> {
 const ALL_ALLOCATED: u64 = 0xffff_ffff;
 
 impl Qcow2Image {
-    pub(crate) fn plan_write_impl(
-        &self,
-        offset: u64,
-        len: u64,
-        waker: &Waker,
-    ) -> Result<WriteOutcome, BlockError> {
-        let mut st = match self.begin_update(offset, len, waker)? {
-            UpdateStart::Locked(st) => st,
-            UpdateStart::Decided(outcome) => return Ok(outcome),
-        };
-        let mut b = PlanBuilder::default();
-        self.write_range(&mut st, offset, len, Source::Request(0), &mut b)?;
-        self.finish_plan(st, b)
-    }
-
     /// The common start of every metadata-changing plan (write,
     /// write-zeroes, discard): the range is checked, an empty range is
     /// done, a range overlapping an allocation in flight is blocked (the
@@ -238,7 +223,7 @@ impl Qcow2Image {
         drop(st);
         if let Err(e) = self.fill_cow(jobs, &mut b) {
             if let Some(c) = commit {
-                self.abort_impl(c);
+                Format::abort(self, c);
             }
             return Err(e);
         }
@@ -458,45 +443,5 @@ impl Qcow2Image {
                 compression: st.meta.g.compression,
             }),
         }
-    }
-
-    pub(crate) fn commit_impl(&self, c: WriteCommit) -> Result<(), BlockError> {
-        let mut st = self.lock();
-        let Some(p) = st.inflight.take(&c) else {
-            return Err(st.meta.invalid(format!("commit {} is not pending", c.0)));
-        };
-        // The data writes completed. The new entries are visible at once
-        // (cache) and reach the disk at the next flush, after a barrier;
-        // the clusters they replace are released after that.
-        let res = (|| {
-            for (guest, raw, bitmap) in &p.publish {
-                st.meta.publish_l2_entry(*guest, *raw, *bitmap)?;
-            }
-            st.meta.deferred_release.extend(p.release.iter().copied());
-            if st.meta.l2_write_through || st.meta.should_flush() {
-                st.meta.flush_dirty()?;
-            }
-            Ok(())
-        })();
-        st.inflight.finish(&p);
-        res
-    }
-
-    pub(crate) fn abort_impl(&self, c: WriteCommit) {
-        let mut st = self.lock();
-        let Some(p) = st.inflight.take(&c) else {
-            return;
-        };
-        // Nothing points at the new clusters yet: give them back. A failure
-        // here only leaks them.
-        for (first, count) in &p.allocated {
-            if let Err(e) = st.meta.free_clusters(*first, *count) {
-                log::warn!(
-                    "{}: leaking clusters after a failed write: {e}",
-                    self.path.display()
-                );
-            }
-        }
-        st.inflight.finish(&p);
     }
 }

@@ -1,4 +1,5 @@
-//! Write-zeroes and discard planning.
+//! Write-zeroes and discard planning, cluster by cluster (the walk over
+//! the range is `Format::plan_write_zeroes` in `queue.rs`).
 //!
 //! A guest range enters; a plan leaves. Whole clusters change metadata
 //! only: on v3 images the L2 entry becomes a zero cluster (when a backing
@@ -14,57 +15,15 @@
 
 use super::image::{Qcow2Image, State};
 use super::l2_entry::{L2Entry, OFLAG_COPIED, OFLAG_ZERO};
-use super::write::{PlanBuilder, Source, UpdateStart};
+use super::write::{PlanBuilder, Source};
 use crate::error::BlockError;
-use crate::formats::{Waker, WriteOutcome};
 
 /// Extended L2 bitmap: all 32 subclusters read as zeroes.
 const ALL_ZERO: u64 = 0xffff_ffff << 32;
 
 impl Qcow2Image {
-    pub(crate) fn plan_write_zeroes_impl(
-        &self,
-        offset: u64,
-        len: u64,
-        may_unmap: bool,
-        waker: &Waker,
-    ) -> Result<WriteOutcome, BlockError> {
-        let mut st = match self.begin_update(offset, len, waker)? {
-            UpdateStart::Locked(st) => st,
-            UpdateStart::Decided(outcome) => return Ok(outcome),
-        };
-        let cs = self.cluster_size();
-        let end = offset + len;
-        let mut pos = offset;
-        let mut b = PlanBuilder::default();
-        while pos < end {
-            let in_cluster = pos & (cs - 1);
-            let n = (cs - in_cluster).min(end - pos);
-            // Skip whole missing L2 tables that already read as zeroes.
-            if let Some(run) = st.meta.unmapped_run(pos)? {
-                let beyond_backing = self
-                    .backing
-                    .as_ref()
-                    .is_none_or(|bk| pos >= bk.image.size());
-                if beyond_backing {
-                    pos += run.min(end - pos);
-                    continue;
-                }
-            }
-            if n < cs {
-                if !self.reads_zero(&mut st, pos)? {
-                    self.write_range(&mut st, pos, n, Source::Zeroes, &mut b)?;
-                }
-            } else {
-                self.zero_cluster(&mut st, pos, may_unmap, &mut b)?;
-            }
-            pos += n;
-        }
-        self.finish_plan(st, b)
-    }
-
     /// Whether the cluster holding `guest` already reads as zeroes.
-    fn reads_zero(&self, st: &mut State, guest: u64) -> Result<bool, BlockError> {
+    pub(super) fn reads_zero(&self, st: &mut State, guest: u64) -> Result<bool, BlockError> {
         let (e, bitmap) = st.meta.l2_entry(guest)?;
         if st.meta.g.extended_l2 {
             let no_backing = self
@@ -86,7 +45,7 @@ impl Qcow2Image {
     }
 
     /// Makes one whole cluster read as zeroes.
-    fn zero_cluster(
+    pub(super) fn zero_cluster(
         &self,
         st: &mut State,
         guest: u64,

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use block::aligned::AlignedBuf;
-use block::{Disk, IoMemory};
+use block::{Disk, ExclusiveImage, IoMemory, Resizer};
 
 use super::abi::{fattr, Attr, AttrOut, Pod, SetattrIn, ROOT_ID};
 use super::handler::{block_errno, Reply};
@@ -36,12 +36,19 @@ pub struct ExportState {
     gid: u32,
     /// Serialises "is it big enough? then grow" decisions.
     resize_lock: Mutex<()>,
+    /// Lent by the daemon, which owns the image ([`block::Resizer`] says
+    /// why resizing beside the queues is safe).
+    resizer: Resizer,
 }
 
 impl ExportState {
-    pub fn new(disk: Disk, writable: bool, growable: bool, allow_other: bool) -> Self {
+    /// The state of an export of `image`, which the caller owns; the
+    /// export's threads get its disk's queues and a [`Resizer`].
+    pub fn new(image: &ExclusiveImage, writable: bool, growable: bool, allow_other: bool) -> Self {
         let (uid, gid) = super::mount::owner_ids();
+        let disk = image.disk().clone();
         ExportState {
+            resizer: image.resizer(),
             direct: disk.options().direct,
             disk,
             writable,
@@ -82,19 +89,9 @@ impl ExportState {
 
     /// Sets the disk's size (the new area reads as zeroes).
     fn resize(&self, new_size: u64) -> Result<(), i32> {
-        let old = self.disk.size();
-        self.disk
-            .format()
-            .resize(new_size)
-            .map_err(|e| block_errno(&e))?;
-        // A backing file longer than the old size would show through the
-        // grown area; the file must read as zeroes there, as qemu's does.
-        if new_size > old && self.disk.format().backing_size().is_some_and(|b| b > old) {
-            self.disk
-                .write_zeroes(old, new_size - old, false)
-                .map_err(|e| block_errno(&e))?;
-        }
-        Ok(())
+        // The grown area reads as zeroes, also over a longer backing
+        // file, as qemu's export does.
+        self.resizer.resize(new_size).map_err(|e| block_errno(&e))
     }
 
     fn attr(&self) -> Attr {

@@ -228,8 +228,8 @@ mod tests {
         std::fs::File::create(&path).unwrap().set_len(4096).unwrap();
         let mut options = block::DiskOptions::new(&path);
         options.image_type = block::ImageType::Raw;
-        let disk = block::Disk::open(&options).unwrap();
-        let state = Arc::new(ExportState::new(disk, false, false, false));
+        let image = block::ExclusiveImage::open(&options).unwrap();
+        let state = Arc::new(ExportState::new(&image, false, false, false));
         let answer = |op: u32| {
             let buf = dev_buffer(op, &[], &[]);
             match dispatch(&state, &FuseRequest::from_dev_buffer(&buf).unwrap()) {

@@ -211,7 +211,7 @@ pub fn lseek(state: &Arc<ExportState>, arg: &[u8]) -> Reply {
 mod tests {
     use super::*;
     use crate::export::fuse::abi::{opcode, InHeader};
-    use block::{Disk, DiskOptions};
+    use block::{DiskOptions, ExclusiveImage};
 
     /// An export state over a sparse raw file of `size` bytes.
     fn state(
@@ -224,9 +224,9 @@ mod tests {
         std::fs::File::create(&path).unwrap().set_len(size).unwrap();
         let mut options = DiskOptions::new(&path);
         options.image_type = block::ImageType::Raw;
-        let disk = Disk::open(&options).unwrap();
+        let image = ExclusiveImage::open(&options).unwrap();
         (
-            Arc::new(ExportState::new(disk, writable, growable, false)),
+            Arc::new(ExportState::new(&image, writable, growable, false)),
             path,
         )
     }

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use block::options::kv::{parse_on_off, KvError, KvList};
-use block::Disk;
+use block::{Disk, ExclusiveImage};
 
 use super::{Export, ExportError};
 use attr::ExportState;
@@ -102,8 +102,10 @@ fn fuse_error(config: &FuseConfig, reason: impl std::fmt::Display) -> ExportErro
     }
 }
 
-/// Mounts the export and starts its queue threads.
-pub fn start(disk: &Disk, config: FuseConfig) -> Result<Box<dyn Export>, ExportError> {
+/// Mounts the export of `image` (which the daemon owns) and starts its
+/// queue threads.
+pub fn start(image: &ExclusiveImage, config: FuseConfig) -> Result<Box<dyn Export>, ExportError> {
+    let disk = image.disk();
     if config.writable && disk.readonly() {
         return Err(fuse_error(
             &config,
@@ -123,7 +125,7 @@ pub fn start(disk: &Disk, config: FuseConfig) -> Result<Box<dyn Export>, ExportE
     )
     .map_err(|e| fuse_error(&config, e))?;
     let state = Arc::new(ExportState::new(
-        disk.clone(),
+        image,
         config.writable,
         config.growable,
         allow_other,

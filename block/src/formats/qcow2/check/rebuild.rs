@@ -134,7 +134,7 @@ pub(super) fn rewrite_snapshot_table(
     opts.lock = false;
     opts.image_type = crate::options::ImageType::Qcow2;
     let image = Qcow2Image::open(&opts, crate::formats::open::open_file(&opts)?)?;
-    image.rewrite_snapshot_table_impl()?;
+    image.rewrite_snapshot_table()?;
     crate::formats::Format::close(&image)?;
     Ok(true)
 }

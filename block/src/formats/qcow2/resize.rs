@@ -1,6 +1,9 @@
-//! Shrinking a qcow2 image (`ch-img resize --shrink`).
+//! Resizing a qcow2 image: [`Resizable`] (`ch-img resize`, the storage
+//! daemon's growable FUSE export).
 //!
-//! The new size enters; every cluster wholly past it is unmapped: L2
+//! Growing only adds unmapped L1 entries and writes the new size into the
+//! header, after a barrier. Shrinking (`--shrink`): the new size enters;
+//! every cluster wholly past it is unmapped: L2
 //! tables past it are dropped from the L1 table, and in the table that
 //! straddles the new end the entries past it are cleared. That table may
 //! be shared with internal snapshots (refcount above one): then the
@@ -20,12 +23,15 @@
 //! cluster, or, when a snapshot shares it, in a copy the active table
 //! points at instead (the snapshot keeps its bytes).
 
+use std::sync::atomic::Ordering;
+
 use super::image::Qcow2Image;
 use super::l2_entry::{decode_l2, L2Entry, OFFSET_MASK, OFLAG_COPIED};
 use super::meta::MetaState;
 use super::meta_io::{be64_at, MetaKind};
 use super::snapshot_ops::{load_table, write_l1, TreeOp};
 use crate::error::BlockError;
+use crate::formats::Resizable;
 
 impl Qcow2Image {
     /// Unmaps everything past `new_size` (see the module docs); the
@@ -161,5 +167,55 @@ impl Qcow2Image {
             None => edits.push((i, off, content)),
         }
         Ok(())
+    }
+}
+
+impl Resizable for Qcow2Image {
+    fn resize(&self, new_size: u64) -> Result<(), BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        self.write_out_compressed()?;
+        let mut st = self.lock();
+        let old = self.size.load(Ordering::Acquire);
+        if !new_size.is_multiple_of(512) {
+            return Err(BlockError::Resize(
+                "size must be a multiple of 512 bytes".into(),
+            ));
+        }
+        if self.header.has_data_file() {
+            return Err(BlockError::Resize(
+                "images with a data file cannot be resized".into(),
+            ));
+        }
+        // Snapshots keep their own tables and sizes: growing only adds
+        // unmapped L1 entries, and shrinking copies a table it shares
+        // with them before changing it (see `unmap_past`). Version 2 snapshot
+        // entries need not record their disk size, so a snapshot could
+        // not bring its size back (qemu-img refuses too).
+        if self.header.version < 3 && st.meta.snapshots.count > 0 {
+            return Err(BlockError::Resize(
+                "a version 2 image with snapshots cannot be resized".into(),
+            ));
+        }
+        if new_size < old {
+            // A write planned into the cut range and still in flight would
+            // land in a cluster the shrink frees (see `crate::Resizer`).
+            if st.inflight.pending_count() > 0 {
+                return Err(BlockError::Resize(
+                    "cannot shrink while allocating writes are in flight".into(),
+                ));
+            }
+            self.unmap_past(&mut st.meta, new_size)?;
+        }
+        let l1_needed = new_size.div_ceil(st.meta.g.l2_coverage());
+        let l1_needed =
+            usize::try_from(l1_needed).map_err(|_| BlockError::Resize("size too large".into()))?;
+        st.meta.grow_l1(l1_needed)?;
+        self.write_size(&mut st.meta, new_size)
+    }
+
+    fn backing_size(&self) -> Option<u64> {
+        self.backing.as_ref().map(|b| b.image.size())
     }
 }

@@ -1,0 +1,111 @@
+//! The owner's open of an image: queue-facing I/O plus the tool
+//! capabilities a queue handle can never reach.
+//!
+//! [`ExclusiveImage::open`] opens the image (taking its locks as
+//! [`crate::Disk::open`] does) and keeps two views of the same opened
+//! format: a [`Disk`] for I/O (the blocking helpers, and queues the owner
+//! creates), and the [`ImageTools`] object with snapshots, backing edits,
+//! compressed writes, make-empty and resize ([`crate::formats::tools`]).
+//! A `Disk` or [`crate::DiskQueue`] holds only the queue-facing
+//! [`crate::formats::Format`]; cloning the disk or making queues never
+//! passes the tools on. A tool that needs both (convert writes compressed
+//! and plain clusters, commit copies data then empties the top) asks the
+//! owner for each.
+//!
+//! The owner decides when no request is in flight before it calls a tool
+//! capability: ch-img runs one request at a time on its own queue. The one
+//! capability an owner may lend to threads that run queues is resizing,
+//! through a [`Resizer`] (the storage daemon hands one to its FUSE export
+//! for `truncate` and growable writes).
+
+use std::sync::Arc;
+
+use crate::disk::Disk;
+use crate::error::BlockError;
+use crate::formats::tools::{open_image_tools, ImageTools};
+use crate::options::DiskOptions;
+
+/// An image opened by its one owner (a tool, the storage daemon).
+pub struct ExclusiveImage {
+    tools: Arc<dyn ImageTools>,
+    disk: Disk,
+}
+
+impl ExclusiveImage {
+    /// Opens the image (format, backing chain, locks) and resolves its
+    /// engine, like [`Disk::open`].
+    pub fn open(options: &DiskOptions) -> Result<ExclusiveImage, BlockError> {
+        Self::from_tools(open_image_tools(options)?, options)
+    }
+
+    /// Wraps an already opened image (tests that inject faults).
+    pub fn from_tools(
+        tools: Arc<dyn ImageTools>,
+        options: &DiskOptions,
+    ) -> Result<ExclusiveImage, BlockError> {
+        let disk = Disk::from_format(tools.clone(), options)?;
+        Ok(ExclusiveImage { tools, disk })
+    }
+
+    /// The queue-facing disk: blocking I/O helpers and queues. Its clones
+    /// carry no tool capability.
+    pub fn disk(&self) -> &Disk {
+        &self.disk
+    }
+
+    /// Snapshots, backing edits, compressed writes, make-empty, resize.
+    /// Call them while no request of this image is in flight.
+    pub fn tools(&self) -> &dyn ImageTools {
+        self.tools.as_ref()
+    }
+
+    /// A handle that may resize the disk while queues run.
+    pub fn resizer(&self) -> Resizer {
+        Resizer {
+            tools: self.tools.clone(),
+            disk: self.disk.clone(),
+        }
+    }
+
+    /// Closes the image cleanly (see [`Disk::close`]).
+    pub fn close(self) -> Result<(), BlockError> {
+        self.disk.close()
+    }
+}
+
+/// Resizes a disk whose queues may be running; only
+/// [`ExclusiveImage::resizer`] makes one.
+///
+/// Why that is safe: a format resizes under the same metadata lock its
+/// planners take, and publishes the new size atomically after the
+/// metadata that covers it is durable, so a request is planned against
+/// either the old or the new size, never a half-grown table. Growing adds
+/// only unmapped space. Shrinking frees the clusters past the new end, so
+/// a write already planned there could land in a freed cluster: qcow2
+/// refuses to shrink while an allocating write is in flight, and a caller
+/// that shrinks must not have requests to the cut range in flight.
+#[derive(Clone)]
+pub struct Resizer {
+    tools: Arc<dyn ImageTools>,
+    disk: Disk,
+}
+
+impl Resizer {
+    /// Sets the virtual size to `new_size`. A grown area reads as zeroes:
+    /// where the backing image is longer than the old size, zeroes are
+    /// written over the grown area (as qemu-img does), so its data does
+    /// not show through.
+    pub fn resize(&self, new_size: u64) -> Result<(), BlockError> {
+        let old = self.disk.size();
+        self.tools.resize(new_size)?;
+        if new_size > old && self.tools.backing_size().is_some_and(|b| b > old) {
+            self.disk.write_zeroes(old, new_size - old, false)?;
+        }
+        Ok(())
+    }
+
+    /// The current virtual size.
+    pub fn size(&self) -> u64 {
+        self.disk.size()
+    }
+}

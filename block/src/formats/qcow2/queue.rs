@@ -1,0 +1,313 @@
+//! The queue-facing [`Format`] of a qcow2 image: what a running queue
+//! calls (plans, commit/abort, flush, block status) plus `info`, `name`
+//! and `close`. Each method is implemented here, once; the helpers it
+//! uses live in `read`, `write`, `zero` and `status`.
+//!
+//! Guest ranges enter and leave as plans of host extents or block status;
+//! the metadata changes a plan needs are made under the image lock before
+//! it returns, and published by `commit` once the plan's data is written.
+//! A compressed cluster still in the compressed-write cache is written
+//! out before any plan that touches it (see `compressed_cache`).
+
+use std::fs::File;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::bitmap_directory::bitmaps_in;
+use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
+use super::image::Qcow2Image;
+use super::prealloc_detect;
+use super::read::{push_piece, Step};
+use super::snapshot_table::read_snapshot_table;
+use super::status::Kind;
+use super::write::{PlanBuilder, Source, UpdateStart};
+use crate::error::BlockError;
+use crate::formats::{
+    BlockStatus, Compression, FileId, Format, ImageInfo, ReadPlan, Waker, WriteCommit, WriteOutcome,
+};
+
+impl Format for Qcow2Image {
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn files(&self) -> &[Arc<File>] {
+        &self.files
+    }
+
+    fn flush_files(&self) -> Vec<FileId> {
+        if self.readonly {
+            Vec::new()
+        } else if self.data_file != FileId(0) {
+            vec![FileId(0), self.data_file]
+        } else {
+            vec![FileId(0)]
+        }
+    }
+
+    fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
+        self.write_out_compressed_in(offset, len)?;
+        self.check_range(offset, len)?;
+        let steps = {
+            let mut st = self.lock();
+            self.map_range(&mut st.meta, offset, len)?
+        };
+        for step in steps {
+            match step {
+                Step::Piece(p) => push_piece(plan, p),
+                Step::Backing { offset, len } => self.plan_backing(offset, len, plan)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn plan_write(&self, offset: u64, len: u64, waker: &Waker) -> Result<WriteOutcome, BlockError> {
+        self.write_out_compressed_in(offset, len)?;
+        let mut st = match self.begin_update(offset, len, waker)? {
+            UpdateStart::Locked(st) => st,
+            UpdateStart::Decided(outcome) => return Ok(outcome),
+        };
+        let mut b = PlanBuilder::default();
+        self.write_range(&mut st, offset, len, Source::Request(0), &mut b)?;
+        self.finish_plan(st, b)
+    }
+
+    /// A discarded range of a qcow2 image reads as zeroes: write-zeroes
+    /// with unmapping allowed.
+    fn plan_discard(
+        &self,
+        offset: u64,
+        len: u64,
+        waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
+        self.plan_write_zeroes(offset, len, true, waker)
+    }
+
+    fn plan_write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_unmap: bool,
+        waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
+        self.write_out_compressed_in(offset, len)?;
+        let mut st = match self.begin_update(offset, len, waker)? {
+            UpdateStart::Locked(st) => st,
+            UpdateStart::Decided(outcome) => return Ok(outcome),
+        };
+        let cs = self.cluster_size();
+        let end = offset + len;
+        let mut pos = offset;
+        let mut b = PlanBuilder::default();
+        while pos < end {
+            let in_cluster = pos & (cs - 1);
+            let n = (cs - in_cluster).min(end - pos);
+            // Skip whole missing L2 tables that already read as zeroes.
+            if let Some(run) = st.meta.unmapped_run(pos)? {
+                let beyond_backing = self
+                    .backing
+                    .as_ref()
+                    .is_none_or(|bk| pos >= bk.image.size());
+                if beyond_backing {
+                    pos += run.min(end - pos);
+                    continue;
+                }
+            }
+            if n < cs {
+                if !self.reads_zero(&mut st, pos)? {
+                    self.write_range(&mut st, pos, n, Source::Zeroes, &mut b)?;
+                }
+            } else {
+                self.zero_cluster(&mut st, pos, may_unmap, &mut b)?;
+            }
+            pos += n;
+        }
+        self.finish_plan(st, b)
+    }
+
+    fn commit(&self, c: WriteCommit) -> Result<(), BlockError> {
+        let mut st = self.lock();
+        let Some(p) = st.inflight.take(&c) else {
+            return Err(st.meta.invalid(format!("commit {} is not pending", c.0)));
+        };
+        // The data writes completed. The new entries are visible at once
+        // (cache) and reach the disk at the next flush, after a barrier;
+        // the clusters they replace are released after that.
+        let res = (|| {
+            for (guest, raw, bitmap) in &p.publish {
+                st.meta.publish_l2_entry(*guest, *raw, *bitmap)?;
+            }
+            st.meta.deferred_release.extend(p.release.iter().copied());
+            if st.meta.l2_write_through || st.meta.should_flush() {
+                st.meta.flush_dirty()?;
+            }
+            Ok(())
+        })();
+        st.inflight.finish(&p);
+        res
+    }
+
+    fn abort(&self, c: WriteCommit) {
+        let mut st = self.lock();
+        let Some(p) = st.inflight.take(&c) else {
+            return;
+        };
+        // Nothing points at the new clusters yet: give them back. A failure
+        // here only leaks them.
+        for (first, count) in &p.allocated {
+            if let Err(e) = st.meta.free_clusters(*first, *count) {
+                log::warn!(
+                    "{}: leaking clusters after a failed write: {e}",
+                    self.path.display()
+                );
+            }
+        }
+        st.inflight.finish(&p);
+    }
+
+    fn flush_metadata(&self) -> Result<(), BlockError> {
+        // The engine's fdatasync of flush_files() afterwards covers the
+        // metadata descriptor too (same inode).
+        if self.readonly {
+            return Ok(());
+        }
+        self.write_out_compressed()?;
+        self.lock().meta.flush_dirty()
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
+        self.check_range(offset, len)?;
+        let end = offset + len;
+        let (kind, run, prealloc) = {
+            let mut st = self.lock();
+            let prealloc = match st.metadata_prealloc {
+                Some(p) => p,
+                None => {
+                    let p =
+                        prealloc_detect::looks_metadata_preallocated(&mut st.meta, &self.files[0]);
+                    st.metadata_prealloc = Some(p);
+                    p
+                }
+            };
+            let (kind, mut n) = self.kind_at(&mut st.meta, offset)?;
+            n = n.min(len);
+            while offset + n < end {
+                let (k, m) = self.kind_at(&mut st.meta, offset + n)?;
+                let same = match (kind, k) {
+                    (Kind::Data(a), Kind::Data(b)) => a + n == b,
+                    (Kind::Zero(Some(a)), Kind::Zero(Some(b))) => a + n == b,
+                    (a, b) => a == b,
+                };
+                if !same {
+                    break;
+                }
+                n = (n + m).min(len);
+            }
+            (kind, n, prealloc)
+        };
+        let file = Some(self.data_file);
+        Ok(match kind {
+            Kind::Data(host) => {
+                // Metadata preallocation: a hole in the file reads as zero.
+                let (run, zero) = if prealloc {
+                    prealloc_detect::file_extent(
+                        &self.files[usize::from(self.data_file.0)],
+                        host,
+                        run,
+                    )
+                } else {
+                    (run, false)
+                };
+                BlockStatus {
+                    len: run,
+                    depth: 0,
+                    present: true,
+                    zero,
+                    data: true,
+                    compressed: false,
+                    offset: Some(host),
+                    file,
+                }
+            }
+            Kind::Zero(host) => BlockStatus {
+                len: run,
+                depth: 0,
+                present: true,
+                zero: true,
+                data: false,
+                compressed: false,
+                offset: host,
+                file: host.and(file),
+            },
+            Kind::Compressed => BlockStatus {
+                len: run,
+                depth: 0,
+                present: true,
+                zero: false,
+                data: true,
+                compressed: true,
+                offset: None,
+                file: Some(FileId(0)),
+            },
+            Kind::Unallocated => self.backing_status(offset, run)?,
+        })
+    }
+
+    fn info(&self) -> ImageInfo {
+        let h = &self.header;
+        let (incompatible, snapshots_at, marked_corrupt) = {
+            let st = self.lock();
+            (st.incompatible, st.meta.snapshots, st.meta.is_corrupt())
+        };
+        let v3 = h.version >= 3;
+        ImageInfo {
+            format: "qcow2",
+            virtual_size: self.size.load(Ordering::Acquire),
+            cluster_size: Some(h.cluster_size()),
+            compat: Some(if v3 { "1.1" } else { "0.10" }.into()),
+            refcount_bits: Some(1 << h.refcount_order),
+            lazy_refcounts: Some(h.compatible & COMPAT_LAZY_REFCOUNTS != 0),
+            corrupt: Some(h.corrupt() || marked_corrupt),
+            extended_l2: Some(h.extended_l2()),
+            compression_type: Some(match h.compression {
+                Compression::Deflate => "zlib",
+                Compression::Zstd => "zstd",
+            }),
+            backing_filename: h.backing_file.clone(),
+            full_backing_filename: self.backing.as_ref().map(|b| b.path.display().to_string()),
+            backing_filename_format: h.backing_format.clone(),
+            data_file: h.data_file.clone(),
+            dirty: Some(incompatible & INCOMPAT_DIRTY != 0),
+            // An unreadable table lists nothing here; `check` reports it.
+            snapshots: crate::formats::raw::file_size(&self.cow_files[0])
+                .ok()
+                .and_then(|len| read_snapshot_table(&self.cow_files[0], snapshots_at, len).ok())
+                .map(|(entries, _)| entries)
+                .unwrap_or_default(),
+            // Likewise a bad bitmap directory lists nothing.
+            bitmaps: bitmaps_in(&self.cow_files[0], &self.path).unwrap_or_default(),
+        }
+    }
+
+    fn close(&self) -> Result<(), BlockError> {
+        self.write_out_compressed()?;
+        if self.readonly {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        st.meta.flush_dirty()?;
+        st.meta.trim_reserve()?;
+        if st.inflight.pending_count() > 0 {
+            log::warn!(
+                "{}: closing with writes in flight; leaving the image dirty",
+                self.path.display()
+            );
+            return Ok(());
+        }
+        self.mark_clean(&mut st)
+    }
+
+    fn name(&self) -> &'static str {
+        "qcow2"
+    }
+}

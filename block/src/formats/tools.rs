@@ -1,0 +1,119 @@
+//! Image-tool capabilities: what only the owner of an exclusive open may
+//! do to an image (`ch-img snapshot`, `rebase`, `commit`, `convert -c`,
+//! `resize`, the storage daemon growing its FUSE export).
+//!
+//! Queues never see these. [`Format`] is all a [`crate::Disk`], a
+//! [`crate::DiskQueue`] and the executor hold, and it has no way to reach
+//! the traits here (no downcast, no accessor). The object that has them is
+//! an [`ImageTools`], which only [`crate::ExclusiveImage`] (and
+//! [`open_image_tools`], for tests that drive a format without a disk)
+//! hands out: whoever opened the image owns it, creates its queues, and
+//! decides when no request is in flight.
+//!
+//! One capability per trait, each implemented once per format in the file
+//! that owns its logic:
+//!
+//! | trait | methods | qcow2 | raw |
+//! |---|---|---|---|
+//! | [`Snapshots`] | `snapshot_create/delete/apply` | `qcow2/snapshot_ops.rs` | unsupported |
+//! | [`BackingEdits`] | `set_backing_file`, `make_empty` | `qcow2/backing_rewrite.rs` | unsupported |
+//! | [`CompressedWrites`] | `write_compressed(_packed)`, `compression`, `set_compressed_cache` | `qcow2/compress_write.rs` | unsupported |
+//! | [`Resizable`] | `resize`, `backing_size` | `qcow2/resize.rs` | `raw.rs` |
+//!
+//! Resizing a disk whose queues are running is the one capability an
+//! owner may lend out: [`crate::Resizer`] (see its docs for why it is
+//! safe beside queues, and what a shrink asks of the caller).
+
+use std::sync::Arc;
+
+use super::{Compression, Format};
+use crate::error::BlockError;
+use crate::options::DiskOptions;
+
+/// Internal snapshots. Each call flushes cached metadata first and leaves
+/// the image consistent on disk; no request may be in flight meanwhile.
+pub trait Snapshots {
+    /// Adds an internal snapshot `name` of the disk as it is now, dated
+    /// (seconds, nanoseconds) since the epoch.
+    fn snapshot_create(&self, name: &str, date: (u32, u32)) -> Result<(), BlockError>;
+
+    /// Deletes the first internal snapshot named `name`; `Ok(false)` when
+    /// there is none.
+    fn snapshot_delete(&self, name: &str) -> Result<bool, BlockError>;
+
+    /// Makes the internal snapshot with id or name `name` the active
+    /// disk; `Ok(false)` when there is none.
+    fn snapshot_apply(&self, name: &str) -> Result<bool, BlockError>;
+}
+
+/// Edits of the image's place in its backing chain (`rebase -u`, `commit`).
+pub trait BackingEdits {
+    /// Points the image's header at backing file `name` (format `format`)
+    /// or at none, without copying any data. The open image keeps its old
+    /// chain until reopened.
+    fn set_backing_file(&self, name: Option<&str>, format: Option<&str>) -> Result<(), BlockError>;
+
+    /// Unmaps every cluster so the disk reads through to its backing file
+    /// (`commit` without `-d`).
+    fn make_empty(&self) -> Result<(), BlockError>;
+}
+
+/// Writing whole clusters compressed (`convert -c`).
+pub trait CompressedWrites {
+    /// The algorithm compressed clusters of this image use (`None`: the
+    /// format has no compressed clusters).
+    fn compression(&self) -> Option<Compression>;
+
+    /// Writes the whole cluster at `offset` (cluster aligned, `data` one
+    /// cluster long, zero-padded past the disk's end) compressed, into an
+    /// unallocated cluster. `Ok(false)`: compression would not shrink it,
+    /// nothing was written, write it normally.
+    fn write_compressed(&self, offset: u64, data: &[u8]) -> Result<bool, BlockError>;
+
+    /// Like [`CompressedWrites::write_compressed`] for a cluster already
+    /// compressed with [`super::compress_cluster`] and this image's
+    /// [`CompressedWrites::compression`] (so a tool can compress on many
+    /// threads and write in order).
+    fn write_compressed_packed(&self, offset: u64, packed: &[u8]) -> Result<(), BlockError>;
+
+    /// How many complete host clusters of compressed data are kept in
+    /// memory before they are written (64 unless set; 0: none, every
+    /// compressed cluster is written at once). Set it before the first
+    /// compressed write; formats without compressed clusters ignore it.
+    fn set_compressed_cache(&self, host_clusters: usize);
+}
+
+/// Changing the virtual size.
+pub trait Resizable {
+    /// Grows (or, where supported, shrinks) the virtual disk. A grown
+    /// area is left unmapped: where the backing file is longer than the
+    /// old size ([`Resizable::backing_size`]) its data shows through
+    /// there; [`crate::Resizer::resize`] writes zeroes over it, as
+    /// qemu-img does.
+    fn resize(&self, new_size: u64) -> Result<(), BlockError>;
+
+    /// The virtual size of the opened backing image, if there is one.
+    fn backing_size(&self) -> Option<u64>;
+}
+
+/// An opened image with every capability: the queue-facing [`Format`]
+/// and all the tool traits above. Only the owner of an exclusive open
+/// holds one.
+pub trait ImageTools: Format + Snapshots + BackingEdits + CompressedWrites + Resizable {}
+
+impl<T: Format + Snapshots + BackingEdits + CompressedWrites + Resizable> ImageTools for T {}
+
+/// Opens `opts.path` with its tool capabilities, for a caller that drives
+/// the format itself (tests, fuzzing); tools that also do I/O use
+/// [`crate::ExclusiveImage::open`].
+pub fn open_image_tools(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, BlockError> {
+    super::open::open_image(opts)
+}
+
+/// The error of a capability format `name` does not have.
+pub(crate) fn unsupported(name: &str, what: &str) -> BlockError {
+    BlockError::Unsupported {
+        path: std::path::PathBuf::new(),
+        feature: format!("{what} in {name} images"),
+    }
+}
