@@ -17,6 +17,24 @@
 //! capability an owner may lend to threads that run queues is resizing,
 //! through a [`Resizer`] (the storage daemon hands one to its FUSE export
 //! for `truncate` and growable writes).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), block::BlockError> {
+//! let image = block::ExclusiveImage::open(&block::DiskOptions::new("img.qcow2"))?;
+//! image.disk().write_at(0, &[0; 512])?;
+//! image.tools().snapshot_create("before", (0, 0))?;
+//! image.close()
+//! # }
+//! ```
+//!
+//! A queue handle has no way to the tools; this does not compile:
+//!
+//! ```compile_fail
+//! use block::formats::Snapshots;
+//! fn apply_under_running_queues(disk: &block::Disk) {
+//!     let _ = disk.format().snapshot_apply("before");
+//! }
+//! ```
 
 use std::sync::Arc;
 
