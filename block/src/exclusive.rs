@@ -44,6 +44,10 @@ use crate::formats::tools::{open_image_tools, ImageTools};
 use crate::options::DiskOptions;
 
 /// An image opened by its one owner (a tool, the storage daemon).
+///
+/// "Exclusive" is about who holds the handle, not the file lock: the
+/// locks are the ones [`Disk::open`] takes (shared for a read-only open,
+/// where every tool that would change the image fails).
 pub struct ExclusiveImage {
     tools: Arc<dyn ImageTools>,
     disk: Disk,

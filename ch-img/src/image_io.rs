@@ -6,6 +6,11 @@
 //! caller's buffer (reads) or in the image (writes). `bench` drives its own
 //! queue with many requests in flight instead.
 //!
+//! Every image is opened as its owner ([`block::ExclusiveImage`]): the
+//! tool capabilities (snapshots, backing edits, compressed writes,
+//! make-empty) come from [`ImageIo::tools`], called between requests, and
+//! [`ImageIo::resize`] goes through the image's [`block::Resizer`].
+//!
 //! The cache mode the image was opened in is honoured here: O_DIRECT was
 //! set at open (the engine bounces unaligned requests); a mode without a
 //! volatile write cache (writethrough, directsync) flushes after every
