@@ -693,7 +693,7 @@ def main():
     for tool in ("ch-img", "blk-bench"):
         if not os.access(os.path.join(a.bin, tool), os.X_OK):
             sys.exit(f"{tool} not found in {a.bin}: build with "
-                     f"`cargo build --release -p ch-img -p virtio-devices "
+                     f"`cargo build --release -p ch-img -p virtio-host-driver "
                      f"--bins` or pass --bin")
     t0 = time.monotonic()
     load0 = os.getloadavg()[0]

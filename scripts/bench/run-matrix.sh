@@ -13,5 +13,5 @@ target=${CARGO_TARGET_DIR:-$repo/target}
 for tool in fio qemu-img python3; do
     command -v "$tool" >/dev/null || { echo "run-matrix: $tool is not installed" >&2; exit 1; }
 done
-(cd "$repo" && cargo build --release -p ch-img -p virtio-devices --bins) >&2
+(cd "$repo" && cargo build --release -p ch-img -p virtio-host-driver --bins) >&2
 exec python3 "$here/run-matrix.py" --bin "$target/release" "$@"
