@@ -14,8 +14,15 @@ ratios are computed per repeat (ours/fio from the same repeat) and the
 table quotes medians of those per-repeat ratios. A ratio whose samples
 spread more than 2x (max/min) is marked "noisy".
 
+Before/after: with --baseline-bin DIR (a second build's ch-img and
+blk-bench), every case also runs "base", the same command as "ours" with
+the baseline's binary, in the same rotation; the tables gain a column
+ours/base (median of per-repeat ratios of the row's metric) and a summary
+line per group.
+
 Usage: scripts/bench/run-matrix.py [--quick] [--dir DIR] [--bin DIR]
-       [--repeats N] [--seconds S] [--only SUBSTR] [--json FILE]
+       [--baseline-bin DIR] [--repeats N] [--seconds S] [--only SUBSTR]
+       [--json FILE]
 """
 
 import argparse
@@ -280,7 +287,9 @@ class Case:
     """name; runs: {label: callable -> (cmd, metrics)}; ratios: list of
     (title, numerator label, denominator label, metric, target, higher)
     where higher=True means the ratio must be >= target, else <= target;
-    before: called before every run (not timed)."""
+    before: called before every run (not timed); base_of: {label: label of
+    the same run with the baseline's binary} (empty without
+    --baseline-bin)."""
 
     def __init__(self, group, name, runs, ratios, before=None):
         self.group = group
@@ -288,6 +297,29 @@ class Case:
         self.runs = runs
         self.ratios = ratios
         self.before = before
+        self.base_of = {}
+
+
+def ours_and_base(runs, t, tb, ours):
+    """Adds "ours" (ours(t)) and, with a baseline build tb, "base"
+    (ours(tb)): the same run with the baseline's binaries. Returns the
+    {ours label: base label} map for Case.base_of."""
+    runs["ours"] = lambda: ours(t)
+    if tb is None:
+        return {}
+    runs["base"] = lambda: ours(tb)
+    return {"ours": "base"}
+
+
+def case_with_base(group, name, t, tb, ours, others, ratios, before=None):
+    """A Case whose "ours" run is ours(tools), with its baseline twin when
+    tb is set; others are the runs of other tools (fio, qemu-img)."""
+    runs = {}
+    base_of = ours_and_base(runs, t, tb, ours)
+    runs.update(others)
+    c = Case(group, name, runs, ratios, before)
+    c.base_of = base_of
+    return c
 
 
 def metric_value(m, metric):
@@ -342,8 +374,9 @@ def write_replay_log(image, path, count, seed=1):
     return sum(r[1] for r in reads) / len(reads)
 
 
-def block_cases(t, im, quick):
-    """Issue #3: block layer, ch-img bench vs fio and qemu-img bench."""
+def block_cases(t, im, quick, tb=None):
+    """Issue #3: block layer, ch-img bench vs fio and qemu-img bench (and,
+    with tb, the baseline build's ch-img bench)."""
     cases = []
     rr = "randread"
 
@@ -351,15 +384,16 @@ def block_cases(t, im, quick):
                   metric="iops", sync=False, higher=True, same_file=False,
                   compressed=False):
         key = name
-        runs = {
-            "ours": lambda: t.ch_bench(key + "/ours", image, fmt, qd, 4096,
-                                       0, random=True),
+        runs = {}
+        base_of = ours_and_base(runs, t, tb, lambda tools: tools.ch_bench(
+            key + "/ours", image, fmt, qd, 4096, 0, random=True))
+        runs.update({
             "fio": lambda: t.fio(im.raw, rr, "4k", qd),
             "ours-strided": lambda: t.ch_bench(key + "/ours-s", image, fmt,
                                                qd, 4096, STRIDE),
             "qemu": lambda: t.qemu_bench(key + "/qemu", image, fmt, qd, 4096,
                                          STRIDE),
-        }
+        })
         ratios = [("ours/fio", "ours", "fio", metric, target_fio, higher),
                   ("ours/qemu (same -d -s -S)", "ours-strided", "qemu",
                    metric, target_qemu, higher)]
@@ -386,7 +420,9 @@ def block_cases(t, im, quick):
                 engine="sync")
             ratios.append(("io_uring/sync", "ours", "ours-sync", "iops",
                            2.0, True))
-        cases.append(Case("block", name, runs, ratios))
+        c = Case("block", name, runs, ratios)
+        c.base_of = base_of
+        cases.append(c)
 
     read_case("raw 4k randread QD32", im.raw, "raw", 32, 0.95)
     read_case("qcow2 allocated 4k randread QD32", im.alloc, "qcow2", 32,
@@ -406,10 +442,11 @@ def block_cases(t, im, quick):
 
     # 1 MiB sequential read spanning clusters, QD 8.
     mib = 1 << 20
-    cases.append(Case("block", "qcow2 allocated 1M seq read QD8", {
-        "ours": lambda: t.ch_bench("seq/ours", im.alloc, "qcow2", 8, mib,
-                                   mib, count=t.count_for(
-                                       "seq/ours", mib, mib, im.size)),
+    cases.append(case_with_base("block", "qcow2 allocated 1M seq read QD8",
+                                t, tb, lambda tools: tools.ch_bench(
+                                    "seq/ours", im.alloc, "qcow2", 8, mib,
+                                    mib, count=tools.count_for(
+                                        "seq/ours", mib, mib, im.size)), {
         "fio": lambda: t.fio(im.raw, "read", "1M", 8),
         "fio-same": lambda: t.fio(im.alloc, "read", "1M", 8,
                                   extent=im.alloc_data),
@@ -422,9 +459,10 @@ def block_cases(t, im, quick):
         ("ours/qemu", "ours", "qemu", "iops", None, True)]))
 
     # 4 KiB random write into allocated clusters, QD 32.
-    cases.append(Case("block", "qcow2 allocated 4k randwrite QD32", {
-        "ours": lambda: t.ch_bench("rw/ours", im.alloc, "qcow2", 32, 4096, 0,
-                                   write=True, random=True),
+    cases.append(case_with_base("block", "qcow2 allocated 4k randwrite QD32",
+                                t, tb, lambda tools: tools.ch_bench(
+                                    "rw/ours", im.alloc, "qcow2", 32, 4096,
+                                    0, write=True, random=True), {
         "fio": lambda: t.fio(im.raw, "randwrite", "4k", 32),
         # Overwrites data clusters only: the image stays valid.
         "fio-same": lambda: t.fio(im.alloc, "randwrite", "4k", 32,
@@ -442,9 +480,10 @@ def block_cases(t, im, quick):
     # Allocating sequential 64 KiB writes at QD 32 into an empty image.
     k64 = 65536
     n_alloc = (128 << 20) // k64 if quick else (512 << 20) // k64
-    cases.append(Case("block", "qcow2 empty, allocating 64k seq write QD32", {
-        "ours": lambda: t.ch_bench("alloc/ours", im.empty, "qcow2", 32, k64,
-                                   0, write=True, count=n_alloc),
+    cases.append(case_with_base(
+        "block", "qcow2 empty, allocating 64k seq write QD32", t, tb,
+        lambda tools: tools.ch_bench("alloc/ours", im.empty, "qcow2", 32,
+                                     k64, 0, write=True, count=n_alloc), {
         "fio": lambda: t.fio(im.empty_raw, "write", "64k", 32,
                              size=n_alloc * k64),
         "qemu": lambda: t.qemu_bench("alloc/qemu", im.empty, "qcow2", 32,
@@ -455,24 +494,23 @@ def block_cases(t, im, quick):
     return cases
 
 
-def device_cases(t, im, quick):
-    """Issue #4 and the device matrix: blk-bench vs fio."""
+def device_cases(t, im, quick, tb=None):
+    """Issue #4 and the device matrix: blk-bench vs fio (and, with tb, the
+    baseline build's blk-bench)."""
     cases = []
 
     def dev(name, image, rw, bs, qd, queues=1, engine="io_uring",
             direct=True, target=None, metric="iops", higher=True, poll_us=0,
             halt_poll_us=0):
         fio_rw = rw
-        runs = {
-            "ours": lambda: t.blk(image, rw, bs, qd, queues, engine, direct,
-                                  poll_us=poll_us,
-                                  halt_poll_us=halt_poll_us),
-            "fio": lambda: t.fio(im.raw, fio_rw, bs, qd, jobs=queues,
-                                 direct=direct),
-        }
-        cases.append(Case("device", name, runs,
-                          [("ours/fio", "ours", "fio", metric, target,
-                            higher)]))
+        cases.append(case_with_base(
+            "device", name, t, tb,
+            lambda tools: tools.blk(image, rw, bs, qd, queues, engine,
+                                    direct, poll_us=poll_us,
+                                    halt_poll_us=halt_poll_us),
+            {"fio": lambda: t.fio(im.raw, fio_rw, bs, qd, jobs=queues,
+                                  direct=direct)},
+            [("ours/fio", "ours", "fio", metric, target, higher)]))
 
     a = im.alloc
     dev("qcow2 alloc 4k randread 1q QD32 io_uring direct", a, "randread",
@@ -490,15 +528,12 @@ def device_cases(t, im, quick):
         halt_poll_us=200)
     # The stall case: think time before each batch and after each completion.
     io = 128 << 20
-    cases.append(Case("device", "stall: 128M read, 128k req, batch 16, "
-                      "1 ms think", {
-                          "ours": lambda: t.blk(a, "read", "128k", 16,
-                                                io_size=io, think_us=1000,
-                                                batch=16),
-                          "fio": lambda: t.fio(im.raw, "read", "128k", 16,
-                                               size=io),
-                      }, [("wall/(think+fio)", "ours", "fio", "stall", 1.1,
-                           False)]))
+    cases.append(case_with_base(
+        "device", "stall: 128M read, 128k req, batch 16, 1 ms think", t, tb,
+        lambda tools: tools.blk(a, "read", "128k", 16, io_size=io,
+                                think_us=1000, batch=16),
+        {"fio": lambda: t.fio(im.raw, "read", "128k", 16, size=io)},
+        [("wall/(think+fio)", "ours", "fio", "stall", 1.1, False)]))
     if quick:
         dev("qcow2 alloc 4k randread 1q QD32 sync direct", a, "randread",
             "4k", 32, engine="sync")
@@ -592,6 +627,49 @@ def median_metric(samples, lab, metric):
     return statistics.median(vals) if vals else None
 
 
+def base_ratio(case, samples, num, metric):
+    """(median, spread, n) of num/its baseline twin per repeat, in the
+    row's metric (wall time for the stall metric); None when num has no
+    twin."""
+    twin = case.base_of.get(num)
+    if twin is None:
+        return None
+    return ratio_stats(samples, num, twin,
+                       "elapsed_s" if metric == "stall" else metric)
+
+
+def fmt_base(r):
+    if r is None or r[0] is None:
+        return "-"
+    med, spread, _ = r
+    return f"{med:.3f} ({spread:.2f}x{', noisy' if spread > 2.0 else ''})"
+
+
+def print_base_summary(results, group):
+    """One line per group: ours/base in speed terms (latency and wall-time
+    ratios inverted, so above 1 is faster than the baseline) over the
+    cases, from each case's first ratio's metric."""
+    speed = []
+    for case, samples, _cmds, _errors in results:
+        if case.group != group or not case.base_of:
+            continue
+        _title, num, _den, metric, _t, _h = case.ratios[0]
+        r = base_ratio(case, samples, num, metric)
+        if r is None or r[0] is None:
+            continue
+        inverted = metric in ("lat_us", "stall")
+        speed.append((1.0 / r[0] if inverted else r[0], case.name))
+    if not speed:
+        print(f"\nours/base ({group}): no data")
+        return
+    geo = statistics.geometric_mean([v for v, _ in speed])
+    low, low_case = min(speed)
+    print(f"\nours/base ({group}), speed terms (IOPS ratio; latency and "
+          f"wall-time ratios inverted; > 1 = faster than the baseline): "
+          f"geometric mean {geo:.3f} over {len(speed)} cases, lowest "
+          f"{low:.3f} ({low_case}).")
+
+
 def fmt_cpu(v):
     return "-" if v is None else f"{v:.1f}"
 
@@ -606,11 +684,13 @@ def fmt_num(v, metric):
     return f"{v:,.0f}"
 
 
-def print_table(results, group):
+def print_table(results, group, with_base=False):
     print(f"\n### {group} level\n")
+    base_head = " ours/base (spread) |" if with_base else ""
     print("| case | ratio | median | target | verdict | spread | ours "
-          "| other | CPU us/op ours | CPU us/op other | n |")
-    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+          f"| other | CPU us/op ours | CPU us/op other |{base_head} n |")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|"
+          f"{'---:|' if with_base else ''}---:|")
     for case, samples, cmds, errors in results:
         if case.group != group:
             continue
@@ -635,7 +715,11 @@ def print_table(results, group):
                   f"{fmt_num(median_metric(samples, den, metric), metric)} | "
                   f"{fmt_cpu(median_metric(samples, num, 'cpu_us_op'))} | "
                   f"{fmt_cpu(median_metric(samples, den, 'cpu_us_op'))} | "
-                  f"{n} |")
+                  + (f"{fmt_base(base_ratio(case, samples, num, metric))} | "
+                     if with_base else "")
+                  + f"{n} |")
+    if with_base:
+        print_base_summary(results, group)
     print(f"\n#### {group} commands (last repeat)\n")
     for case, samples, cmds, errors in results:
         if case.group != group:
@@ -668,6 +752,10 @@ def main():
         "BENCH_BIN", os.path.join(os.environ.get(
             "CARGO_TARGET_DIR", os.path.join(repo, "target")), "release")),
         help="folder holding ch-img and blk-bench (release build)")
+    ap.add_argument("--baseline-bin", default=None, metavar="DIR",
+                    help="folder holding a second build's ch-img and "
+                    "blk-bench (the \"before\" of a before/after run): "
+                    "every case also runs it as \"base\", interleaved")
     ap.add_argument("--repeats", type=int, default=None,
                     help="interleaved repeats per case (default 5, quick 3)")
     ap.add_argument("--seconds", type=float, default=None,
@@ -693,17 +781,24 @@ def main():
     for tool in ("ch-img", "blk-bench"):
         if not os.access(os.path.join(a.bin, tool), os.X_OK):
             sys.exit(f"{tool} not found in {a.bin}: build with "
-                     f"`cargo build --release -p ch-img -p virtio-devices "
+                     f"`cargo build --release -p ch-img -p virtio-host-driver "
                      f"--bins` or pass --bin")
+        if a.baseline_bin and not os.access(
+                os.path.join(a.baseline_bin, tool), os.X_OK):
+            sys.exit(f"{tool} not found in --baseline-bin {a.baseline_bin}: "
+                     f"build the baseline tree with `cargo build --release "
+                     f"-p ch-img -p virtio-host-driver --bins` (trees before "
+                     f"the crate move: -p virtio-devices)")
     t0 = time.monotonic()
     load0 = os.getloadavg()[0]
     im = Images(a.dir, size, a.reuse)
     t = Tools(a.bin, seconds)
+    tb = Tools(a.baseline_bin, seconds) if a.baseline_bin else None
     cases = []
     if a.group in ("block", "all"):
-        cases += block_cases(t, im, a.quick)
+        cases += block_cases(t, im, a.quick, tb)
     if a.group in ("device", "all"):
-        cases += device_cases(t, im, a.quick)
+        cases += device_cases(t, im, a.quick, tb)
     if a.only:
         cases = [c for c in cases if a.only in c.name]
     results = []
@@ -719,9 +814,14 @@ def main():
           f"Total {time.monotonic() - t0:.0f} s. Load average (1 min) "
           f"{load0:.1f} at start, {os.getloadavg()[0]:.1f} at end: other "
           f"work on the machine competes for the {os.cpu_count()} CPUs.")
+    if tb:
+        print(f"\nBefore/after: ours = {a.bin}, base = {a.baseline_bin}; "
+              f"each case runs both in the same rotation. ours/base is the "
+              f"median of per-repeat ratios of the row's metric (for "
+              f"latency and wall time, below 1 is better).")
     for g in ("block", "device"):
         if any(c.group == g for c in cases):
-            print_table(results, g)
+            print_table(results, g, tb is not None)
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump([{"case": c.name, "group": c.group, "cmds": cmds,

@@ -21,7 +21,7 @@ use vhost_user_support::*;
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_devices::block::BlockDeviceConfig;
-use virtio_devices::testing::{BlockHarness, DriverOptions, QueueDriver, UsedRequest};
+use virtio_host_driver::{BlockHarness, DriverOptions, QueueDriver, UsedRequest};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 

@@ -16,7 +16,7 @@ use vhost::vhost_user::VhostUserFrontend;
 use vhost::VhostBackend;
 use vhost_user_support::*;
 use virtio_bindings::virtio_blk::*;
-use virtio_devices::testing::QueueDriver;
+use virtio_host_driver::QueueDriver;
 
 const OK: u8 = VIRTIO_BLK_S_OK as u8;
 const IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;

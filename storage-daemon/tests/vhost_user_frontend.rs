@@ -13,12 +13,10 @@ use std::sync::Arc;
 use vhost_user_support::*;
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_devices::testing::{
-    DriverOptions, DriverQueue, EventFdInterrupt, QueueDriver, QueueLayout,
-};
 use virtio_devices::vhost_user_blk::device::VhostUserBlkConfig;
 use virtio_devices::vhost_user_blk::{VhostUserBlkDevice, VhostUserBlkError};
 use virtio_devices::{ActivatedQueue, VirtioDevice, VirtioInterrupt};
+use virtio_host_driver::{DriverOptions, DriverQueue, EventFdInterrupt, QueueDriver, QueueLayout};
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 

@@ -8,12 +8,12 @@
 //! - [`vhost_user_blk`]: virtio-blk served by a vhost-user backend (the
 //!   VMM as a vhost-user front end).
 //! - `transport`: virtio-pci (modern) with MSI-X.
-//! - [`testing`]: a host-side virtio driver (split virtqueues in guest
-//!   memory) that drives a real device in tests and `blk-bench`.
+//!
+//! The host-side driver that plays the guest in tests and `blk-bench`
+//! lives in its own crate, `virtio-host-driver`, so the VMM does not link it.
 
 pub mod block;
 pub mod device;
-pub mod testing;
 pub mod transport;
 pub mod vhost_user_blk;
 

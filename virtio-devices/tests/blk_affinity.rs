@@ -12,7 +12,7 @@ use block::ImageType;
 use common::*;
 use virtio_bindings::virtio_blk::*;
 use virtio_devices::block::BlockDeviceConfig;
-use virtio_devices::testing::{BlockHarness, DriverOptions};
+use virtio_host_driver::{BlockHarness, DriverOptions};
 
 /// The Cpus_allowed_list of this process's thread named `name`.
 fn cpus_of_thread(name: &str) -> Option<String> {

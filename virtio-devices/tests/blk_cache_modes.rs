@@ -10,12 +10,12 @@ use block::options::CacheMode;
 use block::{Disk, DiskOptions, EngineKind, ImageType};
 use common::*;
 use virtio_bindings::virtio_blk::*;
-use virtio_devices::testing::DriverOptions;
 use virtio_devices::VirtioDevice;
+use virtio_host_driver::DriverOptions;
 
 const WCE: u64 = 32;
 
-fn wce(h: &virtio_devices::testing::BlockHarness) -> u8 {
+fn wce(h: &virtio_host_driver::BlockHarness) -> u8 {
     let mut b = [0xffu8; 1];
     h.device.read_config(WCE, &mut b);
     b[0]

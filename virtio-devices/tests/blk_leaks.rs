@@ -7,8 +7,8 @@ mod common;
 use block::ImageType;
 use common::*;
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN};
-use virtio_devices::testing::DriverOptions;
 use virtio_devices::VirtioDevice;
+use virtio_host_driver::DriverOptions;
 
 fn count(dir: &str) -> usize {
     std::fs::read_dir(dir).unwrap().count()
@@ -26,7 +26,7 @@ fn reset_cycles_leak_no_fds_or_threads() {
     let workers = 4;
     // Serving a request on every queue proves each worker is in its loop
     // (its epoll descriptor exists) before anything is counted.
-    let serve_all = |h: &mut virtio_devices::testing::BlockHarness, sector: u64| {
+    let serve_all = |h: &mut virtio_host_driver::BlockHarness, sector: u64| {
         for q in 0..4 {
             let u = h
                 .queue(q)

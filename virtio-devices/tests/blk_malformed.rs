@@ -10,7 +10,7 @@ use block::ImageType;
 use common::*;
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_devices::testing::{BlockHarness, DescSpec, DriverOptions, QueueDriver, UsedRequest};
+use virtio_host_driver::{BlockHarness, DescSpec, DriverOptions, QueueDriver, UsedRequest};
 use vm_memory::{Bytes, GuestAddress};
 
 const OK: u8 = VIRTIO_BLK_S_OK as u8;

@@ -11,7 +11,7 @@ mod common;
 use block::EngineKind;
 use common::*;
 use virtio_devices::block::BlockDeviceConfig;
-use virtio_devices::testing::{BlockHarness, DriverOptions};
+use virtio_host_driver::{BlockHarness, DriverOptions};
 
 const SECTORS: u64 = 2048;
 

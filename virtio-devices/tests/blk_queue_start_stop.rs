@@ -11,8 +11,8 @@ use std::sync::Arc;
 use block::ImageType;
 use common::*;
 use virtio_bindings::virtio_blk::*;
-use virtio_devices::testing::DriverOptions;
 use virtio_devices::{ActivatedQueue, VirtioInterrupt};
+use virtio_host_driver::DriverOptions;
 use virtio_queue::QueueT;
 
 const OK: u8 = VIRTIO_BLK_S_OK as u8;

@@ -16,7 +16,7 @@ use common::*;
 use virtio_bindings::virtio_blk::*;
 use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
 use virtio_devices::block::BlockDeviceConfig;
-use virtio_devices::testing::{BlockHarness, DriverOptions};
+use virtio_host_driver::{BlockHarness, DriverOptions};
 
 const OK: u8 = VIRTIO_BLK_S_OK as u8;
 const SECTORS: u64 = 2048;

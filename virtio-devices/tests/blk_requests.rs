@@ -8,8 +8,8 @@ use std::process::Command;
 use block::ImageType;
 use common::*;
 use virtio_bindings::virtio_blk::*;
-use virtio_devices::testing::{BlockHarness, DescSpec, DriverOptions};
 use virtio_devices::VirtioDevice;
+use virtio_host_driver::{BlockHarness, DescSpec, DriverOptions};
 
 const OK: u8 = VIRTIO_BLK_S_OK as u8;
 const IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;

@@ -33,3 +33,20 @@ pub fn check_image(path: &Path, repair: Option<Repair>) -> Result<CheckReport, B
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_images_have_no_checks() {
+        let path = std::env::temp_dir().join(format!("ch-check-raw-{}.raw", std::process::id()));
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let answer = check_image(&path, None);
+        let _ = std::fs::remove_file(&path);
+        match answer {
+            Err(BlockError::Unsupported { feature, .. }) => assert_eq!(feature, "checks"),
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
+}

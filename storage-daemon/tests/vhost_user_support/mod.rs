@@ -21,9 +21,7 @@ use std::time::{Duration, Instant};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use virtio_devices::testing::{
-    DriverOptions, DriverQueue, EventFdInterrupt, QueueDriver, QueueLayout,
-};
+use virtio_host_driver::{DriverOptions, DriverQueue, EventFdInterrupt, QueueDriver, QueueLayout};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 

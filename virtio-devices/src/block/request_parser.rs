@@ -580,5 +580,5 @@ fn parse_discard(
 }
 
 #[cfg(test)]
-#[path = "request_parser_tests.rs"]
+#[path = "request_parser_tests/mod.rs"]
 mod tests;

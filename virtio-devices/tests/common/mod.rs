@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use block::{Disk, DiskOptions, EngineKind, ImageType};
 use virtio_devices::block::BlockDeviceConfig;
-use virtio_devices::testing::{BlockHarness, DriverOptions, QueueDriver};
+use virtio_host_driver::{BlockHarness, DriverOptions, QueueDriver};
 
 /// A scratch folder removed on drop.
 pub struct TempDir(pub PathBuf);

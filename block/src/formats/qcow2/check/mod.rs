@@ -6,7 +6,8 @@
 //! and counts the references to each host cluster; `refcounts` compares
 //! them with the stored refcounts and COPIED flags and, with `-r`,
 //! rewrites what is wrong; `rebuild` replaces refcount structures that
-//! are lost or unusable. `crate::check` dispatches to this module.
+//! are lost or unusable. `crate::check::check_image` (the format
+//! dispatcher) calls in here; nothing here uses `crate::check`.
 
 use std::path::Path;
 

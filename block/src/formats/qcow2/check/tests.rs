@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use super::{check_qcow2 as check_image, Repair};
 use crate::create::{create_image, CreateOptions};
-use crate::error::BlockError;
 use crate::options::{DiskOptions, ImageType};
 use crate::Disk;
 
@@ -144,15 +143,4 @@ fn unaligned_l2_offset_is_reported_not_followed() {
         "{:?}",
         r.messages
     );
-}
-
-#[test]
-fn raw_images_have_no_checks() {
-    let dir = TempDir::new("raw");
-    let path = dir.0.join("r.raw");
-    std::fs::write(&path, vec![0u8; 4096]).unwrap();
-    match crate::check::check_image(&path, None) {
-        Err(BlockError::Unsupported { feature, .. }) => assert_eq!(feature, "checks"),
-        other => panic!("expected Unsupported, got {other:?}"),
-    }
 }

@@ -24,10 +24,10 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::interrupt::EventFdInterrupt;
-use super::split_queue::{DescSpec, DriverQueue, QueueLayout};
-use crate::block::{BlockDevice, BlockDeviceConfig};
-use crate::device::{ActivatedQueue, VirtioDevice};
+use crate::interrupt::EventFdInterrupt;
+use crate::split_queue::{DescSpec, DriverQueue, QueueLayout};
+use virtio_devices::block::{BlockDevice, BlockDeviceConfig};
+use virtio_devices::device::{ActivatedQueue, VirtioDevice};
 
 /// How the driver sets things up.
 #[derive(Clone, Copy, Debug)]
@@ -361,11 +361,11 @@ pub enum HarnessError {
     #[error("guest memory setup failed: {0}")]
     Memory(String),
     #[error("device creation failed")]
-    Device(#[source] crate::block::BlockDeviceError),
+    Device(#[source] virtio_devices::block::BlockDeviceError),
     #[error("eventfd setup failed")]
     EventFd(#[source] io::Error),
     #[error("device activation failed")]
-    Activate(#[source] crate::device::ActivateError),
+    Activate(#[source] virtio_devices::device::ActivateError),
 }
 
 impl BlockHarness {
@@ -428,7 +428,7 @@ impl BlockHarness {
                 &opts,
             )));
         }
-        let interrupt_dyn: Arc<dyn crate::device::VirtioInterrupt> = interrupt.clone();
+        let interrupt_dyn: Arc<dyn virtio_devices::device::VirtioInterrupt> = interrupt.clone();
         device
             .activate(Arc::clone(&mem), interrupt_dyn, activated)
             .map_err(HarnessError::Activate)?;
@@ -475,7 +475,8 @@ impl BlockHarness {
                 kick,
             });
         }
-        let interrupt_dyn: Arc<dyn crate::device::VirtioInterrupt> = self.interrupt.clone();
+        let interrupt_dyn: Arc<dyn virtio_devices::device::VirtioInterrupt> =
+            self.interrupt.clone();
         self.device
             .activate(Arc::clone(&self.mem), interrupt_dyn, activated)
             .map_err(HarnessError::Activate)

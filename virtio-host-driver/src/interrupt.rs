@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::device::{InterruptKind, VirtioInterrupt};
+use virtio_devices::device::{InterruptKind, VirtioInterrupt};
 
 /// Counts and signals interrupts per queue.
 pub struct EventFdInterrupt {

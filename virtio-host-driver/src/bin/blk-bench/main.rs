@@ -1,6 +1,6 @@
 //! `blk-bench`: measures the virtio-blk device path without a guest.
 //!
-//! A host-side driver (virtio_devices::testing) plays the guest: real
+//! A host-side driver (virtio_host_driver) plays the guest: real
 //! guest memory, real split virtqueues, real eventfds and the device's own
 //! worker threads over a real image. Options come from the command line
 //! (see `--help`); results leave on stdout as a table or JSON. With

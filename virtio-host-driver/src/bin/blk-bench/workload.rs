@@ -1,5 +1,5 @@
 //! Our side of a benchmark: the real device driven by one driver thread
-//! per queue through [`virtio_devices::testing`].
+//! per queue through [`virtio_host_driver`].
 //!
 //! Data enters as [`Options`]; each driver thread keeps `qd` requests in
 //! flight (or, with think time, posts batches and "thinks" before each
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use block::{Disk, DiskOptions};
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
 use virtio_devices::block::BlockDeviceConfig;
-use virtio_devices::testing::{BlockHarness, DriverOptions, QueueDriver};
+use virtio_host_driver::{BlockHarness, DriverOptions, QueueDriver};
 
 use crate::args::Options;
 use crate::stats::RunStats;
