@@ -12,6 +12,14 @@
 //! POLL_ADD on its completion eventfd wakes the same ring, so one
 //! `io_uring_enter` waits for both the kernel's requests and the I/O.
 //!
+//! The ring is DEFER_TASKRUN and SINGLE_ISSUER where the kernel allows
+//! (see [`build_ring`]). The threads are not pinned: the kernel queues a
+//! request on the queue of the CPU the application submitted it from, so
+//! a thread pinned to its queue's CPU would always compete with the
+//! submitting application for that CPU (an application submitting deep
+//! queues from one thread then shares one CPU with the daemon while the
+//! others idle); the scheduler places an unpinned thread on an idle CPU.
+//!
 //! Teardown: after the connection ends the kernel completes every armed
 //! entry with -ENOTCONN; the thread stops when every entry is gone and no
 //! I/O is in flight. The buffers are freed only then (else leaked: the
@@ -46,6 +54,8 @@ pub enum RingError {
     PossibleCpus(#[source] std::io::Error),
     #[error("cannot create the io_uring of ring queue {0}")]
     Create(u16, #[source] std::io::Error),
+    #[error("cannot enable the io_uring of ring queue {0}")]
+    Enable(u16, #[source] std::io::Error),
     #[error("cannot open a disk queue for ring queue {0}")]
     DiskQueue(u16, #[source] block::BlockError),
     #[error("registering the ring entries of queue {0} failed")]
@@ -79,6 +89,9 @@ struct RingEntry {
 pub struct RingQueue {
     qid: u16,
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    /// Made with DEFER_TASKRUN and still disabled: the serving thread
+    /// enables it, becoming its single issuer.
+    deferred: bool,
     /// The session's /dev/fuse descriptor (shared with its reader).
     session: Arc<File>,
     entries: Vec<RingEntry>,
@@ -86,6 +99,13 @@ pub struct RingQueue {
     state: Arc<ExportState>,
     /// Requests taken, for the log line at the end.
     served: u64,
+    /// Entries holding a request whose block I/O is in flight, and the
+    /// most seen at once (the log line at the end: how deep the kernel
+    /// fills this queue).
+    busy: usize,
+    peak_busy: usize,
+    /// `io_uring_enter` calls on this ring, for the log line.
+    enters: u64,
 }
 
 /// Parses `/sys/devices/system/cpu/possible` ("0-3", "0,2-5").
@@ -145,6 +165,27 @@ fn register_sqe(fd: i32, qid: u16, iov: &[libc::iovec; 2], tag: u64) -> squeue::
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(bytes) }
 }
 
+/// The ring of one queue: SQE128 (URING_CMD), room for every entry's
+/// command plus the completion poll. Preferably with DEFER_TASKRUN and
+/// SINGLE_ISSUER, created disabled so the serving thread can enable it
+/// and become its issuer: the kernel then hands requests to the thread
+/// only when it waits in `io_uring_enter`, instead of interrupting it
+/// with an IPI for each one (`true` in the result). Kernels without those
+/// flags (before 6.1) get a plain ring.
+fn build_ring() -> std::io::Result<(IoUring<squeue::Entry128, cqueue::Entry>, bool)> {
+    let mut builder = IoUring::<squeue::Entry128, cqueue::Entry>::builder();
+    builder.setup_cqsize(2 * ENTRIES_PER_QUEUE as u32 + 2);
+    let plain = builder.clone();
+    builder
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_r_disabled();
+    match builder.build(ENTRIES_PER_QUEUE as u32 + 2) {
+        Ok(ring) => Ok((ring, true)),
+        Err(_) => Ok((plain.build(ENTRIES_PER_QUEUE as u32 + 2)?, false)),
+    }
+}
+
 /// Creates every ring queue (each registers its entries in its own
 /// thread, see [`RingQueue::run`]).
 pub fn setup_rings(
@@ -155,19 +196,20 @@ pub fn setup_rings(
     let session = Arc::new(session.try_clone().map_err(|e| RingError::Create(0, e))?);
     let mut queues = Vec::new();
     for qid in 0..possible_cpus()? {
-        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .setup_cqsize(2 * ENTRIES_PER_QUEUE as u32 + 2)
-            .build(ENTRIES_PER_QUEUE as u32 + 2)
-            .map_err(|e| RingError::Create(qid, e))?;
+        let (ring, deferred) = build_ring().map_err(|e| RingError::Create(qid, e))?;
         let disk_queue = disk.queue().map_err(|e| RingError::DiskQueue(qid, e))?;
         let queue = RingQueue {
             qid,
             ring,
+            deferred,
             session: session.clone(),
             entries: Vec::new(),
             disk: disk_queue,
             state: state.clone(),
             served: 0,
+            busy: 0,
+            peak_busy: 0,
+            enters: 0,
         };
         queues.push(queue);
     }
@@ -246,7 +288,13 @@ impl RingQueue {
         mut self,
         registered: std::sync::mpsc::Sender<Result<(), RingError>>,
     ) -> std::io::Result<()> {
-        pin_to_cpu(self.qid);
+        if self.deferred {
+            // Registers this thread as the ring's single issuer.
+            if let Err(e) = self.ring.submitter().register_enable_rings() {
+                let _ = registered.send(Err(RingError::Enable(self.qid, e)));
+                return Ok(());
+            }
+        }
         let mut early = Vec::new();
         match self.register_entries() {
             Ok(posted) => {
@@ -274,12 +322,15 @@ impl RingQueue {
             let alive = self.entries.iter().any(|e| e.state != EntryState::Gone);
             if !alive && self.disk.in_flight() == 0 {
                 log::info!(
-                    "fuse ring queue {}: served {} requests",
+                    "fuse ring queue {}: served {} requests, at most {} in flight, {} ring enters",
                     self.qid,
-                    self.served
+                    self.served,
+                    self.peak_busy,
+                    self.enters
                 );
                 return Ok(());
             }
+            self.enters += 1;
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -372,6 +423,8 @@ impl RingQueue {
                 pending,
             } => {
                 request.user_data = index as u64;
+                self.busy += 1;
+                self.peak_busy = self.peak_busy.max(self.busy);
                 entry.state = EntryState::Busy {
                     unique: header.unique,
                     commit_id: ent.commit_id,
@@ -396,6 +449,7 @@ impl RingQueue {
                 log::error!("fuse ring {}: completion for idle entry {index}", self.qid);
                 continue;
             };
+            self.busy = self.busy.saturating_sub(1);
             let reply = pending.reply(c);
             self.commit(index, unique, commit_id, &reply)?;
         }
@@ -416,11 +470,7 @@ impl RingQueue {
         let Some(entry) = self.entries.get_mut(index) else {
             return Ok(());
         };
-        let (error, body): (i32, &[u8]) = match reply {
-            Reply::Error(errno) => (-errno, &[]),
-            Reply::Body(body) => (0, body),
-            Reply::Nothing => (0, &[]),
-        };
+        let (error, body) = reply.parts();
         let (error, len) = if body.len() > entry.payload.len() {
             log::error!("fuse ring {qid}: a {}-byte reply does not fit", body.len());
             (-libc::EIO, 0)
@@ -460,20 +510,6 @@ impl Drop for RingQueue {
                 self.qid
             );
             std::mem::forget(entries);
-        }
-    }
-}
-
-/// Runs the thread on CPU `qid`, where the requests of its queue come
-/// from (best effort: a failure only costs locality).
-fn pin_to_cpu(qid: u16) {
-    // SAFETY: an all-zero cpu_set_t is an empty set; CPU_SET writes inside
-    // it; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(usize::from(qid), &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            log::debug!("fuse ring {qid}: cannot pin to CPU {qid}");
         }
     }
 }
