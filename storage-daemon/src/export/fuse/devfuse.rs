@@ -91,6 +91,8 @@ pub struct DevQueue {
     served: u64,
     /// The most requests in flight on the disk queue at once.
     peak_in_flight: usize,
+    waits: u64,
+    in_flight_at_waits: u64,
 }
 
 impl DevQueue {
@@ -109,6 +111,8 @@ impl DevQueue {
             connection_gone: false,
             served: 0,
             peak_in_flight: 0,
+            waits: 0,
+            in_flight_at_waits: 0,
         })
     }
 
@@ -134,6 +138,8 @@ impl DevQueue {
         let mut events = vec![EpollEvent::default(); 2];
         let mut completions = Vec::new();
         while !(self.connection_gone && self.disk.in_flight() == 0) {
+            self.waits += 1;
+            self.in_flight_at_waits += self.disk.in_flight() as u64;
             let n = match epoll.wait(-1, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -151,10 +157,12 @@ impl DevQueue {
             }
         }
         log::info!(
-            "fuse /dev/fuse queue {}: served {} requests, at most {} in flight",
+            "fuse /dev/fuse queue {}: served {} requests, at most {} in flight, {} waits, {:.1} in flight at a wait on average",
             std::thread::current().name().unwrap_or("?"),
             self.served,
-            self.peak_in_flight
+            self.peak_in_flight,
+            self.waits,
+            self.in_flight_at_waits as f64 / self.waits.max(1) as f64
         );
         Ok(())
     }
