@@ -39,6 +39,8 @@ fn fio_verify(mountpoint: &std::path::Path, jobs: u32) {
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
+            // No local-verify-N-verify.state files in the working directory.
+            "--verify_state_save=0",
         ])
         .arg(format!("--numjobs={jobs}")));
 }

@@ -231,11 +231,11 @@ impl Transport {
     }
 }
 
-/// Asserts the log says the ring queues served requests (io_uring mode).
+/// Asserts the log says the ring threads served requests (io_uring mode).
 pub fn assert_ring_served(log: &str) {
     let served: u64 = log
         .lines()
-        .filter(|l| l.contains("fuse ring queue"))
+        .filter(|l| l.contains("fuse ring thread"))
         .filter_map(|l| {
             l.rsplit("served ")
                 .next()?

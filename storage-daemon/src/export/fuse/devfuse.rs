@@ -30,11 +30,10 @@ const COMPLETION_EVENT: u64 = 1;
 /// request the kernel gave up on (interrupted, connection gone) makes the
 /// write fail with ENOENT or ENODEV; callers log and carry on.
 pub fn write_reply(dev: &File, unique: u64, reply: &Reply) -> std::io::Result<()> {
-    let (error, body): (i32, &[u8]) = match reply {
-        Reply::Nothing => return Ok(()),
-        Reply::Error(errno) => (-errno, &[]),
-        Reply::Body(body) => (0, body),
-    };
+    if let Reply::Nothing = reply {
+        return Ok(());
+    }
+    let (error, body) = reply.parts();
     let header = OutHeader {
         len: (std::mem::size_of::<OutHeader>() + body.len()) as u32,
         error,
@@ -90,6 +89,10 @@ pub struct DevQueue {
     connection_gone: bool,
     /// Requests read, for the log line at the end.
     served: u64,
+    /// The most requests in flight on the disk queue at once.
+    peak_in_flight: usize,
+    waits: u64,
+    in_flight_at_waits: u64,
 }
 
 impl DevQueue {
@@ -107,6 +110,9 @@ impl DevQueue {
             in_flight: InFlight::default(),
             connection_gone: false,
             served: 0,
+            peak_in_flight: 0,
+            waits: 0,
+            in_flight_at_waits: 0,
         })
     }
 
@@ -114,10 +120,14 @@ impl DevQueue {
     /// flight has been answered.
     pub fn run(mut self) -> std::io::Result<()> {
         let epoll = Epoll::new()?;
+        // Every clone of the session descriptor waits on the same kernel
+        // queue: EXCLUSIVE wakes one queue thread per request instead of
+        // all of them (the others would only read EAGAIN). The end of the
+        // connection still wakes every thread.
         epoll.ctl(
             ControlOperation::Add,
             self.dev.as_raw_fd(),
-            EpollEvent::new(EventSet::IN, FUSE_EVENT),
+            EpollEvent::new(EventSet::IN | EventSet::EXCLUSIVE, FUSE_EVENT),
         )?;
         epoll.ctl(
             ControlOperation::Add,
@@ -128,6 +138,8 @@ impl DevQueue {
         let mut events = vec![EpollEvent::default(); 2];
         let mut completions = Vec::new();
         while !(self.connection_gone && self.disk.in_flight() == 0) {
+            self.waits += 1;
+            self.in_flight_at_waits += self.disk.in_flight() as u64;
             let n = match epoll.wait(-1, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -145,9 +157,12 @@ impl DevQueue {
             }
         }
         log::info!(
-            "fuse /dev/fuse queue {}: served {} requests",
+            "fuse /dev/fuse queue {}: served {} requests, at most {} in flight, {} waits, {:.1} in flight at a wait on average",
             std::thread::current().name().unwrap_or("?"),
-            self.served
+            self.served,
+            self.peak_in_flight,
+            self.waits,
+            self.in_flight_at_waits as f64 / self.waits.max(1) as f64
         );
         Ok(())
     }
@@ -199,6 +214,7 @@ impl DevQueue {
         }
         if !batch.is_empty() {
             self.disk.submit_batch_requests(batch);
+            self.peak_in_flight = self.peak_in_flight.max(self.disk.in_flight());
         }
     }
 

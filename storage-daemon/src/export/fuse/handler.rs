@@ -65,12 +65,37 @@ impl<'a> FuseRequest<'a> {
 }
 
 /// A reply to a request (errno values are positive here).
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Reply {
     Error(i32),
     Body(Vec<u8>),
+    /// The data a READ brought back, in the request's own buffer: the
+    /// transport copies it out once (ring) or writes it from there
+    /// (/dev/fuse), with no copy in between.
+    Data(IoMemory),
     /// FORGET and INTERRUPT get no reply.
     Nothing,
+}
+
+impl Reply {
+    /// The errno (negative, as the kernel wants it) and the body.
+    pub fn parts(&self) -> (i32, &[u8]) {
+        match self {
+            Reply::Error(errno) => (-errno, &[]),
+            Reply::Body(body) => (0, body),
+            Reply::Data(IoMemory::Owned(v)) => (0, v),
+            Reply::Data(IoMemory::Aligned(b)) => (0, b.as_slice()),
+            Reply::Data(_) => (-libc::EIO, &[]),
+            Reply::Nothing => (0, &[]),
+        }
+    }
+}
+
+impl PartialEq for Reply {
+    fn eq(&self, other: &Self) -> bool {
+        matches!(self, Reply::Nothing) == matches!(other, Reply::Nothing)
+            && self.parts() == other.parts()
+    }
 }
 
 /// What became of a request.
@@ -100,8 +125,7 @@ impl Pending {
         match (completion.result, self) {
             (Err(e), _) => Reply::Error(block_errno(&e)),
             (Ok(_), Pending::Read) => match completion.memory {
-                IoMemory::Owned(data) => Reply::Body(data),
-                IoMemory::Aligned(buf) => Reply::Body(buf.as_slice().to_vec()),
+                memory @ (IoMemory::Owned(_) | IoMemory::Aligned(_)) => Reply::Data(memory),
                 _ => Reply::Error(libc::EIO),
             },
             (Ok(_), Pending::Write { size }) => {

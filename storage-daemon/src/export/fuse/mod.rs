@@ -10,7 +10,7 @@
 //! [`start`] checks the mountpoint, mounts it ([`mount`]), answers
 //! FUSE_INIT ([`init`]) and starts the queue threads: one per /dev/fuse
 //! descriptor ([`devfuse`]) and, with `io_uring=on`, one per possible
-//! CPU serving that CPU's ring queue ([`uring`]). Both transports hand
+//! CPU, each serving its CPU's ring queue and the next one ([`uring`]). Both transports hand
 //! every request to the same [`handler::dispatch`]; data requests become
 //! block requests on the thread's own disk queue ([`io`]), attributes
 //! live in [`attr`], the kernel structs in [`abi`]. [`FuseExport::stop`]
@@ -25,6 +25,7 @@ mod init;
 mod io;
 mod mount;
 mod uring;
+mod uring_setup;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -173,7 +174,7 @@ fn start_queues(
     let (registered_tx, registered_rx) = std::sync::mpsc::channel();
     let ring_count = rings.len();
     for ring in rings {
-        let name = format!("fuse-ring{}", ring.qid());
+        let name = format!("fuse-ring{}", ring.index());
         let tx = registered_tx.clone();
         threads.push(spawn(name, move || ring.run(tx))?);
     }

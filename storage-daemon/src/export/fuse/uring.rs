@@ -1,6 +1,7 @@
 //! The FUSE-over-io_uring transport (Linux 6.14+, protocol 7.42): one
-//! thread per possible CPU, each owning the ring entries of that CPU's
-//! kernel queue, its own io_uring (SQE128) and its own [`DiskQueue`].
+//! thread per possible CPU, each owning half the ring entries of two
+//! kernel queues (its CPU's and the next; [`served_queues`]), its own
+//! io_uring (SQE128) and its own [`DiskQueue`].
 //!
 //! At start ([`setup_rings`], after the INIT reply) every entry is
 //! registered: an `IORING_OP_URING_CMD` REGISTER whose iovecs point at the
@@ -11,6 +12,14 @@
 //! the entry. Requests that need image I/O go to the disk queue; a
 //! POLL_ADD on its completion eventfd wakes the same ring, so one
 //! `io_uring_enter` waits for both the kernel's requests and the I/O.
+//!
+//! The ring is DEFER_TASKRUN and SINGLE_ISSUER where the kernel allows
+//! (see [`build_ring`]). The threads are not pinned: the kernel queues a
+//! request on the queue of the CPU the application submitted it from, so
+//! a thread pinned to its queue's CPU would always compete with the
+//! submitting application for that CPU (an application submitting deep
+//! queues from one thread then shares one CPU with the daemon while the
+//! others idle); the scheduler places an unpinned thread on an idle CPU.
 //!
 //! Teardown: after the connection ends the kernel completes every armed
 //! entry with -ENOTCONN; the thread stops when every entry is gone and no
@@ -23,36 +32,24 @@ use std::sync::Arc;
 
 use block::{BlockRequest, Completion, Disk, DiskQueue};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
-use thiserror::Error;
 
 use super::abi::{
     InHeader, OutHeader, Pod, UringCmdReq, UringReqHeader, URING_CMD_COMMIT_AND_FETCH,
-    URING_CMD_REGISTER,
 };
 use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, Pending, Reply};
 use super::init::MAX_WRITE;
+use super::uring_setup::{
+    build_ring, fuse_cmd, possible_cpus, register_sqe, served_queues, RingError, SERVERS_PER_QUEUE,
+};
 
-/// Ring entries per queue (qemu's series uses 64).
+/// Ring entries per kernel queue, all threads together (qemu's series
+/// uses 64): at least fio's depth 64 from one CPU.
 const ENTRIES_PER_QUEUE: usize = 64;
 /// The kernel's `max_payload_sz`: max(8 KiB, max_write, max_pages pages).
 const PAYLOAD_SIZE: usize = MAX_WRITE as usize;
 /// `user_data` of the POLL_ADD on the disk queue's eventfd.
 const COMPLETION_POLL: u64 = u64::MAX;
-
-#[derive(Debug, Error)]
-pub enum RingError {
-    #[error("cannot read the possible CPUs")]
-    PossibleCpus(#[source] std::io::Error),
-    #[error("cannot create the io_uring of ring queue {0}")]
-    Create(u16, #[source] std::io::Error),
-    #[error("cannot open a disk queue for ring queue {0}")]
-    DiskQueue(u16, #[source] block::BlockError),
-    #[error("registering the ring entries of queue {0} failed")]
-    Submit(u16, #[source] std::io::Error),
-    #[error("the kernel refused ring entry registration on queue {0}")]
-    Register(u16, #[source] std::io::Error),
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EntryState {
@@ -70,15 +67,25 @@ enum EntryState {
 
 /// One ring entry: the buffers the kernel reads requests into.
 struct RingEntry {
+    /// The kernel queue it is registered on.
+    qid: u16,
     header: Box<UringReqHeader>,
     payload: Box<[u8]>,
     state: EntryState,
 }
 
-/// One kernel ring queue and the thread state that serves it.
+/// One ring thread's state: its io_uring, its share of the entries of
+/// the kernel queues it serves, its disk queue.
 pub struct RingQueue {
-    qid: u16,
+    /// The thread's number (0..number of kernel queues).
+    index: u16,
+    /// The kernel queues it serves, and its entries on each.
+    serves: Vec<u16>,
+    entries_per_queue: usize,
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    /// Made with DEFER_TASKRUN and still disabled: the serving thread
+    /// enables it, becoming its single issuer.
+    deferred: bool,
     /// The session's /dev/fuse descriptor (shared with its reader).
     session: Arc<File>,
     entries: Vec<RingEntry>,
@@ -86,104 +93,69 @@ pub struct RingQueue {
     state: Arc<ExportState>,
     /// Requests taken, for the log line at the end.
     served: u64,
+    /// Entries holding a request whose block I/O is in flight, and the
+    /// most seen at once (the log line at the end: how deep the kernel
+    /// fills this queue).
+    busy: usize,
+    peak_busy: usize,
+    /// `io_uring_enter` calls on this ring, for the log line.
+    enters: u64,
+    /// Sum of `busy` at each enter (mean in flight while waiting).
+    busy_at_enters: u64,
 }
 
-/// Parses `/sys/devices/system/cpu/possible` ("0-3", "0,2-5").
-fn count_cpus(list: &str) -> Option<u16> {
-    let mut n = 0u16;
-    for part in list.trim().split(',') {
-        let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a.parse::<u16>().ok()?, b.parse::<u16>().ok()?),
-            None => {
-                let a = part.parse::<u16>().ok()?;
-                (a, a)
-            }
-        };
-        n = n.checked_add(b.checked_sub(a)?.checked_add(1)?)?;
-    }
-    Some(n)
-}
-
-/// The kernel makes one ring queue per possible CPU.
-fn possible_cpus() -> Result<u16, RingError> {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")
-        .map_err(RingError::PossibleCpus)?;
-    count_cpus(&text).ok_or_else(|| {
-        RingError::PossibleCpus(std::io::Error::other(format!(
-            "cannot parse '{}'",
-            text.trim()
-        )))
-    })
-}
-
-/// A URING_CMD for FUSE on `fd` with the command area `cmd`.
-fn fuse_cmd(fd: i32, cmd_op: u32, cmd: &UringCmdReq) -> opcode::UringCmd80 {
-    let mut area = [0u8; 80];
-    area[..std::mem::size_of::<UringCmdReq>()].copy_from_slice(cmd.as_bytes());
-    opcode::UringCmd80::new(types::Fd(fd), cmd_op).cmd(area)
-}
-
-/// The REGISTER SQE: `addr` = the two iovecs, `len` = 2. The io-uring
-/// crate's UringCmd80 has no `len`, so it is patched into bytes 24..28 of
-/// the 128-byte `#[repr(C)]` entry (`struct io_uring_sqe`'s `len`).
-fn register_sqe(fd: i32, qid: u16, iov: &[libc::iovec; 2], tag: u64) -> squeue::Entry128 {
-    let cmd = UringCmdReq {
-        qid,
-        ..Default::default()
-    };
-    let entry = fuse_cmd(fd, URING_CMD_REGISTER, &cmd)
-        .addr(Some(iov.as_ptr() as u64))
-        .build()
-        .user_data(tag);
-    // SAFETY: Entry128 is #[repr(C)] (a 64-byte io_uring_sqe then 64 bytes
-    // of command area), so it and [u8; 128] have the same size and every
-    // byte is initialised; the sqe's `len` field is at offset 24.
-    let mut bytes: [u8; 128] = unsafe { std::mem::transmute(entry) };
-    bytes[24..28].copy_from_slice(&2u32.to_ne_bytes());
-    // SAFETY: the bytes came from a valid Entry128 with one u32 field
-    // changed; any value is a valid u32.
-    unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(bytes) }
-}
-
-/// Creates every ring queue (each registers its entries in its own
-/// thread, see [`RingQueue::run`]).
+/// Creates one ring thread per kernel queue (each registers its entries
+/// in its own thread, see [`RingQueue::run`]).
 pub fn setup_rings(
     disk: &Disk,
     session: &File,
     state: &Arc<ExportState>,
 ) -> Result<Vec<RingQueue>, RingError> {
     let session = Arc::new(session.try_clone().map_err(|e| RingError::Create(0, e))?);
-    let mut queues = Vec::new();
-    for qid in 0..possible_cpus()? {
-        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .setup_cqsize(2 * ENTRIES_PER_QUEUE as u32 + 2)
-            .build(ENTRIES_PER_QUEUE as u32 + 2)
-            .map_err(|e| RingError::Create(qid, e))?;
-        let disk_queue = disk.queue().map_err(|e| RingError::DiskQueue(qid, e))?;
-        let queue = RingQueue {
-            qid,
+    let queues = possible_cpus()?;
+    let servers = usize::from(queues.min(SERVERS_PER_QUEUE));
+    let entries_per_queue = ENTRIES_PER_QUEUE / servers;
+    // At most 2 x 64 entries: fits.
+    let ring_size = (entries_per_queue * servers) as u32;
+    let mut threads = Vec::new();
+    for index in 0..queues {
+        let (ring, deferred) = build_ring(ring_size).map_err(|e| RingError::Create(index, e))?;
+        let disk_queue = disk.queue().map_err(|e| RingError::DiskQueue(index, e))?;
+        let thread = RingQueue {
+            index,
+            serves: served_queues(index, queues),
+            entries_per_queue,
             ring,
+            deferred,
             session: session.clone(),
             entries: Vec::new(),
             disk: disk_queue,
             state: state.clone(),
             served: 0,
+            busy: 0,
+            peak_busy: 0,
+            enters: 0,
+            busy_at_enters: 0,
         };
-        queues.push(queue);
+        threads.push(thread);
     }
-    Ok(queues)
+    Ok(threads)
 }
 
 impl RingQueue {
-    pub fn qid(&self) -> u16 {
-        self.qid
+    pub fn index(&self) -> u16 {
+        self.index
     }
 
-    /// Registers every entry. Returns the CQEs already posted: a request
+    /// Registers this thread's entries on every queue. Returns the CQEs already posted: a request
     /// may arrive in an entry before the last one is registered.
     fn register_entries(&mut self) -> Result<Vec<(u64, i32)>, RingError> {
         let fd = self.session.as_raw_fd();
-        for i in 0..ENTRIES_PER_QUEUE {
+        let per_queue = self.entries_per_queue;
+        let slots: Vec<u16> = (self.serves.iter())
+            .flat_map(|&q| std::iter::repeat_n(q, per_queue))
+            .collect();
+        for (i, qid) in slots.into_iter().enumerate() {
             let mut header = Box::<UringReqHeader>::default();
             let mut payload = vec![0u8; PAYLOAD_SIZE].into_boxed_slice();
             let iov = [
@@ -196,8 +168,9 @@ impl RingQueue {
                     iov_len: payload.len(),
                 },
             ];
-            let sqe = register_sqe(fd, self.qid, &iov, i as u64);
+            let sqe = register_sqe(fd, qid, &iov, i as u64);
             self.entries.push(RingEntry {
+                qid,
                 header,
                 payload,
                 state: EntryState::Armed,
@@ -209,7 +182,7 @@ impl RingQueue {
             let pushed = unsafe { self.ring.submission().push(&sqe) };
             if pushed.is_err() {
                 return Err(RingError::Submit(
-                    self.qid,
+                    self.index,
                     std::io::Error::other("SQ full"),
                 ));
             }
@@ -217,7 +190,7 @@ impl RingQueue {
             // `iov` is alive.
             self.ring
                 .submit()
-                .map_err(|e| RingError::Submit(self.qid, e))?;
+                .map_err(|e| RingError::Submit(self.index, e))?;
         }
         // A refused REGISTER completes at once; a good one stays armed
         // until a request arrives (res 0), which must not be lost.
@@ -228,7 +201,7 @@ impl RingQueue {
             .collect();
         match posted.iter().find(|&&(_, res)| res < 0) {
             Some(&(_, res)) => Err(RingError::Register(
-                self.qid,
+                self.index,
                 std::io::Error::from_raw_os_error(-res),
             )),
             None => Ok(posted),
@@ -246,7 +219,13 @@ impl RingQueue {
         mut self,
         registered: std::sync::mpsc::Sender<Result<(), RingError>>,
     ) -> std::io::Result<()> {
-        pin_to_cpu(self.qid);
+        if self.deferred {
+            // Registers this thread as the ring's single issuer.
+            if let Err(e) = self.ring.submitter().register_enable_rings() {
+                let _ = registered.send(Err(RingError::Enable(self.index, e)));
+                return Ok(());
+            }
+        }
         let mut early = Vec::new();
         match self.register_entries() {
             Ok(posted) => {
@@ -258,7 +237,7 @@ impl RingQueue {
                 let _ = registered.send(Err(e));
                 // Entries registered before the failure end with the
                 // connection; serve until then.
-                log::debug!("fuse ring {}: {reason}", self.qid);
+                log::debug!("fuse ring {}: {reason}", self.index);
             }
         }
         self.arm_completion_poll()?;
@@ -274,12 +253,17 @@ impl RingQueue {
             let alive = self.entries.iter().any(|e| e.state != EntryState::Gone);
             if !alive && self.disk.in_flight() == 0 {
                 log::info!(
-                    "fuse ring queue {}: served {} requests",
-                    self.qid,
-                    self.served
+                    "fuse ring thread {}: served {} requests, at most {} in flight, {} ring enters, {:.1} in flight at an enter on average",
+                    self.index,
+                    self.served,
+                    self.peak_busy,
+                    self.enters,
+                    self.busy_at_enters as f64 / self.enters.max(1) as f64
                 );
                 return Ok(());
             }
+            self.enters += 1;
+            self.busy_at_enters += self.busy as u64;
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -334,14 +318,14 @@ impl RingQueue {
         batch: &mut Vec<BlockRequest>,
     ) -> std::io::Result<()> {
         let Some(entry) = self.entries.get_mut(index) else {
-            log::error!("fuse ring {}: CQE for unknown entry {index}", self.qid);
+            log::error!("fuse ring {}: CQE for unknown entry {index}", self.index);
             return Ok(());
         };
         if res < 0 {
             if res != -libc::ENOTCONN {
                 log::warn!(
                     "fuse ring {}: entry {index} ended: {}",
-                    self.qid,
+                    self.index,
                     std::io::Error::from_raw_os_error(-res)
                 );
             }
@@ -360,7 +344,7 @@ impl RingQueue {
         if ent.commit_id != header.unique {
             log::debug!(
                 "fuse ring {}: commit id {} for request {}",
-                self.qid,
+                self.index,
                 ent.commit_id,
                 header.unique
             );
@@ -372,6 +356,8 @@ impl RingQueue {
                 pending,
             } => {
                 request.user_data = index as u64;
+                self.busy += 1;
+                self.peak_busy = self.peak_busy.max(self.busy);
                 entry.state = EntryState::Busy {
                     unique: header.unique,
                     commit_id: ent.commit_id,
@@ -393,9 +379,13 @@ impl RingQueue {
                 pending,
             }) = self.entries.get(index).map(|e| e.state)
             else {
-                log::error!("fuse ring {}: completion for idle entry {index}", self.qid);
+                log::error!(
+                    "fuse ring {}: completion for idle entry {index}",
+                    self.index
+                );
                 continue;
             };
+            self.busy = self.busy.saturating_sub(1);
             let reply = pending.reply(c);
             self.commit(index, unique, commit_id, &reply)?;
         }
@@ -412,17 +402,17 @@ impl RingQueue {
         reply: &Reply,
     ) -> std::io::Result<()> {
         let fd = self.session.as_raw_fd();
-        let qid = self.qid;
+        let thread = self.index;
         let Some(entry) = self.entries.get_mut(index) else {
             return Ok(());
         };
-        let (error, body): (i32, &[u8]) = match reply {
-            Reply::Error(errno) => (-errno, &[]),
-            Reply::Body(body) => (0, body),
-            Reply::Nothing => (0, &[]),
-        };
+        let qid = entry.qid;
+        let (error, body) = reply.parts();
         let (error, len) = if body.len() > entry.payload.len() {
-            log::error!("fuse ring {qid}: a {}-byte reply does not fit", body.len());
+            log::error!(
+                "fuse ring {thread}: a {}-byte reply does not fit",
+                body.len()
+            );
             (-libc::EIO, 0)
         } else {
             entry.payload[..body.len()].copy_from_slice(body);
@@ -457,62 +447,9 @@ impl Drop for RingQueue {
             // buffers: leak them rather than free memory it points at.
             log::warn!(
                 "fuse ring {}: leaking buffers of entries still registered",
-                self.qid
+                self.index
             );
             std::mem::forget(entries);
         }
-    }
-}
-
-/// Runs the thread on CPU `qid`, where the requests of its queue come
-/// from (best effort: a failure only costs locality).
-fn pin_to_cpu(qid: u16) {
-    // SAFETY: an all-zero cpu_set_t is an empty set; CPU_SET writes inside
-    // it; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(usize::from(qid), &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            log::debug!("fuse ring {qid}: cannot pin to CPU {qid}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn possible_cpu_lists_are_counted() {
-        assert_eq!(count_cpus("0-1\n"), Some(2));
-        assert_eq!(count_cpus("0"), Some(1));
-        assert_eq!(count_cpus("0,2-5"), Some(5));
-        assert_eq!(count_cpus("x"), None);
-        assert_eq!(count_cpus("5-2"), None);
-    }
-
-    #[test]
-    fn register_sqe_carries_two_iovecs() {
-        let iov = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 2];
-        let sqe = register_sqe(7, 3, &iov, 9);
-        // SAFETY: reading the bytes of a #[repr(C)] 128-byte entry.
-        let bytes: [u8; 128] = unsafe { std::mem::transmute(sqe) };
-        assert_eq!(bytes[0], io_uring::opcode::UringCmd80::CODE);
-        assert_eq!(i32::from_ne_bytes(bytes[4..8].try_into().unwrap()), 7);
-        assert_eq!(
-            u64::from_ne_bytes(bytes[16..24].try_into().unwrap()),
-            iov.as_ptr() as u64
-        );
-        assert_eq!(u32::from_ne_bytes(bytes[24..28].try_into().unwrap()), 2);
-        // cmd_op (offset 8) and the qid in the command area (offset 48+16).
-        assert_eq!(
-            u32::from_ne_bytes(bytes[8..12].try_into().unwrap()),
-            URING_CMD_REGISTER
-        );
-        assert_eq!(u16::from_ne_bytes(bytes[64..66].try_into().unwrap()), 3);
-        assert_eq!(u64::from_ne_bytes(bytes[32..40].try_into().unwrap()), 9);
     }
 }
