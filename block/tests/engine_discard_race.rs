@@ -5,6 +5,12 @@
 //! commit (which frees H) until every write planned before the discard
 //! has completed, so H is reused only once nothing can still write to it.
 //!
+//! The same holds for every other way a commit can free H: write-zeroes
+//! without unmap flags the cluster zero and keeps H (at once, in its
+//! plan), and a later partial write of the cluster allocates a new host
+//! cluster and releases H in its commit. That commit, too, waits for the
+//! older write.
+//!
 //! Deterministic: queue A's engine holds its writes (`HoldEngine`) until
 //! the test opens the gate.
 
@@ -54,7 +60,21 @@ fn drain_idle(q: &mut DiskQueue, out: &mut Vec<Completion>) {
     }
 }
 
+/// How the test frees host cluster H while the write into it is held.
+#[derive(Clone, Copy)]
+enum Free {
+    /// A discard of guest cluster 0.
+    Discard,
+    /// Write-zeroes without unmap (H kept, flagged zero), then a partial
+    /// write of guest cluster 0 (a new host cluster; H released).
+    ZeroThenPartialWrite,
+}
+
 fn run(kind: EngineKind) {
+    run_with(kind, Free::Discard)
+}
+
+fn run_with(kind: EngineKind, free: Free) {
     let dir = TempDir::new("discard-race");
     let path = dir.join("img.qcow2");
     let p = path.to_str().unwrap();
@@ -79,15 +99,34 @@ fn run(kind: EngineKind) {
     drain_idle(&mut qa, &mut out_a);
     assert!(out_a.is_empty(), "the write is held");
 
-    // Discard guest cluster 0, flush, and write guest cluster 16 (which
-    // allocates: it would get host cluster H if the discard freed it).
-    qb.submit_batch_requests([op_req(
-        2,
-        RequestOp::Discard {
-            len: CLUSTER as u64,
-        },
-        0,
-    )]);
+    // Free H (a discard, or write-zeroes then a partial write), flush,
+    // and write guest cluster 16 (which allocates: it would get host
+    // cluster H if H were free).
+    let held = match free {
+        Free::Discard => {
+            qb.submit_batch_requests([op_req(
+                2,
+                RequestOp::Discard {
+                    len: CLUSTER as u64,
+                },
+                0,
+            )]);
+            vec![2]
+        }
+        Free::ZeroThenPartialWrite => {
+            qb.submit_batch_requests([op_req(
+                2,
+                RequestOp::WriteZeroes {
+                    len: CLUSTER as u64,
+                    may_unmap: false,
+                },
+                0,
+            )]);
+            drain_idle(&mut qb, &mut out_b);
+            qb.submit_batch_requests([write_req(7, 0, vec![0x33; 4096])]);
+            vec![2, 7]
+        }
+    };
     drain_idle(&mut qb, &mut out_b);
     qb.submit_batch_requests([op_req(3, RequestOp::Flush, 0)]);
     for c in drive(&mut qb, &[3], &mut out_b) {
@@ -104,7 +143,7 @@ fn run(kind: EngineKind) {
     for c in drive(&mut qa, &[1], &mut out_a) {
         c.result.unwrap();
     }
-    for c in drive(&mut qb, &[2], &mut out_b) {
+    for c in drive(&mut qb, &held, &mut out_b) {
         c.result.unwrap();
     }
 
@@ -118,11 +157,20 @@ fn run(kind: EngineKind) {
         "guest cluster 16 was overwritten by the late write (first byte {:#x})",
         other[0]
     );
-    let discarded = done[1].memory.owned_bytes().to_vec();
-    assert!(
-        discarded.iter().all(|&b| b == 0),
-        "guest cluster 0 reads zeroes"
-    );
+    let freed = done[1].memory.owned_bytes().to_vec();
+    match free {
+        Free::Discard => assert!(
+            freed.iter().all(|&b| b == 0),
+            "guest cluster 0 reads zeroes"
+        ),
+        Free::ZeroThenPartialWrite => {
+            assert!(
+                freed[..4096].iter().all(|&b| b == 0x33),
+                "the partial write"
+            );
+            assert!(freed[4096..].iter().all(|&b| b == 0), "zeroes after it");
+        }
+    }
 
     drop(qa);
     drop(qb);
@@ -164,4 +212,17 @@ fn a_discard_does_not_free_a_cluster_under_an_in_flight_write_threads() {
 #[test]
 fn a_discard_does_not_free_a_cluster_under_an_in_flight_write_aio() {
     run(EngineKind::Aio);
+}
+
+#[test]
+fn a_partial_write_after_write_zeroes_does_not_free_a_cluster_under_an_in_flight_write_sync() {
+    run_with(EngineKind::Sync, Free::ZeroThenPartialWrite);
+}
+
+#[test]
+fn a_partial_write_after_write_zeroes_does_not_free_a_cluster_under_an_in_flight_write_uring() {
+    if !testkit::available("io_uring", block::io::probe::uring_support()) {
+        return;
+    }
+    run_with(EngineKind::IoUring, Free::ZeroThenPartialWrite);
 }

@@ -144,6 +144,13 @@ pub struct WritePlan {
     pub ops: Vec<HostWrite>,
     /// Set when metadata must be published after every op succeeded.
     pub commit: Option<WriteCommit>,
+    /// The commit drops references to host clusters (a cluster replaced by
+    /// a new allocation, unmapped by a discard, ...). A write planned
+    /// earlier may still be landing in such a cluster, so the engine runs
+    /// the commit only once every write begun before this plan has ended;
+    /// otherwise the freed cluster could be handed to another guest
+    /// cluster and overwritten by the late write.
+    pub frees_clusters: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]

@@ -115,6 +115,7 @@ impl Format for RawImage {
                 parts: vec![WriteData::Request { offset: 0, len }],
             }],
             commit: None,
+            frees_clusters: false,
         }))
     }
 
@@ -132,6 +133,7 @@ impl Format for RawImage {
                 len,
             }],
             commit: None,
+            frees_clusters: false,
         }))
     }
 
@@ -161,6 +163,7 @@ impl Format for RawImage {
         Ok(WriteOutcome::Ready(WritePlan {
             ops: vec![op],
             commit: None,
+            frees_clusters: false,
         }))
     }
 

@@ -175,6 +175,7 @@ impl Format for ScriptedFormat {
         Ok(WriteOutcome::Ready(WritePlan {
             ops,
             commit: Some(WriteCommit(self.next_commit.fetch_add(1, Ordering::SeqCst))),
+            frees_clusters: false,
         }))
     }
 
@@ -192,6 +193,7 @@ impl Format for ScriptedFormat {
                 len,
             }],
             commit: None,
+            frees_clusters: false,
         }))
     }
 
@@ -210,6 +212,7 @@ impl Format for ScriptedFormat {
                 parts: vec![WriteData::Zeroes(len)],
             }],
             commit: None,
+            frees_clusters: false,
         }))
     }
 

@@ -215,6 +215,7 @@ impl Qcow2Image {
         // the plan leak (the image is now marked corrupt).
         st.meta.check_plan(&b.ops, &b.cow, self.data_file)?;
         let jobs = std::mem::take(&mut b.cow);
+        let frees_clusters = !b.pending.release.is_empty();
         let commit = if b.pending.is_empty() {
             None
         } else {
@@ -227,7 +228,11 @@ impl Qcow2Image {
             }
             return Err(e);
         }
-        Ok(WriteOutcome::Ready(WritePlan { ops: b.ops, commit }))
+        Ok(WriteOutcome::Ready(WritePlan {
+            ops: b.ops,
+            commit,
+            frees_clusters,
+        }))
     }
 
     /// Plans writing `src` over `offset..offset+len`.

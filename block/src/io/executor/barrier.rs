@@ -5,9 +5,11 @@
 //! Every request that writes takes a sequence number ([`WriteTracker::begin`])
 //! before the format plans it and gives it back ([`WriteTracker::end`])
 //! once its ops have finished. A request that may free host clusters
-//! (discard, write-zeroes) records [`WriteTracker::barrier`] right after
-//! its plan: every write that could have been planned into the clusters
-//! it frees holds a smaller number. Its commit (which drops the
+//! (discard, write-zeroes, and any write whose plan says
+//! `frees_clusters`: a partial write of a zero-flagged cluster that kept
+//! its host cluster allocates a new one and drops the old) records
+//! [`WriteTracker::barrier`] right after its plan: every write that could
+//! have been planned into the clusters it frees holds a smaller number. Its commit (which drops the
 //! refcounts) waits until [`WriteTracker::passed`] says all of those have
 //! ended; the waiting queue's waker fires when the last one does.
 

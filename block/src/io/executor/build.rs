@@ -26,7 +26,8 @@ pub(super) const MAX_BOUNCE_PER_REQUEST: u64 = 64 << 20;
 
 /// What a request turned into.
 enum Built {
-    Ops(Vec<OpSlot>, Option<crate::formats::WriteCommit>),
+    /// The ops, the commit, and whether the commit frees host clusters.
+    Ops(Vec<OpSlot>, Option<crate::formats::WriteCommit>, bool),
     Parked,
 }
 
@@ -67,7 +68,7 @@ impl Executor {
         let built = match req.op {
             RequestOp::Read => self
                 .build_read(&req, &segs)
-                .map(|ops| Built::Ops(ops, None)),
+                .map(|ops| Built::Ops(ops, None, false)),
             RequestOp::Write => self
                 .check_first_sector(&req, &segs)
                 .and_then(|()| {
@@ -83,10 +84,10 @@ impl Executor {
                 .format
                 .plan_write_zeroes(req.offset, len, may_unmap, &self.eventfd)
                 .and_then(|o| self.build_outcome(o, &segs)),
-            RequestOp::Flush => self.build_flush().map(|ops| Built::Ops(ops, None)),
+            RequestOp::Flush => self.build_flush().map(|ops| Built::Ops(ops, None, false)),
         };
-        let (ops, commit) = match built {
-            Ok(Built::Ops(ops, commit)) => (ops, commit),
+        let (ops, commit, plan_frees) = match built {
+            Ok(Built::Ops(ops, commit, plan_frees)) => (ops, commit, plan_frees),
             Ok(Built::Parked) => {
                 release(self);
                 return self.parked.push_back(req);
@@ -98,7 +99,8 @@ impl Executor {
         };
         // Read after planning: any write that could have been planned into
         // a cluster this commit frees holds a smaller number.
-        let barrier = (frees && commit.is_some()).then(|| self.shared.writes.barrier());
+        let barrier =
+            ((frees || plan_frees) && commit.is_some()).then(|| self.shared.writes.barrier());
         let bytes = match req.op {
             RequestOp::Read | RequestOp::Write => segs.len(),
             _ => 0,
@@ -272,6 +274,7 @@ impl Executor {
         let WritePlan {
             ops: host_ops,
             commit,
+            frees_clusters,
         } = plan;
         let mut ops = Vec::with_capacity(host_ops.len());
         let mut result = Ok(());
@@ -282,7 +285,7 @@ impl Executor {
             }
         }
         match result {
-            Ok(()) => Ok(Built::Ops(ops, commit)),
+            Ok(()) => Ok(Built::Ops(ops, commit, frees_clusters)),
             Err(e) => {
                 if let Some(c) = commit {
                     self.format.abort(c);
