@@ -9,9 +9,10 @@
 use super::rmw::{new_owner, partial_blocks};
 use super::table::{token, AfterRead, InFlight, OpKind, OpSlot};
 use super::Executor;
+use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::formats::{FileId, WriteOutcome, WritePlan};
-use crate::io::align::{AlignedBuf, DioAlign};
+use crate::io::align::DioAlign;
 use crate::io::memory::{iovecs_aligned, HostSegments, IOV_MAX};
 use crate::io::{HostOp, RawIovecs};
 use crate::request::{BlockRequest, Completion, RequestOp};

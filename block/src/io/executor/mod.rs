@@ -24,9 +24,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::formats::Format;
-use crate::io::align::{file_alignment, AlignedBuf, DioAlign};
+use crate::io::align::{file_alignment, DioAlign};
 use crate::io::inflate::InflateCache;
 use crate::io::inflate_pool::{InflateDone, InflateJob, InflateReplies};
 use crate::io::{Engine, EngineCompletion};
