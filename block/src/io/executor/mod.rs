@@ -6,10 +6,10 @@
 //!
 //! | Part | Where | Job |
 //! | --- | --- | --- |
-//! | [`OpBuilder`](build::OpBuilder) | `build.rs`, `read_ops.rs`, `write_ops.rs` | plan one request with the format and return its ops (bounce buffers, zero page, recycled vectors); the per-request bounce budget is a value of that call |
-//! | [`Accounting`](accounting::Accounting) | `accounting.rs`, `table.rs` | own each request in flight (the [`table`]) until its last op is reaped; short transfers, first error, commit/abort, deferred commits, one completion per request |
-//! | [`CompressedReads`](compressed::CompressedReads) | `compressed.rs`, `inflate_join.rs` | read compressed clusters, inflate them (pool or this thread), join reads of a cluster already being read |
-//! | [`RmwLocks`](rmw::RmwLocks), [`WriteTracker`](barrier::WriteTracker) | `rmw.rs`, `barrier.rs` | shared by the disk's queues: partial-block locks of unaligned O_DIRECT writes, and write barriers for commits that free clusters |
+//! | [`OpBuilder`] | `build.rs`, `read_ops.rs`, `write_ops.rs` | plan one request with the format and return its ops (bounce buffers, zero page, recycled vectors); the per-request bounce budget is a value of that call |
+//! | [`Accounting`] | `accounting.rs`, `table.rs` | own each request in flight (the [`table`]) until its last op is reaped; short transfers, first error, commit/abort, deferred commits, one completion per request |
+//! | [`CompressedReads`] | `compressed.rs`, `inflate_join.rs` | read compressed clusters, inflate them (pool or this thread), join reads of a cluster already being read |
+//! | [`RmwLocks`], [`WriteTracker`] | `rmw.rs`, `barrier.rs` | shared by the disk's queues: partial-block locks of unaligned O_DIRECT writes, and write barriers for commits that free clusters |
 //!
 //! The flow: requests enter through [`Executor::submit_batch`]; `submit.rs`
 //! admits each (locks, write number), has the builder build it, hands it
