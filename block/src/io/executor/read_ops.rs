@@ -173,7 +173,7 @@ impl OpBuilder {
         }
         if compressed.leading(&ext) {
             // Another read of this queue is fetching the cluster: wait for
-            // its inflation (see `compressed`).
+            // its inflation (see `inflate_join`).
             let mut op = OpSlot::new(OpKind::AwaitInflate, ext.file, ext.host_offset, 0);
             op.after = AfterRead::Inflate {
                 ext,
