@@ -1,8 +1,13 @@
-//! A heap buffer with a chosen alignment, for owned request memory that
-//! must go straight to an O_DIRECT file without a bounce copy.
+//! The crate's one aligned heap buffer: owned request memory that must go
+//! straight to an O_DIRECT file, the executor's bounce and compressed-read
+//! buffers, the shared zero page and the tools' direct-I/O buffers.
 //!
 //! `Vec<u8>` cannot promise more than byte alignment; this type allocates
 //! with the `Layout` it is asked for and frees with the same one.
+//!
+//! Length rule: a buffer is exactly as long as asked ([`AlignedBuf::len`]
+//! is the `len` given to [`AlignedBuf::new`]), never rounded up. Callers
+//! that need whole O_DIRECT blocks ask for a multiple of the block size.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
@@ -37,6 +42,13 @@ impl AlignedBuf {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The first byte, for iovecs the kernel fills or reads. Writing
+    /// through it is only sound while nothing else borrows the buffer
+    /// (the executor's ops own theirs until they are reaped).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 
     pub fn as_slice(&self) -> &[u8] {
@@ -82,5 +94,13 @@ mod tests {
             assert!(b.as_slice().iter().all(|&x| x == 7));
         }
         assert!(AlignedBuf::new(16, 3).is_none());
+    }
+
+    #[test]
+    fn length_is_exactly_what_was_asked() {
+        // Shorter than the alignment, and not a multiple of it: no rounding.
+        assert_eq!(AlignedBuf::new(1000, 4096).unwrap().len(), 1000);
+        assert_eq!(AlignedBuf::new(5000, 4096).unwrap().len(), 5000);
+        assert!(AlignedBuf::new(0, 64).unwrap().is_empty());
     }
 }

@@ -16,7 +16,7 @@
 //!
 //! Tools and tests use the blocking helpers ([`Disk::read_at`],
 //! [`Disk::write_at`], ...), which run one request through a sync-engine
-//! queue: the same code path as the device.
+//! queue with [`DiskQueue::run`]: the same code path as the device.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -181,18 +181,7 @@ impl Disk {
             Some(q) => q,
             None => guard.insert(self.queue_with_engine(EngineKind::Sync)?),
         };
-        q.submit_batch_requests([BlockRequest {
-            user_data: 0,
-            op,
-            offset,
-            memory,
-        }]);
-        let mut out = Vec::with_capacity(1);
-        while out.is_empty() && q.in_flight() > 0 {
-            q.wait_completions(&mut out)?;
-        }
-        let c = out.pop().ok_or(BlockError::LostCompletion)?;
-        c.result.map(|n| (n, c.memory))
+        q.run(op, offset, memory)
     }
 
     /// Reads `buf.len()` bytes at `offset` of the virtual disk.
@@ -280,6 +269,30 @@ impl DiskQueue {
     /// Requests submitted and not yet drained.
     pub fn in_flight(&self) -> usize {
         self.exec.in_flight()
+    }
+
+    /// Runs one request to completion, blocking: the helper tools and
+    /// tests use (the blocking methods of [`Disk`], ch-img). Returns the
+    /// bytes moved and the request's memory. The queue must have nothing
+    /// else in flight: the first completion is taken as this request's.
+    pub fn run(
+        &mut self,
+        op: RequestOp,
+        offset: u64,
+        memory: IoMemory,
+    ) -> Result<(u64, IoMemory), BlockError> {
+        self.submit_batch_requests([BlockRequest {
+            user_data: 0,
+            op,
+            offset,
+            memory,
+        }]);
+        let mut out = Vec::with_capacity(1);
+        while out.is_empty() && self.in_flight() > 0 {
+            self.wait_completions(&mut out)?;
+        }
+        let c = out.pop().ok_or(BlockError::LostCompletion)?;
+        c.result.map(|n| (n, c.memory))
     }
 
     /// The O_DIRECT alignment this queue's files need (1 when buffered).

@@ -1,8 +1,9 @@
 //! Synchronous data I/O for ch-img through the block crate's queue.
 //!
 //! ch-img reads and writes an image one request at a time: each call
-//! becomes one [`BlockRequest`] with an owned buffer, submitted to a
-//! sync-engine [`DiskQueue`] and waited for; the data leaves in the
+//! becomes one request with an owned buffer, run to completion on a
+//! sync-engine [`DiskQueue`] by the block crate's blocking helper
+//! ([`DiskQueue::run`]); the data leaves in the
 //! caller's buffer (reads) or in the image (writes). `bench` drives its own
 //! queue with many requests in flight instead.
 //!
@@ -23,10 +24,7 @@ use block::formats::{BlockStatus, Format, ImageTools};
 
 use crate::error::CliError;
 use block::options::CacheMode;
-use block::{
-    BlockError, BlockRequest, DiskOptions, DiskQueue, EngineKind, ExclusiveImage, IoMemory,
-    RequestOp,
-};
+use block::{BlockError, DiskOptions, DiskQueue, EngineKind, ExclusiveImage, IoMemory, RequestOp};
 
 /// An image ch-img opened as its owner, and the queue it runs its
 /// requests on.
@@ -170,23 +168,7 @@ impl ImageIo {
     }
 
     fn run(&self, op: RequestOp, offset: u64, memory: IoMemory) -> Result<IoMemory, BlockError> {
-        let mut queue = self.queue.borrow_mut();
-        queue.submit_batch_requests([BlockRequest {
-            user_data: 0,
-            op,
-            offset,
-            memory,
-        }]);
-        let mut out = Vec::with_capacity(1);
-        while out.is_empty() {
-            queue.wait_completions(&mut out)?;
-            if out.is_empty() && queue.in_flight() == 0 {
-                return Err(BlockError::EventFd(std::io::Error::other(
-                    "request vanished without a completion",
-                )));
-            }
-        }
-        let done = out.swap_remove(0);
-        done.result.map(|_| done.memory)
+        let (_, memory) = self.queue.borrow_mut().run(op, offset, memory)?;
+        Ok(memory)
     }
 }

@@ -1,16 +1,16 @@
-//! O_DIRECT alignment: what a file needs, and aligned bounce buffers.
+//! O_DIRECT alignment: what a file needs.
 //!
 //! [`file_alignment`] asks the kernel (statx `STATX_DIOALIGN`), then the
 //! block device (`BLKSSZGET`), then probes with reads of 512 and 4096
-//! bytes. [`AlignedBuf`] is a zeroed heap buffer with that alignment; the
-//! executor reads or writes through it when a request's offset, length or
-//! memory is not aligned.
+//! bytes. Buffers with that alignment are [`crate::aligned::AlignedBuf`];
+//! the executor reads or writes through them when a request's offset,
+//! length or memory is not aligned.
 
-use std::alloc::{self, Layout};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
-use std::ptr::NonNull;
+
+use crate::aligned::AlignedBuf;
 
 /// What O_DIRECT needs of one file's I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,79 +117,9 @@ fn probe_alignment(file: &File) -> DioAlign {
     }
 }
 
-/// A zeroed heap buffer whose address is a multiple of its alignment.
-pub struct AlignedBuf {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-// SAFETY: the buffer is uniquely owned heap memory, like a `Vec<u8>`.
-unsafe impl Send for AlignedBuf {}
-// SAFETY: shared access only hands out `&[u8]`.
-unsafe impl Sync for AlignedBuf {}
-
-impl AlignedBuf {
-    /// `None` if `align` is not a power of two or the size overflows.
-    /// A zero `len` allocates one alignment unit (never a zero-size alloc).
-    pub fn new(len: usize, align: usize) -> Option<AlignedBuf> {
-        let layout = Layout::from_size_align(len.max(align).max(1), align.max(1)).ok()?;
-        // SAFETY: `layout` has a non-zero size.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr)?;
-        Some(AlignedBuf { ptr, layout })
-    }
-
-    pub fn len(&self) -> usize {
-        self.layout.size()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` points to `len` initialised (zeroed) bytes we own.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, and `&mut self` makes the access unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
-
-impl std::fmt::Debug for AlignedBuf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AlignedBuf")
-            .field("len", &self.len())
-            .field("align", &self.layout.align())
-            .finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn aligned_buf_is_aligned_and_zeroed() {
-        let b = AlignedBuf::new(1000, 4096).unwrap();
-        assert_eq!(b.as_ptr() as usize % 4096, 0);
-        assert_eq!(b.len(), 4096);
-        assert!(b.as_slice().iter().all(|&x| x == 0));
-        assert!(AlignedBuf::new(10, 3).is_none());
-    }
 
     #[test]
     fn buffered_file_needs_no_alignment() {

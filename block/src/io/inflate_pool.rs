@@ -22,8 +22,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::aligned::AlignedBuf;
 use crate::formats::CompressedExtent;
-use crate::io::align::AlignedBuf;
 use crate::io::inflate::inflate;
 
 /// Upper bound on pool threads, whatever the core count.

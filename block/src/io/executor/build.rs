@@ -1,20 +1,32 @@
-//! Turning a request into host operations: plan it with the format, split
-//! the request's memory into iovecs per plan piece, route unaligned
-//! O_DIRECT pieces through bounce buffers, and push the ops.
+//! The op builder: turns one request into host operations. It plans the
+//! request with the format, splits the request's memory into iovecs per
+//! plan piece, routes unaligned O_DIRECT pieces through bounce buffers and
+//! returns the ops; it pushes nothing and keeps no per-request state.
 //!
-//! A request enters in [`Executor::start`]; it either completes at once
-//! (errors, zero and cached pieces only), is parked (a blocked write), or
-//! enters the in-flight table with its ops pushed to the engine.
+//! A request enters [`OpBuilder::build`] with its host segments; the
+//! per-request context (the [`BounceBudget`]) is a local value of that
+//! call, handed down to [`read_ops`](super::read_ops) and
+//! [`write_ops`](super::write_ops). What leaves is a [`Built`]: the ops
+//! and the write's commit, or `Parked` for a write the format blocked.
+//! The builder owns what every request's ops point at or reuse: the
+//! format, the image's files and their alignment, the shared zero page
+//! and the recycled vectors ([`Spares`]).
 
-use super::rmw::{new_owner, partial_blocks};
-use super::table::{token, AfterRead, InFlight, OpKind, OpSlot};
-use super::Executor;
+use std::fs::File;
+use std::sync::Arc;
+
+use super::compressed::CompressedReads;
+use super::spares::Spares;
+use super::table::{OpKind, OpSlot};
+use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
-use crate::formats::{FileId, WriteOutcome, WritePlan};
-use crate::io::align::{AlignedBuf, DioAlign};
+use crate::formats::{FileId, Format, Waker, WriteCommit, WriteOutcome, WritePlan};
+use crate::io::align::{file_alignment, DioAlign};
 use crate::io::memory::{iovecs_aligned, HostSegments, IOV_MAX};
-use crate::io::{HostOp, RawIovecs};
-use crate::request::{BlockRequest, Completion, RequestOp};
+use crate::request::{BlockRequest, RequestOp};
+
+/// Size of the shared zero page.
+const ZERO_PAGE: usize = 1 << 20;
 
 /// Bounce buffers are used in chunks of at most this many bytes.
 pub(super) const BOUNCE_CHUNK: u64 = 1 << 20;
@@ -25,214 +37,115 @@ pub(super) const BOUNCE_CHUNK: u64 = 1 << 20;
 pub(super) const MAX_BOUNCE_PER_REQUEST: u64 = 64 << 20;
 
 /// What a request turned into.
-enum Built {
-    /// The ops, the commit, and whether the commit frees host clusters.
-    Ops(Vec<OpSlot>, Option<crate::formats::WriteCommit>, bool),
+pub(super) enum Built {
+    /// The ops, the commit, and whether the commit frees host clusters
+    /// (`WritePlan::frees_clusters`).
+    Ops(Vec<OpSlot>, Option<WriteCommit>, bool),
     Parked,
 }
 
-impl Executor {
-    /// Plans `req` and pushes its ops (see the module docs).
-    pub(super) fn start(&mut self, mut req: BlockRequest) {
-        self.bounce_budget = MAX_BOUNCE_PER_REQUEST;
-        self.building_write = req.op != RequestOp::Read;
-        let rmw_owner = match self.lock_partial_blocks(&req) {
-            Ok(owner) => owner,
-            Err(()) => return self.parked.push_back(req),
+/// See the module docs.
+pub(super) struct OpBuilder {
+    pub format: Arc<dyn Format>,
+    pub files: Vec<Arc<File>>,
+    align: Vec<DioAlign>,
+    /// Zeroes that write ops point at.
+    pub zero_page: Arc<AlignedBuf>,
+    /// Vectors recycled from finished requests.
+    pub spares: Spares,
+    /// `cache=unsafe`: flushes complete at once without touching the disk.
+    ignore_flushes: bool,
+}
+
+/// The per-request context of one build: bounce bytes the request may
+/// still allocate, and whether it writes (which names bounce errors).
+pub(super) struct BounceBudget {
+    left: u64,
+    write: bool,
+}
+
+impl BounceBudget {
+    pub fn for_request(op: RequestOp) -> Self {
+        BounceBudget {
+            left: MAX_BOUNCE_PER_REQUEST,
+            write: op != RequestOp::Read,
+        }
+    }
+
+    /// An aligned buffer of `len` bytes for host `offset`, charged to the
+    /// budget so one request cannot make the queue allocate without bound.
+    pub fn take(&mut self, len: u64, a: DioAlign, offset: u64) -> Result<AlignedBuf, BlockError> {
+        let write = self.write;
+        let fail = |source: std::io::Error| match write {
+            true => BlockError::Write { offset, source },
+            false => BlockError::Read { offset, source },
         };
-        // Writes take their number before planning (see `barrier`).
-        let frees = matches!(
-            req.op,
-            RequestOp::Discard { .. } | RequestOp::WriteZeroes { .. }
-        );
-        let write_seq = match req.op {
-            RequestOp::Read | RequestOp::Flush => None,
-            _ => Some(self.shared.writes.begin()),
-        };
-        let release = |this: &mut Self| {
-            if let Some(owner) = rmw_owner {
-                this.shared.rmw.unlock(owner);
-            }
-            if let Some(seq) = write_seq {
-                this.shared.writes.end(seq);
-            }
-        };
-        let mut segs = self.spares.segs();
-        let segs = match segs.fill(&mut req.memory) {
-            Ok(()) => segs,
-            Err(e) => {
-                release(self);
-                return self.complete_now(req, Err(e));
-            }
-        };
-        let built = match req.op {
+        self.left = self.left.checked_sub(len).ok_or_else(|| {
+            fail(std::io::Error::other(format!(
+                "request needs more than {MAX_BOUNCE_PER_REQUEST} bytes of bounce buffers"
+            )))
+        })?;
+        usize::try_from(len)
+            .ok()
+            .and_then(|len| AlignedBuf::new(len, (a.mem as usize).max(64)))
+            .ok_or_else(|| fail(std::io::Error::from(std::io::ErrorKind::OutOfMemory)))
+    }
+}
+
+impl OpBuilder {
+    pub fn new(format: Arc<dyn Format>, ignore_flushes: bool) -> Self {
+        // Like a `Vec`, a fixed-size allocation failure is fatal.
+        let zero_page = AlignedBuf::new(ZERO_PAGE, 4096).unwrap_or_else(|| {
+            std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u8; ZERO_PAGE]>())
+        });
+        let files = format.files().to_vec();
+        let align = files.iter().map(|f| file_alignment(f)).collect();
+        OpBuilder {
+            format,
+            files,
+            align,
+            zero_page: Arc::new(zero_page),
+            spares: Spares::default(),
+            ignore_flushes,
+        }
+    }
+
+    /// The strictest O_DIRECT alignment of the image's files (1 if none).
+    pub fn alignment(&self) -> DioAlign {
+        self.align.iter().fold(DioAlign::NONE, |a, b| a.max(*b))
+    }
+
+    /// Builds the ops of `req`, whose memory `segs` describes. Blocked
+    /// writes register `waker`; compressed pieces consult `compressed`
+    /// (its cache, and the clusters this queue is reading now).
+    pub fn build(
+        &mut self,
+        req: &BlockRequest,
+        segs: &HostSegments,
+        waker: &Waker,
+        compressed: &CompressedReads,
+    ) -> Result<Built, BlockError> {
+        let mut budget = BounceBudget::for_request(req.op);
+        match req.op {
             RequestOp::Read => self
-                .build_read(&req, &segs)
+                .build_read(req, segs, &mut budget, compressed)
                 .map(|ops| Built::Ops(ops, None, false)),
-            RequestOp::Write => self
-                .check_first_sector(&req, &segs)
-                .and_then(|()| {
-                    self.format
-                        .plan_write(req.offset, segs.len(), &self.eventfd)
-                })
-                .and_then(|o| self.build_outcome(o, &segs)),
-            RequestOp::Discard { len } => self
-                .format
-                .plan_discard(req.offset, len, &self.eventfd)
-                .and_then(|o| self.build_outcome(o, &segs)),
-            RequestOp::WriteZeroes { len, may_unmap } => self
-                .format
-                .plan_write_zeroes(req.offset, len, may_unmap, &self.eventfd)
-                .and_then(|o| self.build_outcome(o, &segs)),
+            RequestOp::Write => {
+                self.check_first_sector(req, segs)?;
+                let outcome = self.format.plan_write(req.offset, segs.len(), waker)?;
+                self.build_outcome(outcome, segs, &mut budget)
+            }
+            RequestOp::Discard { len } => {
+                let outcome = self.format.plan_discard(req.offset, len, waker)?;
+                self.build_outcome(outcome, segs, &mut budget)
+            }
+            RequestOp::WriteZeroes { len, may_unmap } => {
+                let outcome = self
+                    .format
+                    .plan_write_zeroes(req.offset, len, may_unmap, waker)?;
+                self.build_outcome(outcome, segs, &mut budget)
+            }
             RequestOp::Flush => self.build_flush().map(|ops| Built::Ops(ops, None, false)),
-        };
-        let (ops, commit, plan_frees) = match built {
-            Ok(Built::Ops(ops, commit, plan_frees)) => (ops, commit, plan_frees),
-            Ok(Built::Parked) => {
-                release(self);
-                return self.parked.push_back(req);
-            }
-            Err(e) => {
-                release(self);
-                return self.complete_now(req, Err(e));
-            }
-        };
-        // Read after planning: any write that could have been planned into
-        // a cluster this commit frees holds a smaller number.
-        let barrier =
-            ((frees || plan_frees) && commit.is_some()).then(|| self.shared.writes.barrier());
-        let bytes = match req.op {
-            RequestOp::Read | RequestOp::Write => segs.len(),
-            _ => 0,
-        };
-        let n = ops.len();
-        let slot = self.table.insert(InFlight {
-            user_data: req.user_data,
-            memory: req.memory,
-            segs,
-            ops,
-            pending: n,
-            error: None,
-            commit,
-            bytes,
-            rmw_owner,
-            write_seq,
-            barrier,
-        });
-        for i in 0..n {
-            self.push_op(slot, i);
-        }
-        self.finish_if_done(slot);
-    }
-
-    /// Locks the partial O_DIRECT blocks of an unaligned write (see
-    /// `rmw`); `Err` means another write holds one and `req` must wait.
-    fn lock_partial_blocks(&mut self, req: &BlockRequest) -> Result<Option<u64>, ()> {
-        if self.rmw_block <= 1 || req.op == RequestOp::Read || req.op == RequestOp::Flush {
-            return Ok(None);
-        }
-        let blocks = partial_blocks(req.offset, req.len(), self.rmw_block);
-        if blocks.is_empty() {
-            return Ok(None);
-        }
-        let owner = new_owner();
-        if self.shared.rmw.try_lock(&blocks, owner, &self.eventfd) {
-            Ok(Some(owner))
-        } else {
-            Err(())
-        }
-    }
-
-    pub(super) fn complete_now(&mut self, req: BlockRequest, result: Result<u64, BlockError>) {
-        self.ready.push(Completion {
-            user_data: req.user_data,
-            result,
-            memory: req.memory,
-        });
-    }
-
-    /// Re-plans every parked write (their waker fired, or might have).
-    pub(super) fn retry_parked(&mut self) {
-        for _ in 0..self.parked.len() {
-            if let Some(req) = self.parked.pop_front() {
-                self.start(req);
-            }
-        }
-    }
-
-    /// Pushes op `i` of `slot` as it stands (first push or resubmission);
-    /// a push failure finishes the op with that error.
-    pub(super) fn push_op(&mut self, slot: u32, i: usize) {
-        let Some(entry) = self.table.get_mut(slot) else {
-            return;
-        };
-        let Some(op) = entry.ops.get_mut(i) else {
-            return;
-        };
-        if op.done {
-            return;
-        }
-        if let AfterRead::Inflate { ext, .. } = op.after {
-            if op.kind == OpKind::AwaitInflate {
-                if !self.joins.wait(&ext, token(slot, i as u32)) {
-                    // The leader failed while this request was built.
-                    let e = BlockError::Read {
-                        offset: ext.host_offset,
-                        source: std::io::Error::other("read of the compressed cluster failed"),
-                    };
-                    self.op_finished(slot, i, Some(e));
-                }
-                return;
-            }
-            self.joins.lead(&ext);
-        }
-        if let Some(zero) = op.zero_source.as_ref() {
-            let n = op.remaining.min(zero.len() as u64) as usize;
-            op.iov.clear();
-            op.iov_start = 0;
-            op.iov.push(libc::iovec {
-                iov_base: zero.as_ptr().cast(),
-                iov_len: n,
-            });
-        }
-        let iov = RawIovecs {
-            ptr: op.iov[op.iov_start.min(op.iov.len())..].as_ptr(),
-            count: (op.iov.len().saturating_sub(op.iov_start)) as u32,
-        };
-        let host_op = match op.kind {
-            OpKind::Read => HostOp::Readv {
-                file: op.file,
-                offset: op.offset,
-                iov,
-            },
-            OpKind::Write => HostOp::Writev {
-                file: op.file,
-                offset: op.offset,
-                iov,
-            },
-            OpKind::Fdatasync => HostOp::Fdatasync { file: op.file },
-            OpKind::PunchHole => HostOp::PunchHole {
-                file: op.file,
-                offset: op.offset,
-                len: op.remaining,
-            },
-            OpKind::ZeroRange => HostOp::ZeroRange {
-                file: op.file,
-                offset: op.offset,
-                len: op.remaining,
-            },
-            // Handled above; never reaches the engine.
-            OpKind::AwaitInflate => return,
-        };
-        // SAFETY: the iovecs point into `entry.memory` (through `segs`) or
-        // into `op.buffers`/`op.zero_source`, all owned by this in-flight
-        // entry; the entry leaves the table only when every op has been
-        // reaped (`finish_if_done`), and `Executor::drop` waits for the
-        // engine to reap every op before the table is freed. The iovec
-        // array is not touched until the op is reaped.
-        let pushed = unsafe { self.engine.push(token(slot, i as u32), host_op) };
-        if let Err(e) = pushed {
-            self.op_finished(slot, i, Some(e));
         }
     }
 
@@ -250,7 +163,7 @@ impl Executor {
     }
 
     fn build_flush(&mut self) -> Result<Vec<OpSlot>, BlockError> {
-        if self.shared.ignore_flushes {
+        if self.ignore_flushes {
             return Ok(Vec::new());
         }
         self.format.flush_metadata()?;
@@ -266,6 +179,7 @@ impl Executor {
         &mut self,
         outcome: WriteOutcome,
         segs: &HostSegments,
+        budget: &mut BounceBudget,
     ) -> Result<Built, BlockError> {
         let plan = match outcome {
             WriteOutcome::Blocked => return Ok(Built::Parked),
@@ -279,7 +193,7 @@ impl Executor {
         let mut ops = Vec::with_capacity(host_ops.len());
         let mut result = Ok(());
         for hw in host_ops {
-            result = self.write_ops(hw, segs, &mut ops);
+            result = self.write_ops(hw, segs, &mut ops, budget);
             if result.is_err() {
                 break;
             }
@@ -293,30 +207,6 @@ impl Executor {
                 Err(e)
             }
         }
-    }
-
-    /// An aligned buffer of `len` bytes, charged to the request's bounce
-    /// budget so one request cannot make the queue allocate without bound.
-    pub(super) fn bounce(
-        &mut self,
-        len: u64,
-        a: DioAlign,
-        offset: u64,
-    ) -> Result<AlignedBuf, BlockError> {
-        let write = self.building_write;
-        let fail = |source: std::io::Error| match write {
-            true => BlockError::Write { offset, source },
-            false => BlockError::Read { offset, source },
-        };
-        self.bounce_budget = self.bounce_budget.checked_sub(len).ok_or_else(|| {
-            fail(std::io::Error::other(format!(
-                "request needs more than {MAX_BOUNCE_PER_REQUEST} bytes of bounce buffers"
-            )))
-        })?;
-        usize::try_from(len)
-            .ok()
-            .and_then(|len| AlignedBuf::new(len, (a.mem as usize).max(64)))
-            .ok_or_else(|| fail(std::io::Error::from(std::io::ErrorKind::OutOfMemory)))
     }
 }
 
@@ -359,5 +249,19 @@ mod tests {
         assert_eq!(align_range(512, 512, 512), Some((512, 1024)));
         assert_eq!(align_range(511, 2, 512), Some((0, 1024)));
         assert_eq!(align_range(u64::MAX - 1, 10, 512), None);
+    }
+
+    #[test]
+    fn a_bounce_budget_is_per_request() {
+        let mut a = BounceBudget::for_request(RequestOp::Write);
+        assert!(a.take(MAX_BOUNCE_PER_REQUEST, DioAlign::NONE, 0).is_ok());
+        let over = a.take(1, DioAlign::NONE, 7).unwrap_err();
+        assert!(
+            matches!(over, BlockError::Write { offset: 7, .. }),
+            "{over:?}"
+        );
+        // A new request starts with the whole budget, whatever the last used.
+        let mut b = BounceBudget::for_request(RequestOp::Read);
+        assert!(b.take(4096, DioAlign::NONE, 0).is_ok());
     }
 }

@@ -2,91 +2,74 @@
 //! format, runs the plans' host operations on the queue's engine and turns
 //! op completions into exactly one [`Completion`] per request.
 //!
-//! Requests enter through [`Executor::submit_batch`]; each is owned by the
-//! in-flight table ([`table`]) until its last op has been reaped, which is
-//! what keeps the memory behind the engine's iovecs alive. [`build`] turns
-//! plans into ops; [`complete`] accounts op results (short transfers,
-//! EOF, first error wins, commit/abort) and queues the request's
-//! completion. Completions leave through [`Executor::drain`].
+//! [`Executor`] is a thin coordinator over parts with one job each:
 //!
-//! Compressed clusters the queue inflates itself (zstd, see
-//! [`crate::io::inflate_pool::inflates_in_queue`]) wait in a backlog; each
-//! drain inflates at most [`INFLATIONS_PER_DRAIN`] of them and, if more
-//! are left, signals the eventfd so the caller drains again at once. The
-//! requests finished so far thus go back to the caller (which resubmits)
-//! instead of all waiting for a whole burst of completions to inflate:
-//! with no bound, 4 KiB random reads of a zstd image at QD 32 kept the
-//! disk a third idle (completions arrive in bursts of up to the depth).
+//! | Part | Where | Job |
+//! | --- | --- | --- |
+//! | [`OpBuilder`] | `build.rs`, `read_ops.rs`, `write_ops.rs` | plan one request with the format and return its ops (bounce buffers, zero page, recycled vectors); the per-request bounce budget is a value of that call |
+//! | [`Accounting`] | `accounting.rs`, `table.rs` | own each request in flight (the [`table`]) until its last op is reaped; short transfers, first error, commit/abort, deferred commits, one completion per request |
+//! | [`CompressedReads`] | `compressed.rs`, `inflate_join.rs` | read compressed clusters, inflate them (pool or this thread), join reads of a cluster already being read |
+//! | [`RmwLocks`], [`WriteTracker`] | `rmw.rs`, `barrier.rs` | shared by the disk's queues: partial-block locks of unaligned O_DIRECT writes, and write barriers for commits that free clusters |
+//!
+//! The flow: requests enter through [`Executor::submit_batch`]; `submit.rs`
+//! admits each (locks, write number), has the builder build it, hands it
+//! to the accounting and pushes its ops, or parks a write the format
+//! blocked (replanned on every drain). [`Executor::drain`] reaps op
+//! results into `complete.rs`, which asks the accounting what each means
+//! and acts on it (push again, inflate, serve waiters, complete);
+//! completions leave through `drain`. The request, owned by the table
+//! until its last op is reaped, keeps the memory behind the engine's
+//! iovecs alive; dropping the executor waits for the engine first.
 
 use std::collections::VecDeque;
-use std::fs::File;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::BlockError;
 use crate::formats::Format;
-use crate::io::align::{file_alignment, AlignedBuf, DioAlign};
+use crate::io::align::DioAlign;
 use crate::io::inflate::InflateCache;
-use crate::io::inflate_pool::{InflateDone, InflateJob, InflateReplies};
 use crate::io::{Engine, EngineCompletion};
 use crate::request::{BlockRequest, Completion};
 
-/// Size of the shared zero page.
-const ZERO_PAGE: usize = 1 << 20;
+pub use compressed::INFLATIONS_PER_DRAIN;
 
-/// Clusters a drain inflates in the queue's thread before it hands the
-/// requests finished so far back (the best of 1, 2, 4, 8, 16 and
-/// unbounded in interleaved runs).
-pub const INFLATIONS_PER_DRAIN: usize = 2;
-
+mod accounting;
 pub mod barrier;
 mod build;
 mod complete;
+mod compressed;
 mod inflate_join;
 mod read_ops;
 pub mod rmw;
 mod spares;
+mod submit;
 pub mod table;
 mod write_ops;
 
+use accounting::Accounting;
 use barrier::WriteTracker;
+use build::OpBuilder;
+use compressed::CompressedReads;
 use rmw::RmwLocks;
-use table::RequestTable;
 
 /// See the module docs.
 pub struct Executor {
-    format: Arc<dyn Format>,
-    files: Vec<Arc<File>>,
-    align: Vec<DioAlign>,
     engine: Box<dyn Engine>,
+    /// The queue's completion eventfd, also the waker of blocked writes.
     eventfd: Arc<EventFd>,
-    table: RequestTable,
-    ready: Vec<Completion>,
+    builder: OpBuilder,
+    acct: Accounting,
+    compressed: CompressedReads,
+    /// Writes the format blocked, replanned on every drain.
     parked: VecDeque<BlockRequest>,
-    /// Where the inflate pool posts this queue's finished inflations.
-    replies: Arc<InflateReplies>,
-    inflated: Vec<InflateDone>,
-    /// Reaped compressed reads this queue inflates itself, oldest first.
-    inflate_backlog: VecDeque<InflateJob>,
-    /// Compressed clusters being read, and the reads waiting for them.
-    joins: inflate_join::InflateJoins,
+    /// The reaped-completions vector, reused from drain to drain.
     reaped: Vec<EngineCompletion>,
-    /// Vectors recycled from finished requests.
-    spares: spares::Spares,
-    /// Zeroes that write ops point at.
-    zero_page: Arc<AlignedBuf>,
-    /// Bounce bytes the request being built may still allocate.
-    bounce_budget: u64,
-    /// Whether the request being built writes (names bounce errors).
-    building_write: bool,
     /// Partial-block locks and write tracking (shared by the disk's queues).
     shared: Arc<DiskShared>,
     /// O_DIRECT block size writes are locked in (1: buffered, no locks).
     rmw_block: u64,
-    /// Slots whose ops are done but whose freeing commit waits for older
-    /// writes (see `barrier`).
-    deferred: Vec<u32>,
 }
 
 /// State shared by every queue of one disk.
@@ -107,36 +90,19 @@ impl Executor {
     /// queue's completion eventfd (and the waker of blocked writes).
     /// `shared` is shared by every queue of the disk.
     pub fn new(format: Arc<dyn Format>, engine: Box<dyn Engine>, shared: Arc<DiskShared>) -> Self {
-        // Like a `Vec`, a fixed-size allocation failure is fatal.
-        let zero_page = AlignedBuf::new(ZERO_PAGE, 4096).unwrap_or_else(|| {
-            std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u8; ZERO_PAGE]>())
-        });
-        let files = format.files().to_vec();
-        let align: Vec<DioAlign> = files.iter().map(|f| file_alignment(f)).collect();
+        let builder = OpBuilder::new(format, shared.ignore_flushes);
         let eventfd = engine.eventfd().clone();
-        let replies = Arc::new(InflateReplies::new(eventfd.clone()));
-        let rmw_block = align.iter().map(|a| u64::from(a.offset)).max().unwrap_or(1);
+        let rmw_block = u64::from(builder.alignment().offset).max(1);
         Executor {
-            format,
-            files,
-            align,
             engine,
+            compressed: CompressedReads::new(eventfd.clone(), shared.clone()),
             eventfd,
-            table: RequestTable::default(),
-            ready: Vec::new(),
+            builder,
+            acct: Accounting::default(),
             parked: VecDeque::new(),
-            replies,
-            inflated: Vec::new(),
-            inflate_backlog: VecDeque::new(),
-            joins: Default::default(),
             reaped: Vec::new(),
-            spares: spares::Spares::default(),
-            zero_page: Arc::new(zero_page),
-            bounce_budget: 0,
-            building_write: false,
             shared,
             rmw_block,
-            deferred: Vec::new(),
         }
     }
 
@@ -146,23 +112,24 @@ impl Executor {
 
     /// The strictest O_DIRECT alignment of the image's files (1 if none).
     pub fn alignment(&self) -> DioAlign {
-        self.align.iter().fold(DioAlign::NONE, |a, b| a.max(*b))
+        self.builder.alignment()
     }
 
     /// Plans every request and submits all resulting ops in one go.
     pub fn submit_batch(&mut self, requests: impl IntoIterator<Item = BlockRequest>) {
-        let before = self.ready.len();
+        let before = self.acct.ready_len();
         for req in requests {
             self.start(req);
         }
         self.submit_engine();
-        if self.ready.len() > before {
+        if self.acct.ready_len() > before {
             self.signal();
         }
     }
 
-    /// Clears the eventfd, reaps finished ops, re-plans parked writes, and
-    /// moves every finished request to `out`.
+    /// Clears the eventfd, reaps finished ops, inflates and accounts
+    /// compressed clusters, retries deferred commits and parked writes,
+    /// and moves every finished request to `out`.
     pub fn drain(&mut self, out: &mut Vec<Completion>) {
         // Clear first: a completion arriving after this read re-arms it.
         let _ = self.eventfd.read();
@@ -172,14 +139,17 @@ impl Executor {
             self.on_op_complete(c);
         }
         self.reaped = reaped;
-        self.inflate_some();
+        if self.compressed.inflate_some() {
+            // More clusters wait: the caller drains again at once.
+            self.signal();
+        }
         self.take_inflated();
-        for slot in std::mem::take(&mut self.deferred) {
+        for slot in self.acct.take_deferred() {
             self.finish_if_done(slot);
         }
         self.retry_parked();
         self.submit_engine();
-        out.append(&mut self.ready);
+        self.acct.take_ready(out);
     }
 
     /// Blocks until at least one completion is ready or nothing is in
@@ -191,7 +161,7 @@ impl Executor {
             if out.len() > start || self.in_flight() == 0 {
                 return Ok(());
             }
-            if !self.inflate_backlog.is_empty() {
+            if self.compressed.has_backlog() {
                 // The next drain inflates more without waiting.
                 continue;
             }
@@ -212,30 +182,7 @@ impl Executor {
 
     /// Requests submitted and not yet drained.
     pub fn in_flight(&self) -> usize {
-        self.table.len() + self.parked.len() + self.ready.len()
-    }
-
-    /// The disk's inflate cache (a poisoned lock only means another
-    /// queue panicked; the cache is still consistent).
-    fn inflate_cache(&self) -> MutexGuard<'_, InflateCache> {
-        self.shared
-            .inflated
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Inflates up to [`INFLATIONS_PER_DRAIN`] backlog clusters (their
-    /// results join this drain) and signals the eventfd if any is left.
-    fn inflate_some(&mut self) {
-        for _ in 0..INFLATIONS_PER_DRAIN {
-            let Some(job) = self.inflate_backlog.pop_front() else {
-                return;
-            };
-            self.inflated.push(job.inflate());
-        }
-        if !self.inflate_backlog.is_empty() {
-            self.signal();
-        }
+        self.acct.in_flight() + self.parked.len()
     }
 
     fn signal(&self) {
@@ -282,22 +229,8 @@ impl Drop for Executor {
                 log::error!(
                     "block queue: cannot reap in-flight I/O on drop ({e}); leaking its buffers"
                 );
-                // Release what other queues may wait for: the data writes
-                // may still land, so the format aborts (leaking, never
-                // publishing) their allocations.
-                let (owners, commits, seqs) = self.table.take_locks_and_commits();
-                for commit in commits {
-                    self.format.abort(commit);
-                }
-                for owner in owners {
-                    self.shared.rmw.unlock(owner);
-                }
-                // The leaked writes may still land: their clusters stay
-                // referenced (aborted commits leak), so nothing waits.
-                for seq in seqs {
-                    self.shared.writes.end(seq);
-                }
-                self.table.leak();
+                self.acct
+                    .abandon_all(self.builder.format.as_ref(), &self.shared);
                 return;
             }
             for c in reaped.drain(..) {
@@ -305,17 +238,7 @@ impl Drop for Executor {
             }
             self.submit_engine();
         }
-        // Freeing commits still waiting for other queues' writes: give
-        // them up (the clusters leak; nothing is freed under a write).
-        for slot in std::mem::take(&mut self.deferred) {
-            if let Some(mut entry) = self.table.remove(slot) {
-                if let Some(commit) = entry.commit.take() {
-                    self.format.abort(commit);
-                }
-                if let Some(seq) = entry.write_seq.take() {
-                    self.shared.writes.end(seq);
-                }
-            }
-        }
+        self.acct
+            .abandon_deferred(self.builder.format.as_ref(), &self.shared);
     }
 }

@@ -4,28 +4,33 @@
 //! served from the inflate cache or read into a buffer that is inflated
 //! when the read completes.
 //!
-//! A planned read enters [`Executor::build_read`]; the ops leave to
-//! [`Executor::start`], which pushes them.
+//! A read enters [`OpBuilder::build_read`] with the request's bounce
+//! budget; the ops leave to the caller of [`OpBuilder::build`], which
+//! pushes them. Compressed pieces ask the compressed-read pipeline
+//! ([`CompressedReads`]) whether the cluster is cached or already being
+//! read by this queue.
 
-use super::build::{align_range, direct_ok, iovec_of, BOUNCE_CHUNK};
+use super::build::{align_range, direct_ok, iovec_of, BounceBudget, OpBuilder, BOUNCE_CHUNK};
+use super::compressed::CompressedReads;
 use super::table::{AfterRead, OpBuffer, OpKind, OpSlot};
-use super::Executor;
 use crate::error::BlockError;
 use crate::formats::{CompressedExtent, FileId, ReadPlan, ReadSource};
 use crate::io::inflate::MAX_CLUSTER_SIZE;
 use crate::io::memory::HostSegments;
 use crate::request::BlockRequest;
 
-impl Executor {
+impl OpBuilder {
     pub(super) fn build_read(
         &mut self,
         req: &BlockRequest,
         segs: &HostSegments,
+        budget: &mut BounceBudget,
+        compressed: &CompressedReads,
     ) -> Result<Vec<OpSlot>, BlockError> {
         // The plan vector is reused from request to request.
         let mut plan = std::mem::take(&mut self.spares.plan);
         plan.clear();
-        let r = self.build_read_with(req, segs, &mut plan);
+        let r = self.build_read_with(req, segs, &mut plan, budget, compressed);
         plan.clear();
         self.spares.plan = plan;
         r
@@ -36,6 +41,8 @@ impl Executor {
         req: &BlockRequest,
         segs: &HostSegments,
         plan: &mut ReadPlan,
+        budget: &mut BounceBudget,
+        compressed: &CompressedReads,
     ) -> Result<Vec<OpSlot>, BlockError> {
         let len = segs.len();
         self.format.plan_read(req.offset, len, plan)?;
@@ -59,10 +66,12 @@ impl Executor {
                     unsafe { segs.fill_zero(req_off, piece.len) };
                 }
                 ReadSource::Host { file, offset } => {
-                    self.host_read_ops(segs, req_off, piece.len, file, offset, &mut ops)?;
+                    self.host_read_ops(segs, req_off, piece.len, (file, offset), &mut ops, budget)?;
                 }
                 ReadSource::Compressed(ext) => {
-                    if let Some(op) = self.compressed_read(segs, req_off, piece.len, ext)? {
+                    let op =
+                        self.compressed_read(segs, req_off, piece.len, ext, budget, compressed)?;
+                    if let Some(op) = op {
                         ops.push(op);
                     }
                 }
@@ -79,9 +88,9 @@ impl Executor {
         segs: &HostSegments,
         req_off: u64,
         len: u64,
-        file: FileId,
-        offset: u64,
+        (file, offset): (FileId, u64),
         ops: &mut Vec<OpSlot>,
+        budget: &mut BounceBudget,
     ) -> Result<(), BlockError> {
         if len == 0 {
             return Ok(());
@@ -108,7 +117,7 @@ impl Executor {
                     size: u64::MAX,
                 });
             };
-            let buf = self.bounce(end - start, a, host)?;
+            let buf = budget.take(end - start, a, host)?;
             let mut op = OpSlot::new(OpKind::Read, file, start, end - start);
             op.align = a.offset;
             op.iov.push(iovec_of(&buf));
@@ -132,6 +141,8 @@ impl Executor {
         req_off: u64,
         len: u64,
         ext: CompressedExtent,
+        budget: &mut BounceBudget,
+        compressed: &CompressedReads,
     ) -> Result<Option<OpSlot>, BlockError> {
         let bad = |reason: String| BlockError::Decompress {
             offset: ext.host_offset,
@@ -152,7 +163,7 @@ impl Executor {
                 ext.compressed_len
             )));
         }
-        let cached = self.inflate_cache().get(&ext);
+        let cached = compressed.cached(&ext);
         if let Some(data) = cached {
             let from = ext.offset_in_cluster as usize;
             // SAFETY: the request's memory is owned by the caller's request
@@ -160,7 +171,7 @@ impl Executor {
             unsafe { segs.copy_in(req_off, &data[from..from + len as usize]) };
             return Ok(None);
         }
-        if self.joins.leading(&ext) {
+        if compressed.leading(&ext) {
             // Another read of this queue is fetching the cluster: wait for
             // its inflation (see `inflate_join`).
             let mut op = OpSlot::new(OpKind::AwaitInflate, ext.file, ext.host_offset, 0);
@@ -175,7 +186,7 @@ impl Executor {
         let a = self.file_align(ext.file)?;
         let (start, end) = align_range(ext.host_offset, ext.compressed_len, a.offset)
             .ok_or_else(|| bad("compressed range overflows".into()))?;
-        let buf = self.bounce(end - start, a, ext.host_offset)?;
+        let buf = budget.take(end - start, a, ext.host_offset)?;
         let mut op = OpSlot::new(OpKind::Read, ext.file, start, end - start);
         op.align = a.offset;
         op.iov.push(iovec_of(&buf));

@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
+use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::formats::{CompressedExtent, FileId, WriteCommit};
-use crate::io::align::AlignedBuf;
 use crate::io::memory::HostSegments;
 use crate::io::OpToken;
 use crate::request::IoMemory;

@@ -4,28 +4,30 @@
 //! hole and zero range become fallocate ops. Also the probed-raw header
 //! guard.
 //!
-//! A write plan's host ops enter [`Executor::write_ops`]; the ops leave to
-//! [`Executor::start`], which pushes them.
+//! A write plan's host ops enter [`OpBuilder::write_ops`] with the
+//! request's bounce budget; the ops leave to the caller of
+//! [`OpBuilder::build`], which pushes them.
 
 use std::os::unix::fs::FileExt;
 
-use super::build::{align_range, direct_ok, iovec_of, BOUNCE_CHUNK};
+use super::build::{align_range, direct_ok, iovec_of, BounceBudget, OpBuilder, BOUNCE_CHUNK};
 use super::table::{OpBuffer, OpKind, OpSlot};
-use super::Executor;
+use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::formats::probe::looks_like_image_header;
 use crate::formats::{FileId, HostWrite, WriteData};
-use crate::io::align::{AlignedBuf, DioAlign};
+use crate::io::align::DioAlign;
 use crate::io::memory::{HostSegments, IOV_MAX};
 use crate::request::BlockRequest;
 use crate::SECTOR_SIZE;
 
-impl Executor {
+impl OpBuilder {
     pub(super) fn write_ops(
         &mut self,
         hw: HostWrite,
         segs: &HostSegments,
         ops: &mut Vec<OpSlot>,
+        budget: &mut BounceBudget,
     ) -> Result<(), BlockError> {
         match hw {
             HostWrite::PunchHole { file, offset, len } => {
@@ -46,18 +48,18 @@ impl Executor {
                 file,
                 offset,
                 parts,
-            } => self.data_write_ops(file, offset, &parts, segs, ops)?,
+            } => self.data_write_ops((file, offset), &parts, segs, ops, budget)?,
         }
         Ok(())
     }
 
     fn data_write_ops(
         &mut self,
-        file: FileId,
-        offset: u64,
+        (file, offset): (FileId, u64),
         parts: &[WriteData],
         segs: &HostSegments,
         ops: &mut Vec<OpSlot>,
+        budget: &mut BounceBudget,
     ) -> Result<(), BlockError> {
         let a = self.file_align(file)?;
         let bad_plan = |what: &str| BlockError::Write {
@@ -122,7 +124,7 @@ impl Executor {
                 .ok_or_else(|| bad_plan("range overflows"))?;
             let (start, end) =
                 align_range(host, n, a.offset).ok_or_else(|| bad_plan("range overflows"))?;
-            let mut buf = self.bounce(end - start, a, host)?;
+            let mut buf = budget.take(end - start, a, host)?;
             self.read_partial_blocks(file, start, host, host + n, end, a, &mut buf)?;
             let dst = &mut buf.as_mut_slice()[(host - start) as usize..][..n as usize];
             // SAFETY: the request's memory is owned by the caller and no
