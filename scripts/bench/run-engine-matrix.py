@@ -44,8 +44,10 @@ Usage: scripts/bench/run-engine-matrix.py --bin DIR [--dir DIR]
        [--json FILE] [--smoke]
 --smoke: 32 MiB images, 0.5 s runs, 1 repeat, no settling (checks the
 script works; the numbers mean nothing).
-A full run (92 cells) takes about 92 x (seconds + 0.7) s per repeat plus
-the images: 3 repeats of 3 s runs on 1 GiB images about 18 minutes.
+A full run (92 cells) takes about 92 x (seconds + 0.5) s per repeat plus
+the images: 3 repeats of 3 s runs on 1 GiB images about 18 minutes. It
+first deletes its own files (m-*.qcow2, m-*.raw) in --dir and needs about
+10 x --size bytes free there.
 """
 
 import argparse
@@ -99,6 +101,18 @@ class Bench:
         self.size = args.size
         self.seconds = args.seconds
         os.makedirs(self.dir, exist_ok=True)
+        # This script's files from earlier runs (other names included).
+        for name in os.listdir(self.dir):
+            if name.startswith("m-") and name.endswith((".qcow2", ".raw")):
+                os.unlink(os.path.join(self.dir, name))
+        # Written images, the full image, the written raw file, one fresh
+        # image and one fresh raw file at a time, and room to spare.
+        need = 10 * self.size
+        st = os.statvfs(self.dir)
+        if st.f_bavail * st.f_frsize < need:
+            raise SystemExit(
+                f"{self.dir}: {st.f_bavail * st.f_frsize >> 20} MiB free, "
+                f"the run needs about {need >> 20} MiB")
 
     def image(self, prealloc, state, tag=""):
         """A qcow2 image of `prealloc`; `written`: every cluster written
