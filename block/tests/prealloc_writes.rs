@@ -145,3 +145,54 @@ fn writes_land_in_the_preallocated_clusters() {
         }
     }
 }
+
+/// `ch-img resize --preallocation` (`block::prealloc::preallocate_grown`)
+/// goes through the format's checked write path: on an image whose L2
+/// table wrongly has refcount 0, the grown area's cluster would be handed
+/// out on top of that table; the overlap check refuses it before any
+/// zeroes or fallocate reach the file, and marks the image corrupt.
+#[test]
+fn grown_area_preallocation_never_overwrites_metadata() {
+    use std::os::unix::fs::FileExt;
+    for mode in MODES {
+        let dir = TempDir::new("prealloc-grow-overlap");
+        let path = make(&dir, Preallocation::Off);
+        let disk = open(&path, EngineKind::Sync);
+        disk.write_at(0, &[0x5a; 65536]).unwrap();
+        disk.close().unwrap();
+        drop(disk);
+        let f = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let be64 = |off: u64| {
+            let mut b = [0u8; 8];
+            f.read_exact_at(&mut b, off).unwrap();
+            u64::from_be_bytes(b)
+        };
+        let mask = 0x00ff_ffff_ffff_fe00u64;
+        let l2 = be64(be64(40) & mask) & mask;
+        let refblock = be64(be64(48) & mask) & mask;
+        assert_ne!(l2, 0, "the write allocated an L2 table");
+        // Refcount order 4 (16-bit entries): zero the L2 table's entry.
+        f.write_all_at(&[0, 0], refblock + (l2 / 65536) * 2)
+            .unwrap();
+        let mut table = vec![0u8; 65536];
+        f.read_exact_at(&mut table, l2).unwrap();
+
+        let disk = open(&path, EngineKind::Sync);
+        let format = disk.format();
+        format.resize(SIZE + 65536).unwrap();
+        let r =
+            block::prealloc::preallocate_grown(format.as_ref(), &path, mode, SIZE, SIZE + 65536);
+        let e = r.expect_err("the grown cluster would overwrite the L2 table");
+        assert!(e.to_string().contains("overlaps"), "{mode}: {e}");
+        let mut after = vec![0u8; 65536];
+        f.read_exact_at(&mut after, l2).unwrap();
+        assert!(after == table, "{mode}: the L2 table was written over");
+        assert_ne!(be64(72) & 2, 0, "{mode}: the corrupt bit is set");
+        let _ = format;
+        drop(disk);
+    }
+}

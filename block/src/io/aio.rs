@@ -170,7 +170,7 @@ impl AioEngine {
         // `Engine::push`'s contract.
         let t = super::submit_stats::start();
         let r = self.ctx.submit(&cbs);
-        super::submit_stats::record(t);
+        super::submit_stats::record(t, n);
         r
     }
 

@@ -5,17 +5,26 @@
 //!
 //! Off by default (one relaxed atomic load per call). A benchmark turns it
 //! on with [`enable`], runs, and takes the samples with [`take`]; engines
-//! report each call's duration with [`record`].
+//! report each call's duration and how many entries (control blocks or
+//! SQEs) it handed over with [`record`]. [`take`] returns the percentiles
+//! of the wall time per call and, by batch size ([`SizeClass`]), the same
+//! for each size class, so a slow p99 can be traced to the calls that
+//! carried many entries or to calls that blocked with few.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
-static SAMPLES: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+/// One sample per call: nanoseconds in the low 32 bits, entries in the
+/// high 32.
+static SAMPLES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
-/// At most this many samples are kept (16 MiB); later calls are dropped.
+/// At most this many samples are kept (32 MiB); later calls are dropped.
 const MAX_SAMPLES: usize = 4 << 20;
+
+/// Upper bounds (inclusive) of the batch-size classes of [`SubmitTimes::by_size`].
+const SIZE_BOUNDS: [u32; 6] = [1, 4, 8, 16, 32, 64];
 
 /// Starts recording (and clears what was recorded).
 pub fn enable() {
@@ -29,44 +38,127 @@ pub fn start() -> Option<Instant> {
     ENABLED.load(Ordering::Relaxed).then(Instant::now)
 }
 
-/// Records the call that began at `start` (no-op when `None`).
-pub fn record(start: Option<Instant>) {
+/// Records the call that began at `start` and handed `entries` to the
+/// kernel (no-op when `start` is `None`).
+pub fn record(start: Option<Instant>, entries: usize) {
     let Some(t) = start else {
         return;
     };
     let ns = u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX);
+    push(ns, entries);
+}
+
+/// Records a call of `took` that handed `entries` to the kernel, timed by
+/// the engine itself (no-op while recording is off).
+pub fn record_duration(took: Duration, entries: usize) {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
+    let ns = u32::try_from(took.as_nanos()).unwrap_or(u32::MAX);
+    push(ns, entries);
+}
+
+fn push(ns: u32, entries: usize) {
+    let entries = u32::try_from(entries).unwrap_or(u32::MAX);
     let mut s = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
     if s.len() < MAX_SAMPLES {
-        s.push(ns);
+        s.push(u64::from(entries) << 32 | u64::from(ns));
     }
 }
 
-/// Percentiles of the recorded calls.
+/// Percentiles of the wall time of a set of calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct SubmitTimes {
+pub struct Percentiles {
     pub calls: usize,
     pub p50: Duration,
     pub p99: Duration,
     pub max: Duration,
 }
 
+impl Percentiles {
+    /// Of the call times `ns` (sorted here).
+    fn of(ns: &mut [u32]) -> Self {
+        if ns.is_empty() {
+            return Percentiles::default();
+        }
+        ns.sort_unstable();
+        let at = |q: f64| {
+            let i = ((ns.len() - 1) as f64 * q).round() as usize;
+            Duration::from_nanos(u64::from(ns[i.min(ns.len() - 1)]))
+        };
+        Percentiles {
+            calls: ns.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+            max: at(1.0),
+        }
+    }
+}
+
+/// The calls that handed over `min_entries..=max_entries` entries.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SizeClass {
+    pub min_entries: u32,
+    pub max_entries: u32,
+    pub times: Percentiles,
+}
+
+/// What [`take`] returns: every call, the entries per call, and the calls
+/// by batch size (only classes that had calls).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SubmitTimes {
+    pub calls: usize,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+    /// Median and largest number of entries one call handed over.
+    pub entries_p50: u32,
+    pub entries_max: u32,
+    pub by_size: Vec<SizeClass>,
+}
+
 /// Stops recording and returns the percentiles of what was recorded.
 pub fn take() -> SubmitTimes {
     ENABLED.store(false, Ordering::Relaxed);
-    let mut s = std::mem::take(&mut *SAMPLES.lock().unwrap_or_else(|p| p.into_inner()));
-    if s.is_empty() {
+    let s = std::mem::take(&mut *SAMPLES.lock().unwrap_or_else(|p| p.into_inner()));
+    summarize(&s)
+}
+
+fn summarize(samples: &[u64]) -> SubmitTimes {
+    if samples.is_empty() {
         return SubmitTimes::default();
     }
-    s.sort_unstable();
-    let at = |q: f64| {
-        let i = ((s.len() - 1) as f64 * q).round() as usize;
-        Duration::from_nanos(u64::from(s[i.min(s.len() - 1)]))
-    };
+    let ns_of = |v: u64| (v & u64::from(u32::MAX)) as u32;
+    let entries_of = |v: u64| (v >> 32) as u32;
+    let mut all: Vec<u32> = samples.iter().map(|&v| ns_of(v)).collect();
+    let times = Percentiles::of(&mut all);
+    let mut entries: Vec<u32> = samples.iter().map(|&v| entries_of(v)).collect();
+    entries.sort_unstable();
+    let mut by_size = Vec::new();
+    let mut lo = 0u32;
+    for hi in SIZE_BOUNDS.into_iter().chain([u32::MAX]) {
+        let mut ns: Vec<u32> = samples
+            .iter()
+            .filter(|&&v| (lo..=hi).contains(&entries_of(v)))
+            .map(|&v| ns_of(v))
+            .collect();
+        if !ns.is_empty() {
+            by_size.push(SizeClass {
+                min_entries: lo,
+                max_entries: hi,
+                times: Percentiles::of(&mut ns),
+            });
+        }
+        lo = hi.saturating_add(1);
+    }
     SubmitTimes {
-        calls: s.len(),
-        p50: at(0.5),
-        p99: at(0.99),
-        max: at(1.0),
+        calls: times.calls,
+        p50: times.p50,
+        p99: times.p99,
+        max: times.max,
+        entries_p50: entries[(entries.len() - 1) / 2],
+        entries_max: entries[entries.len() - 1],
+        by_size,
     }
 }
 
@@ -76,14 +168,34 @@ mod tests {
 
     #[test]
     fn records_only_while_enabled() {
-        record(start());
+        record(start(), 1);
         enable();
-        for _ in 0..10 {
-            record(start());
+        for i in 0..10 {
+            record(start(), i);
         }
         let t = take();
         assert!(t.calls >= 10, "{t:?}");
         assert!(t.p50 <= t.p99 && t.p99 <= t.max);
         assert!(start().is_none());
+    }
+
+    #[test]
+    fn calls_are_split_by_batch_size() {
+        let sample = |entries: u64, us: u64| entries << 32 | (us * 1000);
+        let mut s: Vec<u64> = (0..99).map(|_| sample(1, 10)).collect();
+        s.push(sample(40, 500));
+        let t = summarize(&s);
+        assert_eq!(t.calls, 100);
+        assert_eq!(t.entries_p50, 1);
+        assert_eq!(t.entries_max, 40);
+        assert_eq!(t.max, Duration::from_micros(500));
+        assert_eq!(t.by_size.len(), 2, "{t:?}");
+        assert_eq!((t.by_size[0].min_entries, t.by_size[0].max_entries), (0, 1));
+        assert_eq!(t.by_size[0].times.max, Duration::from_micros(10));
+        assert_eq!(
+            (t.by_size[1].min_entries, t.by_size[1].max_entries),
+            (33, 64)
+        );
+        assert_eq!(t.by_size[1].times.calls, 1);
     }
 }

@@ -107,6 +107,7 @@ mod tests {
     use super::*;
     use crate::formats::FileId;
     use crate::io::test_blocks::{BlockFile, ReadBuffers};
+    use pool::IDLE_EXIT;
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
     fn engine(fx: &BlockFile, pool: &Arc<WorkerPool>) -> (ThreadsEngine, Arc<EventFd>) {
@@ -153,6 +154,42 @@ mod tests {
         unsafe { bufs.push_all(&mut e) };
         drop(e);
         bufs.assert_read(|_| true);
+    }
+
+    /// Workers sleep and wake thousands of times in bursts of 1-8 jobs;
+    /// a wakeup miscounted (a job queued while every worker sleeps and
+    /// none is signalled) would leave a job until a worker's idle timeout
+    /// (10 s): a hang check, with a margin far above any run time.
+    #[test]
+    fn bursts_never_wait_for_an_idle_timeout() {
+        let fx = BlockFile::new("threads-bursts");
+        let pool = Arc::new(WorkerPool::new(4));
+        let (mut e, _efd) = engine(&fx, &pool);
+        let mut out = Vec::new();
+        for burst in 0..2000u64 {
+            let started = std::time::Instant::now();
+            let n = burst % 8 + 1;
+            for i in 0..n {
+                let op = HostOp::Fdatasync { file: FileId(3) };
+                // SAFETY: no memory involved.
+                unsafe { e.push(burst << 8 | i, op).unwrap() };
+            }
+            e.submit().unwrap();
+            out.clear();
+            while out.len() < n as usize {
+                e.wait(&mut out).unwrap();
+            }
+            assert!(
+                started.elapsed() < IDLE_EXIT / 2,
+                "burst {burst} waited {:?}",
+                started.elapsed()
+            );
+            if burst % 500 == 0 {
+                // Let every worker fall asleep between some bursts.
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        assert_eq!(e.in_flight(), 0);
     }
 
     #[test]

@@ -135,7 +135,13 @@ struct PoolShared {
 struct PoolState {
     jobs: VecDeque<Job>,
     threads: usize,
-    idle: usize,
+    /// Workers waiting on `work` (counted before they wait, uncounted
+    /// when they wake, whatever woke them).
+    sleeping: usize,
+    /// Wakeups sent and not yet taken by a worker: a sleeping worker that
+    /// has been signalled will look at the queue, so a job needs another
+    /// wakeup only while the queue holds more jobs than this.
+    signalled: usize,
     shutdown: bool,
     handles: Vec<JoinHandle<()>>,
 }
@@ -169,7 +175,8 @@ impl WorkerPool {
     pub(super) fn dispatch(&self, job: Job) -> Result<(), Job> {
         let mut st = self.shared.lock();
         st.jobs.push_back(job);
-        let spawn = st.jobs.len() > st.idle && st.threads < self.shared.max_threads;
+        let idle = st.sleeping.saturating_sub(st.signalled);
+        let spawn = st.jobs.len() > st.signalled + idle && st.threads < self.shared.max_threads;
         if spawn {
             st.threads += 1;
             st.handles.retain(|h| !h.is_finished());
@@ -189,9 +196,16 @@ impl WorkerPool {
             }
         }
         // A busy worker looks at the queue before it sleeps (under the
-        // lock), so only a sleeping one needs waking: no futex call per
-        // job while every worker is busy.
-        let wake = st.idle > 0;
+        // lock), so only a sleeping one needs waking, and only when the
+        // workers already signalled are fewer than the jobs waiting: no
+        // futex call per job while every worker is busy or on its way
+        // (each wake is a syscall, and 64 woken workers fighting for this
+        // lock cost 4 futex calls per 4 KiB read on reads that need no
+        // device I/O).
+        let wake = idle > 0 && st.jobs.len() > st.signalled;
+        if wake {
+            st.signalled += 1;
+        }
         drop(st);
         if wake {
             self.shared.work.notify_one();
@@ -212,13 +226,21 @@ fn worker(shared: Arc<PoolShared>) {
         if st.shutdown {
             break;
         }
-        st.idle += 1;
+        st.sleeping += 1;
+        // One wait per loop turn (not `wait_timeout_while`, which would
+        // sleep again after a wakeup whose job another worker took, and
+        // leave `signalled` counting a wakeup nobody is still on).
         let (guard, timeout) = shared
             .work
-            .wait_timeout_while(st, IDLE_EXIT, |s| s.jobs.is_empty() && !s.shutdown)
+            .wait_timeout(st, IDLE_EXIT)
             .unwrap_or_else(|p| p.into_inner());
         st = guard;
-        st.idle -= 1;
+        st.sleeping -= 1;
+        // Whether a signal or a job already queued woke this worker, one
+        // wakeup fewer is on its way (never below zero: a timed-out or
+        // spuriously woken worker may take one meant for another, which
+        // only makes `dispatch` send one more).
+        st.signalled = st.signalled.saturating_sub(1);
         if timeout.timed_out() && st.jobs.is_empty() {
             break;
         }

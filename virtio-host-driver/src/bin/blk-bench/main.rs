@@ -47,6 +47,19 @@ fn single(o: &Options) -> Result<(), String> {
         v["submit_p50_us"] = json!(submit.p50.as_secs_f64() * 1e6);
         v["submit_p99_us"] = json!(submit.p99.as_secs_f64() * 1e6);
         v["submit_max_us"] = json!(submit.max.as_secs_f64() * 1e6);
+        v["submit_entries_p50"] = json!(submit.entries_p50);
+        v["submit_entries_max"] = json!(submit.entries_max);
+        v["submit_by_entries"] = json!(submit
+            .by_size
+            .iter()
+            .map(|c| json!({
+                "entries": [c.min_entries, c.max_entries],
+                "calls": c.times.calls,
+                "p50_us": c.times.p50.as_secs_f64() * 1e6,
+                "p99_us": c.times.p99.as_secs_f64() * 1e6,
+                "max_us": c.times.max.as_secs_f64() * 1e6,
+            }))
+            .collect::<Vec<_>>());
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
         println!("{}", RunStats::table_header());
