@@ -181,9 +181,13 @@ fn grown_area_preallocation_never_overwrites_metadata() {
         let mut table = vec![0u8; 65536];
         f.read_exact_at(&mut table, l2).unwrap();
 
-        let disk = open(&path, EngineKind::Sync);
-        let format = disk.format();
-        format.resize(SIZE + 65536).unwrap();
+        let mut o = DiskOptions::new(&path);
+        o.image_type = ImageType::Qcow2;
+        o.engine = EngineKind::Sync;
+        o.direct = true;
+        let image = block::ExclusiveImage::open(&o).unwrap();
+        image.resizer().resize(SIZE + 65536).unwrap();
+        let format = image.disk().format();
         let r =
             block::prealloc::preallocate_grown(format.as_ref(), &path, mode, SIZE, SIZE + 65536);
         let e = r.expect_err("the grown cluster would overwrite the L2 table");
@@ -192,7 +196,6 @@ fn grown_area_preallocation_never_overwrites_metadata() {
         f.read_exact_at(&mut after, l2).unwrap();
         assert!(after == table, "{mode}: the L2 table was written over");
         assert_ne!(be64(72) & 2, 0, "{mode}: the corrupt bit is set");
-        let _ = format;
-        drop(disk);
+        drop(image);
     }
 }
