@@ -16,8 +16,9 @@
 //! `REPLAY_CRASH_IMAGES=N` sets how many crash images each engine's test
 //! builds (default 200 for sync, 100 for io_uring); `REPLAY_SEED=S` runs
 //! the one recorded run of seed S (what a failure message names);
-//! `REPLAY_THREADS=1` drives half of the 4-queue runs from one thread per
-//! queue (off by default: see the known issues in docs/qcow2.md);
+//! half of the 4-queue runs are driven from one thread per queue
+//! (`REPLAY_THREADS=0` turns that off, to tell a threading failure from
+//! another);
 //! `REPLAY_KEEP=DIR` keeps a failing crash image and the run's log.
 
 mod replay_support;
