@@ -90,7 +90,7 @@ impl Format for Qcow2Image {
     }
 
     fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
-        self.write_out_compressed_in(offset, len)?;
+        // Cached compressed clusters are read from memory (see `read`).
         self.plan_read_impl(offset, len, plan)
     }
 

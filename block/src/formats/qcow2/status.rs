@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use super::bitmap_directory::bitmaps_in;
 use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::header::OFF_SIZE;
-use super::image::Qcow2Image;
+use super::image::{Qcow2Image, State};
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
@@ -28,13 +28,14 @@ enum Kind {
 }
 
 impl Qcow2Image {
-    fn kind_at(
-        &self,
-        meta: &mut super::meta::MetaState,
-        guest: u64,
-    ) -> Result<(Kind, u64), BlockError> {
+    fn kind_at(&self, st: &mut State, guest: u64) -> Result<(Kind, u64), BlockError> {
+        let meta = &mut st.meta;
         let cs = meta.g.cluster_size;
         let in_c = guest & (cs - 1);
+        // Compressed data still in the write cache: what reads return.
+        if st.compressed.is_pending(guest - in_c) {
+            return Ok((Kind::Compressed, cs - in_c));
+        }
         // A missing L2 table: the whole range it would map is unallocated.
         if let Some(n) = meta.unmapped_run(guest)? {
             return Ok((Kind::Unallocated, n));
@@ -84,10 +85,10 @@ impl Qcow2Image {
                     p
                 }
             };
-            let (kind, mut n) = self.kind_at(&mut st.meta, offset)?;
+            let (kind, mut n) = self.kind_at(&mut st, offset)?;
             n = n.min(len);
             while offset + n < end {
-                let (k, m) = self.kind_at(&mut st.meta, offset + n)?;
+                let (k, m) = self.kind_at(&mut st, offset + n)?;
                 let same = match (kind, k) {
                     (Kind::Data(a), Kind::Data(b)) => a + n == b,
                     (Kind::Zero(Some(a)), Kind::Zero(Some(b))) => a + n == b,

@@ -66,6 +66,16 @@ impl Executor {
                         ops.push(op);
                     }
                 }
+                ReadSource::Memory(ref m) => {
+                    let bytes = m.slice(piece.len).ok_or_else(|| BlockError::OutOfRange {
+                        offset: req.offset + req_off,
+                        len: piece.len,
+                        size: m.bytes.len() as u64,
+                    })?;
+                    // SAFETY: as for zero pieces, the request's memory is
+                    // owned by `req` and no op of it has been pushed yet.
+                    unsafe { segs.copy_in(req_off, bytes) };
+                }
             }
             req_off += piece.len;
         }
@@ -193,14 +203,14 @@ impl Executor {
 /// Joins consecutive pieces that continue each other in the same file
 /// (adjacent clusters), so each contiguous host range is one op.
 fn merge_adjacent(plan: &mut ReadPlan) {
-    plan.dedup_by(|next, prev| match (prev.source, next.source) {
+    plan.dedup_by(|next, prev| match (&prev.source, &next.source) {
         (
             ReadSource::Host { file: f, offset: o },
             ReadSource::Host {
                 file: nf,
                 offset: no,
             },
-        ) if f == nf && o.checked_add(prev.len) == Some(no) => {
+        ) if f == nf && o.checked_add(prev.len) == Some(*no) => {
             prev.len += next.len;
             true
         }
