@@ -219,13 +219,22 @@ fn pieces_of(mode: Mode, start: u64, data: &[u8]) -> Result<Vec<Piece>, CliError
                 cluster.resize(cluster_size as usize, 0);
                 let packed = compress_cluster(algorithm, &cluster)
                     .map_err(|source| CliError::Write { offset, source })?;
-                pieces.push(match packed {
-                    Some(bytes) => Piece::Packed { offset, bytes },
-                    None => Piece::Data {
+                match (packed, pieces.last_mut()) {
+                    (Some(bytes), _) => pieces.push(Piece::Packed { offset, bytes }),
+                    // Incompressible clusters next to each other are one
+                    // write (one allocation, and on an O_DIRECT target one
+                    // large write instead of a synchronous one per cluster);
+                    // the allocator lays them out as it would one by one.
+                    (None, Some(Piece::Data { offset: o, bytes }))
+                        if *o + bytes.len() as u64 == offset =>
+                    {
+                        bytes.extend_from_slice(&cluster)
+                    }
+                    (None, _) => pieces.push(Piece::Data {
                         offset,
                         bytes: cluster,
-                    },
-                });
+                    }),
+                }
             }
         }
     }
