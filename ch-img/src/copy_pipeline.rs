@@ -7,7 +7,8 @@
 //! the pieces to write: runs of non-zero `-S` blocks, or with `-c` whole
 //! clusters, compressed where that shrinks them (all-zero clusters stay
 //! unallocated). The writer writes chunks in disk order (so a `-c` output
-//! is laid out exactly as a serial run's) or, with `-W`, as they arrive.
+//! is laid out exactly as a serial run's) or, with `-W`, as they arrive,
+//! joining data pieces that continue each other into larger writes.
 //! Workers stay at most `window` chunks ahead of the writer, which bounds
 //! memory. The first error stops everything and is returned.
 
@@ -219,22 +220,13 @@ fn pieces_of(mode: Mode, start: u64, data: &[u8]) -> Result<Vec<Piece>, CliError
                 cluster.resize(cluster_size as usize, 0);
                 let packed = compress_cluster(algorithm, &cluster)
                     .map_err(|source| CliError::Write { offset, source })?;
-                match (packed, pieces.last_mut()) {
-                    (Some(bytes), _) => pieces.push(Piece::Packed { offset, bytes }),
-                    // Incompressible clusters next to each other are one
-                    // write (one allocation, and on an O_DIRECT target one
-                    // large write instead of a synchronous one per cluster);
-                    // the allocator lays them out as it would one by one.
-                    (None, Some(Piece::Data { offset: o, bytes }))
-                        if *o + bytes.len() as u64 == offset =>
-                    {
-                        bytes.extend_from_slice(&cluster)
-                    }
-                    (None, _) => pieces.push(Piece::Data {
+                pieces.push(match packed {
+                    Some(bytes) => Piece::Packed { offset, bytes },
+                    None => Piece::Data {
                         offset,
                         bytes: cluster,
-                    }),
-                }
+                    },
+                });
             }
         }
     }
@@ -273,6 +265,7 @@ fn write_all(
     progress: &mut Progress,
 ) -> Result<(), CliError> {
     let mut waiting: BTreeMap<u64, Vec<Piece>> = BTreeMap::new();
+    let mut out = JoiningWriter { job, held: None };
     let mut next = 0u64;
     let mut written = 0u64;
     while written < chunks {
@@ -283,35 +276,79 @@ fn write_all(
         if job.in_order {
             waiting.insert(i, pieces);
             while let Some(pieces) = waiting.remove(&next) {
-                write_pieces(job, pieces)?;
+                out.write_pieces(pieces)?;
                 next += 1;
                 written += 1;
                 window.advance();
                 progress.update((written * chunk).min(job.size));
             }
         } else {
-            write_pieces(job, pieces)?;
+            out.write_pieces(pieces)?;
             written += 1;
             window.advance();
             progress.update((written * chunk).min(job.size));
         }
     }
-    Ok(())
+    out.write_held()
 }
 
-fn write_pieces(job: &Job, pieces: Vec<Piece>) -> Result<(), CliError> {
-    for piece in pieces {
-        let (offset, result) = match &piece {
-            Piece::Data { offset, bytes } => (*offset, job.output.write_at(*offset, bytes)),
-            Piece::Packed { offset, bytes } => (*offset, job.output.write_packed(*offset, bytes)),
+/// Most bytes of data pieces joined into one write.
+const JOINED_MAX: usize = 8 << 20;
+
+/// Writes pieces in the order given, holding back a data piece so that
+/// the data pieces that continue it (the next chunk's first run, the
+/// next incompressible cluster) join it, up to [`JOINED_MAX`] bytes: one
+/// allocation and one large write instead of one synchronous write per
+/// chunk or cluster, which is what an O_DIRECT target (`-t none`) waits
+/// for. Anything else written first writes the held piece, so the
+/// allocator sees the same sequence as without joining.
+struct JoiningWriter<'a> {
+    job: &'a Job<'a>,
+    held: Option<(u64, Vec<u8>)>,
+}
+
+impl JoiningWriter<'_> {
+    fn write_pieces(&mut self, pieces: Vec<Piece>) -> Result<(), CliError> {
+        for piece in pieces {
+            match piece {
+                Piece::Data { offset, bytes } => {
+                    if let Some((at, held)) = &mut self.held {
+                        if *at + held.len() as u64 == offset
+                            && held.len() + bytes.len() <= JOINED_MAX
+                        {
+                            held.extend_from_slice(&bytes);
+                            continue;
+                        }
+                    }
+                    self.write_held()?;
+                    self.held = Some((offset, bytes));
+                }
+                Piece::Packed { offset, bytes } => {
+                    self.write_held()?;
+                    let r = self.job.output.write_packed(offset, &bytes);
+                    r.map_err(|source| self.error(offset, source))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the held data piece, if any.
+    fn write_held(&mut self) -> Result<(), CliError> {
+        let Some((offset, bytes)) = self.held.take() else {
+            return Ok(());
         };
-        result.map_err(|source| CliError::WriteOutput {
-            path: job.output_path.into(),
+        let r = self.job.output.write_at(offset, &bytes);
+        r.map_err(|source| self.error(offset, source))
+    }
+
+    fn error(&self, offset: u64, source: block::BlockError) -> CliError {
+        CliError::WriteOutput {
+            path: self.job.output_path.into(),
             offset,
             source,
-        })?;
+        }
     }
-    Ok(())
 }
 
 #[cfg(test)]
