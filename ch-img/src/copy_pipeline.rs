@@ -22,6 +22,7 @@ use block::formats::{compress_cluster, Compression};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::progress::Progress;
+use crate::write_behind::WriteBehind;
 
 /// Bytes per chunk without `-c` (with `-c`: 16 clusters).
 const CHUNK: u64 = 2 << 20;
@@ -265,7 +266,16 @@ fn write_all(
     progress: &mut Progress,
 ) -> Result<(), CliError> {
     let mut waiting: BTreeMap<u64, Vec<Piece>> = BTreeMap::new();
-    let mut out = JoiningWriter { job, held: None };
+    let behind = WriteBehind::new(job.output).map_err(|source| CliError::WriteOutput {
+        path: job.output_path.into(),
+        offset: 0,
+        source,
+    })?;
+    let mut out = JoiningWriter {
+        job,
+        held: None,
+        behind,
+    };
     let mut next = 0u64;
     let mut written = 0u64;
     while written < chunks {
@@ -289,7 +299,8 @@ fn write_all(
             progress.update((written * chunk).min(job.size));
         }
     }
-    out.write_held()
+    out.write_held()?;
+    out.finish()
 }
 
 /// Most bytes of data pieces joined into one write.
@@ -301,10 +312,13 @@ const JOINED_MAX: usize = 8 << 20;
 /// allocation and one large write instead of one synchronous write per
 /// chunk or cluster, which is what an O_DIRECT target (`-t none`) waits
 /// for. Anything else written first writes the held piece, so the
-/// allocator sees the same sequence as without joining.
+/// allocator sees the same sequence as without joining. Data writes go
+/// through `behind` (complete in the background) when the cache mode
+/// allows.
 struct JoiningWriter<'a> {
     job: &'a Job<'a>,
     held: Option<(u64, Vec<u8>)>,
+    behind: Option<WriteBehind>,
 }
 
 impl JoiningWriter<'_> {
@@ -338,8 +352,23 @@ impl JoiningWriter<'_> {
         let Some((offset, bytes)) = self.held.take() else {
             return Ok(());
         };
-        let r = self.job.output.write_at(offset, &bytes);
-        r.map_err(|source| self.error(offset, source))
+        match &mut self.behind {
+            Some(b) => b
+                .write(offset, &bytes)
+                .map_err(|(at, source)| self.error(at, source)),
+            None => {
+                let r = self.job.output.write_at(offset, &bytes);
+                r.map_err(|source| self.error(offset, source))
+            }
+        }
+    }
+
+    /// Waits for the writes still in flight.
+    fn finish(&mut self) -> Result<(), CliError> {
+        match &mut self.behind {
+            Some(b) => b.finish().map_err(|(at, source)| self.error(at, source)),
+            None => Ok(()),
+        }
     }
 
     fn error(&self, offset: u64, source: block::BlockError) -> CliError {

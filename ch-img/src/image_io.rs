@@ -42,6 +42,15 @@ impl ImageIo {
         self.disk.format()
     }
 
+    /// The opened disk (convert's write-behind queue is another queue on it).
+    pub fn disk(&self) -> &Disk {
+        &self.disk
+    }
+
+    pub fn cache_mode(&self) -> CacheMode {
+        self.cache
+    }
+
     pub fn size(&self) -> u64 {
         self.disk.size()
     }
