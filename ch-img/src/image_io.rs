@@ -74,16 +74,7 @@ impl ImageIo {
     /// Writes `data` at `offset` (allocating as the format needs).
     /// In writethrough and directsync modes the data is durable on return.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BlockError> {
-        // Page-aligned memory: an aligned write reaches an O_DIRECT file in
-        // one op, without the engine's bounce copy in 1 MiB chunks.
-        let memory = match AlignedBuf::new(data.len(), 4096) {
-            Some(mut buf) => {
-                buf.as_mut_slice().copy_from_slice(data);
-                IoMemory::Aligned(buf)
-            }
-            None => IoMemory::Owned(data.to_vec()),
-        };
-        self.run(RequestOp::Write, offset, memory)?;
+        self.run(RequestOp::Write, offset, aligned_copy(data))?;
         self.write_done()
     }
 
@@ -198,5 +189,18 @@ impl ImageIo {
         }
         let done = out.swap_remove(0);
         done.result.map(|_| done.memory)
+    }
+}
+
+/// `data` copied into page-aligned memory: an aligned write reaches an
+/// O_DIRECT file in one op, without the engine's bounce copy in 1 MiB
+/// chunks.
+pub fn aligned_copy(data: &[u8]) -> IoMemory {
+    match AlignedBuf::new(data.len(), 4096) {
+        Some(mut buf) => {
+            buf.as_mut_slice().copy_from_slice(data);
+            IoMemory::Aligned(buf)
+        }
+        None => IoMemory::Owned(data.to_vec()),
     }
 }

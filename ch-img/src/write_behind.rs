@@ -17,10 +17,9 @@
 //! (writeback, none, unsafe); writethrough and directsync write
 //! synchronously through [`ImageIo::write_at`].
 
-use block::aligned::AlignedBuf;
-use block::{BlockError, BlockRequest, Completion, DiskQueue, EngineKind, IoMemory, RequestOp};
+use block::{BlockError, BlockRequest, Completion, DiskQueue, EngineKind, RequestOp};
 
-use crate::image_io::ImageIo;
+use crate::image_io::{aligned_copy, ImageIo};
 
 /// Writes in flight at most (each up to the writer's joined size).
 const MAX_IN_FLIGHT: usize = 4;
@@ -67,18 +66,11 @@ impl WriteBehind {
             self.wait_until(0)?;
         }
         self.wait_until(MAX_IN_FLIGHT - 1)?;
-        let memory = match AlignedBuf::new(data.len(), 4096) {
-            Some(mut buf) => {
-                buf.as_mut_slice().copy_from_slice(data);
-                IoMemory::Aligned(buf)
-            }
-            None => IoMemory::Owned(data.to_vec()),
-        };
         self.queue.submit_batch_requests([BlockRequest {
             user_data: offset,
             op: RequestOp::Write,
             offset,
-            memory,
+            memory: aligned_copy(data),
         }]);
         self.in_flight += 1;
         self.last_cluster = Some((offset + data.len() as u64 - 1) / self.cluster_size);
