@@ -1,8 +1,9 @@
 //! Read plans into ops: each host piece becomes one readv straight into the
 //! request's memory (or bounce-buffered chunks under O_DIRECT when
-//! unaligned), zero pieces are filled at once, and compressed pieces are
-//! served from the inflate cache or read into a buffer that is inflated
-//! when the read completes.
+//! unaligned), zero pieces are filled and memory pieces (bytes the format
+//! holds, see `formats::MemoryExtent`) copied in at once, and compressed
+//! pieces are served from the inflate cache or read into a buffer that is
+//! inflated when the read completes.
 //!
 //! A planned read enters [`Executor::build_read`]; the ops leave to
 //! [`Executor::start`], which pushes them.
