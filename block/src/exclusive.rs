@@ -12,8 +12,12 @@
 //! and plain clusters, commit copies data then empties the top) asks the
 //! owner for each.
 //!
-//! The owner decides when no request is in flight before it calls a tool
-//! capability: ch-img runs one request at a time on its own queue. The one
+//! The owner decides when a tool capability may run beside requests in
+//! flight: snapshots, backing edits and make-empty only when none is (ch-img
+//! runs one request at a time on its own queue); compressed writes take the
+//! format's metadata lock like a queue's plan, so convert keeps its own
+//! plain writes of other clusters in flight beside them (its write-behind
+//! queue, ch-img/src/write_behind.rs). The one
 //! capability an owner may lend to threads that run queues is resizing,
 //! through a [`Resizer`] (the storage daemon hands one to its FUSE export
 //! for `truncate` and growable writes).

@@ -1,12 +1,17 @@
 //! Cache modes at the block layer: `cache=unsafe` completes flushes
 //! without an fdatasync (the fault engine counts every op that reaches an
-//! engine); every other mode sends one per writable file.
+//! engine); every other mode sends one per writable file. A qcow2 image in
+//! `cache=unsafe` also skips its metadata ordering barriers, at close too
+//! (counted at the metadata-I/O seam).
 
 mod engine_support;
 mod support;
 
 use std::sync::Arc;
 
+use block::formats::qcow2::meta_faults::FaultyMetaIo;
+use block::formats::qcow2::meta_io::MetaIo;
+use block::formats::qcow2::Qcow2Image;
 use block::io::new_engine;
 use block::options::CacheMode;
 use block::{Disk, DiskOptions, EngineKind, ImageType, RequestOp};
@@ -48,5 +53,49 @@ fn unsafe_ignores_flushes_and_the_others_keep_them() {
         CacheMode::Directsync,
     ] {
         assert_eq!(ops_for_write_and_flush(mode), 2, "{mode}");
+    }
+}
+
+/// Metadata fdatasyncs of an allocating write, a flush and a close.
+fn qcow2_metadata_syncs(cache: CacheMode, create_opts: &str) -> u64 {
+    let dir = TempDir::new("cache-modes-qcow2");
+    let path = dir.join("disk.qcow2");
+    qemu_create("qcow2", s(&path), "8M", create_opts);
+    let mut o = DiskOptions::new(&path);
+    o.image_type = ImageType::Qcow2;
+    o.cache = cache;
+    o.direct = cache.direct();
+    o.lock = false;
+    let file = block::formats::open::open_file(&o).unwrap();
+    let img = Arc::new(Qcow2Image::open(&o, file).unwrap());
+    let mut seam = None;
+    img.wrap_meta_io(|inner| {
+        let f = Arc::new(FaultyMetaIo::new(inner, &[]));
+        seam = Some(Arc::clone(&f));
+        f as Arc<dyn MetaIo>
+    });
+    let disk = Disk::from_format(img.clone(), &o).unwrap();
+    disk.write_at(65536, &[7u8; 4096]).unwrap();
+    disk.flush().unwrap();
+    disk.write_at(3 << 20, &[8u8; 4096]).unwrap();
+    disk.close().unwrap();
+    drop(disk);
+    drop(img);
+    qemu_check(&path);
+    seam.unwrap().stats().syncs
+}
+
+#[test]
+fn unsafe_qcow2_skips_its_metadata_barriers_and_the_others_keep_them() {
+    for create in ["cluster_size=65536", "cluster_size=65536,lazy_refcounts=on"] {
+        assert_eq!(
+            qcow2_metadata_syncs(CacheMode::Unsafe, create),
+            0,
+            "{create}"
+        );
+        for mode in [CacheMode::Writeback, CacheMode::None] {
+            let n = qcow2_metadata_syncs(mode, create);
+            assert!(n >= 2, "{mode} {create}: {n} metadata syncs");
+        }
     }
 }

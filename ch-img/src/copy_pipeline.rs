@@ -7,7 +7,8 @@
 //! the pieces to write: runs of non-zero `-S` blocks, or with `-c` whole
 //! clusters, compressed where that shrinks them (all-zero clusters stay
 //! unallocated). The writer writes chunks in disk order (so a `-c` output
-//! is laid out exactly as a serial run's) or, with `-W`, as they arrive.
+//! is laid out exactly as a serial run's) or, with `-W`, as they arrive,
+//! joining data pieces that continue each other into larger writes.
 //! Workers stay at most `window` chunks ahead of the writer, which bounds
 //! memory. The first error stops everything and is returned.
 
@@ -21,6 +22,7 @@ use block::formats::{compress_cluster, Compression};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::progress::Progress;
+use crate::write_behind::WriteBehind;
 
 /// Bytes per chunk without `-c` (with `-c`: 16 clusters).
 const CHUNK: u64 = 2 << 20;
@@ -264,6 +266,16 @@ fn write_all(
     progress: &mut Progress,
 ) -> Result<(), CliError> {
     let mut waiting: BTreeMap<u64, Vec<Piece>> = BTreeMap::new();
+    let behind = WriteBehind::new(job.output).map_err(|source| CliError::WriteOutput {
+        path: job.output_path.into(),
+        offset: 0,
+        source,
+    })?;
+    let mut out = JoiningWriter {
+        job,
+        held: None,
+        behind,
+    };
     let mut next = 0u64;
     let mut written = 0u64;
     while written < chunks {
@@ -274,35 +286,98 @@ fn write_all(
         if job.in_order {
             waiting.insert(i, pieces);
             while let Some(pieces) = waiting.remove(&next) {
-                write_pieces(job, pieces)?;
+                out.write_pieces(pieces)?;
                 next += 1;
                 written += 1;
                 window.advance();
                 progress.update((written * chunk).min(job.size));
             }
         } else {
-            write_pieces(job, pieces)?;
+            out.write_pieces(pieces)?;
             written += 1;
             window.advance();
             progress.update((written * chunk).min(job.size));
         }
     }
-    Ok(())
+    out.write_held()?;
+    out.finish()
 }
 
-fn write_pieces(job: &Job, pieces: Vec<Piece>) -> Result<(), CliError> {
-    for piece in pieces {
-        let (offset, result) = match &piece {
-            Piece::Data { offset, bytes } => (*offset, job.output.write_at(*offset, bytes)),
-            Piece::Packed { offset, bytes } => (*offset, job.output.write_packed(*offset, bytes)),
+/// Most bytes of data pieces joined into one write.
+const JOINED_MAX: usize = 8 << 20;
+
+/// Writes pieces in the order given, holding back a data piece so that
+/// the data pieces that continue it (the next chunk's first run, the
+/// next incompressible cluster) join it, up to [`JOINED_MAX`] bytes: one
+/// allocation and one large write instead of one synchronous write per
+/// chunk or cluster, which is what an O_DIRECT target (`-t none`) waits
+/// for. Anything else written first writes the held piece, so the
+/// allocator sees the same sequence as without joining. Data writes go
+/// through `behind` (complete in the background) when the cache mode
+/// allows.
+struct JoiningWriter<'a> {
+    job: &'a Job<'a>,
+    held: Option<(u64, Vec<u8>)>,
+    behind: Option<WriteBehind>,
+}
+
+impl JoiningWriter<'_> {
+    fn write_pieces(&mut self, pieces: Vec<Piece>) -> Result<(), CliError> {
+        for piece in pieces {
+            match piece {
+                Piece::Data { offset, bytes } => {
+                    if let Some((at, held)) = &mut self.held {
+                        if *at + held.len() as u64 == offset
+                            && held.len() + bytes.len() <= JOINED_MAX
+                        {
+                            held.extend_from_slice(&bytes);
+                            continue;
+                        }
+                    }
+                    self.write_held()?;
+                    self.held = Some((offset, bytes));
+                }
+                Piece::Packed { offset, bytes } => {
+                    self.write_held()?;
+                    let r = self.job.output.write_packed(offset, &bytes);
+                    r.map_err(|source| self.error(offset, source))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the held data piece, if any.
+    fn write_held(&mut self) -> Result<(), CliError> {
+        let Some((offset, bytes)) = self.held.take() else {
+            return Ok(());
         };
-        result.map_err(|source| CliError::WriteOutput {
-            path: job.output_path.into(),
+        match &mut self.behind {
+            Some(b) => b
+                .write(offset, &bytes)
+                .map_err(|(at, source)| self.error(at, source)),
+            None => {
+                let r = self.job.output.write_at(offset, &bytes);
+                r.map_err(|source| self.error(offset, source))
+            }
+        }
+    }
+
+    /// Waits for the writes still in flight.
+    fn finish(&mut self) -> Result<(), CliError> {
+        match &mut self.behind {
+            Some(b) => b.finish().map_err(|(at, source)| self.error(at, source)),
+            None => Ok(()),
+        }
+    }
+
+    fn error(&self, offset: u64, source: block::BlockError) -> CliError {
+        CliError::WriteOutput {
+            path: self.job.output_path.into(),
             offset,
             source,
-        })?;
+        }
     }
-    Ok(())
 }
 
 #[cfg(test)]

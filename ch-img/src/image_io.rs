@@ -20,6 +20,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
+use block::aligned::AlignedBuf;
 use block::formats::{BlockStatus, Format, ImageTools};
 
 use crate::error::CliError;
@@ -58,6 +59,15 @@ impl ImageIo {
         self.image.tools()
     }
 
+    /// The opened disk (convert's write-behind queue is another queue on it).
+    pub fn disk(&self) -> &block::Disk {
+        self.image.disk()
+    }
+
+    pub fn cache_mode(&self) -> CacheMode {
+        self.cache
+    }
+
     pub fn size(&self) -> u64 {
         self.image.disk().size()
     }
@@ -81,7 +91,7 @@ impl ImageIo {
     /// Writes `data` at `offset` (allocating as the format needs).
     /// In writethrough and directsync modes the data is durable on return.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BlockError> {
-        self.run(RequestOp::Write, offset, IoMemory::Owned(data.to_vec()))?;
+        self.run(RequestOp::Write, offset, aligned_copy(data))?;
         self.write_done()
     }
 
@@ -170,5 +180,18 @@ impl ImageIo {
     fn run(&self, op: RequestOp, offset: u64, memory: IoMemory) -> Result<IoMemory, BlockError> {
         let (_, memory) = self.queue.borrow_mut().run(op, offset, memory)?;
         Ok(memory)
+    }
+}
+
+/// `data` copied into page-aligned memory: an aligned write reaches an
+/// O_DIRECT file in one op, without the engine's bounce copy in 1 MiB
+/// chunks.
+pub fn aligned_copy(data: &[u8]) -> IoMemory {
+    match AlignedBuf::new(data.len(), 4096) {
+        Some(mut buf) => {
+            buf.as_mut_slice().copy_from_slice(data);
+            IoMemory::Aligned(buf)
+        }
+        None => IoMemory::Owned(data.to_vec()),
     }
 }

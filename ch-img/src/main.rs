@@ -17,6 +17,7 @@ mod options;
 mod progress;
 mod qcow2_space;
 mod size;
+mod write_behind;
 
 use std::process::ExitCode;
 

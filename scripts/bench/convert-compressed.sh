@@ -8,13 +8,23 @@
 # --compressed-cache=0 (one write per compressed cluster): whether the
 # cache also pays off for buffered (-t writeback) targets.
 #
-# usage: scripts/bench/convert-compressed.sh [SIZE_MIB=1000] [REPEATS=5] [DIR=/var/tmp/ch-bench]
-# Needs a quiet machine for the real run; a smoke run: ... 8 1
+# Then prints the issue's ratios per row: ch-img -t none / ch-img -t
+# writeback (target <= 1.2) and qemu-img / ch-img with the same -t
+# (target >= 2), medians of the per-repeat times, plus CPU seconds (user +
+# system) per run, which noise changes less than wall time.
+#
+# usage: scripts/bench/convert-compressed.sh [SIZE_MIB=1000] [REPEATS=3] [DIR=/var/tmp/ch-bench]
+# The real run needs a quiet machine and root (drop_caches): with the
+# defaults it takes about 8 minutes (2 repeats took 5.3 minutes on
+# 2026-11-24). A smoke run (seconds): ... 8 1 /var/tmp/ch-smoke
 set -euo pipefail
 size_mib=${1:-1000}
-repeats=${2:-5}
+repeats=${2:-3}
 dir=${3:-/var/tmp/ch-bench}
 root=$(cd "$(dirname "$0")/../.." && pwd)
+for tool in /usr/bin/time bc fincore qemu-img python3; do
+  command -v "$tool" > /dev/null || { echo "$0: needs $tool (apt-get install time bc util-linux qemu-utils python3)" >&2; exit 1; }
+done
 cargo build --quiet --release -p ch-img --manifest-path "$root/Cargo.toml"
 target=$(cargo metadata --format-version 1 --no-deps --manifest-path "$root/Cargo.toml" |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
@@ -35,7 +45,9 @@ with open(f"{d}/mix.raw", "wb") as f:
         f.write(os.urandom(1 << 20) if k == 0 else text if k in (1, 2) else b"\0" * (1 << 20))
 PY
 
-declare -A times cached
+started=$(date +%s)
+results="$dir/results.tsv"
+: > "$results"
 for r in $(seq "$repeats"); do
   for src in ones mix; do
     for comp in zlib zstd; do
@@ -49,26 +61,46 @@ for r in $(seq "$repeats"); do
             *) cmd=(qemu-img convert) ;;
           esac
           sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null || true
-          start=$(date +%s.%N)
-          "${cmd[@]}" -c -O qcow2 -o compression_type=$comp -t $mode "$dir/$src.raw" "$out"
-          end=$(date +%s.%N)
+          /usr/bin/time -f '%e %U %S' -o "$dir/time.txt" \
+            "${cmd[@]}" -c -O qcow2 -o compression_type=$comp -t $mode "$dir/$src.raw" "$out"
+          read -r wall user sys < "$dir/time.txt"
           res=$(fincore --bytes --noheadings --output RES "$out")
           qemu-img check -q "$out"
           qemu-img compare -q -f raw -F qcow2 "$dir/$src.raw" "$out"
-          key="$src $comp $mode $tool"
-          times[$key]+="$(echo "$end - $start" | bc) "
-          cached[$key]+="$res "
+          printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$src" "$comp" "$mode" "$tool" \
+            "$wall" "$(echo "$user + $sys" | bc)" "$res" >> "$results"
         done
       done
     done
   done
 done
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-printf '%-5s %-5s %-10s %-10s %10s %14s\n' source comp cache tool median_s page_cache_MiB
-for key in "${!times[@]}"; do
-  t=$(echo "${times[$key]}" | median)
-  c=$(echo "${cached[$key]}" | median)
-  set -- $key
-  printf '%-5s %-5s %-10s %-10s %10.2f %14.1f\n' "$1" "$2" "$3" "$4" "$t" "$(echo "$c / 1048576" | bc -l)"
-done | sort
+python3 - "$results" <<'PY'
+import statistics, sys
+from collections import defaultdict
+runs = defaultdict(list)
+for line in open(sys.argv[1]):
+    r, src, comp, mode, tool, wall, cpu, res = line.split("\t")
+    runs[(src, comp, mode, tool)].append((int(r), float(wall), float(cpu), int(res)))
+med = lambda xs: statistics.median(xs)
+print(f"{'source':6} {'comp':5} {'-t':10} {'tool':11} {'median_s':>9} {'cpu_s':>7} {'page_cache_MiB':>15}")
+for key in sorted(runs):
+    v = runs[key]
+    print(f"{key[0]:6} {key[1]:5} {key[2]:10} {key[3]:11} {med([x[1] for x in v]):9.2f} "
+          f"{med([x[2] for x in v]):7.2f} {med([x[3] for x in v]) / 2**20:15.1f}")
+def ratio(a, b):
+    # Median of per-repeat ratios (a and b ran in the same repeat).
+    ta = {x[0]: x[1] for x in runs.get(a, [])}
+    tb = {x[0]: x[1] for x in runs.get(b, [])}
+    rs = [ta[r] / tb[r] for r in ta if r in tb and tb[r] > 0]
+    return f"{med(rs):.2f}" if rs else "-"
+print()
+print(f"{'source':6} {'comp':5} {'none/writeback (<=1.2)':>23} {'qemu/ch none (>=2)':>19} {'qemu/ch writeback (>=2)':>24}")
+for src in ("ones", "mix"):
+    for comp in ("zlib", "zstd"):
+        k = lambda mode, tool: (src, comp, mode, tool)
+        print(f"{src:6} {comp:5} {ratio(k('none', 'ch-img'), k('writeback', 'ch-img')):>23} "
+              f"{ratio(k('none', 'qemu-img'), k('none', 'ch-img')):>19} "
+              f"{ratio(k('writeback', 'qemu-img'), k('writeback', 'ch-img')):>24}")
+PY
+echo "raw results: $results; $(( ($(date +%s) - started) / 60 )) min $(( ($(date +%s) - started) % 60 )) s"

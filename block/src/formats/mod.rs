@@ -69,8 +69,34 @@ pub struct CompressedExtent {
     pub offset_in_cluster: u32,
 }
 
+/// Bytes the format holds in memory, not (yet) in a file: a compressed
+/// cluster still in qcow2's compressed-cluster write cache, inflated. The
+/// engine copies `bytes[offset..offset + piece len]` into the request.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MemoryExtent {
+    pub bytes: Arc<Vec<u8>>,
+    pub offset: usize,
+}
+
+impl std::fmt::Debug for MemoryExtent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryExtent")
+            .field("bytes", &format_args!("[{} bytes]", self.bytes.len()))
+            .field("offset", &self.offset)
+            .finish()
+    }
+}
+
+impl MemoryExtent {
+    /// The `len` bytes the piece reads, `None` when they run past `bytes`.
+    pub fn slice(&self, len: u64) -> Option<&[u8]> {
+        let len = usize::try_from(len).ok()?;
+        self.bytes.get(self.offset..self.offset.checked_add(len)?)
+    }
+}
+
 /// Where one piece of a guest range lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReadSource {
     /// Bytes at `offset` in `file`; reading past its end yields zeroes.
     Host {
@@ -80,10 +106,12 @@ pub enum ReadSource {
     /// Reads as zeroes, no I/O.
     Zero,
     Compressed(CompressedExtent),
+    /// Bytes already in memory, no I/O.
+    Memory(MemoryExtent),
 }
 
 /// Consecutive pieces covering the guest range, in order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadPiece {
     pub len: u64,
     pub source: ReadSource,

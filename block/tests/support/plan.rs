@@ -47,6 +47,7 @@ pub fn read(f: &dyn Format, offset: u64, len: usize) -> Vec<u8> {
         let dst = &mut out[pos..pos + p.len as usize];
         match p.source {
             ReadSource::Zero => dst.fill(0),
+            ReadSource::Memory(m) => dst.copy_from_slice(m.slice(p.len).unwrap()),
             ReadSource::Host { file, offset } => pread(&files[file.0 as usize], offset, dst),
             ReadSource::Compressed(c) => {
                 let mut input = vec![0u8; c.compressed_len as usize];

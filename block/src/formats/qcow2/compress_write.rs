@@ -65,8 +65,8 @@ impl Qcow2Image {
     }
 
     /// Writes the cache out when guest clusters in `offset..offset+len`
-    /// still have their compressed data only there (a read, a write or a
-    /// discard of them must see it mapped).
+    /// still have their compressed data only there (a write or a discard
+    /// of them must see it mapped; reads take the cached bytes instead).
     pub(crate) fn write_out_compressed_in(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         if !self.compressed_cached.load(Ordering::Acquire) {
             return Ok(());

@@ -21,8 +21,11 @@
 //! write fails, the entries of the clusters not written are dropped and
 //! the references they took are given back: the error is returned and the
 //! image stays consistent (the guest clusters read as before, unallocated).
-//! Ranges a reader or another writer wants while their compressed data is
-//! still cached are written out first ([`CompressedCache::overlaps`]).
+//! A reader of a guest cluster whose compressed data is still cached gets
+//! the bytes from memory ([`CompressedCache::pending_bytes`]), so reads do
+//! not write the cache out; a writer or a discard of such a range has it
+//! written out first ([`CompressedCache::overlaps`]), since they change
+//! the mapping.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -62,8 +65,9 @@ struct HostCluster {
 pub(crate) struct CompressedCache {
     capacity: usize,
     clusters: BTreeMap<u64, HostCluster>,
-    /// Guest cluster -> host offset, for every entry not yet published.
-    pending: BTreeMap<u64, u64>,
+    /// Guest cluster -> (host offset, length) of its compressed bytes,
+    /// for every entry not yet published.
+    pending: BTreeMap<u64, (u64, u64)>,
     /// The data file's O_DIRECT alignment, learned on first use.
     align: Option<DioAlign>,
 }
@@ -163,8 +167,40 @@ impl CompressedCache {
                 });
             }
         }
-        self.pending.insert(guest, host);
+        self.pending.insert(guest, (host, data.len() as u64));
         Ok(())
+    }
+
+    /// The compressed bytes of guest cluster `guest` while its entry is
+    /// not yet published, `None` when it has none pending. They come from
+    /// the cached host clusters; a host cluster already written (the first
+    /// of two that one compressed cluster spans leaves the cache once it
+    /// is complete and written) is read back from `reader`.
+    pub fn pending_bytes(
+        &self,
+        reader: &File,
+        guest: u64,
+        cluster_size: u64,
+    ) -> Result<Option<Vec<u8>>, BlockError> {
+        let Some(&(host, len)) = self.pending.get(&guest) else {
+            return Ok(None);
+        };
+        let mut out = vec![0u8; len as usize];
+        let mut pos = host;
+        let mut done = 0usize;
+        while done < out.len() {
+            let c_off = pos - pos % cluster_size;
+            let within = (pos - c_off) as usize;
+            let n = (out.len() - done).min(cluster_size as usize - within);
+            let dst = &mut out[done..done + n];
+            match self.clusters.get(&c_off) {
+                Some(h) => dst.copy_from_slice(&h.buf.as_slice()[within..within + n]),
+                None => read_at(reader, MetaKind::GuestData, pos, dst)?,
+            }
+            done += n;
+            pos += n as u64;
+        }
+        Ok(Some(out))
     }
 
     /// Whether complete clusters fill the cache (the caller then writes

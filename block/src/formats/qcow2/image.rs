@@ -264,7 +264,11 @@ impl Qcow2Image {
             files.extend(b.image.files().iter().cloned());
             cow_files.extend(b.cow_files.iter().cloned());
         }
-        let meta = MetaState::load(&header, meta_file, path.clone(), file_size)?;
+        let mut meta = MetaState::load(&header, meta_file, path.clone(), file_size)?;
+        // cache=unsafe skips every flush, the ordering barriers between
+        // dependent metadata writes and at close included, as QEMU's
+        // BDRV_O_NO_FLUSH does: a crash may then leave anything.
+        meta.barriers = opts.cache.flushes();
         Ok(Qcow2Image {
             size: AtomicU64::new(header.size),
             compressed_cached: AtomicBool::new(false),
@@ -358,7 +362,7 @@ impl Qcow2Image {
         let v = st.incompatible | INCOMPAT_DIRTY;
         st.meta
             .write(MetaKind::Header, OFF_INCOMPAT, &v.to_be_bytes())?;
-        st.meta.sync()?;
+        ordering_sync(&st.meta)?;
         st.incompatible = v;
         Ok(())
     }
@@ -369,11 +373,11 @@ impl Qcow2Image {
         if st.incompatible & INCOMPAT_DIRTY == 0 || self.readonly || st.meta.is_corrupt() {
             return Ok(());
         }
-        st.meta.sync()?;
+        ordering_sync(&st.meta)?;
         let v = st.incompatible & !INCOMPAT_DIRTY;
         st.meta
             .write(MetaKind::Header, OFF_INCOMPAT, &v.to_be_bytes())?;
-        st.meta.sync()?;
+        ordering_sync(&st.meta)?;
         st.incompatible = v;
         Ok(())
     }
@@ -421,4 +425,13 @@ impl Qcow2Image {
         }
         self.check_range(offset, len)
     }
+}
+
+/// An fdatasync that orders metadata writes, skipped when barriers are
+/// off (cache=unsafe, benchmarks).
+fn ordering_sync(meta: &MetaState) -> Result<(), BlockError> {
+    if meta.barriers {
+        meta.sync()?;
+    }
+    Ok(())
 }

@@ -32,11 +32,19 @@ pub(crate) fn execute_read(
                 size: buf.len() as u64,
             });
         };
-        match piece.source {
+        match &piece.source {
             ReadSource::Zero => out.fill(0),
+            ReadSource::Memory(m) => {
+                let src = m.slice(piece.len).ok_or_else(|| BlockError::OutOfRange {
+                    offset: m.offset as u64,
+                    len: piece.len,
+                    size: m.bytes.len() as u64,
+                })?;
+                out.copy_from_slice(src);
+            }
             ReadSource::Host { file, offset } => {
                 let f = file_of(files, file.0)?;
-                read_at(f, MetaKind::GuestData, offset, out)?;
+                read_at(f, MetaKind::GuestData, *offset, out)?;
             }
             ReadSource::Compressed(c) => {
                 let f = file_of(files, c.file.0)?;

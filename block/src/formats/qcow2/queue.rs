@@ -17,7 +17,6 @@ use super::bitmap_directory::bitmaps_in;
 use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::image::Qcow2Image;
 use super::prealloc_detect;
-use super::read::{push_piece, Step};
 use super::snapshot_table::read_snapshot_table;
 use super::status::Kind;
 use super::write::{PlanBuilder, Source, UpdateStart};
@@ -46,19 +45,8 @@ impl Format for Qcow2Image {
     }
 
     fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
-        self.write_out_compressed_in(offset, len)?;
-        self.check_range(offset, len)?;
-        let steps = {
-            let mut st = self.lock();
-            self.map_range(&mut st.meta, offset, len)?
-        };
-        for step in steps {
-            match step {
-                Step::Piece(p) => push_piece(plan, p),
-                Step::Backing { offset, len } => self.plan_backing(offset, len, plan)?,
-            }
-        }
-        Ok(())
+        // Cached compressed clusters are read from memory (see `read`).
+        self.plan_mapped_read(offset, len, plan)
     }
 
     fn plan_write(&self, offset: u64, len: u64, waker: &Waker) -> Result<WriteOutcome, BlockError> {
@@ -189,10 +177,10 @@ impl Format for Qcow2Image {
                     p
                 }
             };
-            let (kind, mut n) = self.kind_at(&mut st.meta, offset)?;
+            let (kind, mut n) = self.kind_at(&mut st, offset)?;
             n = n.min(len);
             while offset + n < end {
-                let (k, m) = self.kind_at(&mut st.meta, offset + n)?;
+                let (k, m) = self.kind_at(&mut st, offset + n)?;
                 let same = match (kind, k) {
                     (Kind::Data(a), Kind::Data(b)) => a + n == b,
                     (Kind::Zero(Some(a)), Kind::Zero(Some(b))) => a + n == b,

@@ -5,18 +5,37 @@
 //! A guest range enters; `ReadPiece`s leave, in order. The L2 lookups run
 //! under the image lock; backing ranges are planned by the backing image
 //! after the lock is dropped and their file ids shifted into this image's
-//! `files()` numbering.
+//! `files()` numbering. A guest cluster whose compressed data is still in
+//! the compressed-cluster write cache (its L2 entry not yet published) is
+//! copied out of the cache under the lock, inflated after it, and leaves
+//! as a `ReadSource::Memory` piece: reads never write the cache out.
 
-use super::compressed::compressed_read_len;
+use std::sync::Arc;
+
+use super::compressed::{compressed_read_len, inflate_cluster};
+use super::compressed_cache::CompressedCache;
 use super::image::Qcow2Image;
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
+use super::meta::MetaState;
 use crate::error::BlockError;
-use crate::formats::{CompressedExtent, FileId, ReadPiece, ReadPlan, ReadSource};
+use crate::formats::{CompressedExtent, FileId, MemoryExtent, ReadPiece, ReadPlan, ReadSource};
 
-/// One step of a read, before backing ranges are resolved.
+/// One step of a read, before backing ranges and cached compressed
+/// clusters are resolved.
 pub(super) enum Step {
     Piece(ReadPiece),
-    Backing { offset: u64, len: u64 },
+    Backing {
+        offset: u64,
+        len: u64,
+    },
+    /// `len` bytes from `offset_in_cluster` of guest cluster `guest`,
+    /// whose compressed bytes (`packed`) are still in the write cache.
+    Cached {
+        guest: u64,
+        len: u64,
+        offset_in_cluster: usize,
+        packed: Vec<u8>,
+    },
 }
 
 /// Appends a piece, merging it with the last one when contiguous.
@@ -25,7 +44,7 @@ pub(crate) fn push_piece(plan: &mut ReadPlan, piece: ReadPiece) {
         return;
     }
     if let Some(last) = plan.last_mut() {
-        match (&mut last.source, piece.source) {
+        match (&mut last.source, &piece.source) {
             (ReadSource::Zero, ReadSource::Zero) => {
                 last.len += piece.len;
                 return;
@@ -36,7 +55,7 @@ pub(crate) fn push_piece(plan: &mut ReadPlan, piece: ReadPiece) {
                     file: f2,
                     offset: o2,
                 },
-            ) if *file == f2 && *offset + last.len == o2 => {
+            ) if file == f2 && *offset + last.len == *o2 => {
                 last.len += piece.len;
                 return;
             }
@@ -47,9 +66,58 @@ pub(crate) fn push_piece(plan: &mut ReadPlan, piece: ReadPiece) {
 }
 
 impl Qcow2Image {
+    /// Plans a guest range: the L2 lookups under the lock, then backing
+    /// ranges and cached compressed clusters after it (the queue-facing
+    /// `plan_read` in `queue.rs`).
+    pub(super) fn plan_mapped_read(
+        &self,
+        offset: u64,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), BlockError> {
+        self.check_range(offset, len)?;
+        let steps = {
+            let mut st = self.lock();
+            let st = &mut *st;
+            self.map_range(&mut st.meta, &st.compressed, offset, len)?
+        };
+        for step in steps {
+            match step {
+                Step::Piece(p) => push_piece(plan, p),
+                Step::Backing { offset, len } => self.plan_backing(offset, len, plan)?,
+                Step::Cached {
+                    guest,
+                    len,
+                    offset_in_cluster,
+                    packed,
+                } => {
+                    let cs = self.header.cluster_size() as usize;
+                    let cluster = inflate_cluster(self.header.compression, &packed, cs).map_err(
+                        |reason| BlockError::Decompress {
+                            offset: guest,
+                            reason: format!("the cached compressed cluster: {reason}"),
+                        },
+                    )?;
+                    push_piece(
+                        plan,
+                        ReadPiece {
+                            len,
+                            source: ReadSource::Memory(MemoryExtent {
+                                bytes: Arc::new(cluster),
+                                offset: offset_in_cluster,
+                            }),
+                        },
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn map_range(
         &self,
-        meta: &mut super::meta::MetaState,
+        meta: &mut MetaState,
+        compressed: &CompressedCache,
         offset: u64,
         len: u64,
     ) -> Result<Vec<Step>, BlockError> {
@@ -66,10 +134,10 @@ impl Qcow2Image {
                 return;
             }
             if let (Some(Step::Piece(last)), Step::Piece(p)) = (steps.last_mut(), &s) {
-                let mut tmp = vec![*last];
-                push_piece(&mut tmp, *p);
-                if tmp.len() == 1 {
-                    *last = tmp[0];
+                let mut tmp = vec![last.clone()];
+                push_piece(&mut tmp, p.clone());
+                if let [merged] = &mut tmp[..] {
+                    *last = merged.clone();
                     return;
                 }
             }
@@ -77,8 +145,21 @@ impl Qcow2Image {
         };
         while pos < end {
             let in_c = pos & (cs - 1);
-            let (entry, bitmap) = meta.l2_entry(pos)?;
             let mut n = (cs - in_c).min(end - pos);
+            if let Some(packed) = compressed.pending_bytes(&self.cow_files[0], pos - in_c, cs)? {
+                push(
+                    &mut steps,
+                    Step::Cached {
+                        guest: pos - in_c,
+                        len: n,
+                        offset_in_cluster: in_c as usize,
+                        packed,
+                    },
+                );
+                pos += n;
+                continue;
+            }
+            let (entry, bitmap) = meta.l2_entry(pos)?;
             let step = if meta.g.extended_l2 && !matches!(entry, L2Entry::Compressed(_)) {
                 let sub = cs / 32;
                 n = n.min(sub - (in_c % sub));
@@ -185,7 +266,7 @@ impl Qcow2Image {
                 match &mut p.source {
                     ReadSource::Host { file, .. } => file.0 += self.backing_base,
                     ReadSource::Compressed(c) => c.file.0 += self.backing_base,
-                    ReadSource::Zero => {}
+                    ReadSource::Zero | ReadSource::Memory(_) => {}
                 }
                 push_piece(plan, p);
             }

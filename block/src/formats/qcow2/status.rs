@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 
 use super::header::OFF_SIZE;
-use super::image::Qcow2Image;
+use super::image::{Qcow2Image, State};
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
@@ -25,13 +25,14 @@ pub(super) enum Kind {
 }
 
 impl Qcow2Image {
-    pub(super) fn kind_at(
-        &self,
-        meta: &mut super::meta::MetaState,
-        guest: u64,
-    ) -> Result<(Kind, u64), BlockError> {
+    pub(super) fn kind_at(&self, st: &mut State, guest: u64) -> Result<(Kind, u64), BlockError> {
+        let meta = &mut st.meta;
         let cs = meta.g.cluster_size;
         let in_c = guest & (cs - 1);
+        // Compressed data still in the write cache: what reads return.
+        if st.compressed.is_pending(guest - in_c) {
+            return Ok((Kind::Compressed, cs - in_c));
+        }
         // A missing L2 table: the whole range it would map is unallocated.
         if let Some(n) = meta.unmapped_run(guest)? {
             return Ok((Kind::Unallocated, n));

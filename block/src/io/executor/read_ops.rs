@@ -1,8 +1,9 @@
 //! Read plans into ops: each host piece becomes one readv straight into the
 //! request's memory (or bounce-buffered chunks under O_DIRECT when
-//! unaligned), zero pieces are filled at once, and compressed pieces are
-//! served from the inflate cache or read into a buffer that is inflated
-//! when the read completes.
+//! unaligned), zero pieces are filled and memory pieces (bytes the format
+//! holds, see `formats::MemoryExtent`) copied in at once, and compressed
+//! pieces are served from the inflate cache or read into a buffer that is
+//! inflated when the read completes.
 //!
 //! A read enters [`OpBuilder::build_read`] with the request's bounce
 //! budget; the ops leave to the caller of [`OpBuilder::build`], which
@@ -74,6 +75,16 @@ impl OpBuilder {
                     if let Some(op) = op {
                         ops.push(op);
                     }
+                }
+                ReadSource::Memory(ref m) => {
+                    let bytes = m.slice(piece.len).ok_or_else(|| BlockError::OutOfRange {
+                        offset: req.offset + req_off,
+                        len: piece.len,
+                        size: m.bytes.len() as u64,
+                    })?;
+                    // SAFETY: as for zero pieces, the request's memory is
+                    // owned by `req` and no op of it has been pushed yet.
+                    unsafe { segs.copy_in(req_off, bytes) };
                 }
             }
             req_off += piece.len;
@@ -204,14 +215,14 @@ impl OpBuilder {
 /// Joins consecutive pieces that continue each other in the same file
 /// (adjacent clusters), so each contiguous host range is one op.
 fn merge_adjacent(plan: &mut ReadPlan) {
-    plan.dedup_by(|next, prev| match (prev.source, next.source) {
+    plan.dedup_by(|next, prev| match (&prev.source, &next.source) {
         (
             ReadSource::Host { file: f, offset: o },
             ReadSource::Host {
                 file: nf,
                 offset: no,
             },
-        ) if f == nf && o.checked_add(prev.len) == Some(no) => {
+        ) if f == nf && o.checked_add(prev.len) == Some(*no) => {
             prev.len += next.len;
             true
         }
