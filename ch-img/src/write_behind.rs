@@ -13,8 +13,8 @@
 //! (before the output is flushed or closed). The first failed write is
 //! returned, with its offset, by the call that drains it.
 //!
-//! Only for cache modes whose writes need no flush of their own
-//! (writeback, none, unsafe); writethrough and directsync write
+//! Only for `-t none` (O_DIRECT, writes that need no flush of their own);
+//! buffered targets (writeback, unsafe) and writethrough/directsync write
 //! synchronously through [`ImageIo::write_at`].
 
 use block::{BlockError, BlockRequest, Completion, DiskQueue, EngineKind, RequestOp};
@@ -38,7 +38,12 @@ impl WriteBehind {
     /// A write-behind queue on `output`, or `None` when its cache mode
     /// makes every write durable before the next.
     pub fn new(output: &ImageIo) -> Result<Option<Self>, BlockError> {
-        if !output.cache_mode().writeback() {
+        // Buffered targets: a write is a copy into the page cache, and
+        // handing it to a pool thread costs more than it saves (mix zstd
+        // -t writeback, 1000 MiB: 1.29 s with the pool, see
+        // docs/performance.md).
+        let mode = output.cache_mode();
+        if !mode.writeback() || !mode.direct() {
             return Ok(None);
         }
         let queue = output.disk().queue_with_engine(EngineKind::Threads)?;
