@@ -44,25 +44,31 @@ pub(crate) fn push_piece(plan: &mut ReadPlan, piece: ReadPiece) {
         return;
     }
     if let Some(last) = plan.last_mut() {
-        match (&mut last.source, &piece.source) {
-            (ReadSource::Zero, ReadSource::Zero) => {
-                last.len += piece.len;
-                return;
-            }
-            (
-                ReadSource::Host { file, offset },
-                ReadSource::Host {
-                    file: f2,
-                    offset: o2,
-                },
-            ) if file == f2 && *offset + last.len == *o2 => {
-                last.len += piece.len;
-                return;
-            }
-            _ => {}
+        if merge_into(last, &piece) {
+            return;
         }
     }
     plan.push(piece);
+}
+
+/// Extends `last` by `piece` when it continues it (zeroes after zeroes,
+/// or the next bytes of the same file); says whether it did.
+fn merge_into(last: &mut ReadPiece, piece: &ReadPiece) -> bool {
+    let continues = match (&last.source, &piece.source) {
+        (ReadSource::Zero, ReadSource::Zero) => true,
+        (
+            ReadSource::Host { file, offset },
+            ReadSource::Host {
+                file: f2,
+                offset: o2,
+            },
+        ) => file == f2 && *offset + last.len == *o2,
+        _ => false,
+    };
+    if continues {
+        last.len += piece.len;
+    }
+    continues
 }
 
 impl Qcow2Image {
@@ -134,10 +140,7 @@ impl Qcow2Image {
                 return;
             }
             if let (Some(Step::Piece(last)), Step::Piece(p)) = (steps.last_mut(), &s) {
-                let mut tmp = vec![last.clone()];
-                push_piece(&mut tmp, p.clone());
-                if let [merged] = &mut tmp[..] {
-                    *last = merged.clone();
+                if p.len == 0 || merge_into(last, p) {
                     return;
                 }
             }
