@@ -91,7 +91,14 @@ impl ImageIo {
     /// Writes `data` at `offset` (allocating as the format needs).
     /// In writethrough and directsync modes the data is durable on return.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BlockError> {
-        self.run(RequestOp::Write, offset, aligned_copy(data))?;
+        // Only O_DIRECT needs aligned memory; a buffered write copies
+        // into the page cache from anywhere.
+        let memory = if self.cache.direct() {
+            aligned_copy(data)
+        } else {
+            IoMemory::Owned(data.to_vec())
+        };
+        self.run(RequestOp::Write, offset, memory)?;
         self.write_done()
     }
 
