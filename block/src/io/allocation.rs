@@ -4,10 +4,12 @@
 //! (REFERENCE.md section 4), so `engine=auto` asks it before picking the
 //! `aio` engine, and an explicit `engine=aio` warns when it does not hold.
 //!
-//! Enters as an opened [`Format`]; leaves as `Ok(())` or the first reason
-//! the image is sparse: a guest range with no host cluster (or one in the
-//! backing chain, or compressed), or a host range without blocks in the
-//! file (a hole; fallocated space counts as allocated).
+//! Enters as an opened [`Format`]; leaves as an [`Allocated`] summary
+//! (how much of the guest's host space is fallocated but never written,
+//! which `engine=auto` also weighs) or the first reason the image is
+//! sparse: a guest range with no host cluster (or one in the backing
+//! chain, or compressed), or a host range without blocks in the file (a
+//! hole; fallocated space counts as allocated).
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -19,12 +21,23 @@ use crate::formats::{holes, Format};
 /// fragmented image is taken as sparse.
 const EXTENT_BUDGET: usize = 1 << 20;
 
-/// `Ok(())` when every guest range of `format` maps to host space that
-/// has blocks in its file; else why not.
-pub fn fully_allocated(format: &dyn Format) -> Result<(), String> {
+/// What a fully allocated image's host space is made of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Allocated {
+    /// Bytes of guest-visible host space in fallocated extents that were
+    /// never written (FIEMAP's UNWRITTEN flag; 0 where the file system
+    /// cannot say). The first write to each such block converts the
+    /// extent inside the write call.
+    pub unwritten: u64,
+}
+
+/// `Ok` when every guest range of `format` maps to host space that has
+/// blocks in its file; else why not.
+pub fn fully_allocated(format: &dyn Format) -> Result<Allocated, String> {
     let size = format.size();
     let mut offset = 0;
     let mut extents = 0;
+    let mut unwritten = 0u64;
     while offset < size {
         extents += 1;
         if extents > EXTENT_BUDGET {
@@ -57,32 +70,34 @@ pub fn fully_allocated(format: &dyn Format) -> Result<(), String> {
             .files()
             .get(usize::from(file.0))
             .ok_or("the image names a file it does not have")?;
-        if !range_has_blocks(f, host, st.len)? {
+        let Some(range_unwritten) = range_blocks(f, host, st.len)? else {
             return Err(format!(
                 "the image file is sparse: host range {host}+{} (guest offset {offset}) has no blocks",
                 st.len
             ));
-        }
+        };
+        unwritten = unwritten.saturating_add(range_unwritten);
         offset = offset.saturating_add(st.len);
     }
-    Ok(())
+    Ok(Allocated { unwritten })
 }
 
-/// Whether every byte of `start..start+len` of `file` has a block
-/// (written or fallocated). A block device always has.
+/// `Some(unwritten bytes)` when every byte of `start..start+len` of
+/// `file` has a block (written or fallocated), `None` when some has not.
+/// A block device always has, none of them unwritten as far as we know.
 ///
 /// FIEMAP where the file system offers it (SEEK_HOLE cannot tell: ext4
 /// and XFS report fallocated, unwritten extents as holes); else SEEK_HOLE
 /// (tmpfs, which counts fallocated pages as data).
-fn range_has_blocks(file: &File, start: u64, len: u64) -> Result<bool, String> {
+fn range_blocks(file: &File, start: u64, len: u64) -> Result<Option<u64>, String> {
     let md = file.metadata().map_err(|e| format!("fstat: {e}"))?;
     if md.file_type().is_block_device() {
-        return Ok(true);
+        return Ok(Some(0));
     }
     let end = start.saturating_add(len).min(md.len());
     if start >= end {
         // Past the end of the file: a write there extends it.
-        return Ok(false);
+        return Ok(None);
     }
     match fiemap_covers(file, start, end) {
         Ok(covered) => Ok(covered),
@@ -93,8 +108,8 @@ fn range_has_blocks(file: &File, start: u64, len: u64) -> Result<bool, String> {
             ) =>
         {
             match holes::extent_at(file, start) {
-                Some((false, data_end)) => Ok(data_end >= end),
-                Some((true, _)) => Ok(false),
+                Some((false, data_end)) => Ok((data_end >= end).then_some(0)),
+                Some((true, _)) => Ok(None),
                 None => Err("the file system reports neither FIEMAP nor SEEK_HOLE".into()),
             }
         }
@@ -105,6 +120,7 @@ fn range_has_blocks(file: &File, start: u64, len: u64) -> Result<bool, String> {
 /// `FS_IOC_FIEMAP` (`_IOWR('f', 11, struct fiemap)`).
 const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
 const FIEMAP_EXTENT_LAST: u32 = 1;
+const FIEMAP_EXTENT_UNWRITTEN: u32 = 0x800;
 /// Extents read per ioctl.
 const FIEMAP_BATCH: usize = 32;
 
@@ -130,9 +146,11 @@ struct Fiemap {
     extents: [FiemapExtent; FIEMAP_BATCH],
 }
 
-/// Whether the file's extents cover `start..end` without a gap.
-fn fiemap_covers(file: &File, start: u64, end: u64) -> std::io::Result<bool> {
+/// `Some(bytes of start..end in unwritten extents)` when the file's
+/// extents cover `start..end` without a gap, else `None`.
+fn fiemap_covers(file: &File, start: u64, end: u64) -> std::io::Result<Option<u64>> {
     let mut pos = start;
+    let mut unwritten = 0u64;
     while pos < end {
         let mut map = Fiemap {
             start: pos,
@@ -151,22 +169,26 @@ fn fiemap_covers(file: &File, start: u64, end: u64) -> std::io::Result<bool> {
         }
         let n = (map.mapped_extents as usize).min(FIEMAP_BATCH);
         if n == 0 {
-            return Ok(false);
+            return Ok(None);
         }
         for ext in &map.extents[..n] {
             if ext.logical > pos {
-                return Ok(false);
+                return Ok(None);
             }
-            pos = pos.max(ext.logical.saturating_add(ext.length));
+            let ext_end = ext.logical.saturating_add(ext.length);
+            if ext.flags & FIEMAP_EXTENT_UNWRITTEN != 0 && ext_end > pos {
+                unwritten = unwritten.saturating_add(ext_end.min(end) - pos);
+            }
+            pos = pos.max(ext_end);
             if pos >= end {
-                return Ok(true);
+                return Ok(Some(unwritten));
             }
             if ext.flags & FIEMAP_EXTENT_LAST != 0 {
-                return Ok(false);
+                return Ok(None);
             }
         }
     }
-    Ok(true)
+    Ok(Some(unwritten))
 }
 
 #[cfg(test)]
@@ -174,7 +196,11 @@ mod tests {
     use super::*;
     use crate::options::{DiskOptions, ImageType};
 
-    fn raw(dir: &std::path::Path, name: &str, write: impl FnOnce(&File)) -> Result<(), String> {
+    fn raw(
+        dir: &std::path::Path,
+        name: &str,
+        write: impl FnOnce(&File),
+    ) -> Result<Allocated, String> {
         let path = dir.join(name);
         let f = File::create(&path).unwrap();
         write(&f);
@@ -198,7 +224,42 @@ mod tests {
             f.write_all(&vec![1u8; 1 << 20]).unwrap();
             f.sync_all().unwrap();
         });
-        assert_eq!(full, Ok(()));
+        assert_eq!(full, Ok(Allocated { unwritten: 0 }));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Fallocated blocks count as allocated, and FIEMAP tells how many are
+    /// still unwritten (where the file system has FIEMAP: ext4 and XFS do,
+    /// tmpfs does not and reports 0).
+    #[test]
+    fn fallocated_blocks_are_allocated_and_counted_while_unwritten() {
+        use std::os::unix::fs::FileExt;
+        let dir = std::env::temp_dir().join(format!("alloc-unit-falloc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mib = 1u64 << 20;
+        let probe = |f: &File| {
+            // SAFETY: plain fallocate on a file we own.
+            let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, mib as libc::off_t) };
+            assert_eq!(r, 0, "fallocate: {}", std::io::Error::last_os_error());
+        };
+        // ext4 and XFS report unwritten extents; other file systems may not.
+        let fiemap = {
+            let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: a zeroed statfs filled by the call; `c` is a valid path.
+            let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut st) }, 0);
+            matches!(st.f_type as i64, 0xEF53 | 0x5846_5342)
+        };
+        let fresh = raw(&dir, "falloc", probe).unwrap();
+        assert_eq!(fresh.unwritten, if fiemap { mib } else { 0 });
+        let half = raw(&dir, "half", |f| {
+            probe(f);
+            f.write_all_at(&vec![7u8; (mib / 2) as usize], 0).unwrap();
+            f.sync_all().unwrap();
+        })
+        .unwrap();
+        assert_eq!(half.unwritten, if fiemap { mib / 2 } else { 0 });
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
