@@ -107,7 +107,7 @@ impl MetaState {
             return Err(self.invalid(format!("cluster {c} has no refcount block")));
         };
         self.load_rb(off)?;
-        let path = self.path.clone();
+        let path = &self.path;
         let t = self
             .rb_cache
             .get_mut(off)

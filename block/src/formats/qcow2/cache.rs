@@ -29,23 +29,26 @@ impl TableCache {
         }
     }
 
-    fn touch(&mut self, key: u64) {
-        self.tick += 1;
-        if let Some((t, _)) = self.tables.get_mut(&key) {
+    /// Marks `key` used now and returns its table: one hash lookup, and
+    /// none of the order's bookkeeping when it already is the most
+    /// recently used (a run of lookups in one table, the common case).
+    fn touch(&mut self, key: u64) -> Option<&mut Vec<u8>> {
+        let (t, table) = self.tables.get_mut(&key)?;
+        if *t != self.tick {
             self.order.remove(t);
+            self.tick += 1;
             *t = self.tick;
             self.order.insert(self.tick, key);
         }
+        Some(table)
     }
 
     pub fn get(&mut self, key: u64) -> Option<&[u8]> {
-        self.touch(key);
-        self.tables.get(&key).map(|(_, t)| t.as_slice())
+        self.touch(key).map(|t| t.as_slice())
     }
 
     pub fn get_mut(&mut self, key: u64) -> Option<&mut Vec<u8>> {
-        self.touch(key);
-        self.tables.get_mut(&key).map(|(_, t)| t)
+        self.touch(key)
     }
 
     pub fn contains(&self, key: u64) -> bool {

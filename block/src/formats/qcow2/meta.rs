@@ -261,12 +261,12 @@ impl MetaState {
         };
         self.load_l2(off)?;
         let esize = self.g.l2_entry_size as usize;
-        let path = self.path.clone();
+        let path = &self.path;
         let t = self
             .l2_cache
             .get(off)
             .ok_or_else(|| BlockError::InvalidImage {
-                path,
+                path: path.clone(),
                 reason: "L2 cache lost a table".into(),
             })?;
         let words = esize / 8;
