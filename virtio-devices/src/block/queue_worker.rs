@@ -25,7 +25,8 @@
 //! writes, interrupt = the vring's call eventfd); it only sees a [`Queue`],
 //! guest memory, an eventfd and a [`VirtioInterrupt`].
 
-use std::collections::HashMap;
+// foldhash: the keys are our own sequence numbers.
+use foldhash::{HashMap, HashMapExt};
 use std::io;
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};

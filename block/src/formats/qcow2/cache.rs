@@ -7,7 +7,12 @@
 //! evicted until unpinned. Memory is bounded by `capacity` tables plus the
 //! pinned ones (which the caller bounds).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+// foldhash rather than SipHash: the keys are host offsets of at most
+// `capacity` (plus pinned) tables, so a crafted image gains nothing from
+// collisions, and hashing was a visible part of every lookup.
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 pub(crate) struct TableCache {
     capacity: usize,

@@ -9,7 +9,9 @@
 //! wake every waiter (each then plans again; a spurious wake-up costs one
 //! re-plan).
 
-use std::collections::{HashMap, HashSet};
+// foldhash: keys are guest cluster indices of writes in flight (bounded by
+// the queues' depth); SipHash's DoS resistance buys nothing here.
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::formats::{Waker, WriteCommit};
