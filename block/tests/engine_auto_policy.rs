@@ -117,3 +117,37 @@ fn auto_with_uring_takes_aio_for_unwritten_extents() {
     assert_eq!(pick("metadata", true), EngineKind::IoUring);
     assert_eq!(pick("off", true), EngineKind::IoUring);
 }
+
+/// The whole path through `Disk::open`: engine=auto with O_DIRECT on this
+/// kernel (io_uring and AIO both work here) resolves a fresh falloc qcow2
+/// to aio, and a full one, a sparse one and a buffered open to io_uring.
+#[test]
+fn disk_open_resolves_auto_by_unwritten_extents() {
+    let uring = block::io::probe::uring_support();
+    let aio = block::io::aio::aio_support();
+    if !testkit::available("io_uring", uring) || !testkit::available("Linux AIO", aio) {
+        return;
+    }
+    let dir = TempDir::new("auto-policy-open");
+    let resolved = |prealloc: &str, direct: bool| {
+        let path = dir.join(format!("{prealloc}.qcow2"));
+        if !path.exists() {
+            qemu_create(
+                "qcow2",
+                s(&path),
+                "4M",
+                &format!("preallocation={prealloc}"),
+            );
+        }
+        let mut o = DiskOptions::new(&path);
+        o.image_type = ImageType::Qcow2;
+        o.direct = direct;
+        o.engine = EngineKind::Auto;
+        Disk::open(&o).unwrap().engine()
+    };
+    assert_eq!(resolved("falloc", true), EngineKind::Aio);
+    assert_eq!(resolved("falloc", false), EngineKind::IoUring);
+    assert_eq!(resolved("full", true), EngineKind::IoUring);
+    assert_eq!(resolved("off", true), EngineKind::IoUring);
+    assert_eq!(resolved("metadata", true), EngineKind::IoUring);
+}

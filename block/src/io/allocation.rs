@@ -82,6 +82,38 @@ pub fn fully_allocated(format: &dyn Format) -> Result<Allocated, String> {
     Ok(Allocated { unwritten })
 }
 
+/// Whether any file of `format` has an unwritten (fallocated, never
+/// written) extent: one FIEMAP walk over each file's extents, no image
+/// metadata read. False where the file system cannot say.
+pub fn files_have_unwritten(format: &dyn Format) -> bool {
+    format.files().iter().any(|f| {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        matches!(fiemap_first_unwritten(f, len), Ok(true))
+    })
+}
+
+/// Whether some extent of `file` below `len` is unwritten (gaps allowed).
+fn fiemap_first_unwritten(file: &File, len: u64) -> std::io::Result<bool> {
+    let mut pos = 0;
+    while pos < len {
+        let map = fiemap(file, pos, len)?;
+        let n = (map.mapped_extents as usize).min(FIEMAP_BATCH);
+        for ext in &map.extents[..n] {
+            if ext.flags & FIEMAP_EXTENT_UNWRITTEN != 0 {
+                return Ok(true);
+            }
+            if ext.flags & FIEMAP_EXTENT_LAST != 0 {
+                return Ok(false);
+            }
+            pos = pos.max(ext.logical.saturating_add(ext.length));
+        }
+        if n < FIEMAP_BATCH {
+            return Ok(false);
+        }
+    }
+    Ok(false)
+}
+
 /// `Some(unwritten bytes)` when every byte of `start..start+len` of
 /// `file` has a block (written or fallocated), `None` when some has not.
 /// A block device always has, none of them unwritten as far as we know.
@@ -146,27 +178,33 @@ struct Fiemap {
     extents: [FiemapExtent; FIEMAP_BATCH],
 }
 
+/// Up to [`FIEMAP_BATCH`] extents of `file` from `start` to `end`.
+fn fiemap(file: &File, start: u64, end: u64) -> std::io::Result<Fiemap> {
+    let mut map = Fiemap {
+        start,
+        length: end.saturating_sub(start),
+        flags: 0,
+        mapped_extents: 0,
+        extent_count: FIEMAP_BATCH as u32,
+        reserved: 0,
+        extents: [FiemapExtent::default(); FIEMAP_BATCH],
+    };
+    // SAFETY: `map` is a `struct fiemap` with room for `extent_count`
+    // extents, as the ioctl expects; it lives across the call.
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FIEMAP as _, &mut map) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(map)
+}
+
 /// `Some(bytes of start..end in unwritten extents)` when the file's
 /// extents cover `start..end` without a gap, else `None`.
 fn fiemap_covers(file: &File, start: u64, end: u64) -> std::io::Result<Option<u64>> {
     let mut pos = start;
     let mut unwritten = 0u64;
     while pos < end {
-        let mut map = Fiemap {
-            start: pos,
-            length: end - pos,
-            flags: 0,
-            mapped_extents: 0,
-            extent_count: FIEMAP_BATCH as u32,
-            reserved: 0,
-            extents: [FiemapExtent::default(); FIEMAP_BATCH],
-        };
-        // SAFETY: `map` is a `struct fiemap` with room for `extent_count`
-        // extents, as the ioctl expects; it lives across the call.
-        let r = unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FIEMAP as _, &mut map) };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let map = fiemap(file, pos, end)?;
         let n = (map.mapped_extents as usize).min(FIEMAP_BATCH);
         if n == 0 {
             return Ok(None);

@@ -111,9 +111,8 @@ pub fn choose_engine(
     };
     match kind {
         EngineKind::Auto => {
-            // Walked only where AIO is a candidate.
-            let allocation = (direct && kernel.aio.is_ok()).then(allocated);
-            if let Some(Ok(a)) = &allocation {
+            let allocation = direct.then(allocated);
+            if let (Some(Ok(a)), Ok(())) = (&allocation, &kernel.aio) {
                 if a.unwritten > 0 {
                     return Ok(choice(
                         EngineKind::Aio,
@@ -140,13 +139,13 @@ pub fn choose_engine(
                 ));
             }
             match (&kernel.aio, allocation) {
+                (_, Some(Err(why))) => Ok(choice(
+                    EngineKind::Threads,
+                    format!("no io_uring ({no_uring}); the image is sparse ({why}), so io_submit could block"),
+                )),
                 (Err(why), _) => Ok(choice(
                     EngineKind::Threads,
                     format!("no io_uring ({no_uring}); Linux AIO unavailable ({why})"),
-                )),
-                (Ok(()), Some(Err(why))) => Ok(choice(
-                    EngineKind::Threads,
-                    format!("no io_uring ({no_uring}); the image is sparse ({why}), so io_submit could block"),
                 )),
                 (Ok(()), _) => Ok(choice(
                     EngineKind::Aio,
@@ -177,6 +176,19 @@ pub fn choose_engine(
     }
 }
 
+/// Guest size up to which `auto` walks a whole image's mapping at open to
+/// see whether AIO's unwritten-extent case applies: at 64 KiB clusters
+/// that reads at most 16 MiB of L2 tables.
+const UNWRITTEN_WALK_MAX_SIZE: u64 = 128 << 30;
+
+/// Whether `auto` (with io_uring available) should walk the image's
+/// mapping for the unwritten-extent case: only when its files have an
+/// unwritten extent at all (one FIEMAP pass, no metadata read) and the
+/// walk is bounded ([`UNWRITTEN_WALK_MAX_SIZE`]).
+fn worth_walking_for_unwritten(format: &dyn Format) -> bool {
+    format.size() <= UNWRITTEN_WALK_MAX_SIZE && super::allocation::files_have_unwritten(format)
+}
+
 /// Resolves the engine of the disk at `path` (logging the choice and any
 /// warning). `Err` says why an explicit `engine=aio` cannot work.
 pub fn resolve_engine(
@@ -188,16 +200,35 @@ pub fn resolve_engine(
     // Linux AIO is asked for only where the policy can pick it: a probe
     // is an io_setup and an io_destroy, and io_destroy waits for an RCU
     // grace period (~30 ms here), on every open (ch-img convert opens a
-    // handle per worker).
+    // handle per worker). For `auto` on an O_DIRECT image that is only
+    // without io_uring or on an image with unwritten extents, so the
+    // allocation (which the policy needs there anyway) is walked first.
     let uring = uring_support();
-    let aio = if kind == EngineKind::Aio || (kind == EngineKind::Auto && uring.is_err() && direct) {
+    let walk = direct
+        && match kind {
+            EngineKind::Aio => true,
+            EngineKind::Auto => uring.is_err() || worth_walking_for_unwritten(format),
+            _ => false,
+        };
+    let mut allocation = walk.then(|| super::allocation::fully_allocated(format));
+    let aio_candidate = match kind {
+        EngineKind::Aio => true,
+        EngineKind::Auto => match &allocation {
+            Some(Ok(a)) => uring.is_err() || a.unwritten > 0,
+            Some(Err(_)) | None => false,
+        },
+        _ => false,
+    };
+    let aio = if aio_candidate {
         super::aio::aio_support()
     } else {
         Err("not probed: the policy cannot choose it here".into())
     };
     let kernel = KernelSupport { uring, aio };
     let c = choose_engine(kind, direct, &kernel, || {
-        super::allocation::fully_allocated(format)
+        allocation
+            .take()
+            .unwrap_or_else(|| Err("not walked: no unwritten extent in the image's files".into()))
     })?;
     if let Some(w) = &c.warning {
         log::warn!("disk {}: {w}", path.display());
@@ -287,11 +318,15 @@ mod tests {
             auto_unwritten(&no_aio, true, Some(mib)).kind,
             EngineKind::IoUring
         );
-        // Without io_uring a sparse image still gets threads, never AIO.
+        // Without io_uring a sparse image still gets threads, never AIO,
+        // and the reason is the sparseness even where AIO was not asked.
         assert_eq!(
             auto_unwritten(&kernel(false, true), true, None).kind,
             EngineKind::Threads
         );
+        let c = auto_unwritten(&kernel(false, false), true, None);
+        assert_eq!(c.kind, EngineKind::Threads);
+        assert!(c.reason.contains("sparse"), "{}", c.reason);
     }
 
     #[test]
