@@ -45,21 +45,27 @@ fn fio_verify(mountpoint: &std::path::Path, jobs: u32) {
         .arg(format!("--numjobs={jobs}")));
 }
 
-fn fio_and_qemu_img(transport: Transport, format: &str) {
+/// `polling`: the queue threads spin up to 50 us before sleeping
+/// (`poll_max_us`), and the log must show waits that spinning ended.
+fn fio_and_qemu_img(transport: Transport, format: &str, polling: bool) {
     if cannot_run(&["fio", "qemu-img"]) {
         return;
     }
     let Some(_switch) = transport.prepare() else {
         return;
     };
-    let dir = scratch(&format!("fio-{format}-{transport:?}"));
+    let dir = scratch(&format!("fio-{format}-{transport:?}-{polling}"));
     let image = qemu_img_create(&dir, "disk.img", format, "64M");
     // qcow2 runs with O_DIRECT (aligned buffers), raw buffered.
     let direct = if format == "qcow2" { "on" } else { "off" };
     let d = Daemon::start(
         &dir,
         &format!("path={image},image_type={format},direct={direct}"),
-        &format!("{}writable=on,num_queues=2", transport.options()),
+        &format!(
+            "{}writable=on,num_queues=2{}",
+            transport.options(),
+            if polling { ",poll_max_us=50" } else { "" }
+        ),
     )
     .unwrap();
     fio_verify(&d.mountpoint, 1);
@@ -85,6 +91,9 @@ fn fio_and_qemu_img(transport: Transport, format: &str) {
     if let Transport::IoUring = transport {
         support::assert_ring_served(&log);
     }
+    if polling {
+        assert_waits_ended_by_polling(&log);
+    }
     run(Command::new("qemu-img")
         .args(["compare", "-f", format, "-F", "raw", &image])
         .arg(&reference));
@@ -96,22 +105,47 @@ fn fio_and_qemu_img(transport: Transport, format: &str) {
 
 #[test]
 fn fio_verify_and_qemu_img_raw_devfuse() {
-    fio_and_qemu_img(Transport::DevFuse, "raw");
+    fio_and_qemu_img(Transport::DevFuse, "raw", false);
 }
 
 #[test]
 fn fio_verify_and_qemu_img_qcow2_devfuse() {
-    fio_and_qemu_img(Transport::DevFuse, "qcow2");
+    fio_and_qemu_img(Transport::DevFuse, "qcow2", false);
 }
 
 #[test]
 fn fio_verify_and_qemu_img_raw_io_uring() {
-    fio_and_qemu_img(Transport::IoUring, "raw");
+    fio_and_qemu_img(Transport::IoUring, "raw", false);
 }
 
 #[test]
 fn fio_verify_and_qemu_img_qcow2_io_uring() {
-    fio_and_qemu_img(Transport::IoUring, "qcow2");
+    fio_and_qemu_img(Transport::IoUring, "qcow2", false);
+}
+
+#[test]
+fn fio_verify_and_qemu_img_qcow2_devfuse_polling() {
+    fio_and_qemu_img(Transport::DevFuse, "qcow2", true);
+}
+
+#[test]
+fn fio_verify_and_qemu_img_qcow2_io_uring_polling() {
+    fio_and_qemu_img(Transport::IoUring, "qcow2", true);
+}
+
+/// Some queue thread's exit line counts waits that spinning ended
+/// ("N of them ended by polling" / "N waits ended by polling").
+fn assert_waits_ended_by_polling(log: &str) {
+    let caught: u64 = log
+        .lines()
+        .filter_map(|l| {
+            let head = l.split(" ended by polling").next()?;
+            let head = head.strip_suffix(" of them").unwrap_or(head);
+            let head = head.strip_suffix(" waits").unwrap_or(head);
+            head.rsplit(' ').next()?.parse::<u64>().ok()
+        })
+        .sum();
+    assert!(caught > 0, "no wait ended by polling:\n{log}");
 }
 
 /// A partitioned raw image through a loop device: sfdisk, mkfs.ext4,
