@@ -28,6 +28,11 @@ microseconds.
 whose export gets the extra KEYS (e.g. `--variant nopoll=poll_max_us=0`),
 for A/B runs of export options.
 
+--null measures the bare FUSE round trip instead: one thread preads 4
+KiB at the end of the exported file, which every daemon answers with
+an empty read without any I/O (on the image file itself the kernel
+answers at once): the floor of any FUSE daemon at queue depth 1.
+
 --buffered puts the image where --dir says with the daemons' backends
 not O_DIRECT (ours direct=off, qsd cache.direct=off): with --dir on a
 tmpfs the "device" is a memory copy and what is left is the FUSE round
@@ -39,7 +44,7 @@ stdout. Needs root (mounts, enable_uring, which it restores; perf).
 
 Usage: scripts/bench/fuse-roundtrip.py [--bin FILE] [--dir DIR] [--ios N]
        [--format raw|qcow2] [--backends a,b] [--cells 1x1,4x1] [--trace]
-       [--variant NAME=KEYS]... [--buffered]
+       [--variant NAME=KEYS]... [--buffered] [--null]
 """
 
 import argparse
@@ -120,6 +125,23 @@ def fio_fixed(target, jobs, depth, ios, size, stat_path=None):
     n = max(1, r["total_ios"] + w["total_ios"])
     lat = (r["lat_ns"]["mean"] * r["total_ios"] + w["lat_ns"]["mean"] * w["total_ios"]) / n / 1000
     return nbytes, lat, perf_stat(stat_path) if stat_path else {}
+
+
+def null_roundtrips(target, n):
+    """Mean us of `n` 4 KiB preads at the end of `target`: a FUSE daemon
+    answers them without any I/O (reads stop at the end), so this is
+    the bare round trip, application -> kernel -> daemon -> kernel ->
+    application, with nothing else in it."""
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        os.pread(fd, 4096, size)
+        start = time.perf_counter()
+        for _ in range(n):
+            os.pread(fd, 4096, size)
+        return (time.perf_counter() - start) / n * 1e6
+    finally:
+        os.close(fd)
 
 
 def parse_perf(path):
@@ -252,12 +274,14 @@ def main():
     p.add_argument("--cells", default="1x1,4x1")
     p.add_argument("--trace", action="store_true")
     p.add_argument("--buffered", action="store_true")
+    p.add_argument("--null", action="store_true",
+                   help="bare round trips (preads at the end of the file) instead of fio")
     p.add_argument("--variant", action="append", default=[])
     args = p.parse_args()
     args.formats = [args.format]
     os.makedirs(args.dir, exist_ok=True)
     cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
-    rows, traces = [], []
+    rows, traces, nulls = [], [], []
     with fe.uring_enabled():
         image, table = fe.one_format_setup(args)
         if args.buffered:
@@ -267,6 +291,18 @@ def main():
         for name in args.backends.split(","):
             argv, mp = table[name]
             target = mp or image
+            if args.null:
+                with fe.Daemon(name, argv, mp) as d:
+                    null_roundtrips(target, 2000)  # warm-up
+                    cs0 = ctx_switches(d.proc.pid) if d.proc else (0, 0)
+                    dstat = DaemonStat(d.proc.pid, os.path.join(args.dir, "dstat")) if d.proc else None
+                    us = null_roundtrips(target, args.ios)
+                    dvals = dstat.stop() if dstat else {}
+                    cs1 = ctx_switches(d.proc.pid) if d.proc else (0, 0)
+                nulls.append((name, us, (cs1[0] - cs0[0]) / args.ios, (cs1[1] - cs0[1]) / args.ios,
+                              dvals.get("task-clock", 0) * 1000 / args.ios))
+                fe.log(f"{name}: {us:.1f} us per bare round trip")
+                continue
             for jobs, depth in cells:
                 with fe.Daemon(name, argv, mp) as d:
                     fio_fixed(target, jobs, depth, 2000, args.size)  # warm-up
@@ -289,6 +325,14 @@ def main():
                         data = os.path.join(args.dir, f"perf-{name}.data")
                         seg, slept, total = traced(d, target, args.size, 3000, data)
                         traces.append((name, seg, slept, total))
+    if nulls:
+        print(f"bare round trips: {args.ios} preads of 4 KiB at the end of the file, one "
+              "thread, mean us (the daemon answers without I/O), per round trip\n")
+        print("| backend | us | daemon cs vol | daemon cs invol | daemon CPU us |")
+        print("| --- | --- | --- | --- | --- |")
+        for name, us, vol, invol, cpu in nulls:
+            print(f"| {name} | {us:.1f} | {vol:.2f} | {invol:.2f} | {cpu:.1f} |")
+        return
     print(f"per fio I/O, 4k randrw 70/30 O_DIRECT, {args.ios} I/Os, {args.format}"
           f"{', buffered backends' if args.buffered else ''}, dir {args.dir}\n")
     print("| backend | jobs,depth | fio mean lat us | daemon cs vol | daemon cs invol "
