@@ -250,7 +250,7 @@ def breakdown(events, daemon_tids):
 
 
 def traced(d, target, size, ios, perf_data):
-    perf = subprocess.Popen(["perf", "record", "-q", "-a", "-o", perf_data]
+    perf = subprocess.Popen(["perf", "record", "-q", "-a", "-m", "1024", "-o", perf_data]
                             + [a for tp in TRACEPOINTS for a in ("-e", tp)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)
