@@ -108,7 +108,8 @@ def backends(args, fmt, image, mountpoint):
     """{name: (argv, mountpoint)}; `--variant NAME=KEYS` adds
     ours-devfuse@NAME and ours-uring@NAME with KEYS added to the export."""
     ours = [args.bin, "--image", f"path={image},image_type={fmt},direct=on",
-            "--export", f"type=fuse,mountpoint={mountpoint},writable=on,num_queues=2"]
+            "--export", f"type=fuse,mountpoint={mountpoint},writable=on,"
+            f"num_queues={getattr(args, 'num_queues', 2)}"]
     qsd = ["qemu-storage-daemon",
            "--blockdev", f"driver=file,node-name=file,filename={image},cache.direct=on,aio=io_uring",
            "--blockdev", f"driver={fmt},node-name=fmt,file=file",

@@ -274,6 +274,7 @@ def main():
     p.add_argument("--cells", default="1x1,4x1")
     p.add_argument("--trace", action="store_true")
     p.add_argument("--buffered", action="store_true")
+    p.add_argument("--num-queues", type=int, default=2, help="our exports' num_queues")
     p.add_argument("--null", action="store_true",
                    help="bare round trips (preads at the end of the file) instead of fio")
     p.add_argument("--variant", action="append", default=[])
