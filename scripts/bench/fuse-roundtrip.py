@@ -127,11 +127,21 @@ def fio_fixed(target, jobs, depth, ios, size, stat_path=None):
     return nbytes, lat, perf_stat(stat_path) if stat_path else {}
 
 
-def null_roundtrips(target, n):
+def null_roundtrips(target, n, cpus=None):
     """Mean us of `n` 4 KiB preads at the end of `target`: a FUSE daemon
     answers them without any I/O (reads stop at the end), so this is
     the bare round trip, application -> kernel -> daemon -> kernel ->
-    application, with nothing else in it."""
+    application, with nothing else in it. `cpus`: run on those only."""
+    old = os.sched_getaffinity(0)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    try:
+        return timed_preads(target, n)
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+def timed_preads(target, n):
     fd = os.open(target, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -275,6 +285,8 @@ def main():
     p.add_argument("--trace", action="store_true")
     p.add_argument("--buffered", action="store_true")
     p.add_argument("--num-queues", type=int, default=2, help="our exports' num_queues")
+    p.add_argument("--daemon-cpus", help="run the daemons under taskset -c LIST")
+    p.add_argument("--app-cpus", help="--null: the reading thread on these CPUs (a,b)")
     p.add_argument("--null", action="store_true",
                    help="bare round trips (preads at the end of the file) instead of fio")
     p.add_argument("--variant", action="append", default=[])
@@ -289,15 +301,18 @@ def main():
             for argv, _ in table.values():
                 for i, a in enumerate(argv or []):
                     argv[i] = a.replace("direct=on", "direct=off")
+        app_cpus = {int(c) for c in args.app_cpus.split(",")} if args.app_cpus else None
         for name in args.backends.split(","):
             argv, mp = table[name]
+            if argv and args.daemon_cpus:
+                argv = ["taskset", "-c", args.daemon_cpus] + argv
             target = mp or image
             if args.null:
                 with fe.Daemon(name, argv, mp) as d:
-                    null_roundtrips(target, 2000)  # warm-up
+                    null_roundtrips(target, 2000, app_cpus)  # warm-up
                     cs0 = ctx_switches(d.proc.pid) if d.proc else (0, 0)
                     dstat = DaemonStat(d.proc.pid, os.path.join(args.dir, "dstat")) if d.proc else None
-                    us = null_roundtrips(target, args.ios)
+                    us = null_roundtrips(target, args.ios, app_cpus)
                     dvals = dstat.stop() if dstat else {}
                     cs1 = ctx_switches(d.proc.pid) if d.proc else (0, 0)
                 nulls.append((name, us, (cs1[0] - cs0[0]) / args.ios, (cs1[1] - cs0[1]) / args.ios,
