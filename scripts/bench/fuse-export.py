@@ -21,12 +21,14 @@ Usage: scripts/bench/fuse-export.py [--quick] [--dir DIR] [--bin FILE]
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import re
 import time
 
 CELLS = [(1, 1), (1, 64), (4, 1), (4, 64)]
@@ -90,24 +92,63 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            # How the queue threads shared the requests (their exit lines):
+            # with io_uring=on the split between ring threads varies from
+            # one daemon start to the next and moves the results.
+            served = re.findall(r"(ring thread \d+|queue fuse-q\d+): served (\d+)",
+                                self.proc.stderr.read())
+            if served:
+                log(f"  {self.name} requests per thread: "
+                    + ", ".join(f"{t} {n}" for t, n in served if n != "0"))
         if self.mountpoint and os.path.exists(self.mountpoint) and is_fuse(self.mountpoint):
             subprocess.run(["umount", "-l", self.mountpoint])
 
 
 def backends(args, fmt, image, mountpoint):
+    """{name: (argv, mountpoint)}; `--variant NAME=KEYS` adds
+    ours-devfuse@NAME and ours-uring@NAME with KEYS added to the export."""
     ours = [args.bin, "--image", f"path={image},image_type={fmt},direct=on",
-            "--export", f"type=fuse,mountpoint={mountpoint},writable=on,num_queues=2"]
+            "--export", f"type=fuse,mountpoint={mountpoint},writable=on,"
+            f"num_queues={getattr(args, 'num_queues', 2)}"]
     qsd = ["qemu-storage-daemon",
            "--blockdev", f"driver=file,node-name=file,filename={image},cache.direct=on,aio=io_uring",
            "--blockdev", f"driver={fmt},node-name=fmt,file=file",
            "--export", f"type=fuse,id=exp,node-name=fmt,mountpoint={mountpoint},writable=on"]
-    return {
+    table = {
         "ours-devfuse": (ours, mountpoint),
         "ours-uring": (ours[:-1] + [ours[-1] + ",io_uring=on"], mountpoint),
         "qsd": (qsd, mountpoint),
         # fio on the raw image file itself (the limit), for every format.
         "fio-file": (None, None),
     }
+    for variant in getattr(args, "variant", None) or []:
+        name, keys = variant.split("=", 1)
+        for base in ("ours-devfuse", "ours-uring"):
+            argv = table[base][0]
+            table[f"{base}@{name}"] = (argv[:-1] + [argv[-1] + "," + keys], mountpoint)
+    return table
+
+
+@contextlib.contextmanager
+def uring_enabled():
+    """enable_uring on for the block, restored after."""
+    old = open(ENABLE_URING).read().strip()
+    try:
+        with open(ENABLE_URING, "w") as f:
+            f.write("1")
+        yield
+    finally:
+        with open(ENABLE_URING, "w") as f:
+            f.write("1" if old in ("Y", "1") else "0")
+
+
+def one_format_setup(args):
+    """The image of `args.format` (made here), and the backends table on
+    the mountpoint `args.dir`/export (the diagnosis scripts' set-up)."""
+    image = make_images(args)[args.format]
+    mountpoint = os.path.join(args.dir, "export")
+    open(mountpoint, "a").close()
+    return image, backends(args, args.format, image, mountpoint)
 
 
 def fio(target, jobs, depth, args):
@@ -149,10 +190,18 @@ def main():
     p.add_argument("--size", type=int, default=1 << 30)
     p.add_argument("--formats", default="raw,qcow2")
     p.add_argument("--json")
+    p.add_argument("--variant", action="append", default=[],
+                   help="NAME=KEYS: also run ours-devfuse@NAME and ours-uring@NAME "
+                        "with KEYS added to the export (e.g. poll=poll_max_us=32)")
+    p.add_argument("--backends", help="comma list of backends to run, each with its "
+                   "@variants (default: all)")
+    p.add_argument("--cells", help="comma list of JOBSxDEPTH cells (default: all four)")
     args = p.parse_args()
     cells = CELLS
     if args.quick:
         args.size, args.seconds, args.repeats, cells = 64 << 20, 2, 1, [(1, 1), (4, 64)]
+    if args.cells:
+        cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
     args.formats = args.formats.split(",")
     os.makedirs(args.dir, exist_ok=True)
     old_uring = open(ENABLE_URING).read().strip()
@@ -165,6 +214,10 @@ def main():
         open(mountpoint, "a").close()
         for fmt in args.formats:
             names = list(backends(args, fmt, images[fmt], mountpoint))
+            if args.backends:
+                # A backend named here brings its @variants along.
+                names = [n for n in names if n.split("@")[0] in args.backends.split(",")]
+            args.names = names
             for rep in range(args.repeats):
                 order = names[rep % len(names):] + names[:rep % len(names)]
                 for name in order:
@@ -195,7 +248,7 @@ def median(samples, fmt, backend, cell, key):
 
 
 def report(samples, args, cells):
-    names = ["ours-devfuse", "ours-uring", "qsd", "fio-file"]
+    names = getattr(args, "names", ["ours-devfuse", "ours-uring", "qsd", "fio-file"])
     print(f"fio randrw 70/30 bs=4k direct=1 io_uring, {args.size >> 20} MiB image, "
           f"{args.seconds} s per run, medians of {args.repeats} interleaved repeats\n")
     for fmt in args.formats:
@@ -212,6 +265,7 @@ def report(samples, args, cells):
         print("| jobs,depth | devfuse/qsd bw | devfuse/qsd lat | uring/devfuse bw | uring/devfuse lat | uring/fio bw |")
         print("| --- | --- | --- | --- | --- | --- |")
         for cell in cells:
+            # A backend left out (--backends) gives nan here.
             bw = lambda n: median(samples, fmt, n, cell, "read_mib") + median(samples, fmt, n, cell, "write_mib")
             lat = lambda n: median(samples, fmt, n, cell, "read_lat_us")
             print(f"| {cell[0]},{cell[1]} | {bw('ours-devfuse') / bw('qsd'):.2f} "
@@ -220,6 +274,19 @@ def report(samples, args, cells):
                   f"| {lat('ours-uring') / lat('ours-devfuse'):.2f} "
                   f"| {bw('ours-uring') / bw('fio-file'):.2f} |")
         print()
+        variants = [n for n in names if "@" in n]
+        if variants:
+            print("| jobs,depth | variant | bw / without | read lat / without | CPU / without |")
+            print("| --- | --- | --- | --- | --- |")
+            for cell in cells:
+                for v in variants:
+                    base = v.split("@")[0]
+                    m = lambda n, k: median(samples, fmt, n, cell, k)
+                    bw = lambda n: m(n, "read_mib") + m(n, "write_mib")
+                    print(f"| {cell[0]},{cell[1]} | {v} | {bw(v) / bw(base):.2f} "
+                          f"| {m(v, 'read_lat_us') / m(base, 'read_lat_us'):.2f} "
+                          f"| {m(v, 'cpu_s_per_gib') / m(base, 'cpu_s_per_gib'):.2f} |")
+            print()
 
 
 if __name__ == "__main__":

@@ -63,15 +63,9 @@ def main():
     args.size, args.formats = 256 << 20, [args.format]
     os.makedirs(args.dir, exist_ok=True)
     cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
-    old_uring = open(fe.ENABLE_URING).read().strip()
     rows = []
-    try:
-        with open(fe.ENABLE_URING, "w") as f:
-            f.write("1")
-        image = fe.make_images(args)[args.format]
-        mountpoint = os.path.join(args.dir, "export")
-        open(mountpoint, "a").close()
-        table = fe.backends(args, args.format, image, mountpoint)
+    with fe.uring_enabled():
+        image, table = fe.one_format_setup(args)
         for name in args.backends.split(","):
             argv, mp = table[name]
             for jobs, depth in cells:
@@ -91,9 +85,6 @@ def main():
                 counts = strace_counts(out)
                 rows.append((name, jobs, depth, ios, counts, cpu))
                 fe.log(f"{name} ({jobs},{depth}): {sum(counts.values()) / ios:.2f} syscalls/IO")
-    finally:
-        with open(fe.ENABLE_URING, "w") as f:
-            f.write("1" if old_uring in ("Y", "1") else "0")
     names = sorted({k for r in rows for k in r[4]}, key=lambda k: -max(r[4].get(k, 0) for r in rows))
     print(f"syscalls per fio I/O (4k randrw 70/30, {args.ios} I/Os, {args.format}) "
           f"and daemon CPU s/GiB (untraced)\n")

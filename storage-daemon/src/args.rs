@@ -31,6 +31,8 @@ every request, flushes and closes the image clean.
   allow_other=on|off|auto  let other users access the file (default auto)
   io_uring=on|off          FUSE-over-io_uring (default off)
   num_queues=N             FUSE queues, each a thread (default 1)
+  poll_max_us=N            spin up to N us for the next event before sleeping,
+                           adapting to how often it pays off (default 0 = off)
 
 --export type=vhost-user-blk keys:
   socket=PATH              the vhost-user socket to listen on (must not exist)

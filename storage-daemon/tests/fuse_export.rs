@@ -45,21 +45,27 @@ fn fio_verify(mountpoint: &std::path::Path, jobs: u32) {
         .arg(format!("--numjobs={jobs}")));
 }
 
-fn fio_and_qemu_img(transport: Transport, format: &str) {
+/// `polling`: the queue threads spin up to 50 us before sleeping
+/// (`poll_max_us`), and the log must show waits that spinning ended.
+fn fio_and_qemu_img(transport: Transport, format: &str, polling: bool) {
     if cannot_run(&["fio", "qemu-img"]) {
         return;
     }
     let Some(_switch) = transport.prepare() else {
         return;
     };
-    let dir = scratch(&format!("fio-{format}-{transport:?}"));
+    let dir = scratch(&format!("fio-{format}-{transport:?}-{polling}"));
     let image = qemu_img_create(&dir, "disk.img", format, "64M");
     // qcow2 runs with O_DIRECT (aligned buffers), raw buffered.
     let direct = if format == "qcow2" { "on" } else { "off" };
     let d = Daemon::start(
         &dir,
         &format!("path={image},image_type={format},direct={direct}"),
-        &format!("{}writable=on,num_queues=2", transport.options()),
+        &format!(
+            "{}writable=on,num_queues=2{}",
+            transport.options(),
+            if polling { ",poll_max_us=50" } else { "" }
+        ),
     )
     .unwrap();
     fio_verify(&d.mountpoint, 1);
@@ -85,6 +91,9 @@ fn fio_and_qemu_img(transport: Transport, format: &str) {
     if let Transport::IoUring = transport {
         support::assert_ring_served(&log);
     }
+    if polling {
+        assert_waits_ended_by_polling(&log);
+    }
     run(Command::new("qemu-img")
         .args(["compare", "-f", format, "-F", "raw", &image])
         .arg(&reference));
@@ -96,22 +105,47 @@ fn fio_and_qemu_img(transport: Transport, format: &str) {
 
 #[test]
 fn fio_verify_and_qemu_img_raw_devfuse() {
-    fio_and_qemu_img(Transport::DevFuse, "raw");
+    fio_and_qemu_img(Transport::DevFuse, "raw", false);
 }
 
 #[test]
 fn fio_verify_and_qemu_img_qcow2_devfuse() {
-    fio_and_qemu_img(Transport::DevFuse, "qcow2");
+    fio_and_qemu_img(Transport::DevFuse, "qcow2", false);
 }
 
 #[test]
 fn fio_verify_and_qemu_img_raw_io_uring() {
-    fio_and_qemu_img(Transport::IoUring, "raw");
+    fio_and_qemu_img(Transport::IoUring, "raw", false);
 }
 
 #[test]
 fn fio_verify_and_qemu_img_qcow2_io_uring() {
-    fio_and_qemu_img(Transport::IoUring, "qcow2");
+    fio_and_qemu_img(Transport::IoUring, "qcow2", false);
+}
+
+#[test]
+fn fio_verify_and_qemu_img_qcow2_devfuse_polling() {
+    fio_and_qemu_img(Transport::DevFuse, "qcow2", true);
+}
+
+#[test]
+fn fio_verify_and_qemu_img_qcow2_io_uring_polling() {
+    fio_and_qemu_img(Transport::IoUring, "qcow2", true);
+}
+
+/// Some queue thread's exit line counts waits that spinning ended
+/// ("N of them ended by polling" / "N waits ended by polling").
+fn assert_waits_ended_by_polling(log: &str) {
+    let caught: u64 = log
+        .lines()
+        .filter_map(|l| {
+            let head = l.split(" ended by polling").next()?;
+            let head = head.strip_suffix(" of them").unwrap_or(head);
+            let head = head.strip_suffix(" waits").unwrap_or(head);
+            head.rsplit(' ').next()?.parse::<u64>().ok()
+        })
+        .sum();
+    assert!(caught > 0, "no wait ended by polling:\n{log}");
 }
 
 /// A partitioned raw image through a loop device: sfdisk, mkfs.ext4,
@@ -470,4 +504,104 @@ fn bad_mountpoints_and_options_are_refused_by_name() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+/// Reads of the exported file hit by signals all along: the kernel sends
+/// FUSE_INTERRUPT for requests in flight (over /dev/fuse, in both
+/// modes); the daemon ignores them, every read still returns the right
+/// bytes (or EINTR when the kernel dropped the request before sending
+/// it), and the daemon keeps serving and stops clean.
+fn signals_mid_read(transport: Transport) {
+    if cannot_run(&[]) {
+        return;
+    }
+    let Some(_switch) = transport.prepare() else {
+        return;
+    };
+    let dir = scratch(&format!("signals-{transport:?}"));
+    let image = dir.join("disk.raw");
+    let blocks = 256u64;
+    let data: Vec<u8> = (0..blocks * 4096)
+        .map(|i| (i / 4096) as u8 ^ (i as u8))
+        .collect();
+    std::fs::write(&image, &data).unwrap();
+    let d = Daemon::start(
+        &dir,
+        &format!("path={},image_type=raw", image.display()),
+        &format!("{}num_queues=1", transport.options()),
+    )
+    .unwrap();
+    // A handler that does nothing, installed without SA_RESTART so a
+    // signal cuts the read's wait short (the kernel then sends
+    // FUSE_INTERRUPT). Process-wide and never restored: tests run in
+    // parallel, and a restored default would let a late signal kill the
+    // process. Only the reader thread is sent the signal.
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    HANDLER.call_once(|| {
+        // SAFETY: a zeroed sigaction with a handler that touches nothing.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = ignore_signal as *const () as libc::sighandler_t;
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+    });
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let file = std::fs::File::open(&d.mountpoint).unwrap();
+    let reader = {
+        let done = done.clone();
+        let data = data.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 4096];
+            let (mut ok, mut eintr) = (0u32, 0u32);
+            for i in 0..3000u64 {
+                let block = (i * 37) % blocks;
+                match file.read_at(&mut buf, block * 4096) {
+                    Ok(n) => {
+                        assert_eq!(n, 4096);
+                        let at = (block * 4096) as usize;
+                        assert!(buf == data[at..at + 4096], "block {block} read wrong");
+                        ok += 1;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => eintr += 1,
+                    Err(e) => panic!("read of block {block}: {e}"),
+                }
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            (ok, eintr)
+        })
+    };
+    use std::os::unix::thread::JoinHandleExt;
+    let target = reader.as_pthread_t();
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        // SAFETY: the reader thread is alive until `done` is set (it sets
+        // it as its last step, and is joined only after this loop).
+        unsafe { libc::pthread_kill(target, libc::SIGUSR1) };
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    let (ok, eintr) = reader.join().unwrap();
+    assert!(ok > 0, "no read succeeded ({eintr} EINTR)");
+    // Still serving after the storm.
+    let mut buf = [0u8; 4096];
+    std::fs::File::open(&d.mountpoint)
+        .unwrap()
+        .read_exact_at(&mut buf, 4096)
+        .unwrap();
+    assert!(buf[..] == data[4096..8192]);
+    let log = d.stop();
+    let interrupts = log.matches("fuse: INTERRUPT").count();
+    assert!(interrupts > 0, "the kernel sent no FUSE_INTERRUPT:\n{log}");
+    eprintln!("{ok} reads, {eintr} EINTR, {interrupts} FUSE_INTERRUPTs");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn signals_mid_read_devfuse() {
+    signals_mid_read(Transport::DevFuse);
+}
+
+#[test]
+fn signals_mid_read_io_uring() {
+    signals_mid_read(Transport::IoUring);
 }

@@ -3,7 +3,10 @@
 //! [`DiskQueue`].
 //!
 //! The thread waits in epoll on two things: its non-blocking /dev/fuse
-//! descriptor and its disk queue's completion eventfd. Readable /dev/fuse:
+//! descriptor and its disk queue's completion eventfd; before sleeping
+//! there it asks epoll without a timeout for an adaptive while
+//! ([`super::poll`]), so a request or completion that comes soon finds
+//! it awake. Readable /dev/fuse:
 //! it reads every request there is, answers what needs no I/O at once and
 //! submits the rest as one batch of block requests. Readable eventfd: it
 //! drains the completions and writes their replies. So reading never
@@ -14,6 +17,7 @@ use std::fs::File;
 use std::io::{IoSlice, Read, Write};
 use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use block::{BlockRequest, Completion, DiskQueue};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -22,6 +26,7 @@ use super::abi::{OutHeader, Pod};
 use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, ParseError, Pending, Reply};
 use super::init::DEV_BUFFER_SIZE;
+use super::poll::{AdaptivePoll, WaitKind};
 
 const FUSE_EVENT: u64 = 0;
 const COMPLETION_EVENT: u64 = 1;
@@ -93,11 +98,17 @@ pub struct DevQueue {
     peak_in_flight: usize,
     waits: u64,
     in_flight_at_waits: u64,
+    poll: AdaptivePoll,
 }
 
 impl DevQueue {
     /// `dev` is switched to non-blocking here.
-    pub fn new(dev: File, disk: DiskQueue, state: Arc<ExportState>) -> std::io::Result<Self> {
+    pub fn new(
+        dev: File,
+        disk: DiskQueue,
+        state: Arc<ExportState>,
+        poll_max: Duration,
+    ) -> std::io::Result<Self> {
         // SAFETY: F_SETFL on a descriptor `dev` owns.
         let rc = unsafe { libc::fcntl(dev.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
         if rc != 0 {
@@ -113,6 +124,7 @@ impl DevQueue {
             peak_in_flight: 0,
             waits: 0,
             in_flight_at_waits: 0,
+            poll: AdaptivePoll::new(poll_max),
         })
     }
 
@@ -140,9 +152,15 @@ impl DevQueue {
         while !(self.connection_gone && self.disk.in_flight() == 0) {
             self.waits += 1;
             self.in_flight_at_waits += self.disk.in_flight() as u64;
-            let n = match epoll.wait(-1, &mut events) {
+            let n = match self.wait(&epoll, &mut events) {
                 Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // The usual interruption is the disk queue's io_uring
+                // running its completion work in this thread: the
+                // completions are ready, take them without another wait.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
+                    self.answer_completions(&mut completions);
+                    continue;
+                }
                 Err(e) => return Err(e),
             };
             for ev in &events[..n] {
@@ -157,21 +175,44 @@ impl DevQueue {
             }
         }
         log::info!(
-            "fuse /dev/fuse queue {}: served {} requests, at most {} in flight, {} waits, {:.1} in flight at a wait on average",
+            "fuse /dev/fuse queue {}: served {} requests, at most {} in flight, {} waits, {:.1} in flight at a wait on average, {} of them ended by polling",
             std::thread::current().name().unwrap_or("?"),
             self.served,
             self.peak_in_flight,
             self.waits,
-            self.in_flight_at_waits as f64 / self.waits.max(1) as f64
+            self.in_flight_at_waits as f64 / self.waits.max(1) as f64,
+            self.poll.caught
         );
         Ok(())
     }
 
-    /// Reads until /dev/fuse is empty, then submits the batch.
+    /// Waits for events: first by asking epoll without sleeping for the
+    /// adaptive spin budget, then sleeping in it.
+    fn wait(&mut self, epoll: &Epoll, events: &mut [EpollEvent]) -> std::io::Result<usize> {
+        let kind = if self.disk.in_flight() == 0 {
+            WaitKind::Request
+        } else {
+            WaitKind::Completion
+        };
+        let found = self.poll.wait(kind, |sleep| {
+            let n = epoll.wait(if sleep { -1 } else { 0 }, events)?;
+            Ok((n > 0 || sleep).then_some(n))
+        })?;
+        Ok(found.unwrap_or(0))
+    }
+
+    /// Reads until /dev/fuse is empty and submits what needs I/O: the
+    /// first request at once when the disk queue is idle, the rest as
+    /// one batch.
     fn read_requests(&mut self, buf: &mut [u8]) {
         let mut batch: Vec<BlockRequest> = Vec::new();
         loop {
             let n = match (&self.dev).read(buf) {
+                // /dev/fuse never reads empty: the other end is gone.
+                Ok(0) => {
+                    self.connection_gone = true;
+                    break;
+                }
                 Ok(n) => n,
                 Err(e) => match e.raw_os_error() {
                     Some(libc::EAGAIN) => break,
@@ -209,6 +250,13 @@ impl DevQueue {
                 } => {
                     request.user_data = self.in_flight.insert(req.header.unique, pending);
                     batch.push(request);
+                    // An idle disk gets the first request at once, before
+                    // the read that finds /dev/fuse empty (at queue depth
+                    // 1 that read only delays the I/O); later ones batch.
+                    if self.disk.in_flight() == 0 {
+                        self.disk.submit_batch_requests(batch.drain(..));
+                        self.peak_in_flight = self.peak_in_flight.max(1);
+                    }
                 }
             }
         }
@@ -235,5 +283,84 @@ impl DevQueue {
         if let Err(e) = write_reply(&self.dev, unique, reply) {
             log::debug!("fuse: reply to request {unique}: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::fuse::abi::{opcode, InHeader, ReadWriteIn};
+    use std::os::unix::io::FromRawFd;
+
+    fn message(op: u32, unique: u64, arg: &[u8]) -> Vec<u8> {
+        let h = InHeader {
+            len: (std::mem::size_of::<InHeader>() + arg.len()) as u32,
+            opcode: op,
+            unique,
+            nodeid: 1,
+            ..Default::default()
+        };
+        [h.as_bytes(), arg].concat()
+    }
+
+    /// A queue thread on one end of a SOCK_SEQPACKET pair (one message per
+    /// read and per write, as /dev/fuse): FUSE_INTERRUPT, well formed or
+    /// not, for a request in flight or one nobody knows, gets no reply and
+    /// breaks no other reply; a 0-byte read ends the thread.
+    #[test]
+    fn interrupts_get_no_reply_and_break_no_other() {
+        let path = std::env::temp_dir().join(format!("fuse-devq-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let mut options = block::DiskOptions::new(&path);
+        options.image_type = block::ImageType::Raw;
+        let image = block::ExclusiveImage::open(&options).unwrap();
+        let state = Arc::new(ExportState::new(&image, false, false, false));
+        let mut fds = [0; 2];
+        // SAFETY: socketpair writes two descriptors into `fds`.
+        let rc =
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        // SAFETY: both descriptors were just created and are owned here.
+        let (ours, kernel) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        let queue =
+            DevQueue::new(ours, image.disk().queue().unwrap(), state, Duration::ZERO).unwrap();
+        let thread = std::thread::spawn(move || queue.run());
+        let read = ReadWriteIn {
+            offset: 4096,
+            size: 4096,
+            ..Default::default()
+        };
+        let int_bit = 1u64;
+        for m in [
+            message(opcode::READ, 10, read.as_bytes()),
+            // INTERRUPT of the READ in flight.
+            message(opcode::INTERRUPT, 12 | int_bit, &10u64.to_ne_bytes()),
+            // Without its argument.
+            message(opcode::INTERRUPT, 14 | int_bit, &[]),
+            // Of a request nobody sent.
+            message(opcode::INTERRUPT, 16 | int_bit, &12345u64.to_ne_bytes()),
+            message(opcode::GETATTR, 18, &[0; 16]),
+        ] {
+            (&kernel).write_all(&m).unwrap();
+        }
+        // SAFETY: shutdown of a descriptor `kernel` owns.
+        assert_eq!(unsafe { libc::shutdown(fds[1], libc::SHUT_WR) }, 0);
+        thread.join().unwrap().unwrap();
+        let mut replies = Vec::new();
+        let mut buf = vec![0u8; 1 << 17];
+        loop {
+            let n = (&kernel).read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            let out = OutHeader::read_from(&buf[..n]).unwrap();
+            assert_eq!(out.len as usize, n);
+            replies.push((out.unique, out.error, n));
+        }
+        replies.sort();
+        assert_eq!(replies.len(), 2, "{replies:?}");
+        assert_eq!(replies[0], (10, 0, 16 + 4096));
+        assert_eq!((replies[1].0, replies[1].1), (18, 0));
+        std::fs::remove_file(path).unwrap();
     }
 }

@@ -187,7 +187,18 @@ pub fn dispatch(state: &Arc<ExportState>, req: &FuseRequest) -> Action {
         )),
         opcode::RELEASE | opcode::DESTROY => reply(Reply::Body(Vec::new())),
         opcode::LOOKUP => reply(Reply::Error(libc::ENOENT)),
-        opcode::FORGET | opcode::BATCH_FORGET | opcode::INTERRUPT => reply(Reply::Nothing),
+        opcode::FORGET | opcode::BATCH_FORGET => reply(Reply::Nothing),
+        // The request it names (if any) is answered when its I/O
+        // completes, as if no interrupt had come: no reply here.
+        opcode::INTERRUPT => {
+            let target = req.arg.get(..8).and_then(|b| b.try_into().ok());
+            log::debug!(
+                "fuse: INTERRUPT {} of request {:?}: answered when done",
+                req.header.unique,
+                target.map(u64::from_ne_bytes)
+            );
+            reply(Reply::Nothing)
+        }
         opcode::INIT => {
             log::debug!("fuse: a second INIT (unique {})", req.header.unique);
             reply(Reply::Error(libc::EINVAL))

@@ -24,12 +24,14 @@ mod handler;
 mod init;
 mod io;
 mod mount;
+mod poll;
 mod uring;
 mod uring_setup;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use block::options::kv::{parse_on_off, KvError, KvList};
 use block::{Disk, ExclusiveImage};
@@ -58,10 +60,20 @@ pub struct FuseConfig {
     pub allow_other: AllowOther,
     pub io_uring: bool,
     pub num_queues: u16,
+    /// The longest a queue thread spins for an event before it sleeps
+    /// ([`poll`]); zero: never.
+    pub poll_max: Duration,
 }
 
 /// Most FUSE queues (threads) per export.
 pub const MAX_QUEUES: u16 = 64;
+
+/// Default of `poll_max_us`: off. Measured on the shared 2-CPU machine
+/// (docs/storage-daemon.md, "Polling"), spinning cost more CPU than the
+/// wake-ups it saved; a quiet machine may differ.
+pub const DEFAULT_POLL_MAX_US: u64 = 0;
+/// Largest `poll_max_us` accepted.
+const MAX_POLL_MAX_US: u64 = 1000;
 
 impl FuseConfig {
     pub fn from_kv(kv: &mut KvList) -> Result<Self, KvError> {
@@ -85,6 +97,13 @@ impl FuseConfig {
                     _ => Err(format!("expected a number from 1 to {MAX_QUEUES}")),
                 })?
                 .unwrap_or(1),
+            poll_max: Duration::from_micros(
+                kv.take_parsed("poll_max_us", |s| match s.parse::<u64>() {
+                    Ok(n) if n <= MAX_POLL_MAX_US => Ok(n),
+                    _ => Err(format!("expected microseconds from 0 to {MAX_POLL_MAX_US}")),
+                })?
+                .unwrap_or(DEFAULT_POLL_MAX_US),
+            ),
         })
     }
 }
@@ -160,14 +179,15 @@ fn start_queues(
         devices.push(mount::clone_device(&session).map_err(|e| fuse_error(config, e))?);
     }
     let rings = if negotiated.io_uring {
-        uring::setup_rings(disk, &session, state).map_err(|e| fuse_error(config, e))?
+        uring::setup_rings(disk, &session, state, config.poll_max)
+            .map_err(|e| fuse_error(config, e))?
     } else {
         Vec::new()
     };
     devices.insert(0, session);
     let mut threads = Vec::new();
     for (i, dev) in devices.into_iter().enumerate() {
-        let queue = DevQueue::new(dev, disk.queue()?, state.clone())
+        let queue = DevQueue::new(dev, disk.queue()?, state.clone(), config.poll_max)
             .map_err(|e| fuse_error(config, format!("/dev/fuse queue {i}: {e}")))?;
         threads.push(spawn(format!("fuse-q{i}"), move || queue.run())?);
     }

@@ -12,6 +12,10 @@
 //! the entry. Requests that need image I/O go to the disk queue; a
 //! POLL_ADD on its completion eventfd wakes the same ring, so one
 //! `io_uring_enter` waits for both the kernel's requests and the I/O.
+//! Before it sleeps there, the thread enters without waiting (which runs
+//! the ring's deferred task work) for an adaptive while
+//! ([`super::poll`]), so a request or completion that comes soon finds it
+//! awake.
 //!
 //! The ring is DEFER_TASKRUN and SINGLE_ISSUER where the kernel allows
 //! (see [`build_ring`]). The threads are not pinned: the kernel queues a
@@ -29,6 +33,7 @@
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use block::{BlockRequest, Completion, Disk, DiskQueue};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -39,6 +44,7 @@ use super::abi::{
 use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, Pending, Reply};
 use super::init::MAX_WRITE;
+use super::poll::{AdaptivePoll, WaitKind};
 use super::uring_setup::{
     build_ring, fuse_cmd, possible_cpus, register_sqe, served_queues, RingError, SERVERS_PER_QUEUE,
 };
@@ -50,6 +56,9 @@ const ENTRIES_PER_QUEUE: usize = 64;
 const PAYLOAD_SIZE: usize = MAX_WRITE as usize;
 /// `user_data` of the POLL_ADD on the disk queue's eventfd.
 const COMPLETION_POLL: u64 = u64::MAX;
+/// `io_uring_enter` flag: run task work and reap completions (not
+/// re-exported by the io-uring crate).
+const IORING_ENTER_GETEVENTS: u32 = 1;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EntryState {
@@ -102,6 +111,9 @@ pub struct RingQueue {
     enters: u64,
     /// Sum of `busy` at each enter (mean in flight while waiting).
     busy_at_enters: u64,
+    poll: AdaptivePoll,
+    /// Enters that did not wait (spinning), for the log line.
+    spins: u64,
 }
 
 /// Creates one ring thread per kernel queue (each registers its entries
@@ -110,6 +122,7 @@ pub fn setup_rings(
     disk: &Disk,
     session: &File,
     state: &Arc<ExportState>,
+    poll_max: Duration,
 ) -> Result<Vec<RingQueue>, RingError> {
     let session = Arc::new(session.try_clone().map_err(|e| RingError::Create(0, e))?);
     let queues = possible_cpus()?;
@@ -136,6 +149,8 @@ pub fn setup_rings(
             peak_busy: 0,
             enters: 0,
             busy_at_enters: 0,
+            poll: AdaptivePoll::new(poll_max),
+            spins: 0,
         };
         threads.push(thread);
     }
@@ -253,19 +268,21 @@ impl RingQueue {
             let alive = self.entries.iter().any(|e| e.state != EntryState::Gone);
             if !alive && self.disk.in_flight() == 0 {
                 log::info!(
-                    "fuse ring thread {}: served {} requests, at most {} in flight, {} ring enters, {:.1} in flight at an enter on average",
+                    "fuse ring thread {}: served {} requests, at most {} in flight, {} ring enters, {:.1} in flight at an enter on average, {} waits ended by polling ({} polling enters)",
                     self.index,
                     self.served,
                     self.peak_busy,
                     self.enters,
-                    self.busy_at_enters as f64 / self.enters.max(1) as f64
+                    self.busy_at_enters as f64 / self.enters.max(1) as f64,
+                    self.poll.caught,
+                    self.spins
                 );
                 return Ok(());
             }
             self.enters += 1;
             self.busy_at_enters += self.busy as u64;
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
+            match self.wait() {
+                Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
                 Err(e) => return Err(e),
@@ -287,6 +304,40 @@ impl RingQueue {
                 self.disk.submit_batch_requests(batch.drain(..));
             }
         }
+    }
+
+    /// Submits what is queued and waits for at least one CQE: first by
+    /// entering without waiting for the adaptive spin budget, then
+    /// sleeping in `io_uring_enter`.
+    fn wait(&mut self) -> std::io::Result<()> {
+        let kind = if self.busy == 0 {
+            WaitKind::Request
+        } else {
+            WaitKind::Completion
+        };
+        let ring = &mut self.ring;
+        let spins = &mut self.spins;
+        self.poll.wait(kind, |sleep| {
+            if sleep {
+                ring.submit_and_wait(1)?;
+                return Ok(Some(()));
+            }
+            *spins += 1;
+            let queued = ring.submission().len() as u32;
+            // SAFETY: no argument struct; the queued SQEs reference
+            // buffers `self` keeps alive (see `push`). GETEVENTS with
+            // min_complete 0 runs the deferred task work and returns.
+            unsafe {
+                ring.submitter().enter::<libc::sigset_t>(
+                    queued,
+                    0,
+                    IORING_ENTER_GETEVENTS,
+                    None,
+                )?;
+            }
+            Ok((!ring.completion().is_empty()).then_some(()))
+        })?;
+        Ok(())
     }
 
     fn arm_completion_poll(&mut self) -> std::io::Result<()> {

@@ -1,0 +1,176 @@
+//! Adaptive busy-polling before a queue thread sleeps (QEMU's
+//! `poll-max-ns` idea): a thread about to wait for its next event first
+//! checks for it without sleeping, for a bounded time, because a sleeping
+//! thread costs a wake-up (on a virtual machine an inter-processor
+//! interrupt and a halted vCPU's exit) on the request's path.
+//!
+//! How long to spin adapts per kind of wait ([`WaitKind`]): waiting for
+//! the next FUSE request with nothing in flight (the application's own
+//! turn-around, a few microseconds at queue depth 1) is a different wait
+//! from waiting for image I/O (the device's latency). A wait that the
+//! spin would have caught had it been longer (it ended within `max`)
+//! doubles the budget; a wait longer than `max` halves it (down to 0);
+//! a wait the spin caught leaves it alone. So a thread spins only where
+//! spinning keeps paying off, and a device slower than `max` is never
+//! spun for.
+//!
+//! Enters as the time each wait took and whether the spin caught the
+//! event ([`AdaptivePoll::record`]); leaves as the spin budget of the next
+//! wait of the same kind ([`AdaptivePoll::budget`]). The transports
+//! ([`super::devfuse`], [`super::uring`]) wait through
+//! [`AdaptivePoll::wait`], giving it their own look for events.
+
+use std::time::{Duration, Instant};
+
+/// Between two looks of a spin: lets a thread that waits for this CPU
+/// run (the application about to send the next request is often woken
+/// on the CPU the queue thread spins on; without the yield it would
+/// wait for the spin to end). Returns at once when nobody waits.
+fn yield_cpu() {
+    // SAFETY: sched_yield takes no arguments and cannot fail on Linux.
+    unsafe { libc::sched_yield() };
+}
+
+/// The first budget after a wait that spinning would have caught.
+const START: Duration = Duration::from_micros(4);
+
+/// What a queue thread waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitKind {
+    /// Nothing in flight: the next FUSE request.
+    Request,
+    /// Block I/O in flight: its completion (or another request).
+    Completion,
+}
+
+/// Spin budgets of one queue thread, one per [`WaitKind`].
+#[derive(Clone, Debug)]
+pub struct AdaptivePoll {
+    max: Duration,
+    budgets: [Duration; 2],
+    /// Waits, and waits the spin caught (for the log line at exit).
+    pub waits: u64,
+    pub caught: u64,
+}
+
+fn slot(kind: WaitKind) -> usize {
+    match kind {
+        WaitKind::Request => 0,
+        WaitKind::Completion => 1,
+    }
+}
+
+impl AdaptivePoll {
+    /// `max` zero turns polling off.
+    pub fn new(max: Duration) -> Self {
+        AdaptivePoll {
+            max,
+            budgets: [Duration::ZERO; 2],
+            waits: 0,
+            caught: 0,
+        }
+    }
+
+    /// How long to spin before the next wait of `kind`.
+    pub fn budget(&self, kind: WaitKind) -> Duration {
+        self.budgets[slot(kind)]
+    }
+
+    /// Waits for an event of `kind`: `check(false)` looks without
+    /// sleeping (`None`: nothing yet) for up to the spin budget, yielding
+    /// the CPU between looks; then `check(true)` sleeps until there is
+    /// one. Records how the wait went.
+    pub fn wait<T>(
+        &mut self,
+        kind: WaitKind,
+        mut check: impl FnMut(bool) -> std::io::Result<Option<T>>,
+    ) -> std::io::Result<Option<T>> {
+        if self.max.is_zero() {
+            return check(true);
+        }
+        let budget = self.budget(kind);
+        let start = Instant::now();
+        if !budget.is_zero() {
+            loop {
+                if let Some(found) = check(false)? {
+                    self.record(kind, start.elapsed(), true);
+                    return Ok(Some(found));
+                }
+                if start.elapsed() >= budget {
+                    break;
+                }
+                yield_cpu();
+            }
+        }
+        let found = check(true)?;
+        self.record(kind, start.elapsed(), false);
+        Ok(found)
+    }
+
+    /// Folds in one wait of `kind` that took `waited` (spin and sleep);
+    /// `caught` when the event came while spinning.
+    pub fn record(&mut self, kind: WaitKind, waited: Duration, caught: bool) {
+        self.waits += 1;
+        if caught {
+            self.caught += 1;
+            return;
+        }
+        let budget = &mut self.budgets[slot(kind)];
+        if waited > self.max {
+            *budget /= 2;
+            if *budget < START {
+                *budget = Duration::ZERO;
+            }
+        } else if *budget < self.max {
+            *budget = (*budget * 2).max(START).min(self.max);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn short_waits_grow_the_budget_up_to_max() {
+        let mut p = AdaptivePoll::new(32 * US);
+        assert_eq!(p.budget(WaitKind::Request), Duration::ZERO);
+        p.record(WaitKind::Request, 10 * US, false);
+        assert_eq!(p.budget(WaitKind::Request), START);
+        for _ in 0..10 {
+            p.record(WaitKind::Request, 10 * US, false);
+        }
+        assert_eq!(p.budget(WaitKind::Request), 32 * US);
+        // The other kind is untouched.
+        assert_eq!(p.budget(WaitKind::Completion), Duration::ZERO);
+    }
+
+    #[test]
+    fn long_waits_shrink_it_to_zero_and_caught_ones_keep_it() {
+        let mut p = AdaptivePoll::new(32 * US);
+        for _ in 0..4 {
+            p.record(WaitKind::Completion, 10 * US, false);
+        }
+        assert_eq!(p.budget(WaitKind::Completion), 32 * US);
+        p.record(WaitKind::Completion, 5 * US, true);
+        assert_eq!(p.budget(WaitKind::Completion), 32 * US);
+        p.record(WaitKind::Completion, 100 * US, false);
+        assert_eq!(p.budget(WaitKind::Completion), 16 * US);
+        for _ in 0..3 {
+            p.record(WaitKind::Completion, 100 * US, false);
+        }
+        assert_eq!(p.budget(WaitKind::Completion), Duration::ZERO);
+        assert_eq!((p.waits, p.caught), (9, 1));
+    }
+
+    #[test]
+    fn zero_max_never_polls() {
+        let mut p = AdaptivePoll::new(Duration::ZERO);
+        for _ in 0..4 {
+            p.record(WaitKind::Request, Duration::ZERO, false);
+        }
+        assert_eq!(p.budget(WaitKind::Request), Duration::ZERO);
+    }
+}
