@@ -88,6 +88,21 @@ impl ImageIo {
         }
     }
 
+    /// Reads `buf.len()` bytes at `offset` into `buf` itself (no copy)
+    /// and returns it.
+    pub fn read_owned(&self, offset: u64, buf: Vec<u8>) -> Result<Vec<u8>, BlockError> {
+        let len = buf.len();
+        let mem = self.run(RequestOp::Read, offset, IoMemory::Owned(buf))?;
+        match mem.into_owned() {
+            Some(data) if data.len() == len => Ok(data),
+            _ => Err(BlockError::OutOfRange {
+                offset,
+                len: len as u64,
+                size: self.size(),
+            }),
+        }
+    }
+
     /// Writes `data` at `offset` (allocating as the format needs).
     /// In writethrough and directsync modes the data is durable on return.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BlockError> {
@@ -100,6 +115,19 @@ impl ImageIo {
         };
         self.run(RequestOp::Write, offset, memory)?;
         self.write_done()
+    }
+
+    /// [`ImageIo::write_at`] of a buffer the caller gives up: a buffered
+    /// write takes it without a copy. Returns the buffer when the request
+    /// hands it back (for reuse).
+    pub fn write_owned(&self, offset: u64, data: Vec<u8>) -> Result<Option<Vec<u8>>, BlockError> {
+        if self.cache.direct() {
+            self.write_at(offset, &data)?;
+            return Ok(Some(data));
+        }
+        let memory = self.run(RequestOp::Write, offset, IoMemory::Owned(data))?;
+        self.write_done()?;
+        Ok(memory.into_owned())
     }
 
     /// Writes one cluster at `offset` that `packed` holds compressed with
