@@ -158,7 +158,17 @@ pub fn resolve_engine(
     format: &dyn Format,
     path: &std::path::Path,
 ) -> Result<EngineKind, String> {
-    let kernel = KernelSupport::probe();
+    // Linux AIO is asked for only where the policy can pick it: a probe
+    // is an io_setup and an io_destroy, and io_destroy waits for an RCU
+    // grace period (~30 ms here), on every open (ch-img convert opens a
+    // handle per worker).
+    let uring = uring_support();
+    let aio = if kind == EngineKind::Aio || (kind == EngineKind::Auto && uring.is_err() && direct) {
+        super::aio::aio_support()
+    } else {
+        Err("not probed: the policy cannot choose it here".into())
+    };
+    let kernel = KernelSupport { uring, aio };
     let c = choose_engine(kind, direct, &kernel, || {
         super::allocation::fully_allocated(format)
     })?;
