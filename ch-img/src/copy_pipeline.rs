@@ -189,6 +189,14 @@ fn write_all(
     };
     let mut next = 0u64;
     let mut written = 0u64;
+    // After each chunk written: the window, the output's writeback, progress.
+    let mut chunk_done = |written: u64| {
+        window.advance();
+        if written.is_multiple_of(WRITEBACK_EVERY) {
+            job.output.start_writeback();
+        }
+        progress.update((written * chunk).min(job.size));
+    };
     while written < chunks {
         let Ok((i, result)) = rx.recv() else {
             return Err(CliError::Usage("convert workers stopped early".into()));
@@ -200,19 +208,20 @@ fn write_all(
                 out.write_pieces(pieces)?;
                 next += 1;
                 written += 1;
-                window.advance();
-                progress.update((written * chunk).min(job.size));
+                chunk_done(written);
             }
         } else {
             out.write_pieces(pieces)?;
             written += 1;
-            window.advance();
-            progress.update((written * chunk).min(job.size));
+            chunk_done(written);
         }
     }
     out.write_held()?;
     out.finish()
 }
+
+/// Chunks written between two [`ImageIo::start_writeback`] calls.
+const WRITEBACK_EVERY: u64 = 16;
 
 /// Most bytes of data pieces joined into one write.
 const JOINED_MAX: usize = 8 << 20;

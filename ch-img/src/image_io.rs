@@ -18,6 +18,7 @@
 //! write before it returns; `unsafe` skips the flushes, also at close.
 
 use std::cell::RefCell;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use block::aligned::AlignedBuf;
@@ -144,6 +145,28 @@ impl ImageIo {
             return Ok(());
         }
         self.flush()
+    }
+
+    /// Starts the kernel writing the image file's dirty pages to the disk,
+    /// without waiting, in a buffered mode that flushes (writeback,
+    /// writethrough): the flushes the format makes on its own and the
+    /// last one then find most of the data written already, while the
+    /// disk worked in parallel with the copy. Nothing in O_DIRECT modes
+    /// (no dirty pages) or `unsafe` (nothing waits for the disk).
+    pub fn start_writeback(&self) {
+        if self.cache.direct() || !self.cache.flushes() {
+            return;
+        }
+        let Some(file) = self.format().files().first() else {
+            return;
+        };
+        // SAFETY: a plain syscall on a file descriptor the image keeps
+        // open; it touches no memory of ours. An error (a file type that
+        // does not support it) is ignored: this is advice, and a failed
+        // write shows at the next flush.
+        unsafe {
+            libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+        }
     }
 
     /// Makes every completed write durable (nothing in `unsafe` mode).

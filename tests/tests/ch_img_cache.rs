@@ -264,10 +264,15 @@ fn bad_cache_modes_and_worker_counts_fail_like_qemu_img() {
 /// fdatasync calls of `ch-img ARGS` (strace; the sync engine makes them
 /// system calls).
 fn fdatasyncs(args: &[&str]) -> u64 {
+    syscalls("fdatasync", args)
+}
+
+/// Calls of system call `name` by `ch-img ARGS` (strace -c).
+fn syscalls(name: &str, args: &[&str]) -> u64 {
     let log = TempDir::new("strace");
     let file = log.file("trace");
     let out = Command::new("strace")
-        .args(["-f", "-c", "-e", "trace=fdatasync", "-o", &file])
+        .args(["-f", "-c", "-e", &format!("trace={name}"), "-o", &file])
         .arg(ch_img())
         .args(args)
         .output()
@@ -275,9 +280,34 @@ fn fdatasyncs(args: &[&str]) -> u64 {
     assert!(out.status.success(), "{args:?}: {}", stderr(&out));
     let text = std::fs::read_to_string(&file).unwrap();
     text.lines()
-        .find(|l| l.trim_end().ends_with("fdatasync"))
+        .find(|l| l.trim_end().ends_with(name))
         .and_then(|l| l.split_whitespace().nth(3))
         .map_or(0, |n| n.parse().unwrap())
+}
+
+/// A buffered convert that flushes starts the output's writeback every
+/// 16 chunks (sync_file_range), so its flushes find the data on its way;
+/// O_DIRECT and unsafe outputs have nothing to start.
+#[test]
+fn convert_starts_writeback_early_only_when_it_will_flush() {
+    let dir = TempDir::new("cache");
+    // 20 MiB: 20 chunks of 16 clusters with -c.
+    let src = mixed_source(&dir, 20);
+    let out = dir.file("out.qcow2");
+    let count = |mode: &str| {
+        let _ = std::fs::remove_file(&out);
+        let n = syscalls(
+            "sync_file_range",
+            &["convert", "-c", "-O", "qcow2", "-t", mode, &src, &out],
+        );
+        qemu_img(&["check", "-q", &out]);
+        qemu_img(&["compare", "-q", "-f", "raw", "-F", "qcow2", &src, &out]);
+        n
+    };
+    assert_eq!(count("writeback"), 1);
+    assert_eq!(count("writethrough"), 1);
+    assert_eq!(count("unsafe"), 0);
+    assert_eq!(count("none"), 0);
 }
 
 #[test]
