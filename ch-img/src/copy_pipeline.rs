@@ -106,6 +106,7 @@ pub fn run(job: &Job, progress: &mut Progress) -> Result<(), CliError> {
                 chunks,
                 window: &window,
                 spare: &spare,
+                readahead: workers as u64,
             };
             scope.spawn(move || reader.work(&tx));
         }
@@ -125,6 +126,8 @@ struct Reader<'a> {
     chunks: u64,
     window: &'a Window,
     spare: &'a SpareBuffers,
+    /// Chunks ahead of its own that a worker asks the kernel to read.
+    readahead: u64,
 }
 
 /// A chunk's number and its pieces, from a worker to the writer.
@@ -143,6 +146,11 @@ impl Reader<'_> {
         while let Some(i) = self.window.take(self.chunks) {
             let start = i * self.chunk;
             let len = self.chunk.min(self.size - start);
+            // The chunk the workers take after the ones being read now.
+            let ahead = start + self.readahead * self.chunk;
+            if ahead < self.size {
+                source.will_need(ahead, self.chunk.min(self.size - ahead));
+            }
             if buf.capacity() < len as usize {
                 buf = self.spare.take();
             }

@@ -169,6 +169,30 @@ impl ImageIo {
         }
     }
 
+    /// Asks the kernel to start reading `offset..offset+len` of a raw
+    /// image into the page cache (POSIX_FADV_WILLNEED), so a read there
+    /// later finds it: convert's workers read chunks in turn, each
+    /// through its own handle, which the kernel's readahead does not see
+    /// as one sequential stream. Nothing for other formats (their host
+    /// offsets differ) or O_DIRECT (no page cache).
+    pub fn will_need(&self, offset: u64, len: u64) {
+        if self.cache.direct() || self.format().name() != "raw" {
+            return;
+        }
+        let Some(file) = self.format().files().first() else {
+            return;
+        };
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        // SAFETY: a plain syscall on a file descriptor the image keeps
+        // open; it touches no memory of ours. Its result is advice only:
+        // the read itself reports any error.
+        unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_WILLNEED);
+        }
+    }
+
     /// Makes every completed write durable (nothing in `unsafe` mode).
     pub fn flush(&self) -> Result<(), BlockError> {
         if !self.cache.flushes() {

@@ -285,6 +285,40 @@ fn syscalls(name: &str, args: &[&str]) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
+/// convert's workers ask the kernel to read a raw source ahead of them
+/// (POSIX_FADV_WILLNEED), since each reads through its own handle; not
+/// through O_DIRECT (`-T none`) and not for a qcow2 source, whose host
+/// offsets are not its disk offsets.
+#[test]
+fn convert_reads_a_raw_source_ahead_only_through_the_page_cache() {
+    let dir = TempDir::new("cache");
+    let src = mixed_source(&dir, 20);
+    let src_qcow2 = dir.file("src.qcow2");
+    qemu_img(&["convert", "-O", "qcow2", &src, &src_qcow2]);
+    let out = dir.file("out.qcow2");
+    let count = |source: &str, source_mode: &str| {
+        let _ = std::fs::remove_file(&out);
+        let n = syscalls(
+            "fadvise64",
+            &[
+                "convert",
+                "-c",
+                "-O",
+                "qcow2",
+                "-T",
+                source_mode,
+                source,
+                &out,
+            ],
+        );
+        qemu_img(&["compare", "-q", "-F", "qcow2", source, &out]);
+        n
+    };
+    assert!(count(&src, "writeback") > 0);
+    assert_eq!(count(&src, "none"), 0);
+    assert_eq!(count(&src_qcow2, "writeback"), 0);
+}
+
 /// A buffered convert that flushes starts the output's writeback every
 /// 16 chunks (sync_file_range), so its flushes find the data on its way;
 /// O_DIRECT and unsafe outputs have nothing to start.
