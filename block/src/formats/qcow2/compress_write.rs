@@ -55,6 +55,9 @@ thread_local! {
         DEFLATE_WINDOW_BITS,
     ));
     static ZSTD: RefCell<Option<zstd::bulk::Compressor<'static>>> = const { RefCell::new(None) };
+    // Where a cluster is compressed: the result is copied out at its own
+    // size, and an incompressible cluster costs no allocation.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Qcow2Image {
@@ -122,37 +125,45 @@ pub fn compress_cluster(
     data: &[u8],
 ) -> Result<Option<Vec<u8>>, BlockError> {
     let limit = data.len() - 1;
-    let out = match algorithm {
-        Compression::Deflate => {
-            // Room for deflate's worst case (stored blocks): zlib-rs panics
-            // when an incompressible cluster meets a smaller buffer.
-            let mut out = Vec::with_capacity(data.len() + data.len() / 8 + 64);
-            let status = DEFLATE.with(|cell| {
-                let mut c = cell.borrow_mut();
-                c.reset();
-                c.compress_vec(data, &mut out, FlushCompress::Finish)
-            });
-            match status {
-                Ok(Status::StreamEnd) => out,
-                // The output buffer filled up first: not compressible.
-                Ok(_) => return Ok(None),
-                Err(e) => return Err(compress_error(e.to_string())),
+    SCRATCH.with(|cell| {
+        let mut out = cell.borrow_mut();
+        out.clear();
+        match algorithm {
+            Compression::Deflate => {
+                // Room for deflate's worst case (stored blocks): zlib-rs
+                // panics when an incompressible cluster meets a smaller
+                // buffer.
+                out.reserve(data.len() + data.len() / 8 + 64);
+                let status = DEFLATE.with(|cell| {
+                    let mut c = cell.borrow_mut();
+                    c.reset();
+                    c.compress_vec(data, &mut out, FlushCompress::Finish)
+                });
+                match status {
+                    Ok(Status::StreamEnd) => {}
+                    // The output buffer filled up first: not compressible.
+                    Ok(_) => return Ok(None),
+                    Err(e) => return Err(compress_error(e.to_string())),
+                }
+            }
+            Compression::Zstd => {
+                out.reserve(zstd::zstd_safe::compress_bound(data.len()));
+                ZSTD.with(|cell| {
+                    let mut slot = cell.borrow_mut();
+                    let compressor = match slot.as_mut() {
+                        Some(c) => c,
+                        None => slot.insert(zstd::bulk::Compressor::new(ZSTD_LEVEL)?),
+                    };
+                    // Every call is a frame of its own: the same bytes as
+                    // a fresh context's (`zstd::bulk::compress`).
+                    compressor.compress_to_buffer(data, &mut *out)
+                })
+                .map_err(|e| compress_error(e.to_string()))?;
             }
         }
-        Compression::Zstd => ZSTD
-            .with(|cell| {
-                let mut slot = cell.borrow_mut();
-                let compressor = match slot.as_mut() {
-                    Some(c) => c,
-                    None => slot.insert(zstd::bulk::Compressor::new(ZSTD_LEVEL)?),
-                };
-                // Every call is a frame of its own: the same bytes as a
-                // fresh context's (`zstd::bulk::compress`).
-                compressor.compress(data)
-            })
-            .map_err(|e| compress_error(e.to_string()))?,
-    };
-    Ok((out.len() <= limit).then_some(out))
+        // Only what compressed leaves the scratch buffer, at its size.
+        Ok((out.len() <= limit).then(|| out.to_vec()))
+    })
 }
 
 fn compress_error(reason: String) -> BlockError {
