@@ -147,7 +147,7 @@ impl Reader<'_> {
             let start = i * self.chunk;
             let len = self.chunk.min(self.size - start);
             // The chunk the workers take after the ones being read now.
-            let ahead = start + self.readahead * self.chunk;
+            let ahead = start.saturating_add(self.readahead.saturating_mul(self.chunk));
             if ahead < self.size {
                 source.will_need(ahead, self.chunk.min(self.size - ahead));
             }
