@@ -81,7 +81,8 @@ impl SpareBuffers {
 }
 
 /// Reads `start..start+len` of `source` into `buf` (zero ranges are not
-/// read, but zeroed); returns the buffer and whether any of it was read.
+/// read, but zeroed); returns the buffer and whether any of it was read
+/// (if not, it holds stale bytes: not to be used).
 pub fn read_chunk(
     source: &ImageIo,
     start: u64,
@@ -93,6 +94,8 @@ pub fn read_chunk(
     let end = start + len;
     let mut pos = start;
     let mut any = false;
+    // Zeroed only when something was read: an all-zero chunk is skipped.
+    let mut zero_ranges = Vec::new();
     while pos < end {
         let status = source.extent_at(pos, end)?;
         let at = (pos - start) as usize;
@@ -102,7 +105,7 @@ pub fn read_chunk(
             source,
         };
         if status.zero {
-            buf[range].fill(0);
+            zero_ranges.push(range);
         } else if status.len == len {
             // The whole chunk: the request reads into the buffer itself.
             buf = source.read_owned(pos, buf).map_err(read_error)?;
@@ -112,6 +115,11 @@ pub fn read_chunk(
             any = true;
         }
         pos += status.len;
+    }
+    if any {
+        for range in zero_ranges {
+            buf[range].fill(0);
+        }
     }
     Ok((buf, any))
 }

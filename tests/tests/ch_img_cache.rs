@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-use integration_tests::{ch, ch_img, ch_status, json, qemu_img, qemu_img_status, TempDir};
+use integration_tests::{ch, ch_img, ch_status, json, qemu_img, qemu_img_status, qemu_io, TempDir};
 
 fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -283,6 +283,37 @@ fn syscalls(name: &str, args: &[&str]) -> u64 {
         .find(|l| l.trim_end().ends_with(name))
         .and_then(|l| l.split_whitespace().nth(3))
         .map_or(0, |n| n.parse().unwrap())
+}
+
+/// A worker reuses its chunk buffer: the holes of a raw source must read
+/// as zeroes, not as the bytes an earlier chunk left there.
+#[test]
+fn convert_zeroes_holes_in_reused_chunk_buffers() {
+    let dir = TempDir::new("cache");
+    let src = dir.file("holes.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &src, "8M"]);
+    // Whole MiBs of data, then MiBs that are half hole, half data.
+    qemu_io(
+        "raw",
+        &src,
+        &[
+            "write -P 0x31 0 1M",
+            "write -P 0x32 1536k 512k",
+            "write -P 0x33 2M 1M",
+            "write -P 0x34 3M 512k",
+            "write -P 0x35 5M 1M",
+            "write -P 0x36 6M 64k",
+        ],
+    );
+    let out = dir.file("out.qcow2");
+    for args in [&["-c"][..], &[], &["-c", "-o", "compression_type=zstd"]] {
+        let _ = std::fs::remove_file(&out);
+        let mut argv = vec!["convert", "-m", "1", "-O", "qcow2"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&[&src, &out]);
+        ch(&argv);
+        qemu_img(&["compare", "-q", "-f", "raw", "-F", "qcow2", &src, &out]);
+    }
 }
 
 /// convert's workers ask the kernel to read a raw source ahead of them
