@@ -4,40 +4,29 @@
 //! The virtual disk is cut into chunks, numbered in disk order. A worker
 //! takes the next number, reads the chunk through its own handle on the
 //! source (ranges `block_status` reports as zero are not read), and sends
-//! the pieces to write: runs of non-zero `-S` blocks, or with `-c` whole
-//! clusters, compressed where that shrinks them (all-zero clusters stay
-//! unallocated). The writer writes chunks in disk order (so a `-c` output
-//! is laid out exactly as a serial run's) or, with `-W`, as they arrive,
-//! joining data pieces that continue each other into larger writes.
-//! Workers stay at most `window` chunks ahead of the writer, which bounds
-//! memory. The first error stops everything and is returned.
+//! the pieces to write ([`crate::chunk_pieces`]). The writer writes chunks
+//! in disk order (so a `-c` output is laid out exactly as a serial run's)
+//! or, with `-W`, as they arrive, joining data pieces that continue each
+//! other into larger writes, and gives the buffers it wrote back to the
+//! workers for their next reads. Workers stay at most `window` chunks
+//! ahead of the writer, which bounds memory. The first error stops
+//! everything and is returned.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Condvar, Mutex};
 
-use block::formats::{compress_cluster, Compression};
-
+use crate::chunk_pieces::{pieces_of, read_chunk, Piece, SpareBuffers};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::progress::Progress;
 use crate::write_behind::WriteBehind;
 
+pub use crate::chunk_pieces::Mode;
+
 /// Bytes per chunk without `-c` (with `-c`: 16 clusters).
 const CHUNK: u64 = 2 << 20;
-
-/// How the data is written.
-#[derive(Clone, Copy, Debug)]
-pub enum Mode {
-    /// Runs of non-zero blocks of this size (`-S`; 0: every data byte).
-    Sparse { block: u64 },
-    /// Whole clusters, compressed with the output's algorithm.
-    Compressed {
-        cluster_size: u64,
-        algorithm: Compression,
-    },
-}
 
 /// What a convert copies and how.
 pub struct Job<'a> {
@@ -50,12 +39,6 @@ pub struct Job<'a> {
     pub mode: Mode,
     pub workers: usize,
     pub in_order: bool,
-}
-
-/// One write the writer does.
-enum Piece {
-    Data { offset: u64, bytes: Vec<u8> },
-    Packed { offset: u64, bytes: Vec<u8> },
 }
 
 /// The hand-out of chunk numbers, bounded by what was written.
@@ -109,6 +92,8 @@ pub fn run(job: &Job, progress: &mut Progress) -> Result<(), CliError> {
         stop: AtomicBool::new(false),
         ahead: 2 * workers as u64,
     };
+    // Enough for every chunk in flight; the rest are dropped.
+    let spare = SpareBuffers::new(chunk as usize, 2 * workers + 2);
     let (tx, rx) = mpsc::channel::<ChunkResult>();
     std::thread::scope(|scope| {
         for _ in 0..workers {
@@ -120,11 +105,13 @@ pub fn run(job: &Job, progress: &mut Progress) -> Result<(), CliError> {
                 chunk,
                 chunks,
                 window: &window,
+                spare: &spare,
+                readahead: workers as u64,
             };
             scope.spawn(move || reader.work(&tx));
         }
         drop(tx);
-        let result = write_all(job, chunk, chunks, &rx, &window, progress);
+        let result = write_all(job, chunk, chunks, &rx, &window, &spare, progress);
         window.halt();
         result
     })
@@ -138,6 +125,9 @@ struct Reader<'a> {
     chunk: u64,
     chunks: u64,
     window: &'a Window,
+    spare: &'a SpareBuffers,
+    /// Chunks ahead of its own that a worker asks the kernel to read.
+    readahead: u64,
 }
 
 /// A chunk's number and its pieces, from a worker to the writer.
@@ -156,104 +146,31 @@ impl Reader<'_> {
         while let Some(i) = self.window.take(self.chunks) {
             let start = i * self.chunk;
             let len = self.chunk.min(self.size - start);
-            let pieces = read_chunk(&source, start, len, &mut buf).and_then(|any| {
-                if !any {
-                    return Ok(Vec::new());
+            // The chunk the workers take after the ones being read now.
+            let ahead = start.saturating_add(self.readahead.saturating_mul(self.chunk));
+            if ahead < self.size {
+                source.will_need(ahead, self.chunk.min(self.size - ahead));
+            }
+            if buf.capacity() < len as usize {
+                buf = self.spare.take();
+            }
+            let pieces = match read_chunk(&source, start, len, std::mem::take(&mut buf)) {
+                Ok((data, false)) => {
+                    buf = data;
+                    Ok(Vec::new())
                 }
-                pieces_of(self.mode, start, &buf[..len as usize])
-            });
+                Ok((data, true)) => pieces_of(self.mode, start, data).map(|(pieces, back)| {
+                    buf = back.unwrap_or_default();
+                    pieces
+                }),
+                Err(e) => Err(e),
+            };
             let failed = pieces.is_err();
             if tx.send((i, pieces)).is_err() || failed {
                 return;
             }
         }
     }
-}
-
-/// Reads `start..start+len` into `buf` (zero ranges are not read);
-/// whether any of it was read.
-fn read_chunk(source: &ImageIo, start: u64, len: u64, buf: &mut Vec<u8>) -> Result<bool, CliError> {
-    buf.clear();
-    buf.resize(len as usize, 0);
-    let end = start + len;
-    let mut pos = start;
-    let mut any = false;
-    while pos < end {
-        let status = source.extent_at(pos, end)?;
-        if !status.zero {
-            let at = (pos - start) as usize;
-            source
-                .read_at(pos, &mut buf[at..at + status.len as usize])
-                .map_err(|source| CliError::Read {
-                    offset: pos,
-                    source,
-                })?;
-            any = true;
-        }
-        pos += status.len;
-    }
-    Ok(any)
-}
-
-/// The writes for one chunk's data (see the module docs).
-fn pieces_of(mode: Mode, start: u64, data: &[u8]) -> Result<Vec<Piece>, CliError> {
-    let mut pieces = Vec::new();
-    match mode {
-        Mode::Sparse { block } => {
-            for (from, to) in nonzero_runs(start, data, block) {
-                pieces.push(Piece::Data {
-                    offset: start + from as u64,
-                    bytes: data[from..to].to_vec(),
-                });
-            }
-        }
-        Mode::Compressed {
-            cluster_size,
-            algorithm,
-        } => {
-            for (k, part) in data.chunks(cluster_size as usize).enumerate() {
-                if part.iter().all(|&b| b == 0) {
-                    continue;
-                }
-                let offset = start + k as u64 * cluster_size;
-                // The last cluster is zero-padded, as qemu-img does.
-                let mut cluster = part.to_vec();
-                cluster.resize(cluster_size as usize, 0);
-                let packed = compress_cluster(algorithm, &cluster)
-                    .map_err(|source| CliError::Write { offset, source })?;
-                pieces.push(match packed {
-                    Some(bytes) => Piece::Packed { offset, bytes },
-                    None => Piece::Data {
-                        offset,
-                        bytes: cluster,
-                    },
-                });
-            }
-        }
-    }
-    Ok(pieces)
-}
-
-/// Byte ranges of `data` (which starts at disk offset `start`) made of
-/// blocks that are not all zero; blocks are aligned to the disk, not to
-/// `data`. `block` 0 takes all of `data`.
-fn nonzero_runs(start: u64, data: &[u8], block: u64) -> Vec<(usize, usize)> {
-    if block == 0 {
-        return vec![(0, data.len())];
-    }
-    let mut runs: Vec<(usize, usize)> = Vec::new();
-    let mut i = 0usize;
-    while i < data.len() {
-        let end = ((((start + i as u64) / block + 1) * block - start) as usize).min(data.len());
-        if data[i..end].iter().any(|&b| b != 0) {
-            match runs.last_mut() {
-                Some(last) if last.1 == i => last.1 = end,
-                _ => runs.push((i, end)),
-            }
-        }
-        i = end;
-    }
-    runs
 }
 
 /// The writer: chunk results in disk order (or as they come with `-W`).
@@ -263,6 +180,7 @@ fn write_all(
     chunks: u64,
     rx: &mpsc::Receiver<ChunkResult>,
     window: &Window,
+    spare: &SpareBuffers,
     progress: &mut Progress,
 ) -> Result<(), CliError> {
     let mut waiting: BTreeMap<u64, Vec<Piece>> = BTreeMap::new();
@@ -275,9 +193,18 @@ fn write_all(
         job,
         held: None,
         behind,
+        spare,
     };
     let mut next = 0u64;
     let mut written = 0u64;
+    // After each chunk written: the window, the output's writeback, progress.
+    let mut chunk_done = |written: u64| {
+        window.advance();
+        if written.is_multiple_of(WRITEBACK_EVERY) {
+            job.output.start_writeback();
+        }
+        progress.update((written * chunk).min(job.size));
+    };
     while written < chunks {
         let Ok((i, result)) = rx.recv() else {
             return Err(CliError::Usage("convert workers stopped early".into()));
@@ -289,54 +216,48 @@ fn write_all(
                 out.write_pieces(pieces)?;
                 next += 1;
                 written += 1;
-                window.advance();
-                progress.update((written * chunk).min(job.size));
+                chunk_done(written);
             }
         } else {
             out.write_pieces(pieces)?;
             written += 1;
-            window.advance();
-            progress.update((written * chunk).min(job.size));
+            chunk_done(written);
         }
     }
     out.write_held()?;
     out.finish()
 }
 
+/// Chunks written between two [`ImageIo::start_writeback`] calls.
+const WRITEBACK_EVERY: u64 = 16;
+
 /// Most bytes of data pieces joined into one write.
 const JOINED_MAX: usize = 8 << 20;
 
 /// Writes pieces in the order given, holding back a data piece so that
 /// the data pieces that continue it (the next chunk's first run, the
-/// next incompressible cluster) join it, up to [`JOINED_MAX`] bytes: one
+/// next incompressible clusters) join it, up to [`JOINED_MAX`] bytes: one
 /// allocation and one large write instead of one synchronous write per
 /// chunk or cluster, which is what an O_DIRECT target (`-t none`) waits
-/// for. Anything else written first writes the held piece, so the
-/// allocator sees the same sequence as without joining. Data writes go
-/// through `behind` (complete in the background) when the cache mode
-/// allows.
+/// for. With `-c` a piece that does not fit whole is cut at
+/// [`JOINED_MAX`] (pieces are whole clusters), so the writes are the same
+/// however the workers grouped the clusters into pieces. Anything else
+/// written first writes the held piece, so the allocator sees the same
+/// sequence as without joining. Data writes go through `behind`
+/// (complete in the background) when the cache mode allows; written
+/// buffers go back to `spare`.
 struct JoiningWriter<'a> {
     job: &'a Job<'a>,
     held: Option<(u64, Vec<u8>)>,
     behind: Option<WriteBehind>,
+    spare: &'a SpareBuffers,
 }
 
 impl JoiningWriter<'_> {
     fn write_pieces(&mut self, pieces: Vec<Piece>) -> Result<(), CliError> {
         for piece in pieces {
             match piece {
-                Piece::Data { offset, bytes } => {
-                    if let Some((at, held)) = &mut self.held {
-                        if *at + held.len() as u64 == offset
-                            && held.len() + bytes.len() <= JOINED_MAX
-                        {
-                            held.extend_from_slice(&bytes);
-                            continue;
-                        }
-                    }
-                    self.write_held()?;
-                    self.held = Some((offset, bytes));
-                }
+                Piece::Data { offset, bytes } => self.write_data(offset, bytes)?,
                 Piece::Packed { offset, bytes } => {
                     self.write_held()?;
                     let r = self.job.output.write_packed(offset, &bytes);
@@ -347,20 +268,62 @@ impl JoiningWriter<'_> {
         Ok(())
     }
 
+    /// Joins `bytes` to the held piece when it continues it, else writes
+    /// the held piece and holds this one; with `-c`, cut at
+    /// [`JOINED_MAX`].
+    fn write_data(&mut self, offset: u64, bytes: Vec<u8>) -> Result<(), CliError> {
+        let joins = matches!(&self.held, Some((at, held)) if *at + held.len() as u64 == offset);
+        let cut = matches!(self.job.mode, Mode::Compressed { .. });
+        let fits = |held: &Vec<u8>| held.len() + bytes.len() <= JOINED_MAX;
+        let (mut at, mut held) = match self.held.take() {
+            Some((at, held)) if joins && (cut || fits(&held)) => (at, held),
+            other => {
+                self.held = other;
+                self.write_held()?;
+                if !cut || bytes.len() <= JOINED_MAX {
+                    self.held = Some((offset, bytes));
+                    return Ok(());
+                }
+                (offset, Vec::new())
+            }
+        };
+        let mut rest = &bytes[..];
+        loop {
+            let take = rest.len().min(JOINED_MAX.saturating_sub(held.len()));
+            held.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if rest.is_empty() {
+                break;
+            }
+            let next = at + held.len() as u64;
+            self.held = Some((at, held));
+            self.write_held()?;
+            (at, held) = (next, Vec::new());
+        }
+        self.held = Some((at, held));
+        self.spare.give(bytes);
+        Ok(())
+    }
+
     /// Writes the held data piece, if any.
     fn write_held(&mut self) -> Result<(), CliError> {
         let Some((offset, bytes)) = self.held.take() else {
             return Ok(());
         };
-        match &mut self.behind {
+        let back = match &mut self.behind {
             Some(b) => b
                 .write(offset, &bytes)
-                .map_err(|(at, source)| self.error(at, source)),
+                .map(|()| Some(bytes))
+                .map_err(|(at, source)| self.error(at, source))?,
             None => {
-                let r = self.job.output.write_at(offset, &bytes);
-                r.map_err(|source| self.error(offset, source))
+                let r = self.job.output.write_owned(offset, bytes);
+                r.map_err(|source| self.error(offset, source))?
             }
+        };
+        if let Some(buf) = back {
+            self.spare.give(buf);
         }
+        Ok(())
     }
 
     /// Waits for the writes still in flight.
@@ -377,21 +340,5 @@ impl JoiningWriter<'_> {
             offset,
             source,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn runs_follow_disk_aligned_blocks() {
-        let mut data = vec![0u8; 16];
-        data[1] = 1; // disk offset 5: block 4..8
-        data[13] = 1; // disk offset 17: block 16..20
-        assert_eq!(nonzero_runs(4, &data, 4), vec![(0, 4), (12, 16)]);
-        assert_eq!(nonzero_runs(4, &data, 0), vec![(0, 16)]);
-        data[5] = 1; // block 8..12 joins the first run
-        assert_eq!(nonzero_runs(4, &data, 4), vec![(0, 8), (12, 16)]);
     }
 }

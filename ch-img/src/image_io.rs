@@ -18,6 +18,7 @@
 //! write before it returns; `unsafe` skips the flushes, also at close.
 
 use std::cell::RefCell;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use block::aligned::AlignedBuf;
@@ -88,6 +89,21 @@ impl ImageIo {
         }
     }
 
+    /// Reads `buf.len()` bytes at `offset` into `buf` itself (no copy)
+    /// and returns it.
+    pub fn read_owned(&self, offset: u64, buf: Vec<u8>) -> Result<Vec<u8>, BlockError> {
+        let len = buf.len();
+        let mem = self.run(RequestOp::Read, offset, IoMemory::Owned(buf))?;
+        match mem.into_owned() {
+            Some(data) if data.len() == len => Ok(data),
+            _ => Err(BlockError::OutOfRange {
+                offset,
+                len: len as u64,
+                size: self.size(),
+            }),
+        }
+    }
+
     /// Writes `data` at `offset` (allocating as the format needs).
     /// In writethrough and directsync modes the data is durable on return.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BlockError> {
@@ -100,6 +116,19 @@ impl ImageIo {
         };
         self.run(RequestOp::Write, offset, memory)?;
         self.write_done()
+    }
+
+    /// [`ImageIo::write_at`] of a buffer the caller gives up: a buffered
+    /// write takes it without a copy. Returns the buffer when the request
+    /// hands it back (for reuse).
+    pub fn write_owned(&self, offset: u64, data: Vec<u8>) -> Result<Option<Vec<u8>>, BlockError> {
+        if self.cache.direct() {
+            self.write_at(offset, &data)?;
+            return Ok(Some(data));
+        }
+        let memory = self.run(RequestOp::Write, offset, IoMemory::Owned(data))?;
+        self.write_done()?;
+        Ok(memory.into_owned())
     }
 
     /// Writes one cluster at `offset` that `packed` holds compressed with
@@ -116,6 +145,52 @@ impl ImageIo {
             return Ok(());
         }
         self.flush()
+    }
+
+    /// Starts the kernel writing the image file's dirty pages to the disk,
+    /// without waiting, in a buffered mode that flushes (writeback,
+    /// writethrough): the flushes the format makes on its own and the
+    /// last one then find most of the data written already, while the
+    /// disk worked in parallel with the copy. Nothing in O_DIRECT modes
+    /// (no dirty pages) or `unsafe` (nothing waits for the disk).
+    pub fn start_writeback(&self) {
+        if self.cache.direct() || !self.cache.flushes() {
+            return;
+        }
+        let Some(file) = self.format().files().first() else {
+            return;
+        };
+        // SAFETY: a plain syscall on a file descriptor the image keeps
+        // open; it touches no memory of ours. An error (a file type that
+        // does not support it) is ignored: this is advice, and a failed
+        // write shows at the next flush.
+        unsafe {
+            libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
+
+    /// Asks the kernel to start reading `offset..offset+len` of a raw
+    /// image into the page cache (POSIX_FADV_WILLNEED), so a read there
+    /// later finds it: convert's workers read chunks in turn, each
+    /// through its own handle, which the kernel's readahead does not see
+    /// as one sequential stream. Nothing for other formats (their host
+    /// offsets differ) or O_DIRECT (no page cache).
+    pub fn will_need(&self, offset: u64, len: u64) {
+        if self.cache.direct() || self.format().name() != "raw" {
+            return;
+        }
+        let Some(file) = self.format().files().first() else {
+            return;
+        };
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        // SAFETY: a plain syscall on a file descriptor the image keeps
+        // open; it touches no memory of ours. Its result is advice only:
+        // the read itself reports any error.
+        unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_WILLNEED);
+        }
     }
 
     /// Makes every completed write durable (nothing in `unsafe` mode).

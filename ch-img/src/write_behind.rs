@@ -17,7 +17,8 @@
 //! buffered targets (writeback, unsafe) and writethrough/directsync write
 //! synchronously through [`ImageIo::write_at`].
 
-use block::{BlockError, BlockRequest, Completion, DiskQueue, EngineKind, RequestOp};
+use block::aligned::AlignedBuf;
+use block::{BlockError, BlockRequest, Completion, DiskQueue, EngineKind, IoMemory, RequestOp};
 
 use crate::image_io::{aligned_copy, ImageIo};
 
@@ -32,6 +33,10 @@ pub struct WriteBehind {
     cluster_size: u64,
     /// Last cluster of the latest write submitted.
     last_cluster: Option<u64>,
+    /// Aligned buffers of finished writes, for the next writes of the same
+    /// size: a new one per write cost a page fault per 4 KiB (mix zstd
+    /// -t none, 1000 MiB: 74k faults per run).
+    free: Vec<AlignedBuf>,
 }
 
 impl WriteBehind {
@@ -54,6 +59,7 @@ impl WriteBehind {
             done: Vec::new(),
             cluster_size,
             last_cluster: None,
+            free: Vec::new(),
         }))
     }
 
@@ -71,11 +77,19 @@ impl WriteBehind {
             self.wait_until(0)?;
         }
         self.wait_until(MAX_IN_FLIGHT - 1)?;
+        let memory = match self.free.iter().position(|b| b.len() == data.len()) {
+            Some(i) => {
+                let mut buf = self.free.swap_remove(i);
+                buf.as_mut_slice().copy_from_slice(data);
+                IoMemory::Aligned(buf)
+            }
+            None => aligned_copy(data),
+        };
         self.queue.submit_batch_requests([BlockRequest {
             user_data: offset,
             op: RequestOp::Write,
             offset,
-            memory: aligned_copy(data),
+            memory,
         }]);
         self.in_flight += 1;
         self.last_cluster = Some((offset + data.len() as u64 - 1) / self.cluster_size);
@@ -98,6 +112,11 @@ impl WriteBehind {
             }
             for c in self.done.drain(..) {
                 self.in_flight = self.in_flight.saturating_sub(1);
+                if let IoMemory::Aligned(buf) = c.memory {
+                    if self.free.len() < MAX_IN_FLIGHT {
+                        self.free.push(buf);
+                    }
+                }
                 c.result.map_err(|e| (c.user_data, e))?;
             }
         }

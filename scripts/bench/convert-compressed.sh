@@ -14,6 +14,9 @@
 # system) per run, which noise changes less than wall time.
 #
 # usage: scripts/bench/convert-compressed.sh [SIZE_MIB=1000] [REPEATS=3] [DIR=/var/tmp/ch-bench]
+# One row or a few: SOURCES="mix" COMPS="zstd" MODES="writeback" (each
+# defaults to all: "ones mix", "zlib zstd", "none writeback"), e.g.
+#   SOURCES=mix COMPS=zstd scripts/bench/convert-compressed.sh 1000 5
 # The real run needs a quiet machine and root (drop_caches): with the
 # defaults it takes about 8 minutes (2 repeats took 5.3 minutes on
 # 2026-11-24). A smoke run (seconds): ... 8 1 /var/tmp/ch-smoke
@@ -21,6 +24,9 @@ set -euo pipefail
 size_mib=${1:-1000}
 repeats=${2:-3}
 dir=${3:-/var/tmp/ch-bench}
+sources=${SOURCES:-ones mix}
+comps=${COMPS:-zlib zstd}
+modes=${MODES:-none writeback}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 for tool in /usr/bin/time bc fincore qemu-img python3; do
   command -v "$tool" > /dev/null || { echo "$0: needs $tool (apt-get install time bc util-linux qemu-utils python3)" >&2; exit 1; }
@@ -31,27 +37,29 @@ target=$(cargo metadata --format-version 1 --no-deps --manifest-path "$root/Carg
 chimg="$target/release/ch-img"
 mkdir -p "$dir"
 
-python3 - "$dir" "$size_mib" <<'PY'
+python3 - "$dir" "$size_mib" $sources <<'PY'
 import os, sys
-d, mib = sys.argv[1], int(sys.argv[2])
-with open(f"{d}/ones.raw", "wb") as f:
-    block = b"\x01" * (1 << 20)
-    for _ in range(mib):
-        f.write(block)
+d, mib, wanted = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+if "ones" in wanted:
+    with open(f"{d}/ones.raw", "wb") as f:
+        block = b"\x01" * (1 << 20)
+        for _ in range(mib):
+            f.write(block)
 text = b"".join(b"%08d the quick brown fox jumps over the lazy dog\n" % i for i in range(30000))[: 1 << 20]
-with open(f"{d}/mix.raw", "wb") as f:
-    for i in range(mib):
-        k = i % 4
-        f.write(os.urandom(1 << 20) if k == 0 else text if k in (1, 2) else b"\0" * (1 << 20))
+if "mix" in wanted:
+    with open(f"{d}/mix.raw", "wb") as f:
+        for i in range(mib):
+            k = i % 4
+            f.write(os.urandom(1 << 20) if k == 0 else text if k in (1, 2) else b"\0" * (1 << 20))
 PY
 
 started=$(date +%s)
 results="$dir/results.tsv"
 : > "$results"
 for r in $(seq "$repeats"); do
-  for src in ones mix; do
-    for comp in zlib zstd; do
-      for mode in none writeback; do
+  for src in $sources; do
+    for comp in $comps; do
+      for mode in $modes; do
         for tool in ch-img ch-nocache qemu-img; do
           out="$dir/out.qcow2"
           rm -f "$out"

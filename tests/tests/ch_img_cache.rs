@@ -4,7 +4,7 @@
 
 use std::process::{Command, Stdio};
 
-use integration_tests::{ch, ch_img, ch_status, json, qemu_img, qemu_img_status, TempDir};
+use integration_tests::{ch, ch_img, ch_status, json, qemu_img, qemu_img_status, qemu_io, TempDir};
 
 fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -264,10 +264,15 @@ fn bad_cache_modes_and_worker_counts_fail_like_qemu_img() {
 /// fdatasync calls of `ch-img ARGS` (strace; the sync engine makes them
 /// system calls).
 fn fdatasyncs(args: &[&str]) -> u64 {
+    syscalls("fdatasync", args)
+}
+
+/// Calls of system call `name` by `ch-img ARGS` (strace -c).
+fn syscalls(name: &str, args: &[&str]) -> u64 {
     let log = TempDir::new("strace");
     let file = log.file("trace");
     let out = Command::new("strace")
-        .args(["-f", "-c", "-e", "trace=fdatasync", "-o", &file])
+        .args(["-f", "-c", "-e", &format!("trace={name}"), "-o", &file])
         .arg(ch_img())
         .args(args)
         .output()
@@ -275,9 +280,99 @@ fn fdatasyncs(args: &[&str]) -> u64 {
     assert!(out.status.success(), "{args:?}: {}", stderr(&out));
     let text = std::fs::read_to_string(&file).unwrap();
     text.lines()
-        .find(|l| l.trim_end().ends_with("fdatasync"))
+        .find(|l| l.trim_end().ends_with(name))
         .and_then(|l| l.split_whitespace().nth(3))
         .map_or(0, |n| n.parse().unwrap())
+}
+
+/// A worker reuses its chunk buffer: the holes of a raw source must read
+/// as zeroes, not as the bytes an earlier chunk left there.
+#[test]
+fn convert_zeroes_holes_in_reused_chunk_buffers() {
+    let dir = TempDir::new("cache");
+    let src = dir.file("holes.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &src, "8M"]);
+    // Whole MiBs of data, then MiBs that are half hole, half data.
+    qemu_io(
+        "raw",
+        &src,
+        &[
+            "write -P 0x31 0 1M",
+            "write -P 0x32 1536k 512k",
+            "write -P 0x33 2M 1M",
+            "write -P 0x34 3M 512k",
+            "write -P 0x35 5M 1M",
+            "write -P 0x36 6M 64k",
+        ],
+    );
+    let out = dir.file("out.qcow2");
+    for args in [&["-c"][..], &[], &["-c", "-o", "compression_type=zstd"]] {
+        let _ = std::fs::remove_file(&out);
+        let mut argv = vec!["convert", "-m", "1", "-O", "qcow2"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&[&src, &out]);
+        ch(&argv);
+        qemu_img(&["compare", "-q", "-f", "raw", "-F", "qcow2", &src, &out]);
+    }
+}
+
+/// convert's workers ask the kernel to read a raw source ahead of them
+/// (POSIX_FADV_WILLNEED), since each reads through its own handle; not
+/// through O_DIRECT (`-T none`) and not for a qcow2 source, whose host
+/// offsets are not its disk offsets.
+#[test]
+fn convert_reads_a_raw_source_ahead_only_through_the_page_cache() {
+    let dir = TempDir::new("cache");
+    let src = mixed_source(&dir, 20);
+    let src_qcow2 = dir.file("src.qcow2");
+    qemu_img(&["convert", "-O", "qcow2", &src, &src_qcow2]);
+    let out = dir.file("out.qcow2");
+    let count = |source: &str, source_mode: &str| {
+        let _ = std::fs::remove_file(&out);
+        let n = syscalls(
+            "fadvise64",
+            &[
+                "convert",
+                "-c",
+                "-O",
+                "qcow2",
+                "-T",
+                source_mode,
+                source,
+                &out,
+            ],
+        );
+        qemu_img(&["compare", "-q", "-F", "qcow2", source, &out]);
+        n
+    };
+    assert!(count(&src, "writeback") > 0);
+    assert_eq!(count(&src, "none"), 0);
+    assert_eq!(count(&src_qcow2, "writeback"), 0);
+}
+
+/// A buffered convert that flushes starts the output's writeback every
+/// 16 chunks (sync_file_range), so its flushes find the data on its way;
+/// O_DIRECT and unsafe outputs have nothing to start.
+#[test]
+fn convert_starts_writeback_early_only_when_it_will_flush() {
+    let dir = TempDir::new("cache");
+    // 20 MiB: 20 chunks of 16 clusters with -c.
+    let src = mixed_source(&dir, 20);
+    let out = dir.file("out.qcow2");
+    let count = |mode: &str| {
+        let _ = std::fs::remove_file(&out);
+        let n = syscalls(
+            "sync_file_range",
+            &["convert", "-c", "-O", "qcow2", "-t", mode, &src, &out],
+        );
+        qemu_img(&["check", "-q", &out]);
+        qemu_img(&["compare", "-q", "-f", "raw", "-F", "qcow2", &src, &out]);
+        n
+    };
+    assert_eq!(count("writeback"), 1);
+    assert_eq!(count("writethrough"), 1);
+    assert_eq!(count("unsafe"), 0);
+    assert_eq!(count("none"), 0);
 }
 
 #[test]

@@ -40,14 +40,24 @@ use crate::formats::Compression;
 /// qemu inflates compressed clusters with a 2^12-byte deflate window.
 const DEFLATE_WINDOW_BITS: u8 = 12;
 
+/// zstd's default level (3), which qemu compresses with too (it sets no
+/// level on its context).
+const ZSTD_LEVEL: i32 = 0;
+
 // One compressor per thread, reset for every cluster (setting one up
-// allocates its window and hash tables).
+// allocates its window and hash tables: a new zstd context per cluster was
+// a tenth of convert -c's CPU time). The zstd context is `None` until a
+// thread first needs one, or when creating it failed.
 thread_local! {
     static DEFLATE: RefCell<Compress> = RefCell::new(Compress::new_with_window_bits(
         flate2::Compression::default(),
         false,
         DEFLATE_WINDOW_BITS,
     ));
+    static ZSTD: RefCell<Option<zstd::bulk::Compressor<'static>>> = const { RefCell::new(None) };
+    // Where a cluster is compressed: the result is copied out at its own
+    // size, and an incompressible cluster costs no allocation.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Qcow2Image {
@@ -115,28 +125,45 @@ pub fn compress_cluster(
     data: &[u8],
 ) -> Result<Option<Vec<u8>>, BlockError> {
     let limit = data.len() - 1;
-    let out = match algorithm {
-        Compression::Deflate => {
-            // Room for deflate's worst case (stored blocks): zlib-rs panics
-            // when an incompressible cluster meets a smaller buffer.
-            let mut out = Vec::with_capacity(data.len() + data.len() / 8 + 64);
-            let status = DEFLATE.with(|cell| {
-                let mut c = cell.borrow_mut();
-                c.reset();
-                c.compress_vec(data, &mut out, FlushCompress::Finish)
-            });
-            match status {
-                Ok(Status::StreamEnd) => out,
-                // The output buffer filled up first: not compressible.
-                Ok(_) => return Ok(None),
-                Err(e) => return Err(compress_error(e.to_string())),
+    SCRATCH.with(|cell| {
+        let mut out = cell.borrow_mut();
+        out.clear();
+        match algorithm {
+            Compression::Deflate => {
+                // Room for deflate's worst case (stored blocks): zlib-rs
+                // panics when an incompressible cluster meets a smaller
+                // buffer.
+                out.reserve(data.len() + data.len() / 8 + 64);
+                let status = DEFLATE.with(|cell| {
+                    let mut c = cell.borrow_mut();
+                    c.reset();
+                    c.compress_vec(data, &mut out, FlushCompress::Finish)
+                });
+                match status {
+                    Ok(Status::StreamEnd) => {}
+                    // The output buffer filled up first: not compressible.
+                    Ok(_) => return Ok(None),
+                    Err(e) => return Err(compress_error(e.to_string())),
+                }
+            }
+            Compression::Zstd => {
+                out.reserve(zstd::zstd_safe::compress_bound(data.len()));
+                ZSTD.with(|cell| {
+                    let mut slot = cell.borrow_mut();
+                    let compressor = match slot.as_mut() {
+                        Some(c) => c,
+                        None => slot.insert(zstd::bulk::Compressor::new(ZSTD_LEVEL)?),
+                    };
+                    // Every call is a frame of its own: the same bytes as
+                    // a fresh context's (`zstd::bulk::compress`).
+                    compressor.compress_to_buffer(data, &mut *out)
+                })
+                .map_err(|e| compress_error(e.to_string()))?;
             }
         }
-        Compression::Zstd => {
-            zstd::bulk::compress(data, 0).map_err(|e| compress_error(e.to_string()))?
-        }
-    };
-    Ok((out.len() <= limit).then_some(out))
+        // Only what compressed leaves the scratch buffer, at its size.
+        Ok((out.len() <= limit).then(|| out.to_vec()))
+    })
 }
 
 fn compress_error(reason: String) -> BlockError {
@@ -272,6 +299,20 @@ mod tests {
             let text = b"compressible ".repeat(400);
             let packed = compress_cluster(algorithm, &text[..4096]).unwrap().unwrap();
             assert!(packed.len() < 4096);
+        }
+    }
+
+    #[test]
+    fn the_reused_zstd_context_writes_what_a_fresh_one_writes() {
+        let text: Vec<u8> = (0..4000u32)
+            .flat_map(|i| format!("{i:08} the quick brown fox\n").into_bytes())
+            .collect();
+        for cluster in [&text[..65536], &text[1000..66536], &vec![7u8; 65536][..]] {
+            let fresh = zstd::bulk::compress(cluster, ZSTD_LEVEL).unwrap();
+            for _ in 0..3 {
+                let packed = compress_cluster(Compression::Zstd, cluster).unwrap();
+                assert_eq!(packed.as_deref(), Some(&fresh[..]));
+            }
         }
     }
 }
