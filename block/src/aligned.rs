@@ -8,16 +8,12 @@
 //! Length rule: a buffer is exactly as long as asked ([`AlignedBuf::len`]
 //! is the `len` given to [`AlignedBuf::new`]), never rounded up. Callers
 //! that need whole O_DIRECT blocks ask for a multiple of the block size.
-//! A buffer may be allocated with room for more
-//! ([`AlignedBuf::with_capacity`]) and taken again for another length
-//! that fits ([`AlignedBuf::reuse`]); a reused buffer holds whatever it
-//! held before (initialised bytes, no longer zeroes).
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
-/// `len` initialised bytes (zeroes when allocated) at an address that is
-/// a multiple of the requested alignment.
+/// `len` zero-initialised bytes at an address that is a multiple of the
+/// requested alignment.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -34,13 +30,7 @@ impl AlignedBuf {
     /// `len` zero bytes aligned to `align` (a power of two). `None` when
     /// the layout is invalid or memory is exhausted.
     pub fn new(len: usize, align: usize) -> Option<Self> {
-        Self::with_capacity(len, len, align)
-    }
-
-    /// Like [`AlignedBuf::new`], with room for `capacity` bytes (at least
-    /// `len`) for a later [`AlignedBuf::reuse`].
-    pub fn with_capacity(len: usize, capacity: usize, align: usize) -> Option<Self> {
-        let layout = Layout::from_size_align(capacity.max(len).max(1), align).ok()?;
+        let layout = Layout::from_size_align(len.max(1), align).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
         Some(AlignedBuf { ptr, len, layout })
@@ -48,18 +38,6 @@ impl AlignedBuf {
 
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// The same memory as a buffer of `len` bytes, when it has room for
-    /// them at `align`; else the buffer back. The bytes are what the
-    /// buffer last held, not zeroes.
-    pub fn reuse(mut self, len: usize, align: usize) -> Result<Self, Self> {
-        if len <= self.layout.size() && align.is_power_of_two() && self.layout.align() >= align {
-            self.len = len;
-            Ok(self)
-        } else {
-            Err(self)
-        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -124,19 +102,5 @@ mod tests {
         assert_eq!(AlignedBuf::new(1000, 4096).unwrap().len(), 1000);
         assert_eq!(AlignedBuf::new(5000, 4096).unwrap().len(), 5000);
         assert!(AlignedBuf::new(0, 64).unwrap().is_empty());
-    }
-
-    #[test]
-    fn reuse_keeps_the_memory_when_it_fits() {
-        let mut b = AlignedBuf::with_capacity(100, 8192, 4096).unwrap();
-        assert_eq!(b.len(), 100);
-        b.as_mut_slice().fill(7);
-        let p = b.as_ptr();
-        let b = b.reuse(8192, 512).unwrap();
-        assert_eq!((b.len(), b.as_ptr()), (8192, p));
-        assert_eq!(&b.as_slice()[..100], &[7u8; 100][..], "old bytes stay");
-        let b = b.reuse(8193, 512).unwrap_err();
-        let b = b.reuse(10, 8192).unwrap_err();
-        assert_eq!(b.len(), 8192);
     }
 }

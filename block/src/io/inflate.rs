@@ -17,26 +17,10 @@ pub const MAX_CLUSTER_SIZE: u32 = 2 << 20;
 
 /// Inflates `input` into one cluster of `cluster_size` bytes.
 pub fn inflate(algorithm: Compression, input: &[u8], cluster_size: u32) -> Result<Vec<u8>, String> {
-    inflate_into(algorithm, input, cluster_size, Vec::new())
-}
-
-/// Like [`inflate`], into `spare`'s memory when its capacity is exactly
-/// one cluster (else into a new vector).
-pub fn inflate_into(
-    algorithm: Compression,
-    input: &[u8],
-    cluster_size: u32,
-    spare: Vec<u8>,
-) -> Result<Vec<u8>, String> {
     if cluster_size == 0 || cluster_size > MAX_CLUSTER_SIZE {
         return Err(format!("cluster size {cluster_size} out of range"));
     }
-    crate::formats::qcow2::compressed::inflate_cluster_into(
-        algorithm,
-        input,
-        cluster_size as usize,
-        spare,
-    )
+    crate::formats::qcow2::compressed::inflate_cluster(algorithm, input, cluster_size as usize)
 }
 
 /// Identifies a compressed cluster's bytes in the image.
@@ -65,12 +49,7 @@ impl CacheKey {
 pub struct InflateCache {
     entries: Vec<(CacheKey, Arc<Vec<u8>>)>,
     bytes: usize,
-    /// Evicted clusters nobody else held, for the next inflations.
-    spare: Vec<Vec<u8>>,
 }
-
-/// Evicted cluster vectors kept for reuse.
-const SPARE_CLUSTERS: usize = 4;
 
 /// At most this many bytes of inflated clusters per disk (shared by its
 /// queues).
@@ -101,30 +80,11 @@ impl InflateCache {
         {
             let (_, old) = self.entries.remove(0);
             self.bytes -= old.len();
-            if self.spare.len() < SPARE_CLUSTERS {
-                if let Ok(v) = Arc::try_unwrap(old) {
-                    self.spare.push(v);
-                }
-            }
-        }
-    }
-
-    /// An evicted cluster's vector with room for exactly `cluster_size`
-    /// bytes, or an empty one.
-    pub fn spare_output(&mut self, cluster_size: u32) -> Vec<u8> {
-        match self
-            .spare
-            .iter()
-            .position(|v| v.capacity() == cluster_size as usize)
-        {
-            Some(i) => self.spare.swap_remove(i),
-            None => Vec::new(),
         }
     }
 
     pub fn clear(&mut self) {
         self.entries.clear();
-        self.spare.clear();
         self.bytes = 0;
     }
 }

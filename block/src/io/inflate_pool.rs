@@ -24,7 +24,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::aligned::AlignedBuf;
 use crate::formats::CompressedExtent;
-use crate::io::inflate::inflate_into;
+use crate::io::inflate::inflate;
 
 /// Upper bound on pool threads, whatever the core count.
 pub const MAX_THREADS: usize = 8;
@@ -90,19 +90,13 @@ pub fn inflates_in_queue(algorithm: crate::formats::Compression) -> bool {
 impl InflateJob {
     /// Inflates the job's bytes here, in the caller's thread.
     pub fn inflate(&self) -> InflateDone {
-        self.inflate_into(Vec::new())
-    }
-
-    /// Like [`InflateJob::inflate`], into `spare`'s memory when it has
-    /// room for exactly one cluster.
-    pub fn inflate_into(&self, spare: Vec<u8>) -> InflateDone {
         let len = usize::try_from(self.ext.compressed_len).unwrap_or(usize::MAX);
         let result = match self
             .input
             .as_slice()
             .get(self.skip..self.skip.saturating_add(len))
         {
-            Some(input) => inflate_into(self.ext.algorithm, input, self.ext.cluster_size, spare),
+            Some(input) => inflate(self.ext.algorithm, input, self.ext.cluster_size),
             None => Err("compressed bytes past the read buffer".into()),
         };
         InflateDone {

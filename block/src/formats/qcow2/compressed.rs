@@ -22,11 +22,9 @@ pub(crate) fn compressed_read_len(desc: &CompressedDescriptor, file_size: u64) -
 }
 
 /// Inflates `input` into one cluster of `cluster_size` bytes. The
-/// decoders write straight into the vector's spare capacity (exactly
-/// `cluster_size` for a new vector, as `Vec::with_capacity` gives u8
-/// vectors; a spare is taken only when it has exactly that; the length
-/// check below catches any other), so the cluster is not zeroed first:
-/// that cost as much as inflating a zstd cluster.
+/// decoders write straight into the new vector's spare capacity (exactly
+/// `cluster_size`, as `Vec::with_capacity` guarantees), so the cluster is
+/// not zeroed first: that cost as much as inflating a zstd cluster.
 /// Trailing bytes after the stream are ignored; a stream that stops short
 /// of the cluster is an error.
 pub(crate) fn inflate_cluster(
@@ -34,22 +32,7 @@ pub(crate) fn inflate_cluster(
     input: &[u8],
     cluster_size: usize,
 ) -> Result<Vec<u8>, String> {
-    inflate_cluster_into(algorithm, input, cluster_size, Vec::new())
-}
-
-/// [`inflate_cluster`] into `spare`'s memory when its capacity is exactly
-/// `cluster_size` (its contents are discarded), else into a new vector.
-pub(crate) fn inflate_cluster_into(
-    algorithm: Compression,
-    input: &[u8],
-    cluster_size: usize,
-    spare: Vec<u8>,
-) -> Result<Vec<u8>, String> {
-    let mut out = spare;
-    out.clear();
-    if out.capacity() != cluster_size {
-        out = Vec::with_capacity(cluster_size);
-    }
+    let mut out = Vec::with_capacity(cluster_size);
     let name = match algorithm {
         Compression::Deflate => {
             inflate_deflate(input, &mut out)?;

@@ -75,21 +75,6 @@ impl BounceBudget {
     /// An aligned buffer of `len` bytes for host `offset`, charged to the
     /// budget so one request cannot make the queue allocate without bound.
     pub fn take(&mut self, len: u64, a: DioAlign, offset: u64) -> Result<AlignedBuf, BlockError> {
-        self.take_reusing(None, 0, len, a, offset)
-    }
-
-    /// Like [`BounceBudget::take`], in `spare`'s memory when it fits
-    /// (its bytes are stale: only for buffers the read fills or zeroes,
-    /// as every read op does up to its length). A new buffer gets room
-    /// for `capacity` bytes so that it fits the next such request.
-    pub fn take_reusing(
-        &mut self,
-        spare: Option<AlignedBuf>,
-        capacity: usize,
-        len: u64,
-        a: DioAlign,
-        offset: u64,
-    ) -> Result<AlignedBuf, BlockError> {
         let write = self.write;
         let fail = |source: std::io::Error| match write {
             true => BlockError::Write { offset, source },
@@ -100,13 +85,9 @@ impl BounceBudget {
                 "request needs more than {MAX_BOUNCE_PER_REQUEST} bytes of bounce buffers"
             )))
         })?;
-        let align = (a.mem as usize).max(64);
-        let len = usize::try_from(len)
-            .map_err(|_| fail(std::io::Error::from(std::io::ErrorKind::OutOfMemory)))?;
-        if let Some(Ok(buf)) = spare.map(|b| b.reuse(len, align)) {
-            return Ok(buf);
-        }
-        AlignedBuf::with_capacity(len, capacity, align)
+        usize::try_from(len)
+            .ok()
+            .and_then(|len| AlignedBuf::new(len, (a.mem as usize).max(64)))
             .ok_or_else(|| fail(std::io::Error::from(std::io::ErrorKind::OutOfMemory)))
     }
 }

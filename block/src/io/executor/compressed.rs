@@ -12,13 +12,6 @@
 //! and the executor copies each piece into its request, caches the
 //! cluster ([`CompressedReads::finished_cluster`]) and serves the waiters.
 //!
-//! Buffers are recycled on the queue's own path (zstd): a compressed read's
-//! input buffer goes back to [`CompressedReads::spare_input`] once it is
-//! inflated, and the inflated cluster is written into a vector the disk's
-//! inflate cache evicted. A fresh 64 KiB buffer per read cost its zeroing
-//! and, for memory the allocator had returned to the kernel, page faults
-//! (about 7 % of a zstd 4 KiB random read's CPU in `perf`).
-//!
 //! zstd clusters wait in a backlog; each drain inflates at most
 //! [`INFLATIONS_PER_DRAIN`] of them ([`CompressedReads::inflate_some`])
 //! and, if more are left, the executor signals its eventfd so the caller
@@ -28,7 +21,6 @@
 //! image at QD 32 kept the disk a third idle (completions arrive in
 //! bursts of up to the depth).
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::sync::{Arc, MutexGuard};
 
@@ -47,9 +39,6 @@ use crate::io::OpToken;
 /// unbounded in interleaved runs).
 pub const INFLATIONS_PER_DRAIN: usize = 2;
 
-/// Spare compressed-read buffers kept per queue, at most this many bytes.
-const SPARE_INPUT_BYTES: usize = 4 << 20;
-
 /// See the module docs.
 pub(super) struct CompressedReads {
     /// Holds the disk's inflate cache, shared by its queues.
@@ -63,9 +52,6 @@ pub(super) struct CompressedReads {
     backlog: VecDeque<InflateJob>,
     /// Compressed clusters being read, and the reads waiting for them.
     joins: InflateJoins,
-    /// Input buffers of inflated reads, for the next compressed reads
-    /// (a `RefCell`: the op builder holds this pipeline shared).
-    spare_inputs: RefCell<Vec<AlignedBuf>>,
 }
 
 impl CompressedReads {
@@ -77,7 +63,6 @@ impl CompressedReads {
             finished: Vec::new(),
             backlog: VecDeque::new(),
             joins: InflateJoins::default(),
-            spare_inputs: RefCell::new(Vec::new()),
         }
     }
 
@@ -93,19 +78,6 @@ impl CompressedReads {
     /// The inflated cluster of `ext`, if the disk has it cached.
     pub fn cached(&self, ext: &CompressedExtent) -> Option<Arc<Vec<u8>>> {
         self.cache().get(ext)
-    }
-
-    /// A recycled compressed-read buffer (stale bytes: the read fills it).
-    pub fn spare_input(&self) -> Option<AlignedBuf> {
-        self.spare_inputs.borrow_mut().pop()
-    }
-
-    fn keep_input(&self, buf: AlignedBuf) {
-        let mut spares = self.spare_inputs.borrow_mut();
-        let held: usize = spares.iter().map(AlignedBuf::len).sum();
-        if held + buf.len() <= SPARE_INPUT_BYTES {
-            spares.push(buf);
-        }
     }
 
     /// Whether a read of this queue is fetching the cluster of `ext` now.
@@ -152,9 +124,7 @@ impl CompressedReads {
             let Some(job) = self.backlog.pop_front() else {
                 return false;
             };
-            let spare = self.cache().spare_output(job.ext.cluster_size);
-            self.finished.push(job.inflate_into(spare));
-            self.keep_input(job.input);
+            self.finished.push(job.inflate());
         }
         !self.backlog.is_empty()
     }

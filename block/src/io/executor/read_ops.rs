@@ -197,16 +197,7 @@ impl OpBuilder {
         let a = self.file_align(ext.file)?;
         let (start, end) = align_range(ext.host_offset, ext.compressed_len, a.offset)
             .ok_or_else(|| bad("compressed range overflows".into()))?;
-        // Room for the largest compressed cluster (plus alignment) so the
-        // buffer serves any later compressed read of this image.
-        let capacity = (ext.cluster_size as usize).saturating_add(2 * a.offset as usize);
-        let buf = budget.take_reusing(
-            compressed.spare_input(),
-            capacity,
-            end - start,
-            a,
-            ext.host_offset,
-        )?;
+        let buf = budget.take(end - start, a, ext.host_offset)?;
         let mut op = OpSlot::new(OpKind::Read, ext.file, start, end - start);
         op.align = a.offset;
         op.iov.push(iovec_of(&buf));
