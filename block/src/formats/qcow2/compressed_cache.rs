@@ -171,6 +171,12 @@ impl CompressedCache {
         Ok(())
     }
 
+    /// Whether no compressed cluster waits to be published (then no read
+    /// needs the cache).
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
     /// The compressed bytes of guest cluster `guest` while its entry is
     /// not yet published, `None` when it has none pending. They come from
     /// the cached host clusters; a host cluster already written (the first

@@ -85,6 +85,12 @@ impl Qcow2Image {
         let steps = {
             let mut st = self.lock();
             let st = &mut *st;
+            if self.backing.is_none() && st.compressed.is_empty() {
+                // Every step is a piece: straight into the plan, with no
+                // step list to allocate (the path of every read of an
+                // image without a backing file or compressed writes).
+                return self.map_pieces(&mut st.meta, offset, len, plan);
+            }
             self.map_range(&mut st.meta, &st.compressed, offset, len)?
         };
         for step in steps {
@@ -120,6 +126,31 @@ impl Qcow2Image {
         Ok(())
     }
 
+    /// `map_range` for an image with no backing file and nothing in the
+    /// compressed write cache: each cluster's piece goes into `plan`.
+    fn map_pieces(
+        &self,
+        meta: &mut MetaState,
+        offset: u64,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), BlockError> {
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            match self.map_cluster(meta, pos, end)? {
+                (Step::Piece(p), n) => {
+                    push_piece(plan, p);
+                    pos += n;
+                }
+                // Only an image with a backing file maps to it, and only
+                // the cache makes cached steps.
+                _ => return Err(meta.invalid(format!("guest offset {pos:#x}: unexpected step"))),
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn map_range(
         &self,
         meta: &mut MetaState,
@@ -148,7 +179,7 @@ impl Qcow2Image {
         };
         while pos < end {
             let in_c = pos & (cs - 1);
-            let mut n = (cs - in_c).min(end - pos);
+            let n = (cs - in_c).min(end - pos);
             if let Some(packed) = compressed.pending_bytes(&self.cow_files[0], pos - in_c, cs)? {
                 push(
                     &mut steps,
@@ -162,64 +193,78 @@ impl Qcow2Image {
                 pos += n;
                 continue;
             }
-            let (entry, bitmap) = meta.l2_entry(pos)?;
-            let step = if meta.g.extended_l2 && !matches!(entry, L2Entry::Compressed(_)) {
-                let sub = cs / 32;
-                n = n.min(sub - (in_c % sub));
-                let state = subcluster_state(bitmap, (in_c / sub) as u32)
-                    .map_err(|r| meta.invalid(format!("guest offset {pos:#x}: {r}")))?;
-                let host = match entry {
-                    L2Entry::Normal { host, .. }
-                    | L2Entry::Zero {
-                        host: Some(host), ..
-                    } => Some(host),
-                    _ => None,
-                };
-                match (state, host) {
-                    (SubclusterState::Allocated, Some(h)) => self.host_step(h + in_c, n),
-                    (SubclusterState::Allocated, None) => {
-                        return Err(meta.invalid(format!(
-                            "guest offset {pos:#x}: allocated subcluster without a cluster"
-                        )))
-                    }
-                    (SubclusterState::Zero, _) => Step::Piece(ReadPiece {
-                        len: n,
-                        source: ReadSource::Zero,
-                    }),
-                    (SubclusterState::Unallocated, _) => self.unallocated_step(pos, n),
-                }
-            } else {
-                match entry {
-                    L2Entry::Normal { host, .. } => self.host_step(host + in_c, n),
-                    L2Entry::Zero { .. } => Step::Piece(ReadPiece {
-                        len: n,
-                        source: ReadSource::Zero,
-                    }),
-                    L2Entry::Unallocated => self.unallocated_step(pos, n),
-                    L2Entry::Compressed(d) => {
-                        if self.header.has_data_file() {
-                            return Err(meta.invalid(
-                                "compressed cluster in an image with an external data file",
-                            ));
-                        }
-                        Step::Piece(ReadPiece {
-                            len: n,
-                            source: ReadSource::Compressed(CompressedExtent {
-                                file: FileId(0),
-                                host_offset: d.host_offset,
-                                compressed_len: compressed_read_len(&d, meta.file_size),
-                                algorithm: meta.g.compression,
-                                cluster_size: cs as u32,
-                                offset_in_cluster: in_c as u32,
-                            }),
-                        })
-                    }
-                }
-            };
+            let (step, n) = self.map_cluster(meta, pos, end)?;
             push(&mut steps, step);
             pos += n;
         }
         Ok(steps)
+    }
+
+    /// The step of the cluster (or subcluster) at guest `pos`, ending no
+    /// later than `end`, and its length.
+    fn map_cluster(
+        &self,
+        meta: &mut MetaState,
+        pos: u64,
+        end: u64,
+    ) -> Result<(Step, u64), BlockError> {
+        let cs = meta.g.cluster_size;
+        let in_c = pos & (cs - 1);
+        let mut n = (cs - in_c).min(end - pos);
+        let (entry, bitmap) = meta.l2_entry(pos)?;
+        let step = if meta.g.extended_l2 && !matches!(entry, L2Entry::Compressed(_)) {
+            let sub = cs / 32;
+            n = n.min(sub - (in_c % sub));
+            let state = subcluster_state(bitmap, (in_c / sub) as u32)
+                .map_err(|r| meta.invalid(format!("guest offset {pos:#x}: {r}")))?;
+            let host = match entry {
+                L2Entry::Normal { host, .. }
+                | L2Entry::Zero {
+                    host: Some(host), ..
+                } => Some(host),
+                _ => None,
+            };
+            match (state, host) {
+                (SubclusterState::Allocated, Some(h)) => self.host_step(h + in_c, n),
+                (SubclusterState::Allocated, None) => {
+                    return Err(meta.invalid(format!(
+                        "guest offset {pos:#x}: allocated subcluster without a cluster"
+                    )))
+                }
+                (SubclusterState::Zero, _) => Step::Piece(ReadPiece {
+                    len: n,
+                    source: ReadSource::Zero,
+                }),
+                (SubclusterState::Unallocated, _) => self.unallocated_step(pos, n),
+            }
+        } else {
+            match entry {
+                L2Entry::Normal { host, .. } => self.host_step(host + in_c, n),
+                L2Entry::Zero { .. } => Step::Piece(ReadPiece {
+                    len: n,
+                    source: ReadSource::Zero,
+                }),
+                L2Entry::Unallocated => self.unallocated_step(pos, n),
+                L2Entry::Compressed(d) => {
+                    if self.header.has_data_file() {
+                        return Err(meta
+                            .invalid("compressed cluster in an image with an external data file"));
+                    }
+                    Step::Piece(ReadPiece {
+                        len: n,
+                        source: ReadSource::Compressed(CompressedExtent {
+                            file: FileId(0),
+                            host_offset: d.host_offset,
+                            compressed_len: compressed_read_len(&d, meta.file_size),
+                            algorithm: meta.g.compression,
+                            cluster_size: cs as u32,
+                            offset_in_cluster: in_c as u32,
+                        }),
+                    })
+                }
+            }
+        };
+        Ok((step, n))
     }
 
     fn host_step(&self, offset: u64, len: u64) -> Step {

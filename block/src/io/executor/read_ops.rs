@@ -215,6 +215,9 @@ impl OpBuilder {
 /// Joins consecutive pieces that continue each other in the same file
 /// (adjacent clusters), so each contiguous host range is one op.
 fn merge_adjacent(plan: &mut ReadPlan) {
+    if plan.len() < 2 {
+        return;
+    }
     plan.dedup_by(|next, prev| match (&prev.source, &next.source) {
         (
             ReadSource::Host { file: f, offset: o },
