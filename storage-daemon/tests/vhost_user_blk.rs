@@ -253,7 +253,7 @@ fn reconnects_keep_the_data_and_the_image_consistent() {
     let dir = TempDir::new("reconnect");
     let (image, _) = make_image(&dir, Format::Qcow2);
     let mut daemon = Daemon::start(&dir, &image, "", "writable=on,num_queues=2");
-    let idle_threads = daemon.threads();
+    let idle_threads = daemon.settled_threads();
     let opts = FrontEndOptions {
         num_queues: 2,
         ..Default::default()

@@ -129,6 +129,22 @@ impl Daemon {
             .unwrap_or(0)
     }
 
+    /// The thread count once it has stopped changing: the socket exists
+    /// before the connection thread has made its vring workers, so a
+    /// count taken at once may miss them.
+    pub fn settled_threads(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = self.threads();
+        let mut same = 0;
+        while same < 10 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = self.threads();
+            same = if now == last { same + 1 } else { 0 };
+            last = now;
+        }
+        last
+    }
+
     /// SIGTERM, then waits; asserts a clean exit and returns the log.
     pub fn stop(mut self) -> String {
         // SAFETY: kill only sends a signal to our child.
