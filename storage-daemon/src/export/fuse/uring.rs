@@ -9,9 +9,11 @@
 //! kernel completes the command when it has put a request there; the
 //! thread dispatches it with the same handlers as /dev/fuse, and answers
 //! with COMMIT_AND_FETCH (reply in the same buffers), which also re-arms
-//! the entry. Requests that need image I/O go to the disk queue; a
-//! POLL_ADD on its completion eventfd wakes the same ring, so one
-//! `io_uring_enter` waits for both the kernel's requests and the I/O.
+//! the entry. Requests that need image I/O go to the disk queue; a READ
+//! of its completion eventfd, submitted in the same ring, wakes it, so one
+//! `io_uring_enter` waits for both the kernel's requests and the I/O. The
+//! READ also clears the eventfd, so the thread then takes the completions
+//! with [`DiskQueue::reap_completions`], without a read syscall of its own.
 //! Before it sleeps there, the thread enters without waiting (which runs
 //! the ring's deferred task work) for an adaptive while
 //! ([`super::poll`]), so a request or completion that comes soon finds it
@@ -54,8 +56,8 @@ use super::uring_setup::{
 const ENTRIES_PER_QUEUE: usize = 64;
 /// The kernel's `max_payload_sz`: max(8 KiB, max_write, max_pages pages).
 const PAYLOAD_SIZE: usize = MAX_WRITE as usize;
-/// `user_data` of the POLL_ADD on the disk queue's eventfd.
-const COMPLETION_POLL: u64 = u64::MAX;
+/// `user_data` of the READ of the disk queue's eventfd.
+const COMPLETION_READ: u64 = u64::MAX;
 /// `io_uring_enter` flag: run task work and reap completions (not
 /// re-exported by the io-uring crate).
 const IORING_ENTER_GETEVENTS: u32 = 1;
@@ -114,6 +116,10 @@ pub struct RingQueue {
     poll: AdaptivePoll,
     /// Enters that did not wait (spinning), for the log line.
     spins: u64,
+    /// Where the READ of the disk queue's eventfd puts the counter; the
+    /// kernel owns it while `completion_read_armed`.
+    completion_count: Box<u64>,
+    completion_read_armed: bool,
 }
 
 /// Creates one ring thread per kernel queue (each registers its entries
@@ -151,6 +157,8 @@ pub fn setup_rings(
             busy_at_enters: 0,
             poll: AdaptivePoll::new(poll_max),
             spins: 0,
+            completion_count: Box::new(0),
+            completion_read_armed: false,
         };
         threads.push(thread);
     }
@@ -255,7 +263,7 @@ impl RingQueue {
                 log::debug!("fuse ring {}: {reason}", self.index);
             }
         }
-        self.arm_completion_poll()?;
+        self.arm_completion_read()?;
         let mut completions = Vec::new();
         let mut batch = Vec::new();
         for (tag, res) in early {
@@ -267,6 +275,7 @@ impl RingQueue {
         loop {
             let alive = self.entries.iter().any(|e| e.state != EntryState::Gone);
             if !alive && self.disk.in_flight() == 0 {
+                self.disarm_completion_read()?;
                 log::info!(
                     "fuse ring thread {}: served {} requests, at most {} in flight, {} ring enters, {:.1} in flight at an enter on average, {} waits ended by polling ({} polling enters)",
                     self.index,
@@ -293,9 +302,10 @@ impl RingQueue {
                 .map(|c| (c.user_data(), c.result()))
                 .collect();
             for (tag, res) in cqes {
-                if tag == COMPLETION_POLL {
-                    self.answer_completions(&mut completions)?;
-                    self.arm_completion_poll()?;
+                if tag == COMPLETION_READ {
+                    self.completion_read_armed = false;
+                    self.answer_completions(res, &mut completions)?;
+                    self.arm_completion_read()?;
                 } else {
                     self.take_request(tag as usize, res, &mut batch)?;
                 }
@@ -340,13 +350,38 @@ impl RingQueue {
         Ok(())
     }
 
-    fn arm_completion_poll(&mut self) -> std::io::Result<()> {
+    /// Queues a READ of the disk queue's eventfd: it completes (and
+    /// clears the eventfd) when a completion is ready.
+    fn arm_completion_read(&mut self) -> std::io::Result<()> {
         let fd = self.disk.completion_eventfd().as_raw_fd();
-        let sqe: squeue::Entry128 = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+        let buf: *mut u64 = &mut *self.completion_count;
+        let sqe: squeue::Entry128 = opcode::Read::new(types::Fd(fd), buf.cast(), 8)
             .build()
-            .user_data(COMPLETION_POLL)
+            .user_data(COMPLETION_READ)
             .into();
-        self.push(&sqe)
+        self.push(&sqe)?;
+        self.completion_read_armed = true;
+        Ok(())
+    }
+
+    /// Ends the armed READ of the eventfd (at exit, before its buffer
+    /// goes): signals the eventfd so it completes, and waits for it.
+    fn disarm_completion_read(&mut self) -> std::io::Result<()> {
+        if !self.completion_read_armed {
+            return Ok(());
+        }
+        let _ = self.disk.completion_eventfd().write(1);
+        while self.completion_read_armed {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(e),
+            }
+            if (self.ring.completion()).any(|c| c.user_data() == COMPLETION_READ) {
+                self.completion_read_armed = false;
+            }
+        }
+        Ok(())
     }
 
     fn push(&mut self, sqe: &squeue::Entry128) -> std::io::Result<()> {
@@ -420,8 +455,23 @@ impl RingQueue {
         }
     }
 
-    fn answer_completions(&mut self, completions: &mut Vec<Completion>) -> std::io::Result<()> {
-        self.disk.drain_completions(completions);
+    /// The READ of the eventfd ended with `res`: answers every finished
+    /// request. The READ cleared the eventfd, unless it failed.
+    fn answer_completions(
+        &mut self,
+        res: i32,
+        completions: &mut Vec<Completion>,
+    ) -> std::io::Result<()> {
+        if res == 8 {
+            self.disk.reap_completions(completions);
+        } else {
+            log::debug!(
+                "fuse ring {}: eventfd read: {}",
+                self.index,
+                std::io::Error::from_raw_os_error(-res)
+            );
+            self.disk.drain_completions(completions);
+        }
         for c in completions.drain(..) {
             let index = c.user_data as usize;
             let Some(EntryState::Busy {
@@ -492,6 +542,11 @@ impl RingQueue {
 
 impl Drop for RingQueue {
     fn drop(&mut self) {
+        if self.completion_read_armed {
+            // The kernel may still write the counter (a thread that ended
+            // with an error): leak its 8 bytes.
+            std::mem::forget(std::mem::replace(&mut self.completion_count, Box::new(0)));
+        }
         let entries = std::mem::take(&mut self.entries);
         if entries.iter().any(|e| e.state != EntryState::Gone) {
             // The kernel may still hold some entries and write into their
