@@ -9,11 +9,17 @@
 //! kernel completes the command when it has put a request there; the
 //! thread dispatches it with the same handlers as /dev/fuse, and answers
 //! with COMMIT_AND_FETCH (reply in the same buffers), which also re-arms
-//! the entry. Requests that need image I/O go to the disk queue; a READ
-//! of its completion eventfd, submitted in the same ring, wakes it, so one
-//! `io_uring_enter` waits for both the kernel's requests and the I/O. The
-//! READ also clears the eventfd, so the thread then takes the completions
-//! with [`DiskQueue::reap_completions`], without a read syscall of its own.
+//! the entry. Requests that need image I/O go to the disk queue; a
+//! POLL_ADD on its completion eventfd linked to a READ of it, both in the
+//! same ring, completes when I/O is done, so one `io_uring_enter` waits
+//! for both the kernel's requests and the I/O. The READ has cleared the
+//! eventfd, so the thread takes the completions with
+//! [`DiskQueue::reap_completions`] and no syscall of its own. (The poll
+//! first: a READ alone was sometimes handed to an io-wq worker that
+//! blocked in it, one more thread hop; a multishot poll instead of the
+//! READ is made one-shot by the kernel on wake-ups from another ring's
+//! eventfd signalling, and the eventfd left set made every re-arm fire at
+//! once.)
 //! Before it sleeps there, the thread enters without waiting (which runs
 //! the ring's deferred task work) for an adaptive while
 //! ([`super::poll`]), so a request or completion that comes soon finds it
@@ -56,8 +62,10 @@ use super::uring_setup::{
 const ENTRIES_PER_QUEUE: usize = 64;
 /// The kernel's `max_payload_sz`: max(8 KiB, max_write, max_pages pages).
 const PAYLOAD_SIZE: usize = MAX_WRITE as usize;
-/// `user_data` of the READ of the disk queue's eventfd.
-const COMPLETION_READ: u64 = u64::MAX;
+/// `user_data` of the POLL_ADD on the disk queue's eventfd (no CQE unless
+/// it fails) and of the READ linked to it.
+const COMPLETION_POLL: u64 = u64::MAX;
+const COMPLETION_READ: u64 = u64::MAX - 1;
 /// `io_uring_enter` flag: run task work and reap completions (not
 /// re-exported by the io-uring crate).
 const IORING_ENTER_GETEVENTS: u32 = 1;
@@ -263,7 +271,7 @@ impl RingQueue {
                 log::debug!("fuse ring {}: {reason}", self.index);
             }
         }
-        self.arm_completion_read()?;
+        self.arm_completion_poll()?;
         let mut completions = Vec::new();
         let mut batch = Vec::new();
         for (tag, res) in early {
@@ -305,7 +313,14 @@ impl RingQueue {
                 if tag == COMPLETION_READ {
                     self.completion_read_armed = false;
                     self.answer_completions(res, &mut completions)?;
-                    self.arm_completion_read()?;
+                    self.arm_completion_poll()?;
+                } else if tag == COMPLETION_POLL {
+                    // The poll failed; its READ ends with ECANCELED.
+                    log::debug!(
+                        "fuse ring {}: eventfd poll: {}",
+                        self.index,
+                        std::io::Error::from_raw_os_error(-res)
+                    );
                 } else {
                     self.take_request(tag as usize, res, &mut batch)?;
                 }
@@ -350,16 +365,32 @@ impl RingQueue {
         Ok(())
     }
 
-    /// Queues a READ of the disk queue's eventfd: it completes (and
-    /// clears the eventfd) when a completion is ready.
-    fn arm_completion_read(&mut self) -> std::io::Result<()> {
+    /// Queues a POLL_ADD on the disk queue's eventfd and, linked to it,
+    /// a READ of the eventfd: the READ completes (and clears the eventfd)
+    /// once a completion is ready, and runs only then, so it never waits
+    /// inside the kernel.
+    fn arm_completion_poll(&mut self) -> std::io::Result<()> {
         let fd = self.disk.completion_eventfd().as_raw_fd();
+        let poll: squeue::Entry128 = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+            .build()
+            .flags(squeue::Flags::IO_LINK | squeue::Flags::SKIP_SUCCESS)
+            .user_data(COMPLETION_POLL)
+            .into();
         let buf: *mut u64 = &mut *self.completion_count;
-        let sqe: squeue::Entry128 = opcode::Read::new(types::Fd(fd), buf.cast(), 8)
+        let read: squeue::Entry128 = opcode::Read::new(types::Fd(fd), buf.cast(), 8)
             .build()
             .user_data(COMPLETION_READ)
             .into();
-        self.push(&sqe)?;
+        // A link must not be split between two submits (the READ would
+        // never run): make room for both first.
+        while {
+            let sq = self.ring.submission();
+            sq.capacity() - sq.len() < 2
+        } {
+            self.ring.submit()?;
+        }
+        self.push(&poll)?;
+        self.push(&read)?;
         self.completion_read_armed = true;
         Ok(())
     }
