@@ -2,7 +2,6 @@
 //! finished request like `drain_completions` but leaves the completion
 //! eventfd readable (the caller clears it), and it never blocks.
 
-use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
@@ -21,13 +20,10 @@ const ENGINES: [EngineKind; 4] = [
 
 fn open(dir: &TempDir, engine: EngineKind) -> (Disk, PathBuf) {
     let path = dir.path().join("disk.raw");
-    let f = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(&path)
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(1 << 20)
         .unwrap();
-    f.set_len(1 << 20).unwrap();
     let mut o = DiskOptions::new(&path);
     o.image_type = ImageType::Raw;
     o.engine = engine;

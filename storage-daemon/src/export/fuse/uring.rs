@@ -418,8 +418,10 @@ impl RingQueue {
     fn push(&mut self, sqe: &squeue::Entry128) -> std::io::Result<()> {
         loop {
             // SAFETY: the SQEs pushed here (POLL_ADD on an eventfd the disk
-            // queue owns, COMMIT_AND_FETCH whose buffers were registered)
-            // reference no memory beyond what `self` keeps alive.
+            // queue owns, COMMIT_AND_FETCH whose buffers were registered,
+            // the READ into `completion_count`, which outlives it: waited
+            // for at exit, else leaked in Drop) reference no memory beyond
+            // what `self` keeps alive.
             if unsafe { self.ring.submission().push(sqe) }.is_ok() {
                 return Ok(());
             }
