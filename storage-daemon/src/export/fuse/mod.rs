@@ -27,6 +27,7 @@ mod mount;
 mod poll;
 mod uring;
 mod uring_setup;
+mod uring_wake;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -11,15 +11,10 @@
 //! with COMMIT_AND_FETCH (reply in the same buffers), which also re-arms
 //! the entry. Requests that need image I/O go to the disk queue; a
 //! POLL_ADD on its completion eventfd linked to a READ of it, both in the
-//! same ring, completes when I/O is done, so one `io_uring_enter` waits
-//! for both the kernel's requests and the I/O. The READ has cleared the
-//! eventfd, so the thread takes the completions with
-//! [`DiskQueue::reap_completions`] and no syscall of its own. (The poll
-//! first: a READ alone was sometimes handed to an io-wq worker that
-//! blocked in it, one more thread hop; a multishot poll instead of the
-//! READ is made one-shot by the kernel on wake-ups from another ring's
-//! eventfd signalling, and the eventfd left set made every re-arm fire at
-//! once.)
+//! same ring ([`super::uring_wake`]), completes when I/O is done, so one
+//! `io_uring_enter` waits for both the kernel's requests and the I/O, and
+//! the thread takes the completions with [`DiskQueue::reap_completions`]
+//! and no syscall of its own.
 //! Before it sleeps there, the thread enters without waiting (which runs
 //! the ring's deferred task work) for an adaptive while
 //! ([`super::poll`]), so a request or completion that comes soon finds it
@@ -44,7 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use block::{BlockRequest, Completion, Disk, DiskQueue};
-use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use io_uring::{cqueue, squeue, IoUring};
 
 use super::abi::{
     InHeader, OutHeader, Pod, UringCmdReq, UringReqHeader, URING_CMD_COMMIT_AND_FETCH,
@@ -56,16 +51,13 @@ use super::poll::{AdaptivePoll, WaitKind};
 use super::uring_setup::{
     build_ring, fuse_cmd, possible_cpus, register_sqe, served_queues, RingError, SERVERS_PER_QUEUE,
 };
+use super::uring_wake::{CompletionWake, COMPLETION_POLL, COMPLETION_READ};
 
 /// Ring entries per kernel queue, all threads together (qemu's series
 /// uses 64): at least fio's depth 64 from one CPU.
 const ENTRIES_PER_QUEUE: usize = 64;
 /// The kernel's `max_payload_sz`: max(8 KiB, max_write, max_pages pages).
 const PAYLOAD_SIZE: usize = MAX_WRITE as usize;
-/// `user_data` of the POLL_ADD on the disk queue's eventfd (no CQE unless
-/// it fails) and of the READ linked to it.
-const COMPLETION_POLL: u64 = u64::MAX;
-const COMPLETION_READ: u64 = u64::MAX - 1;
 /// `io_uring_enter` flag: run task work and reap completions (not
 /// re-exported by the io-uring crate).
 const IORING_ENTER_GETEVENTS: u32 = 1;
@@ -124,10 +116,8 @@ pub struct RingQueue {
     poll: AdaptivePoll,
     /// Enters that did not wait (spinning), for the log line.
     spins: u64,
-    /// Where the READ of the disk queue's eventfd puts the counter; the
-    /// kernel owns it while `completion_read_armed`.
-    completion_count: Box<u64>,
-    completion_read_armed: bool,
+    /// The armed POLL_ADD + READ of the disk queue's eventfd.
+    wake: CompletionWake,
 }
 
 /// Creates one ring thread per kernel queue (each registers its entries
@@ -165,8 +155,7 @@ pub fn setup_rings(
             busy_at_enters: 0,
             poll: AdaptivePoll::new(poll_max),
             spins: 0,
-            completion_count: Box::new(0),
-            completion_read_armed: false,
+            wake: CompletionWake::new(),
         };
         threads.push(thread);
     }
@@ -271,7 +260,7 @@ impl RingQueue {
                 log::debug!("fuse ring {}: {reason}", self.index);
             }
         }
-        self.arm_completion_poll()?;
+        self.arm_wake()?;
         let mut completions = Vec::new();
         let mut batch = Vec::new();
         for (tag, res) in early {
@@ -283,7 +272,8 @@ impl RingQueue {
         loop {
             let alive = self.entries.iter().any(|e| e.state != EntryState::Gone);
             if !alive && self.disk.in_flight() == 0 {
-                self.disarm_completion_read()?;
+                let eventfd = self.disk.completion_eventfd();
+                self.wake.disarm(&mut self.ring, || eventfd.write(1))?;
                 log::info!(
                     "fuse ring thread {}: served {} requests, at most {} in flight, {} ring enters, {:.1} in flight at an enter on average, {} waits ended by polling ({} polling enters)",
                     self.index,
@@ -311,9 +301,9 @@ impl RingQueue {
                 .collect();
             for (tag, res) in cqes {
                 if tag == COMPLETION_READ {
-                    self.completion_read_armed = false;
-                    self.answer_completions(res, &mut completions)?;
-                    self.arm_completion_poll()?;
+                    let cleared = self.wake.fired(res);
+                    self.answer_completions(cleared, res, &mut completions)?;
+                    self.arm_wake()?;
                 } else if tag == COMPLETION_POLL {
                     // The poll failed; its READ ends with ECANCELED.
                     log::debug!(
@@ -365,63 +355,16 @@ impl RingQueue {
         Ok(())
     }
 
-    /// Queues a POLL_ADD on the disk queue's eventfd and, linked to it,
-    /// a READ of the eventfd: the READ completes (and clears the eventfd)
-    /// once a completion is ready, and runs only then, so it never waits
-    /// inside the kernel.
-    fn arm_completion_poll(&mut self) -> std::io::Result<()> {
+    fn arm_wake(&mut self) -> std::io::Result<()> {
         let fd = self.disk.completion_eventfd().as_raw_fd();
-        let poll: squeue::Entry128 = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
-            .build()
-            .flags(squeue::Flags::IO_LINK | squeue::Flags::SKIP_SUCCESS)
-            .user_data(COMPLETION_POLL)
-            .into();
-        let buf: *mut u64 = &mut *self.completion_count;
-        let read: squeue::Entry128 = opcode::Read::new(types::Fd(fd), buf.cast(), 8)
-            .build()
-            .user_data(COMPLETION_READ)
-            .into();
-        // A link must not be split between two submits (the READ would
-        // never run): make room for both first.
-        while {
-            let sq = self.ring.submission();
-            sq.capacity() - sq.len() < 2
-        } {
-            self.ring.submit()?;
-        }
-        self.push(&poll)?;
-        self.push(&read)?;
-        self.completion_read_armed = true;
-        Ok(())
-    }
-
-    /// Ends the armed READ of the eventfd (at exit, before its buffer
-    /// goes): signals the eventfd so it completes, and waits for it.
-    fn disarm_completion_read(&mut self) -> std::io::Result<()> {
-        if !self.completion_read_armed {
-            return Ok(());
-        }
-        let _ = self.disk.completion_eventfd().write(1);
-        while self.completion_read_armed {
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-                Err(e) => return Err(e),
-            }
-            if (self.ring.completion()).any(|c| c.user_data() == COMPLETION_READ) {
-                self.completion_read_armed = false;
-            }
-        }
-        Ok(())
+        self.wake.arm(&mut self.ring, fd)
     }
 
     fn push(&mut self, sqe: &squeue::Entry128) -> std::io::Result<()> {
         loop {
-            // SAFETY: the SQEs pushed here (POLL_ADD on an eventfd the disk
-            // queue owns, COMMIT_AND_FETCH whose buffers were registered,
-            // the READ into `completion_count`, which outlives it: waited
-            // for at exit, else leaked in Drop) reference no memory beyond
-            // what `self` keeps alive.
+            // SAFETY: the SQEs pushed here (COMMIT_AND_FETCH whose buffers
+            // were registered) reference no memory beyond what `self`
+            // keeps alive.
             if unsafe { self.ring.submission().push(sqe) }.is_ok() {
                 return Ok(());
             }
@@ -492,10 +435,11 @@ impl RingQueue {
     /// request. The READ cleared the eventfd, unless it failed.
     fn answer_completions(
         &mut self,
+        cleared: bool,
         res: i32,
         completions: &mut Vec<Completion>,
     ) -> std::io::Result<()> {
-        if res == 8 {
+        if cleared {
             self.disk.reap_completions(completions);
         } else {
             log::debug!(
@@ -575,11 +519,6 @@ impl RingQueue {
 
 impl Drop for RingQueue {
     fn drop(&mut self) {
-        if self.completion_read_armed {
-            // The kernel may still write the counter (a thread that ended
-            // with an error): leak its 8 bytes.
-            std::mem::forget(std::mem::replace(&mut self.completion_count, Box::new(0)));
-        }
         let entries = std::mem::take(&mut self.entries);
         if entries.iter().any(|e| e.state != EntryState::Gone) {
             // The kernel may still hold some entries and write into their
