@@ -26,6 +26,7 @@ mod io;
 mod mount;
 mod poll;
 mod uring;
+mod uring_payload;
 mod uring_setup;
 mod uring_wake;
 

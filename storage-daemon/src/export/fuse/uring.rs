@@ -5,7 +5,8 @@
 //!
 //! At start ([`setup_rings`], after the INIT reply) every entry is
 //! registered: an `IORING_OP_URING_CMD` REGISTER whose iovecs point at the
-//! entry's header buffer ([`UringReqHeader`]) and payload buffer. The
+//! entry's header buffer ([`UringReqHeader`]) and payload buffer (in the
+//! thread's [`PayloadArea`], where READ/WRITE do their I/O in place). The
 //! kernel completes the command when it has put a request there; the
 //! thread dispatches it with the same handlers as /dev/fuse, and answers
 //! with COMMIT_AND_FETCH (reply in the same buffers), which also re-arms
@@ -38,7 +39,7 @@ use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use block::{BlockRequest, Completion, Disk, DiskQueue};
+use block::{BlockRequest, Completion, Disk, DiskQueue, IoMemory};
 use io_uring::{cqueue, squeue, IoUring};
 
 use super::abi::{
@@ -46,8 +47,8 @@ use super::abi::{
 };
 use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, Pending, Reply};
-use super::init::MAX_WRITE;
 use super::poll::{AdaptivePoll, WaitKind};
+use super::uring_payload::{PayloadArea, PAYLOAD_SIZE};
 use super::uring_setup::{
     build_ring, fuse_cmd, possible_cpus, register_sqe, served_queues, RingError, SERVERS_PER_QUEUE,
 };
@@ -56,8 +57,6 @@ use super::uring_wake::{CompletionWake, COMPLETION_POLL, COMPLETION_READ};
 /// Ring entries per kernel queue, all threads together (qemu's series
 /// uses 64): at least fio's depth 64 from one CPU.
 const ENTRIES_PER_QUEUE: usize = 64;
-/// The kernel's `max_payload_sz`: max(8 KiB, max_write, max_pages pages).
-const PAYLOAD_SIZE: usize = MAX_WRITE as usize;
 /// `io_uring_enter` flag: run task work and reap completions (not
 /// re-exported by the io-uring crate).
 const IORING_ENTER_GETEVENTS: u32 = 1;
@@ -81,7 +80,6 @@ struct RingEntry {
     /// The kernel queue it is registered on.
     qid: u16,
     header: Box<UringReqHeader>,
-    payload: Box<[u8]>,
     state: EntryState,
 }
 
@@ -118,6 +116,8 @@ pub struct RingQueue {
     spins: u64,
     /// The armed POLL_ADD + READ of the disk queue's eventfd.
     wake: CompletionWake,
+    /// The entries' payload buffers (entry i's at index i).
+    payloads: PayloadArea,
 }
 
 /// Creates one ring thread per kernel queue (each registers its entries
@@ -138,9 +138,12 @@ pub fn setup_rings(
     for index in 0..queues {
         let (ring, deferred) = build_ring(ring_size).map_err(|e| RingError::Create(index, e))?;
         let disk_queue = disk.queue().map_err(|e| RingError::DiskQueue(index, e))?;
+        let serves = served_queues(index, queues);
+        let payloads = PayloadArea::new(serves.len() * entries_per_queue)
+            .map_err(|e| RingError::Create(index, e))?;
         let thread = RingQueue {
             index,
-            serves: served_queues(index, queues),
+            serves,
             entries_per_queue,
             ring,
             deferred,
@@ -156,6 +159,7 @@ pub fn setup_rings(
             poll: AdaptivePoll::new(poll_max),
             spins: 0,
             wake: CompletionWake::new(),
+            payloads,
         };
         threads.push(thread);
     }
@@ -177,22 +181,26 @@ impl RingQueue {
             .collect();
         for (i, qid) in slots.into_iter().enumerate() {
             let mut header = Box::<UringReqHeader>::default();
-            let mut payload = vec![0u8; PAYLOAD_SIZE].into_boxed_slice();
+            let Some(payload) = self.payloads.host_ptr(i) else {
+                return Err(RingError::Submit(
+                    self.index,
+                    std::io::Error::other("more entries than payload buffers"),
+                ));
+            };
             let iov = [
                 libc::iovec {
                     iov_base: (&mut *header as *mut UringReqHeader).cast(),
                     iov_len: std::mem::size_of::<UringReqHeader>(),
                 },
                 libc::iovec {
-                    iov_base: payload.as_mut_ptr().cast(),
-                    iov_len: payload.len(),
+                    iov_base: payload.cast(),
+                    iov_len: PAYLOAD_SIZE,
                 },
             ];
             let sqe = register_sqe(fd, qid, &iov, i as u64);
             self.entries.push(RingEntry {
                 qid,
                 header,
-                payload,
                 state: EntryState::Armed,
             });
             // SAFETY: the iovecs point at buffers owned by `self.entries`,
@@ -397,11 +405,11 @@ impl RingQueue {
         self.served += 1;
         let header = InHeader::read_from(&entry.header.in_out).unwrap_or_default();
         let ent = entry.header.ring_ent_in_out;
-        let data_len = (ent.payload_sz as usize).min(entry.payload.len());
         let req = FuseRequest {
             header,
             arg: &entry.header.op_in,
-            data: &entry.payload[..data_len],
+            data: self.payloads.bytes(index, ent.payload_sz as usize),
+            in_place: self.payloads.in_place(index),
         };
         if ent.commit_id != header.unique {
             log::debug!(
@@ -485,16 +493,26 @@ impl RingQueue {
             return Ok(());
         };
         let qid = entry.qid;
-        let (error, body) = reply.parts();
-        let (error, len) = if body.len() > entry.payload.len() {
-            log::error!(
-                "fuse ring {thread}: a {}-byte reply does not fit",
-                body.len()
-            );
-            (-libc::EIO, 0)
-        } else {
-            entry.payload[..body.len()].copy_from_slice(body);
-            (error, body.len())
+        let payload = self.payloads.bytes_mut(index);
+        let (error, len) = match reply {
+            // Read in place: the data is in the payload already.
+            Reply::Data(IoMemory::Guest { segments, .. }) => {
+                let len: usize = segments.iter().map(|s| s.len as usize).sum();
+                (0, len.min(payload.len()))
+            }
+            _ => {
+                let (error, body) = reply.parts();
+                if body.len() > payload.len() {
+                    log::error!(
+                        "fuse ring {thread}: a {}-byte reply does not fit",
+                        body.len()
+                    );
+                    (-libc::EIO, 0)
+                } else {
+                    payload[..body.len()].copy_from_slice(body);
+                    (error, body.len())
+                }
+            }
         };
         let out = OutHeader {
             len: (std::mem::size_of::<OutHeader>() + len) as u32,
@@ -528,6 +546,7 @@ impl Drop for RingQueue {
                 self.index
             );
             std::mem::forget(entries);
+            self.payloads.leak();
         }
     }
 }
