@@ -260,6 +260,18 @@ impl DiskQueue {
         self.exec.drain(out);
     }
 
+    /// Moves every finished request to `out` like
+    /// [`DiskQueue::drain_completions`], but leaves the eventfd alone (no
+    /// syscall for it): for a caller that clears the eventfd itself before
+    /// calling this, e.g. with a read of it in its own io_uring that has
+    /// completed, or that looks for completions without sleeping. A
+    /// completion that arrives later, or work left for another round
+    /// (compressed clusters still to inflate), signals the eventfd again;
+    /// a caller that never clears it just sees it stay readable.
+    pub fn reap_completions(&mut self, out: &mut Vec<Completion>) {
+        self.exec.reap_ready(out);
+    }
+
     /// Blocks until at least one request has completed (or none is in
     /// flight), then drains like [`DiskQueue::drain_completions`].
     pub fn wait_completions(&mut self, out: &mut Vec<Completion>) -> Result<(), BlockError> {

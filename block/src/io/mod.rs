@@ -7,6 +7,10 @@
 //! submit, the `threads` engine on a worker pool, the `aio` and `uring`
 //! engines in the kernel) and hands back
 //! [`EngineCompletion`]s, signalling the queue's completion eventfd.
+//! Finished requests leave through [`crate::DiskQueue::drain_completions`],
+//! which clears that eventfd first, or
+//! [`crate::DiskQueue::reap_completions`], which leaves it to the caller
+//! (one that reads it in its own io_uring, or watches it edge-triggered).
 //!
 //! Raw pointers and `libc::iovec` exist only inside this boundary:
 //! [`Engine::push`] is an `unsafe fn` whose caller promises the memory

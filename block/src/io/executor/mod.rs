@@ -17,7 +17,8 @@
 //! blocked (replanned on every drain). [`Executor::drain`] reaps op
 //! results into `complete.rs`, which asks the accounting what each means
 //! and acts on it (push again, inflate, serve waiters, complete);
-//! completions leave through `drain`. The request, owned by the table
+//! completions leave through `drain` (or `reap_ready`, the same without
+//! clearing the eventfd). The request, owned by the table
 //! until its last op is reaped, keeps the memory behind the engine's
 //! iovecs alive; dropping the executor waits for the engine first.
 
@@ -133,6 +134,12 @@ impl Executor {
     pub fn drain(&mut self, out: &mut Vec<Completion>) {
         // Clear first: a completion arriving after this read re-arms it.
         let _ = self.eventfd.read();
+        self.reap_ready(out);
+    }
+
+    /// [`Executor::drain`] without clearing the eventfd: for a caller
+    /// that has cleared it itself (see [`crate::DiskQueue::reap_completions`]).
+    pub fn reap_ready(&mut self, out: &mut Vec<Completion>) {
         let mut reaped = std::mem::take(&mut self.reaped);
         self.engine.reap(&mut reaped);
         for c in reaped.drain(..) {

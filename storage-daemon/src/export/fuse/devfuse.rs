@@ -8,8 +8,9 @@
 //! ([`super::poll`]), so a request or completion that comes soon finds
 //! it awake. Readable /dev/fuse:
 //! it reads every request there is, answers what needs no I/O at once and
-//! submits the rest as one batch of block requests. Readable eventfd: it
-//! drains the completions and writes their replies. So reading never
+//! submits the rest as one batch of block requests. A signal of the
+//! eventfd (watched edge-triggered, never read): it reaps the completions
+//! ([`DiskQueue::reap_completions`]) and writes their replies. So reading never
 //! waits for image I/O. The thread ends when the connection is gone
 //! (ENODEV, after the unmount or an abort) and nothing is in flight.
 
@@ -141,10 +142,12 @@ impl DevQueue {
             self.dev.as_raw_fd(),
             EpollEvent::new(EventSet::IN | EventSet::EXCLUSIVE, FUSE_EVENT),
         )?;
+        // Edge-triggered: reported at every signal of the eventfd, so the
+        // thread never reads (clears) it and reaps without a syscall.
         epoll.ctl(
             ControlOperation::Add,
             self.disk.completion_eventfd().as_raw_fd(),
-            EpollEvent::new(EventSet::IN, COMPLETION_EVENT),
+            EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, COMPLETION_EVENT),
         )?;
         let mut buf = vec![0u8; DEV_BUFFER_SIZE];
         let mut events = vec![EpollEvent::default(); 2];
@@ -267,7 +270,7 @@ impl DevQueue {
     }
 
     fn answer_completions(&mut self, completions: &mut Vec<Completion>) {
-        self.disk.drain_completions(completions);
+        self.disk.reap_completions(completions);
         for c in completions.drain(..) {
             match self.in_flight.remove(c.user_data) {
                 Some((unique, pending)) => {

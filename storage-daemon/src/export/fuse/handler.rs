@@ -12,7 +12,9 @@
 
 use std::sync::Arc;
 
+use block::request::GuestSegment;
 use block::{BlockError, BlockRequest, Completion, IoMemory};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::abi::{
     opcode, InHeader, OpenOut, Pod, ReadWriteIn, StatfsOut, WriteOut, FOPEN_DIRECT_IO,
@@ -27,6 +29,31 @@ pub struct FuseRequest<'a> {
     pub arg: &'a [u8],
     /// What follows the first argument (write data).
     pub data: &'a [u8],
+    /// Where a READ/WRITE may do its I/O in place (ring entries: the
+    /// payload buffer `data` lies in); None: in a buffer of its own.
+    pub in_place: Option<InPlace>,
+}
+
+/// A ring entry's payload buffer as request memory: the write data is
+/// already at its start, and read data is left there for the reply
+/// ([`Reply::Data`] of [`IoMemory::Guest`]), with no copy either way.
+pub struct InPlace {
+    pub mem: Arc<GuestMemoryMmap>,
+    pub addr: GuestAddress,
+    pub capacity: usize,
+}
+
+impl InPlace {
+    /// The first `len` bytes of the buffer; None when they do not fit.
+    pub fn memory(&self, len: usize) -> Option<IoMemory> {
+        (len <= self.capacity).then(|| IoMemory::Guest {
+            mem: self.mem.clone(),
+            segments: vec![GuestSegment {
+                addr: self.addr,
+                len: len as u32,
+            }],
+        })
+    }
 }
 
 /// Why a buffer is not a FUSE request.
@@ -60,6 +87,7 @@ impl<'a> FuseRequest<'a> {
             header,
             arg: rest,
             data: &rest[split..],
+            in_place: None,
         })
     }
 }
@@ -71,7 +99,8 @@ pub enum Reply {
     Body(Vec<u8>),
     /// The data a READ brought back, in the request's own buffer: the
     /// transport copies it out once (ring) or writes it from there
-    /// (/dev/fuse), with no copy in between.
+    /// (/dev/fuse), with no copy in between; `IoMemory::Guest` when it
+    /// was read in place (already in the ring entry's payload).
     Data(IoMemory),
     /// FORGET and INTERRUPT get no reply.
     Nothing,
@@ -125,7 +154,9 @@ impl Pending {
         match (completion.result, self) {
             (Err(e), _) => Reply::Error(block_errno(&e)),
             (Ok(_), Pending::Read) => match completion.memory {
-                memory @ (IoMemory::Owned(_) | IoMemory::Aligned(_)) => Reply::Data(memory),
+                memory @ (IoMemory::Owned(_) | IoMemory::Aligned(_) | IoMemory::Guest { .. }) => {
+                    Reply::Data(memory)
+                }
                 _ => Reply::Error(libc::EIO),
             },
             (Ok(_), Pending::Write { size }) => {

@@ -51,7 +51,8 @@ pub fn read(state: &Arc<ExportState>, req: &FuseRequest) -> Action {
     if len == 0 {
         return empty();
     }
-    let memory = state.buffer(len as usize, &[]);
+    let in_place = req.in_place.as_ref().and_then(|p| p.memory(len as usize));
+    let memory = in_place.unwrap_or_else(|| state.buffer(len as usize, &[]));
     submit(RequestOp::Read, rd.offset, memory, Pending::Read)
 }
 
@@ -88,10 +89,13 @@ pub fn write(state: &Arc<ExportState>, req: &FuseRequest) -> Action {
     if len == 0 {
         return Action::Reply(Reply::Body(WriteOut::default().as_bytes().to_vec()));
     }
+    // In place: `data` is the start of the entry's payload buffer.
+    let in_place = req.in_place.as_ref().and_then(|p| p.memory(len as usize));
+    let memory = in_place.unwrap_or_else(|| state.buffer(len as usize, &data[..len as usize]));
     submit(
         RequestOp::Write,
         wr.offset,
-        state.buffer(len as usize, &data[..len as usize]),
+        memory,
         Pending::Write { size: len as u32 },
     )
 }
@@ -240,6 +244,7 @@ mod tests {
             },
             arg,
             data,
+            in_place: None,
         }
     }
 
@@ -281,6 +286,41 @@ mod tests {
             replied(read(&s, &request(opcode::READ, arg.as_bytes(), &[]))),
             Reply::Error(libc::EINVAL)
         );
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn ring_requests_do_their_io_in_place() {
+        use crate::export::fuse::handler::InPlace;
+        use vm_memory::{GuestAddress, GuestMemoryMmap};
+        let (s, path) = state("inplace", 1 << 20, true, false);
+        let mem = Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 8192)]).unwrap());
+        let at = |capacity| InPlace {
+            mem: mem.clone(),
+            addr: GuestAddress(4096),
+            capacity,
+        };
+        let in_place = |a: ReadWriteIn, op, data: &'static [u8], capacity| {
+            let mut r = request(op, a.as_bytes(), data);
+            r.in_place = Some(at(capacity));
+            let action = if op == opcode::READ {
+                read(&s, &r)
+            } else {
+                write(&s, &r)
+            };
+            submitted(action).0.memory
+        };
+        let guest_segment = |m: IoMemory| match m {
+            IoMemory::Guest { segments, .. } => (segments[0].addr, segments[0].len),
+            other => panic!("not in place: {other:?}"),
+        };
+        let m = in_place(rw(0, 4096), opcode::READ, b"", 4096);
+        assert_eq!(guest_segment(m), (GuestAddress(4096), 4096));
+        let m = in_place(rw(0, 4), opcode::WRITE, b"abcd", 4096);
+        assert_eq!(guest_segment(m), (GuestAddress(4096), 4));
+        // Larger than the buffer: a buffer of its own.
+        let m = in_place(rw(0, 8192), opcode::READ, b"", 4096);
+        assert!(matches!(m, IoMemory::Owned(_) | IoMemory::Aligned(_)));
         std::fs::remove_file(path).unwrap();
     }
 

@@ -26,7 +26,9 @@ mod io;
 mod mount;
 mod poll;
 mod uring;
+mod uring_payload;
 mod uring_setup;
+mod uring_wake;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -5,13 +5,17 @@
 //!
 //! At start ([`setup_rings`], after the INIT reply) every entry is
 //! registered: an `IORING_OP_URING_CMD` REGISTER whose iovecs point at the
-//! entry's header buffer ([`UringReqHeader`]) and payload buffer. The
+//! entry's header buffer ([`UringReqHeader`]) and payload buffer (in the
+//! thread's [`PayloadArea`], where READ/WRITE do their I/O in place). The
 //! kernel completes the command when it has put a request there; the
 //! thread dispatches it with the same handlers as /dev/fuse, and answers
 //! with COMMIT_AND_FETCH (reply in the same buffers), which also re-arms
 //! the entry. Requests that need image I/O go to the disk queue; a
-//! POLL_ADD on its completion eventfd wakes the same ring, so one
-//! `io_uring_enter` waits for both the kernel's requests and the I/O.
+//! POLL_ADD on its completion eventfd linked to a READ of it, both in the
+//! same ring ([`super::uring_wake`]), completes when I/O is done, so one
+//! `io_uring_enter` waits for both the kernel's requests and the I/O, and
+//! the thread takes the completions with [`DiskQueue::reap_completions`]
+//! and no syscall of its own.
 //! Before it sleeps there, the thread enters without waiting (which runs
 //! the ring's deferred task work) for an adaptive while
 //! ([`super::poll`]), so a request or completion that comes soon finds it
@@ -35,27 +39,24 @@ use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use block::{BlockRequest, Completion, Disk, DiskQueue};
-use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use block::{BlockRequest, Completion, Disk, DiskQueue, IoMemory};
+use io_uring::{cqueue, squeue, IoUring};
 
 use super::abi::{
     InHeader, OutHeader, Pod, UringCmdReq, UringReqHeader, URING_CMD_COMMIT_AND_FETCH,
 };
 use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, Pending, Reply};
-use super::init::MAX_WRITE;
 use super::poll::{AdaptivePoll, WaitKind};
+use super::uring_payload::{PayloadArea, PAYLOAD_SIZE};
 use super::uring_setup::{
     build_ring, fuse_cmd, possible_cpus, register_sqe, served_queues, RingError, SERVERS_PER_QUEUE,
 };
+use super::uring_wake::{CompletionWake, COMPLETION_POLL, COMPLETION_READ};
 
 /// Ring entries per kernel queue, all threads together (qemu's series
 /// uses 64): at least fio's depth 64 from one CPU.
 const ENTRIES_PER_QUEUE: usize = 64;
-/// The kernel's `max_payload_sz`: max(8 KiB, max_write, max_pages pages).
-const PAYLOAD_SIZE: usize = MAX_WRITE as usize;
-/// `user_data` of the POLL_ADD on the disk queue's eventfd.
-const COMPLETION_POLL: u64 = u64::MAX;
 /// `io_uring_enter` flag: run task work and reap completions (not
 /// re-exported by the io-uring crate).
 const IORING_ENTER_GETEVENTS: u32 = 1;
@@ -79,7 +80,6 @@ struct RingEntry {
     /// The kernel queue it is registered on.
     qid: u16,
     header: Box<UringReqHeader>,
-    payload: Box<[u8]>,
     state: EntryState,
 }
 
@@ -114,6 +114,10 @@ pub struct RingQueue {
     poll: AdaptivePoll,
     /// Enters that did not wait (spinning), for the log line.
     spins: u64,
+    /// The armed POLL_ADD + READ of the disk queue's eventfd.
+    wake: CompletionWake,
+    /// The entries' payload buffers (entry i's at index i).
+    payloads: PayloadArea,
 }
 
 /// Creates one ring thread per kernel queue (each registers its entries
@@ -134,9 +138,12 @@ pub fn setup_rings(
     for index in 0..queues {
         let (ring, deferred) = build_ring(ring_size).map_err(|e| RingError::Create(index, e))?;
         let disk_queue = disk.queue().map_err(|e| RingError::DiskQueue(index, e))?;
+        let serves = served_queues(index, queues);
+        let payloads = PayloadArea::new(serves.len() * entries_per_queue)
+            .map_err(|e| RingError::Create(index, e))?;
         let thread = RingQueue {
             index,
-            serves: served_queues(index, queues),
+            serves,
             entries_per_queue,
             ring,
             deferred,
@@ -151,6 +158,8 @@ pub fn setup_rings(
             busy_at_enters: 0,
             poll: AdaptivePoll::new(poll_max),
             spins: 0,
+            wake: CompletionWake::new(),
+            payloads,
         };
         threads.push(thread);
     }
@@ -172,22 +181,26 @@ impl RingQueue {
             .collect();
         for (i, qid) in slots.into_iter().enumerate() {
             let mut header = Box::<UringReqHeader>::default();
-            let mut payload = vec![0u8; PAYLOAD_SIZE].into_boxed_slice();
+            let Some(payload) = self.payloads.host_ptr(i) else {
+                return Err(RingError::Submit(
+                    self.index,
+                    std::io::Error::other("more entries than payload buffers"),
+                ));
+            };
             let iov = [
                 libc::iovec {
                     iov_base: (&mut *header as *mut UringReqHeader).cast(),
                     iov_len: std::mem::size_of::<UringReqHeader>(),
                 },
                 libc::iovec {
-                    iov_base: payload.as_mut_ptr().cast(),
-                    iov_len: payload.len(),
+                    iov_base: payload.cast(),
+                    iov_len: PAYLOAD_SIZE,
                 },
             ];
             let sqe = register_sqe(fd, qid, &iov, i as u64);
             self.entries.push(RingEntry {
                 qid,
                 header,
-                payload,
                 state: EntryState::Armed,
             });
             // SAFETY: the iovecs point at buffers owned by `self.entries`,
@@ -255,7 +268,7 @@ impl RingQueue {
                 log::debug!("fuse ring {}: {reason}", self.index);
             }
         }
-        self.arm_completion_poll()?;
+        self.arm_wake()?;
         let mut completions = Vec::new();
         let mut batch = Vec::new();
         for (tag, res) in early {
@@ -267,6 +280,8 @@ impl RingQueue {
         loop {
             let alive = self.entries.iter().any(|e| e.state != EntryState::Gone);
             if !alive && self.disk.in_flight() == 0 {
+                let eventfd = self.disk.completion_eventfd();
+                self.wake.disarm(&mut self.ring, || eventfd.write(1))?;
                 log::info!(
                     "fuse ring thread {}: served {} requests, at most {} in flight, {} ring enters, {:.1} in flight at an enter on average, {} waits ended by polling ({} polling enters)",
                     self.index,
@@ -293,9 +308,17 @@ impl RingQueue {
                 .map(|c| (c.user_data(), c.result()))
                 .collect();
             for (tag, res) in cqes {
-                if tag == COMPLETION_POLL {
-                    self.answer_completions(&mut completions)?;
-                    self.arm_completion_poll()?;
+                if tag == COMPLETION_READ {
+                    let cleared = self.wake.fired(res);
+                    self.answer_completions(cleared, res, &mut completions)?;
+                    self.arm_wake()?;
+                } else if tag == COMPLETION_POLL {
+                    // The poll failed; its READ ends with ECANCELED.
+                    log::debug!(
+                        "fuse ring {}: eventfd poll: {}",
+                        self.index,
+                        std::io::Error::from_raw_os_error(-res)
+                    );
                 } else {
                     self.take_request(tag as usize, res, &mut batch)?;
                 }
@@ -340,20 +363,16 @@ impl RingQueue {
         Ok(())
     }
 
-    fn arm_completion_poll(&mut self) -> std::io::Result<()> {
+    fn arm_wake(&mut self) -> std::io::Result<()> {
         let fd = self.disk.completion_eventfd().as_raw_fd();
-        let sqe: squeue::Entry128 = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
-            .build()
-            .user_data(COMPLETION_POLL)
-            .into();
-        self.push(&sqe)
+        self.wake.arm(&mut self.ring, fd)
     }
 
     fn push(&mut self, sqe: &squeue::Entry128) -> std::io::Result<()> {
         loop {
-            // SAFETY: the SQEs pushed here (POLL_ADD on an eventfd the disk
-            // queue owns, COMMIT_AND_FETCH whose buffers were registered)
-            // reference no memory beyond what `self` keeps alive.
+            // SAFETY: the SQEs pushed here (COMMIT_AND_FETCH whose buffers
+            // were registered) reference no memory beyond what `self`
+            // keeps alive.
             if unsafe { self.ring.submission().push(sqe) }.is_ok() {
                 return Ok(());
             }
@@ -386,11 +405,11 @@ impl RingQueue {
         self.served += 1;
         let header = InHeader::read_from(&entry.header.in_out).unwrap_or_default();
         let ent = entry.header.ring_ent_in_out;
-        let data_len = (ent.payload_sz as usize).min(entry.payload.len());
         let req = FuseRequest {
             header,
             arg: &entry.header.op_in,
-            data: &entry.payload[..data_len],
+            data: self.payloads.bytes(index, ent.payload_sz as usize),
+            in_place: self.payloads.in_place(index),
         };
         if ent.commit_id != header.unique {
             log::debug!(
@@ -420,8 +439,24 @@ impl RingQueue {
         }
     }
 
-    fn answer_completions(&mut self, completions: &mut Vec<Completion>) -> std::io::Result<()> {
-        self.disk.drain_completions(completions);
+    /// The READ of the eventfd ended with `res`: answers every finished
+    /// request. The READ cleared the eventfd, unless it failed.
+    fn answer_completions(
+        &mut self,
+        cleared: bool,
+        res: i32,
+        completions: &mut Vec<Completion>,
+    ) -> std::io::Result<()> {
+        if cleared {
+            self.disk.reap_completions(completions);
+        } else {
+            log::debug!(
+                "fuse ring {}: eventfd read: {}",
+                self.index,
+                std::io::Error::from_raw_os_error(-res)
+            );
+            self.disk.drain_completions(completions);
+        }
         for c in completions.drain(..) {
             let index = c.user_data as usize;
             let Some(EntryState::Busy {
@@ -458,16 +493,26 @@ impl RingQueue {
             return Ok(());
         };
         let qid = entry.qid;
-        let (error, body) = reply.parts();
-        let (error, len) = if body.len() > entry.payload.len() {
-            log::error!(
-                "fuse ring {thread}: a {}-byte reply does not fit",
-                body.len()
-            );
-            (-libc::EIO, 0)
-        } else {
-            entry.payload[..body.len()].copy_from_slice(body);
-            (error, body.len())
+        let payload = self.payloads.bytes_mut(index);
+        let (error, len) = match reply {
+            // Read in place: the data is in the payload already.
+            Reply::Data(IoMemory::Guest { segments, .. }) => {
+                let len: usize = segments.iter().map(|s| s.len as usize).sum();
+                (0, len.min(payload.len()))
+            }
+            _ => {
+                let (error, body) = reply.parts();
+                if body.len() > payload.len() {
+                    log::error!(
+                        "fuse ring {thread}: a {}-byte reply does not fit",
+                        body.len()
+                    );
+                    (-libc::EIO, 0)
+                } else {
+                    payload[..body.len()].copy_from_slice(body);
+                    (error, body.len())
+                }
+            }
         };
         let out = OutHeader {
             len: (std::mem::size_of::<OutHeader>() + len) as u32,
@@ -501,6 +546,7 @@ impl Drop for RingQueue {
                 self.index
             );
             std::mem::forget(entries);
+            self.payloads.leak();
         }
     }
 }
