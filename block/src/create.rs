@@ -112,7 +112,7 @@ pub(crate) fn open_for_create(path: &Path) -> Result<File, BlockError> {
         .truncate(false)
         .open(path)
         .map_err(open_err)?;
-    crate::lock::lock_image(&file, path, true)?;
+    crate::lock::lock_image(&file, path, true)?.keep_with_file();
     file.set_len(0).map_err(open_err)?;
     Ok(file)
 }

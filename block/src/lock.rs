@@ -9,8 +9,13 @@
 //! qemu-io writes fail, and a qemu process holding the image makes our
 //! open fail with [`BlockError::Locked`].
 //!
-//! A descriptor enters; on success it leaves locked for as long as the open
-//! file description lives (every dup shares it).
+//! A descriptor enters; on success it leaves locked, and an [`ImageLock`]
+//! comes back. Dropping that guard (the image closing) unlocks the bytes
+//! at once, even where the open file description lives on: in a child
+//! process forked before its exec (which holds every descriptor for a
+//! moment, close-on-exec or not) or in an io_uring ring the kernel tears
+//! down later. Without that, `qemu-img` run right after a close could
+//! still find the image locked.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -77,9 +82,46 @@ fn lock_byte(file: &File, start: i64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The locks [`lock_image`] took on one open file description, released
+/// when this is dropped.
+#[derive(Debug)]
+pub struct ImageLock {
+    /// A descriptor of the locked open file description (`None` once the
+    /// locks are left to it, see [`ImageLock::keep_with_file`]).
+    file: Option<File>,
+}
+
+impl ImageLock {
+    /// Leaves the locks with the open file description: they go when its
+    /// last descriptor closes (for a file being created, whose locks end
+    /// with it).
+    pub fn keep_with_file(mut self) {
+        self.file = None;
+    }
+}
+
+impl Drop for ImageLock {
+    fn drop(&mut self) {
+        let Some(file) = self.file.take() else {
+            return;
+        };
+        let mut fl = flock(libc::F_UNLCK as libc::c_short, PERM_BASE);
+        fl.l_len = SHARED_BASE + i64::from(PERM_COUNT) - PERM_BASE;
+        // SAFETY: F_OFD_SETLK only reads the flock struct we own.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+        if r < 0 {
+            // The locks then go with the open file description.
+            log::warn!(
+                "cannot release the image's locks: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
 /// Takes qemu-compatible locks on `file`: a writer's when `writable`, else
 /// a reader's (which still refuses concurrent writers, as qemu does).
-pub fn lock_image(file: &File, path: &Path, writable: bool) -> Result<(), BlockError> {
+pub fn lock_image(file: &File, path: &Path, writable: bool) -> Result<ImageLock, BlockError> {
     let (held, unshared) = perms(writable);
     let lock_err = |source| BlockError::Lock {
         path: path.to_owned(),
@@ -113,21 +155,28 @@ pub fn lock_image(file: &File, path: &Path, writable: bool) -> Result<(), BlockE
             }
         }
     }
-    Ok(())
+    // A descriptor of the same open file description, to unlock it later.
+    let guard = file.try_clone().map_err(lock_err)?;
+    Ok(ImageLock { file: Some(guard) })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn writer_excludes_reader_and_writer() {
-        let dir = std::env::temp_dir().join(format!("lock-test-{}", std::process::id()));
+    fn scratch(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("lock-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("img");
         std::fs::write(&p, [0u8; 512]).unwrap();
+        (dir, p)
+    }
+
+    #[test]
+    fn writer_excludes_reader_and_writer() {
+        let (dir, p) = scratch("excl");
         let a = File::options().read(true).write(true).open(&p).unwrap();
-        lock_image(&a, &p, true).unwrap();
+        let guard_a = lock_image(&a, &p, true).unwrap();
         let b = File::open(&p).unwrap();
         assert!(matches!(
             lock_image(&b, &p, false),
@@ -138,10 +187,41 @@ mod tests {
             lock_image(&c, &p, true),
             Err(BlockError::Locked { .. })
         ));
-        drop(a);
-        lock_image(&b, &p, false).unwrap();
+        drop(guard_a);
+        let _guard_b = lock_image(&b, &p, false).unwrap();
         let d = File::open(&p).unwrap();
-        lock_image(&d, &p, false).unwrap();
+        let _guard_d = lock_image(&d, &p, false).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The guard unlocks the open file description even while another
+    /// descriptor of it stays open (a forked child's, a ring's).
+    #[test]
+    fn dropping_the_guard_unlocks_while_the_description_lives_on() {
+        let (dir, p) = scratch("guard");
+        let a = File::options().read(true).write(true).open(&p).unwrap();
+        let still_open = a.try_clone().unwrap();
+        let guard = lock_image(&a, &p, true).unwrap();
+        drop(a);
+        let b = File::options().read(true).write(true).open(&p).unwrap();
+        assert!(matches!(
+            lock_image(&b, &p, true),
+            Err(BlockError::Locked { .. })
+        ));
+        drop(guard);
+        let _guard_b = lock_image(&b, &p, true).unwrap();
+        // Left with the file, the locks last as long as its descriptors.
+        drop(_guard_b);
+        let c = File::open(&p).unwrap();
+        lock_image(&c, &p, false).unwrap().keep_with_file();
+        let e = File::options().read(true).write(true).open(&p).unwrap();
+        assert!(matches!(
+            lock_image(&e, &p, true),
+            Err(BlockError::Locked { .. })
+        ));
+        drop(c);
+        let _guard_e = lock_image(&e, &p, true).unwrap();
+        drop(still_open);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -106,11 +106,10 @@ fn case(engine: EngineKind, direct: bool, kind: Kind) {
             .err()
             .expect("a direct writable open of 512-byte clusters");
         assert!(err.to_string().contains("512-byte clusters"), "{err}");
+        // The refused open's locks went with it, even if a child another
+        // test thread forked meanwhile still holds its descriptor
+        // (tests/image_locks.rs).
         o.readonly = true;
-        // The refused open held the image's lock for a moment; a child
-        // another test thread forks in that moment keeps it until its
-        // exec. Locks are tested elsewhere.
-        o.lock = false;
         let disk = Disk::open(&o).unwrap();
         body::exercise_reads(&disk, model, 0x5c);
         return;

@@ -33,15 +33,13 @@ pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, Bloc
     };
     match image_type {
         ImageType::Raw | ImageType::Auto => {
-            if opts.lock {
-                crate::lock::lock_image(&file, &opts.path, !opts.readonly)?;
-            }
-            Ok(Arc::new(RawImage::new(
-                &opts.path,
-                Arc::new(file),
-                opts.readonly,
-                probed,
-            )?))
+            let lock = match opts.lock {
+                true => Some(crate::lock::lock_image(&file, &opts.path, !opts.readonly)?),
+                false => None,
+            };
+            Ok(Arc::new(
+                RawImage::new(&opts.path, Arc::new(file), opts.readonly, probed)?.with_lock(lock),
+            ))
         }
         // Qcow2Image locks its own file and its backing chain.
         ImageType::Qcow2 => Ok(Arc::new(Qcow2Image::open(opts, file)?)),

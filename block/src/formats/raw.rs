@@ -11,6 +11,7 @@ use super::{
     ReadSource, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan,
 };
 use crate::error::BlockError;
+use crate::lock::ImageLock;
 
 const IMAGE: FileId = FileId(0);
 
@@ -20,6 +21,8 @@ pub struct RawImage {
     size: AtomicU64,
     readonly: bool,
     probed: bool,
+    /// Released when the image is dropped (see [`crate::lock`]).
+    _lock: Option<ImageLock>,
 }
 
 impl RawImage {
@@ -41,7 +44,14 @@ impl RawImage {
             size: AtomicU64::new(size),
             readonly,
             probed,
+            _lock: None,
         })
+    }
+
+    /// Holds `lock` (this image's locks) until the image is dropped.
+    pub(crate) fn with_lock(mut self, lock: Option<ImageLock>) -> Self {
+        self._lock = lock;
+        self
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {

@@ -147,10 +147,11 @@ pub(crate) fn open_backing(
             path,
         });
     }
-    if bopts.lock {
-        crate::lock::lock_image(&file, &path, false)?;
-    }
-    let img = RawImage::new(&path, Arc::new(file), true, fmt.is_none())?;
+    let lock = match bopts.lock {
+        true => Some(crate::lock::lock_image(&file, &path, false)?),
+        false => None,
+    };
+    let img = RawImage::new(&path, Arc::new(file), true, fmt.is_none())?.with_lock(lock);
     Ok(Backing {
         image: Arc::new(img),
         cow_files: vec![Arc::new(buffered)],

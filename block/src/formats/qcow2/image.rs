@@ -22,6 +22,7 @@ use super::meta::MetaState;
 use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
 use crate::error::BlockError;
 use crate::formats::FileId;
+use crate::lock::ImageLock;
 use crate::options::DiskOptions;
 
 /// Everything that changes after open, behind one lock.
@@ -55,6 +56,9 @@ pub struct Qcow2Image {
     /// Whether `State::compressed` may hold data (read without the lock
     /// on every read and write plan).
     pub(crate) compressed_cached: AtomicBool,
+    /// This file's locks, released when the image is dropped (after the
+    /// `Drop` below has written what it must; see [`crate::lock`]).
+    pub(crate) _lock: Option<ImageLock>,
 }
 
 fn header_error(path: &Path, e: HeaderError) -> BlockError {
@@ -175,9 +179,10 @@ impl Qcow2Image {
                 feature: "a writable open without the backing chain".into(),
             });
         }
-        if opts.lock {
-            crate::lock::lock_image(&file, &path, !opts.readonly)?;
-        }
+        let lock = match opts.lock {
+            true => Some(crate::lock::lock_image(&file, &path, !opts.readonly)?),
+            false => None,
+        };
         let meta_file = OpenOptions::new()
             .read(true)
             .write(!opts.readonly)
@@ -287,6 +292,7 @@ impl Qcow2Image {
             data_file,
             header,
             readonly: opts.readonly,
+            _lock: lock,
         })
     }
 
