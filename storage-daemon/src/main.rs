@@ -17,7 +17,6 @@
 mod args;
 mod daemon;
 mod export;
-mod logger;
 
 use std::process::ExitCode;
 
@@ -38,11 +37,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    logger::install(config.verbosity);
+    ch_log::install(
+        "ch-storage-daemon",
+        match config.verbosity {
+            0 => log::LevelFilter::Info,
+            1 => log::LevelFilter::Debug,
+            _ => log::LevelFilter::Trace,
+        },
+    );
     match daemon::run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ch-storage-daemon: {}", logger::error_chain(&e));
+            eprintln!("ch-storage-daemon: {}", ch_log::error_chain(&e));
             ExitCode::FAILURE
         }
     }

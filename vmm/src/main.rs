@@ -7,34 +7,6 @@ use std::process::ExitCode;
 use vmm::config::{args::USAGE, parse_args, Command};
 use vmm::vm::ExitReason;
 
-/// A minimal stderr logger; `-v` raises the level.
-struct StderrLogger;
-
-impl log::Log for StderrLogger {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::max_level()
-    }
-    fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
-            eprintln!("cloud-hypervisor: {}: {}", r.level(), r.args());
-        }
-    }
-    fn flush(&self) {}
-}
-
-static LOGGER: StderrLogger = StderrLogger;
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let config = match parse_args(&args) {
@@ -52,19 +24,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let _ = log::set_logger(&LOGGER);
-    log::set_max_level(match config.verbosity {
-        0 => log::LevelFilter::Warn,
-        1 => log::LevelFilter::Info,
-        2 => log::LevelFilter::Debug,
-        _ => log::LevelFilter::Trace,
-    });
+    ch_log::install(
+        "cloud-hypervisor",
+        match config.verbosity {
+            0 => log::LevelFilter::Warn,
+            1 => log::LevelFilter::Info,
+            2 => log::LevelFilter::Debug,
+            _ => log::LevelFilter::Trace,
+        },
+    );
 
     vmm::seccomp::fix_malloc_arena_limit();
     let disks = match vmm::device_manager::open_disks(&config.disks) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("cloud-hypervisor: {}", error_chain(&e));
+            eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -87,7 +61,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("cloud-hypervisor: {}", error_chain(&e));
+            eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
             ExitCode::FAILURE
         }
     }

@@ -103,7 +103,7 @@ impl VhostUserBlkDevice {
                 // reuses their kick eventfds.
                 for q in &queues[..started] {
                     if let Err(stop) = vrings::stop_vring(frontend, &socket, q.index) {
-                        log::error!("{}", error_chain(&stop));
+                        log::error!("{}", ch_log::error_chain(&stop));
                     }
                 }
                 return Err(e);
@@ -125,24 +125,12 @@ impl VhostUserBlkDevice {
             let socket = &self.connection.socket;
             match vrings::stop_vring(&mut self.connection.frontend, socket, index) {
                 Ok(base) => log::debug!("vhost-user-blk {socket}: queue {index} stopped at {base}"),
-                Err(e) => log::error!("{}", error_chain(&e)),
+                Err(e) => log::error!("{}", ch_log::error_chain(&e)),
             }
         }
         running.forwarder.stop();
         running.kicks
     }
-}
-
-/// `e` and its sources on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
 }
 
 impl VirtioDevice for VhostUserBlkDevice {
@@ -194,7 +182,7 @@ impl VirtioDevice for VhostUserBlkDevice {
             log::error!(
                 "vhost-user-blk {}: SET_CONFIG: {}",
                 self.connection.socket,
-                error_chain(&e)
+                ch_log::error_chain(&e)
             );
         }
     }
@@ -219,7 +207,7 @@ impl VirtioDevice for VhostUserBlkDevice {
                 Ok(())
             }
             Err(e) => {
-                let message = error_chain(&e);
+                let message = ch_log::error_chain(&e);
                 log::error!("{message}");
                 Err(ActivateError::BadActivate(message))
             }
