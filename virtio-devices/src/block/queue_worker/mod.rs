@@ -1,15 +1,18 @@
 //! The per-queue worker of virtio-blk: one thread, one epoll loop.
 //!
 //! Data enters as guest notifications on the queue's kick eventfd: the
-//! worker pops every available chain, parses it with
-//! [`super::request_parser`], and hands the whole batch of disk requests to
-//! its [`DiskQueue`] in one `submit_batch_requests` call before it sleeps
-//! again. Data leaves through the disk queue's completion eventfd: the
-//! worker drains the completions, writes each status byte, adds the used
-//! entries and raises at most one interrupt per drained batch (suppressed
-//! when the driver's EVENT_IDX says so). After every wake-up the worker
-//! also looks at the avail index (a guest-memory read), so chains posted
-//! while it was completing others are taken without waiting for a kick.
+//! worker pops the available chains, parses them with
+//! [`super::request_parser`], and hands the disk requests to its
+//! [`DiskQueue`] with `submit_batch_requests`, a large batch in slices
+//! whose completions go back before the next slice is parsed
+//! ([`WorkerState::process_available`]); nothing stays unsubmitted when it
+//! sleeps. Data leaves through the disk queue's completion eventfd
+//! (`completion.rs`): the worker drains the completions, writes each
+//! status byte, adds the used entries and raises at most one interrupt
+//! per drain (suppressed when the driver's EVENT_IDX says so). After
+//! every wake-up the worker also looks at the avail index (a guest-memory
+//! read), so chains posted while it was completing others are taken
+//! without waiting for a kick.
 //! The kick eventfd is edge-triggered and never read. Optional busy poll:
 //! [`QueueWorker::poll`]. Optional throttling ([`super::rate_limit`]): a
 //! chain the buckets cannot pay for yet goes back on the ring, and the
