@@ -240,6 +240,10 @@ impl WorkerState {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
+            // Taken: the pass below sets it again if it stops at its bound
+            // (a guest that moves the avail index back cannot make this
+            // loop spin).
+            self.more_available = false;
             let mut kicked = false;
             let mut completed = false;
             for event in &events[..n] {
