@@ -160,6 +160,13 @@ class Bench:
         j = json.loads(run_cmd(argv, 600))
         m = {"iops": j["ops_per_sec"], "lat_us": j["lat_mean_us"],
              "cpu_us_op": run_matrix.LAST_CPU[0] * 1e6 / max(1, j["ops"])}
+        # Per thread (blk-bench's `threads`): the device's queue worker
+        # and the driver, CPU us and sleeps (voluntary switches) per
+        # request.
+        for t in j.get("threads", []):
+            role = "worker" if t["name"].startswith("virtio-blk") else "driver"
+            m[f"{role}_cpu_us_op"] = t["cpu_us_per_op"]
+            m[f"{role}_sleeps_kop"] = t["voluntary_switches_per_op"] * 1000
         for k in ["submit_calls", "submit_p50_us", "submit_p99_us",
                   "submit_max_us", "submit_entries_p50",
                   "submit_entries_max", "submit_by_entries"]:
@@ -339,6 +346,26 @@ def print_cpu(samples, sel):
                       " | ".join(fmt(v, 1) for v in ours + fio) + " |")
 
 
+def print_threads(samples, sel):
+    print("\n### Per thread, per request (median): device queue worker "
+          "CPU us / driver CPU us [worker / driver sleeps per 1000 "
+          "requests]; the threads engine's pool is in neither\n")
+    print("| prealloc | state | pattern | " + " | ".join(sel.engines) + " |")
+    print("|---|---|---|" + "---|" * len(sel.engines))
+    for p in sel.preallocs:
+        for st in sel.states:
+            for rw in sel.patterns:
+                def cell(e):
+                    c = ("ours", p, st, rw, e)
+                    v = [med(samples, c, k) for k in
+                         ["worker_cpu_us_op", "driver_cpu_us_op",
+                          "worker_sleeps_kop", "driver_sleeps_kop"]]
+                    return (f"{fmt(v[0], 2)} / {fmt(v[1], 2)} "
+                            f"[{fmt(v[2], 1)} / {fmt(v[3], 1)}]")
+                print(f"| {p} | {st} | {rw} | " +
+                      " | ".join(cell(e) for e in sel.engines) + " |")
+
+
 def pick(value, allowed, name):
     chosen = value.split(",")
     bad = [v for v in chosen if v not in allowed]
@@ -387,6 +414,7 @@ def main():
     print_ratios(samples, sel)
     print_submit(samples, sel)
     print_cpu(samples, sel)
+    print_threads(samples, sel)
     print(f"\n{args.repeats} repeats, {time.monotonic() - started:.0f} s.")
     print("\nCommands (last repeat):\n")
     for c in sorted(commands, key=str)[:3]:

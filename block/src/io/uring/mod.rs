@@ -72,6 +72,10 @@ pub struct UringEngine {
     /// Moving average of the wall time one SQE costs inside
     /// `io_uring_enter` (ns), which sizes the submit chunks.
     ns_per_entry: u64,
+    /// Every SQE of the last submitting enter had completed by the time
+    /// the call returned (reads of holes and unwritten extents: no device
+    /// I/O), so submitting early would keep nothing busy.
+    last_enter_inline: bool,
     /// Injected results of the next submissions, front first: an errno
     /// fails that enter, 0 lets it run (tests; see
     /// [`UringEngine::inject_submit_results`]).
@@ -96,6 +100,7 @@ impl UringEngine {
             done: VecDeque::new(),
             broken: false,
             ns_per_entry: INITIAL_NS_PER_ENTRY,
+            last_enter_inline: false,
             injected: VecDeque::new(),
         })
     }
@@ -197,12 +202,15 @@ impl UringEngine {
             Some(errno) if errno != 0 => Err(io::Error::from_raw_os_error(errno)),
             _ => {
                 let entries = self.unsubmitted.len();
+                let posted_before = self.ring.completion().len();
                 let t = Instant::now();
                 let r = self.ring.submit();
                 let took = t.elapsed();
                 super::submit_stats::record_duration(took, entries);
                 if let Ok(n) = r {
                     self.learn_cost(took, n);
+                    let posted = self.ring.completion().len().saturating_sub(posted_before);
+                    self.last_enter_inline = n > 0 && posted >= n;
                 }
                 r
             }
@@ -248,10 +256,15 @@ impl UringEngine {
     /// batch then completes together: a convoy that cost 15-20 % of
     /// 4 KiB QD 32 random-read throughput on this project's machine
     /// (docs/perf-notes.md). fio submits one request per enter.
+    ///
+    /// When the kernel completed every op of the last enter inside the
+    /// call (reads of unwritten extents or holes need no device I/O), an
+    /// early enter keeps no device busy and only adds a syscall: the
+    /// chunk is then what fits the budget (`budget_chunk`).
     fn should_submit_early(&self) -> bool {
         let queued = self.unsubmitted.len();
         let in_kernel = self.in_ring.saturating_sub(queued);
-        queued >= early_submit_threshold(in_kernel, self.ns_per_entry)
+        queued >= early_submit_threshold(in_kernel, self.ns_per_entry, self.last_enter_inline)
     }
 
     /// Blocks until the kernel has completed at least one op.
@@ -279,11 +292,20 @@ impl UringEngine {
 
 /// How many queued SQEs make `push` submit, with `in_kernel` ops already
 /// in the kernel and the measured cost `ns_per_entry`: half of what is in
-/// the kernel, at least one, at most what fits [`SUBMIT_BUDGET`].
-fn early_submit_threshold(in_kernel: usize, ns_per_entry: u64) -> usize {
+/// the kernel, at least one, at most what fits [`SUBMIT_BUDGET`]; when
+/// the last enter completed all its ops inline, what fits the budget.
+fn early_submit_threshold(in_kernel: usize, ns_per_entry: u64, inline: bool) -> usize {
+    let chunk = budget_chunk(ns_per_entry);
+    if inline {
+        return chunk;
+    }
+    (in_kernel / EARLY_SUBMIT_DIVISOR).clamp(1, chunk)
+}
+
+/// How many SQEs fit [`SUBMIT_BUDGET`] at `ns_per_entry` each (at least 1).
+fn budget_chunk(ns_per_entry: u64) -> usize {
     let fits = SUBMIT_BUDGET.as_nanos() as u64 / ns_per_entry.max(1);
-    let limit = usize::try_from(fits).unwrap_or(usize::MAX).max(1);
-    (in_kernel / EARLY_SUBMIT_DIVISOR).clamp(1, limit)
+    usize::try_from(fits).unwrap_or(usize::MAX).max(1)
 }
 
 impl Engine for UringEngine {
@@ -432,15 +454,41 @@ mod tests {
     #[test]
     fn submit_chunks_are_cut_to_the_time_budget() {
         // Idle kernel: every op goes at once.
-        assert_eq!(early_submit_threshold(0, 3_000), 1);
+        assert_eq!(early_submit_threshold(0, 3_000, false), 1);
         // Half of what is in flight while that fits the budget...
-        assert_eq!(early_submit_threshold(10, 3_000), 5);
+        assert_eq!(early_submit_threshold(10, 3_000, false), 5);
         // ...then what fits 25 us: 8 entries at 3 us, 2 at 12 us.
-        assert_eq!(early_submit_threshold(120, 3_000), 8);
-        assert_eq!(early_submit_threshold(120, 12_000), 2);
+        assert_eq!(early_submit_threshold(120, 3_000, false), 8);
+        assert_eq!(early_submit_threshold(120, 12_000, false), 2);
         // Slower than the budget per entry: one at a time, never zero.
-        assert_eq!(early_submit_threshold(120, 1_000_000), 1);
-        assert_eq!(early_submit_threshold(120, 0), 60);
+        assert_eq!(early_submit_threshold(120, 1_000_000, false), 1);
+        assert_eq!(early_submit_threshold(120, 0, false), 60);
+    }
+
+    #[test]
+    fn ops_completed_inline_are_submitted_in_budget_chunks() {
+        // Nothing to keep busy: wait for what fits the budget, even from
+        // an idle kernel (25 us at 1 us per entry: 25).
+        assert_eq!(early_submit_threshold(0, 1_000, true), 25);
+        assert_eq!(early_submit_threshold(120, 1_000, true), 25);
+        assert_eq!(early_submit_threshold(0, 3_000, true), 8);
+        // Never more than the budget, never zero.
+        assert_eq!(early_submit_threshold(0, 1_000_000, true), 1);
+    }
+
+    #[test]
+    fn an_enter_whose_reads_completed_inline_is_noticed() {
+        let Some((mut e, path)) = engine(32) else {
+            return;
+        };
+        // The file was just written: its pages are cached, so buffered
+        // reads complete inside the enter. All data must still be right
+        // whatever the chunking (read_all checks every byte).
+        let out = read_all(&mut e);
+        assert_eq!(out.len(), 16);
+        assert!(out.iter().all(|c| matches!(c.result, Ok(4096))));
+        assert!(e.last_enter_inline, "cached reads complete in the enter");
+        let _ = std::fs::remove_file(path);
     }
 
     #[test]

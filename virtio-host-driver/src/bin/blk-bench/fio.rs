@@ -126,5 +126,6 @@ pub fn run_fio(o: &Options, target: &FioTarget) -> Result<RunStats, String> {
         lat_p99_us: pct("99.000000"),
         lat_max_us: f(&side["clat_ns"]["max"]) / 1000.0,
         think_s: 0.0,
+        threads: Vec::new(),
     })
 }

@@ -10,6 +10,7 @@
 mod args;
 mod fio;
 mod stats;
+mod thread_cpu;
 mod workload;
 
 use serde_json::json;

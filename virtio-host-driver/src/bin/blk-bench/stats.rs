@@ -5,6 +5,8 @@
 
 use serde_json::{json, Value};
 
+use crate::thread_cpu::ThreadCpu;
+
 #[derive(Clone, Debug, Default)]
 pub struct RunStats {
     pub label: String,
@@ -17,6 +19,9 @@ pub struct RunStats {
     pub lat_max_us: f64,
     /// Driver think time actually spent (sleeps), summed over queues.
     pub think_s: f64,
+    /// CPU time and context switches of our threads (drivers and the
+    /// device's queue workers); empty for fio.
+    pub threads: Vec<ThreadCpu>,
 }
 
 impl RunStats {
@@ -52,6 +57,7 @@ impl RunStats {
             lat_p99_us: pct(0.99),
             lat_max_us: pct(1.0),
             think_s,
+            threads: Vec::new(),
         }
     }
 
@@ -72,7 +78,7 @@ impl RunStats {
     }
 
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "label": self.label,
             "ops": self.ops,
             "bytes": self.bytes,
@@ -84,7 +90,11 @@ impl RunStats {
             "lat_p99_us": self.lat_p99_us,
             "lat_max_us": self.lat_max_us,
             "think_s": self.think_s,
-        })
+        });
+        if !self.threads.is_empty() {
+            v["threads"] = self.threads.iter().map(|t| t.to_json(self.ops)).collect();
+        }
+        v
     }
 
     pub fn table_header() -> &'static str {

@@ -15,6 +15,7 @@ use virtio_host_driver::{BlockHarness, DriverOptions, QueueDriver};
 
 use crate::args::Options;
 use crate::stats::RunStats;
+use crate::thread_cpu::ThreadCpu;
 
 /// What one driver thread measured.
 struct ThreadResult {
@@ -22,6 +23,9 @@ struct ThreadResult {
     bytes: u64,
     think: Duration,
     errors: u64,
+    /// This driver thread's CPU time and context switches, read when it
+    /// finished.
+    cpu: Option<ThreadCpu>,
 }
 
 #[derive(Clone, Copy)]
@@ -81,6 +85,7 @@ fn drive(mut q: QueueDriver, p: ThreadPlan) -> ThreadResult {
         bytes: 0,
         think: Duration::ZERO,
         errors: 0,
+        cpu: None,
     };
     let start = Instant::now();
     let deadline = start + p.runtime;
@@ -154,6 +159,7 @@ fn drive(mut q: QueueDriver, p: ThreadPlan) -> ThreadResult {
             }
         }
     }
+    res.cpu = ThreadCpu::current();
     res
 }
 
@@ -221,6 +227,7 @@ pub fn run_ours(o: &Options) -> Result<RunStats, String> {
     let mut bytes = 0;
     let mut think_s = 0.0f64;
     let mut errors = 0;
+    let mut cpu = Vec::new();
     for t in threads {
         let r = t
             .join()
@@ -229,21 +236,20 @@ pub fn run_ours(o: &Options) -> Result<RunStats, String> {
         bytes += r.bytes;
         think_s = think_s.max(r.think.as_secs_f64());
         errors += r.errors;
+        cpu.extend(r.cpu);
     }
     let elapsed = t0.elapsed().as_secs_f64();
+    // The device's queue workers (named by BlockDevice), before they stop.
+    cpu.extend(ThreadCpu::named("virtio-blk-q"));
     h.device
         .close()
         .map_err(|e| format!("closing the device: {e}"))?;
     if errors > 0 {
         return Err(format!("{errors} requests failed or stalled"));
     }
-    Ok(RunStats::from_latencies(
-        "blk-bench",
-        &mut lat,
-        bytes,
-        elapsed,
-        think_s,
-    ))
+    let mut stats = RunStats::from_latencies("blk-bench", &mut lat, bytes, elapsed, think_s);
+    stats.threads = cpu;
+    Ok(stats)
 }
 
 #[cfg(test)]

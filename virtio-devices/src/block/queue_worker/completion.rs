@@ -1,0 +1,120 @@
+//! The completion side of a queue worker: finished disk requests become
+//! used entries, and the driver gets at most one interrupt per drain.
+//!
+//! Data enters from the [`DiskQueue`](block::DiskQueue)'s completions
+//! (drained when its eventfd fires, and between the slices of a large
+//! batch, see [`super::WorkerState::process_available`]); it leaves as
+//! status bytes written into guest memory, used-ring entries and, unless
+//! the driver's EVENT_IDX `used_event` says it does not want one yet, an
+//! interrupt. A write in writethrough mode is not completed here: a flush
+//! is submitted for it first.
+
+use block::{BlockRequest, IoMemory, RequestOp};
+use log::{debug, error, warn};
+use virtio_bindings::virtio_blk::VIRTIO_BLK_S_OK;
+use virtio_queue::QueueT;
+use vm_memory::{Bytes, GuestAddress};
+
+use super::{PendingChain, WorkerState};
+use crate::block::error_status::failed_request_status;
+use crate::device::InterruptKind;
+
+impl WorkerState {
+    /// Drains the disk queue's completions; returns how many there were.
+    pub(super) fn process_completions(&mut self) -> usize {
+        let mut completions = std::mem::take(&mut self.completions);
+        self.w.disk.drain_completions(&mut completions);
+        let drained = completions.len();
+        let mut flushes = Vec::new();
+        for c in completions.drain(..) {
+            if let IoMemory::Guest { segments, .. } = c.memory {
+                self.scratch.recycle(segments);
+            }
+            let Some(chain) = self.pending.remove(&c.user_data) else {
+                warn!(
+                    "virtio-blk queue {}: completion for unknown request {:#x}",
+                    self.w.index, c.user_data
+                );
+                continue;
+            };
+            match c.result {
+                Ok(_) if chain.flush_after => {
+                    let user_data = self.track(PendingChain {
+                        flush_after: false,
+                        ..chain
+                    });
+                    flushes.push(BlockRequest {
+                        user_data,
+                        op: RequestOp::Flush,
+                        offset: 0,
+                        memory: IoMemory::None,
+                    });
+                }
+                Ok(bytes) => {
+                    let data = if chain.is_read {
+                        u32::try_from(bytes).unwrap_or(u32::MAX - 1)
+                    } else {
+                        0
+                    };
+                    self.complete(chain.head, chain.status, VIRTIO_BLK_S_OK as u8, data + 1);
+                }
+                Err(e) => {
+                    let status = failed_request_status(self.w.index, c.user_data, &e);
+                    self.complete(chain.head, chain.status, status, 1);
+                }
+            }
+        }
+        self.completions = completions;
+        if !flushes.is_empty() {
+            self.w.disk.submit_batch_requests(flushes);
+        }
+        self.notify_if_needed();
+        drained
+    }
+
+    /// Writes the status byte and adds the used entry.
+    pub(super) fn complete(
+        &mut self,
+        head: u16,
+        status_addr: GuestAddress,
+        status: u8,
+        used_len: u32,
+    ) {
+        if let Err(e) = self.w.mem.write_obj(status, status_addr) {
+            warn!(
+                "virtio-blk queue {}: cannot write status of chain {head}: {e}",
+                self.w.index
+            );
+        }
+        self.add_used(head, used_len);
+    }
+
+    pub(super) fn add_used(&mut self, head: u16, len: u32) {
+        match self.w.queue.add_used(&*self.w.mem, head, len) {
+            Ok(()) => self.used_added = true,
+            // Guest-triggerable (a head index beyond the queue size): no warning.
+            Err(e) => debug!("virtio-blk queue {}: add used {head}: {e}", self.w.index),
+        }
+    }
+
+    /// One interrupt for everything added since the last one, unless the
+    /// driver's used_event says it does not want it yet.
+    pub(super) fn notify_if_needed(&mut self) {
+        if !self.used_added {
+            return;
+        }
+        self.used_added = false;
+        let needed = match self.w.queue.needs_notification(&*self.w.mem) {
+            Ok(n) => n,
+            Err(e) => {
+                warn!("virtio-blk queue {}: needs notification: {e}", self.w.index);
+                true
+            }
+        };
+        if needed {
+            if let Err(e) = self.w.interrupt.trigger(InterruptKind::Queue(self.w.index)) {
+                error!("virtio-blk queue {}: interrupt: {e}", self.w.index);
+            }
+        }
+    }
+}
