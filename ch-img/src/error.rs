@@ -89,13 +89,4 @@ pub enum CliError {
 }
 
 /// The error and its causes on one line, as qemu-img prints them.
-pub fn chain(err: &dyn std::error::Error) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        cur = e.source();
-    }
-    s
-}
+pub use ch_log::error_chain as chain;

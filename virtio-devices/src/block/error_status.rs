@@ -33,7 +33,7 @@ pub fn failed_request_status(queue: u16, user_data: u64, e: &BlockError) -> u8 {
         log::log!(
             level,
             "virtio-blk queue {queue}: request {user_data:#x} failed: {}",
-            chain(e)
+            ch_log::error_chain(e)
         );
     }
     status_of(e)
@@ -70,18 +70,6 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// `e` and its sources, joined by ": " (a host errno is in a source).
-fn chain(e: &BlockError) -> String {
-    let mut s = e.to_string();
-    let mut cur = std::error::Error::source(e);
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +101,10 @@ mod tests {
             offset: 0,
             source: std::io::Error::from_raw_os_error(libc::EIO),
         };
-        assert!(chain(&e).contains("Input/output error"), "{}", chain(&e));
+        assert!(
+            ch_log::error_chain(&e).contains("Input/output error"),
+            "{}",
+            ch_log::error_chain(&e)
+        );
     }
 }
