@@ -114,13 +114,22 @@ pub fn choose_engine(
             let allocation = direct.then(allocated);
             if let (Some(Ok(a)), Ok(())) = (&allocation, &kernel.aio) {
                 if a.unwritten > 0 {
-                    return Ok(choice(
-                        EngineKind::Aio,
-                        format!(
-                            "O_DIRECT on a fully allocated image with {} MiB in fallocated, never-written extents: first writes convert extents inside the submit call, which Linux AIO batches",
-                            a.unwritten >> 20
+                    let mib = a.unwritten >> 20;
+                    let why = "first writes convert extents inside the submit call, which Linux AIO batches";
+                    return Ok(match kernel.uring {
+                        Ok(()) => choice(
+                            EngineKind::IoUringAio,
+                            format!(
+                                "O_DIRECT on a fully allocated image with {mib} MiB in fallocated, never-written extents: reads on io_uring (they need no device I/O and complete inside the submit call), the rest on Linux AIO ({why})"
+                            ),
                         ),
-                    ));
+                        Err(_) => choice(
+                            EngineKind::Aio,
+                            format!(
+                                "O_DIRECT on a fully allocated image with {mib} MiB in fallocated, never-written extents: {why}"
+                            ),
+                        ),
+                    });
                 }
             }
             let no_uring = match &kernel.uring {
@@ -303,7 +312,12 @@ mod tests {
     fn auto_takes_aio_for_direct_unwritten_extents_only() {
         let k = kernel(true, true);
         let mib = 1u64 << 20;
+        // With io_uring: reads on it, the rest on AIO.
         let c = auto_unwritten(&k, true, Some(5 * mib));
+        assert_eq!(c.kind, EngineKind::IoUringAio);
+        assert!(c.reason.contains("5 MiB"), "{}", c.reason);
+        // Without: all on AIO.
+        let c = auto_unwritten(&kernel(false, true), true, Some(5 * mib));
         assert_eq!(c.kind, EngineKind::Aio);
         assert!(c.reason.contains("5 MiB"), "{}", c.reason);
         // Written, buffered, sparse, or no AIO: io_uring as before.
