@@ -138,15 +138,16 @@ impl Qcow2Image {
         let end = offset + len;
         let mut pos = offset;
         while pos < end {
-            match self.map_cluster(meta, pos, end)? {
-                (Step::Piece(p), n) => {
-                    push_piece(plan, p);
-                    pos += n;
-                }
-                // Only an image with a backing file maps to it, and only
-                // the cache makes cached steps.
-                _ => return Err(meta.invalid(format!("guest offset {pos:#x}: unexpected step"))),
-            }
+            let (piece, n) = self.map_cluster(meta, pos, end)?;
+            // Unallocated reads as zeroes: there is no backing file.
+            push_piece(
+                plan,
+                piece.unwrap_or(ReadPiece {
+                    len: n,
+                    source: ReadSource::Zero,
+                }),
+            );
+            pos += n;
         }
         Ok(())
     }
@@ -193,26 +194,35 @@ impl Qcow2Image {
                 pos += n;
                 continue;
             }
-            let (step, n) = self.map_cluster(meta, pos, end)?;
+            let (piece, n) = self.map_cluster(meta, pos, end)?;
+            let step = match piece {
+                Some(p) => Step::Piece(p),
+                None => self.unallocated_step(pos, n),
+            };
             push(&mut steps, step);
             pos += n;
         }
         Ok(steps)
     }
 
-    /// The step of the cluster (or subcluster) at guest `pos`, ending no
-    /// later than `end`, and its length.
+    /// The piece of the cluster (or subcluster) at guest `pos`, ending no
+    /// later than `end` (`None`: unallocated, for the caller to take from
+    /// the backing file or read as zeroes), and its length.
     fn map_cluster(
         &self,
         meta: &mut MetaState,
         pos: u64,
         end: u64,
-    ) -> Result<(Step, u64), BlockError> {
+    ) -> Result<(Option<ReadPiece>, u64), BlockError> {
         let cs = meta.g.cluster_size;
         let in_c = pos & (cs - 1);
         let mut n = (cs - in_c).min(end - pos);
         let (entry, bitmap) = meta.l2_entry(pos)?;
-        let step = if meta.g.extended_l2 && !matches!(entry, L2Entry::Compressed(_)) {
+        let zero = |len| ReadPiece {
+            len,
+            source: ReadSource::Zero,
+        };
+        let piece = if meta.g.extended_l2 && !matches!(entry, L2Entry::Compressed(_)) {
             let sub = cs / 32;
             n = n.min(sub - (in_c % sub));
             let state = subcluster_state(bitmap, (in_c / sub) as u32)
@@ -225,32 +235,26 @@ impl Qcow2Image {
                 _ => None,
             };
             match (state, host) {
-                (SubclusterState::Allocated, Some(h)) => self.host_step(h + in_c, n),
+                (SubclusterState::Allocated, Some(h)) => Some(self.host_piece(h + in_c, n)),
                 (SubclusterState::Allocated, None) => {
                     return Err(meta.invalid(format!(
                         "guest offset {pos:#x}: allocated subcluster without a cluster"
                     )))
                 }
-                (SubclusterState::Zero, _) => Step::Piece(ReadPiece {
-                    len: n,
-                    source: ReadSource::Zero,
-                }),
-                (SubclusterState::Unallocated, _) => self.unallocated_step(pos, n),
+                (SubclusterState::Zero, _) => Some(zero(n)),
+                (SubclusterState::Unallocated, _) => None,
             }
         } else {
             match entry {
-                L2Entry::Normal { host, .. } => self.host_step(host + in_c, n),
-                L2Entry::Zero { .. } => Step::Piece(ReadPiece {
-                    len: n,
-                    source: ReadSource::Zero,
-                }),
-                L2Entry::Unallocated => self.unallocated_step(pos, n),
+                L2Entry::Normal { host, .. } => Some(self.host_piece(host + in_c, n)),
+                L2Entry::Zero { .. } => Some(zero(n)),
+                L2Entry::Unallocated => None,
                 L2Entry::Compressed(d) => {
                     if self.header.has_data_file() {
                         return Err(meta
                             .invalid("compressed cluster in an image with an external data file"));
                     }
-                    Step::Piece(ReadPiece {
+                    Some(ReadPiece {
                         len: n,
                         source: ReadSource::Compressed(CompressedExtent {
                             file: FileId(0),
@@ -264,17 +268,17 @@ impl Qcow2Image {
                 }
             }
         };
-        Ok((step, n))
+        Ok((piece, n))
     }
 
-    fn host_step(&self, offset: u64, len: u64) -> Step {
-        Step::Piece(ReadPiece {
+    fn host_piece(&self, offset: u64, len: u64) -> ReadPiece {
+        ReadPiece {
             len,
             source: ReadSource::Host {
                 file: self.data_file,
                 offset,
             },
-        })
+        }
     }
 
     fn unallocated_step(&self, offset: u64, len: u64) -> Step {
