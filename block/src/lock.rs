@@ -172,25 +172,29 @@ mod tests {
         (dir, p)
     }
 
+    fn open_rw(p: &Path) -> File {
+        File::options().read(true).write(true).open(p).unwrap()
+    }
+
+    /// Whether `lock_image` on `file` is refused as `Locked`.
+    fn refused(file: &File, p: &Path, writable: bool) -> bool {
+        matches!(
+            lock_image(file, p, writable),
+            Err(BlockError::Locked { .. })
+        )
+    }
+
     #[test]
     fn writer_excludes_reader_and_writer() {
         let (dir, p) = scratch("excl");
-        let a = File::options().read(true).write(true).open(&p).unwrap();
+        let a = open_rw(&p);
         let guard_a = lock_image(&a, &p, true).unwrap();
         let b = File::open(&p).unwrap();
-        assert!(matches!(
-            lock_image(&b, &p, false),
-            Err(BlockError::Locked { .. })
-        ));
-        let c = File::options().read(true).write(true).open(&p).unwrap();
-        assert!(matches!(
-            lock_image(&c, &p, true),
-            Err(BlockError::Locked { .. })
-        ));
+        assert!(refused(&b, &p, false));
+        assert!(refused(&open_rw(&p), &p, true));
         drop(guard_a);
         let _guard_b = lock_image(&b, &p, false).unwrap();
-        let d = File::open(&p).unwrap();
-        let _guard_d = lock_image(&d, &p, false).unwrap();
+        let _guard_d = lock_image(&File::open(&p).unwrap(), &p, false).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -199,26 +203,19 @@ mod tests {
     #[test]
     fn dropping_the_guard_unlocks_while_the_description_lives_on() {
         let (dir, p) = scratch("guard");
-        let a = File::options().read(true).write(true).open(&p).unwrap();
+        let a = open_rw(&p);
         let still_open = a.try_clone().unwrap();
         let guard = lock_image(&a, &p, true).unwrap();
         drop(a);
-        let b = File::options().read(true).write(true).open(&p).unwrap();
-        assert!(matches!(
-            lock_image(&b, &p, true),
-            Err(BlockError::Locked { .. })
-        ));
+        let b = open_rw(&p);
+        assert!(refused(&b, &p, true));
         drop(guard);
-        let _guard_b = lock_image(&b, &p, true).unwrap();
+        drop(lock_image(&b, &p, true).unwrap());
         // Left with the file, the locks last as long as its descriptors.
-        drop(_guard_b);
         let c = File::open(&p).unwrap();
         lock_image(&c, &p, false).unwrap().keep_with_file();
-        let e = File::options().read(true).write(true).open(&p).unwrap();
-        assert!(matches!(
-            lock_image(&e, &p, true),
-            Err(BlockError::Locked { .. })
-        ));
+        let e = open_rw(&p);
+        assert!(refused(&e, &p, true));
         drop(c);
         let _guard_e = lock_image(&e, &p, true).unwrap();
         drop(still_open);
