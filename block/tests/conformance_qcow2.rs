@@ -169,10 +169,6 @@ cases! {
     qcow2_zstd_aio_direct: EngineKind::Aio, true, Kind::Zstd;
     qcow2_small_clusters_aio_buffered: EngineKind::Aio, false, Kind::Small;
     qcow2_small_clusters_aio_direct: EngineKind::Aio, true, Kind::Small;
-    qcow2_plain_split_direct: EngineKind::IoUringAio, true, Kind::Plain;
-    qcow2_backing_split_direct: EngineKind::IoUringAio, true, Kind::Backing;
-    qcow2_zstd_split_direct: EngineKind::IoUringAio, true, Kind::Zstd;
-    qcow2_big_clusters_split_direct: EngineKind::IoUringAio, true, Kind::Big;
     qcow2_big_clusters_aio_buffered: EngineKind::Aio, false, Kind::Big;
     qcow2_big_clusters_aio_direct: EngineKind::Aio, true, Kind::Big;
     qcow2_subclusters_read_aio_buffered: EngineKind::Aio, false, Kind::Subclusters;

@@ -65,10 +65,3 @@ fn raw_threads_buffered() {
 fn raw_threads_direct() {
     raw_case(EngineKind::Threads, true);
 }
-
-/// io_uring reads and AIO for the rest (`engine=auto`'s pick for direct
-/// images with unwritten extents).
-#[test]
-fn raw_split_direct() {
-    raw_case(EngineKind::IoUringAio, true);
-}

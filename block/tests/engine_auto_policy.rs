@@ -93,11 +93,11 @@ fn auto_without_uring_follows_the_allocation() {
     assert_eq!(pick("off"), EngineKind::Threads);
 }
 
-/// With io_uring, auto splits a direct image with unwritten extents:
-/// reads on io_uring, the rest on aio (the engine matrix: first writes
-/// there ran 1.6 x faster on aio, reads 1.2 x faster on io_uring).
+/// With io_uring, auto takes it for every image, fresh fallocated ones
+/// included (the engine matrix: io_uring as fast as aio on first writes
+/// into unwritten extents, with a far shorter submit call).
 #[test]
-fn auto_with_uring_takes_aio_for_unwritten_extents() {
+fn auto_with_uring_takes_it_for_every_preallocation() {
     let kernel = KernelSupport {
         uring: Ok(()),
         aio: block::io::aio::aio_support(),
@@ -112,19 +112,18 @@ fn auto_with_uring_takes_aio_for_unwritten_extents() {
         .unwrap()
         .kind
     };
-    assert_eq!(pick("falloc", true), EngineKind::IoUringAio);
+    assert_eq!(pick("falloc", true), EngineKind::IoUring);
     assert_eq!(pick("falloc", false), EngineKind::IoUring);
     assert_eq!(pick("full", true), EngineKind::IoUring);
     assert_eq!(pick("metadata", true), EngineKind::IoUring);
     assert_eq!(pick("off", true), EngineKind::IoUring);
 }
 
-/// The whole path through `Disk::open`: engine=auto with O_DIRECT on this
-/// kernel (io_uring and AIO both work here) resolves a fresh falloc qcow2
-/// to io_uring reads and aio for the rest, and a full one, a sparse one
-/// and a buffered open to io_uring.
+/// The whole path through `Disk::open`: engine=auto on this kernel
+/// (io_uring and AIO both work here) resolves a fresh falloc qcow2, a
+/// full one, a sparse one and a buffered open to io_uring.
 #[test]
-fn disk_open_resolves_auto_by_unwritten_extents() {
+fn disk_open_resolves_auto_to_io_uring_for_every_preallocation() {
     let uring = block::io::probe::uring_support();
     let aio = block::io::aio::aio_support();
     if !testkit::available("io_uring", uring) || !testkit::available("Linux AIO", aio) {
@@ -147,7 +146,7 @@ fn disk_open_resolves_auto_by_unwritten_extents() {
         o.engine = EngineKind::Auto;
         Disk::open(&o).unwrap().engine()
     };
-    assert_eq!(resolved("falloc", true), EngineKind::IoUringAio);
+    assert_eq!(resolved("falloc", true), EngineKind::IoUring);
     assert_eq!(resolved("falloc", false), EngineKind::IoUring);
     assert_eq!(resolved("full", true), EngineKind::IoUring);
     assert_eq!(resolved("off", true), EngineKind::IoUring);

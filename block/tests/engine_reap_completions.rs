@@ -11,12 +11,11 @@ use support::TempDir;
 
 mod support;
 
-const ENGINES: [EngineKind; 5] = [
+const ENGINES: [EngineKind; 4] = [
     EngineKind::Sync,
     EngineKind::IoUring,
     EngineKind::Aio,
     EngineKind::Threads,
-    EngineKind::IoUringAio,
 ];
 
 fn open(dir: &TempDir, engine: EngineKind) -> (Disk, PathBuf) {
@@ -77,7 +76,7 @@ fn request(user_data: u64, op: RequestOp, offset: u64, memory: IoMemory) -> Bloc
 #[test]
 fn reap_completions_hands_out_requests_and_leaves_the_eventfd_set() {
     for engine in ENGINES {
-        if matches!(engine, EngineKind::IoUring | EngineKind::IoUringAio)
+        if engine == EngineKind::IoUring
             && !testkit::available("io_uring", block::io::probe::uring_support())
         {
             continue;

@@ -163,6 +163,9 @@ def fio(target, jobs, depth, args):
         "read_mib": r["bw"] / 1024, "write_mib": w["bw"] / 1024,
         "read_lat_us": r["lat_ns"]["mean"] / 1000, "write_lat_us": w["lat_ns"]["mean"] / 1000,
         "bytes": r["io_bytes"] + w["io_bytes"],
+        # fio's own CPU (user + system, % of one CPU, per job): near 100
+        # the application's thread, not the backend, sets the pace.
+        "fio_cpu_pct": job["usr_cpu"] + job["sys_cpu"],
     }
 
 
@@ -253,14 +256,16 @@ def report(samples, args, cells):
           f"{args.seconds} s per run, medians of {args.repeats} interleaved repeats\n")
     for fmt in args.formats:
         print(f"### {fmt}\n")
-        print("| jobs,depth | backend | read MiB/s | write MiB/s | read lat us | write lat us | CPU s/GiB |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print("| jobs,depth | backend | read MiB/s | write MiB/s | read lat us | write lat us "
+              "| CPU s/GiB | fio CPU % per job |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for cell in cells:
             for n in names:
                 m = lambda k: median(samples, fmt, n, cell, k)
                 cpu = "" if n == "fio-file" else f"{m('cpu_s_per_gib'):.2f}"
                 print(f"| {cell[0]},{cell[1]} | {n} | {m('read_mib'):.1f} | {m('write_mib'):.1f} "
-                      f"| {m('read_lat_us'):.0f} | {m('write_lat_us'):.0f} | {cpu} |")
+                      f"| {m('read_lat_us'):.0f} | {m('write_lat_us'):.0f} | {cpu} "
+                      f"| {m('fio_cpu_pct'):.0f} |")
         print()
         print("| jobs,depth | devfuse/qsd bw | devfuse/qsd lat | uring/devfuse bw | uring/devfuse lat | uring/fio bw |")
         print("| --- | --- | --- | --- | --- | --- |")

@@ -5,8 +5,8 @@
 //! `aio` engine, and an explicit `engine=aio` warns when it does not hold.
 //!
 //! Enters as an opened [`Format`]; leaves as an [`Allocated`] summary
-//! (how much of the guest's host space is fallocated but never written,
-//! which `engine=auto` also weighs) or the first reason the image is
+//! (how much of the guest's host space is fallocated but never written)
+//! or the first reason the image is
 //! sparse: a guest range with no host cluster (or one in the backing
 //! chain, or compressed), or a host range without blocks in the file (a
 //! hole; fallocated space counts as allocated).
@@ -80,38 +80,6 @@ pub fn fully_allocated(format: &dyn Format) -> Result<Allocated, String> {
         offset = offset.saturating_add(st.len);
     }
     Ok(Allocated { unwritten })
-}
-
-/// Whether any file of `format` has an unwritten (fallocated, never
-/// written) extent: one FIEMAP walk over each file's extents, no image
-/// metadata read. False where the file system cannot say.
-pub fn files_have_unwritten(format: &dyn Format) -> bool {
-    format.files().iter().any(|f| {
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        matches!(fiemap_first_unwritten(f, len), Ok(true))
-    })
-}
-
-/// Whether some extent of `file` below `len` is unwritten (gaps allowed).
-fn fiemap_first_unwritten(file: &File, len: u64) -> std::io::Result<bool> {
-    let mut pos = 0;
-    while pos < len {
-        let map = fiemap(file, pos, len)?;
-        let n = (map.mapped_extents as usize).min(FIEMAP_BATCH);
-        for ext in &map.extents[..n] {
-            if ext.flags & FIEMAP_EXTENT_UNWRITTEN != 0 {
-                return Ok(true);
-            }
-            if ext.flags & FIEMAP_EXTENT_LAST != 0 {
-                return Ok(false);
-            }
-            pos = pos.max(ext.logical.saturating_add(ext.length));
-        }
-        if n < FIEMAP_BATCH {
-            return Ok(false);
-        }
-    }
-    Ok(false)
 }
 
 /// `Some(unwritten bytes)` when every byte of `start..start+len` of

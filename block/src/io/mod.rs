@@ -5,8 +5,7 @@
 //! operation ([`HostOp`]) and pushes it to the queue's [`Engine`] under a
 //! token. The engine performs the operation (the `sync` engine inline at
 //! submit, the `threads` engine on a worker pool, the `aio` and `uring`
-//! engines in the kernel, the `split` engine reads on one and the rest on
-//! the other) and hands back
+//! engines in the kernel) and hands back
 //! [`EngineCompletion`]s, signalling the queue's completion eventfd.
 //! Finished requests leave through [`crate::DiskQueue::drain_completions`],
 //! which clears that eventfd first, or
@@ -37,7 +36,6 @@ pub mod inflate;
 pub mod inflate_pool;
 pub(crate) mod memory;
 pub mod probe;
-pub mod split;
 pub mod submit_stats;
 pub mod sync;
 #[cfg(test)]
@@ -137,7 +135,6 @@ pub fn new_engine(
             eventfd,
             aio::DEFAULT_DEPTH,
         )?)),
-        EngineKind::IoUringAio => Ok(Box::new(split::SplitEngine::new(files, eventfd)?)),
         EngineKind::Threads => Ok(Box::new(threads::ThreadsEngine::new(
             files,
             eventfd,

@@ -53,10 +53,6 @@ pub enum EngineKind {
     /// A pool of worker threads per disk.
     Threads,
     Sync,
-    /// Reads on io_uring, everything else on Linux AIO: what `auto`
-    /// resolves to for an O_DIRECT image with fallocated, never-written
-    /// extents ([`crate::io::split`]). Not a value `engine=` takes.
-    IoUringAio,
 }
 
 impl EngineKind {
@@ -68,8 +64,7 @@ impl EngineKind {
         EngineKind::Sync,
     ];
 
-    /// The name `engine=` takes (`io_uring+aio` only names `auto`'s
-    /// pick; it is not in [`EngineKind::ALL`], so `engine=` refuses it).
+    /// The name `engine=` takes.
     pub fn as_str(self) -> &'static str {
         match self {
             EngineKind::Auto => "auto",
@@ -77,7 +72,6 @@ impl EngineKind {
             EngineKind::Aio => "aio",
             EngineKind::Threads => "threads",
             EngineKind::Sync => "sync",
-            EngineKind::IoUringAio => "io_uring+aio",
         }
     }
 }
