@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::BlockError;
 use crate::formats::qcow2::create::{create_qcow2, Qcow2Params};
+use crate::lock::ImageLock;
 use crate::options::{DiskOptions, ImageType};
 use crate::prealloc::{preallocate_range, Preallocation};
 
@@ -93,14 +94,21 @@ fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
             "metadata is for qcow2; raw images take off, falloc or full",
         ));
     }
-    let f = open_for_create(&opts.path)?;
+    let (f, _lock) = open_for_create(&opts.path)?;
     preallocate_range(&f, &opts.path, opts.preallocation, 0, opts.size)?;
     f.sync_all().map_err(BlockError::Flush)
 }
 
 /// Opens (or creates) `path` for a new image: locked like a writer first,
-/// so an image some VMM or qemu has open is refused, then truncated.
-pub(crate) fn open_for_create(path: &Path) -> Result<File, BlockError> {
+/// so an image some VMM or qemu has open is refused, then truncated. The
+/// caller holds the lock until the image is written; dropping it unlocks
+/// the file explicitly. Leaving the locks to go with the file's last
+/// descriptor is not enough: a child another thread forks before it
+/// execs holds a copy of every descriptor (close-on-exec or not), and the
+/// next open of the new image then found it still locked (seen as a
+/// flaky `Locked` in block/tests/exclusive_image.rs while other tests ran
+/// qemu-img).
+pub(crate) fn open_for_create(path: &Path) -> Result<(File, ImageLock), BlockError> {
     let open_err = |source| BlockError::Open {
         path: path.to_owned(),
         source,
@@ -112,9 +120,9 @@ pub(crate) fn open_for_create(path: &Path) -> Result<File, BlockError> {
         .truncate(false)
         .open(path)
         .map_err(open_err)?;
-    crate::lock::lock_image(&file, path, true)?.keep_with_file();
+    let lock = crate::lock::lock_image(&file, path, true)?;
     file.set_len(0).map_err(open_err)?;
-    Ok(file)
+    Ok((file, lock))
 }
 
 fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
@@ -220,4 +228,27 @@ fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
             preallocation: opts.preallocation,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy of the creating descriptor that outlives the create (as a
+    /// child another thread forked holds one until it execs) must not
+    /// keep the new image locked.
+    #[test]
+    fn a_created_image_is_unlocked_while_a_copy_of_its_descriptor_lives() {
+        let dir = std::env::temp_dir().join(format!("create-unlock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("new.img");
+        let (file, lock) = open_for_create(&path).unwrap();
+        let forked_copy = file.try_clone().unwrap();
+        drop(lock);
+        drop(file);
+        let again = File::options().read(true).write(true).open(&path).unwrap();
+        crate::lock::lock_image(&again, &path, true).expect("the create's lock is gone");
+        drop(forked_copy);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

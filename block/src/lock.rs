@@ -86,29 +86,16 @@ fn lock_byte(file: &File, start: i64) -> std::io::Result<()> {
 /// when this is dropped.
 #[derive(Debug)]
 pub struct ImageLock {
-    /// A descriptor of the locked open file description (`None` once the
-    /// locks are left to it, see [`ImageLock::keep_with_file`]).
-    file: Option<File>,
-}
-
-impl ImageLock {
-    /// Leaves the locks with the open file description: they go when its
-    /// last descriptor closes (for a file being created, whose locks end
-    /// with it).
-    pub fn keep_with_file(mut self) {
-        self.file = None;
-    }
+    /// A descriptor of the locked open file description.
+    file: File,
 }
 
 impl Drop for ImageLock {
     fn drop(&mut self) {
-        let Some(file) = self.file.take() else {
-            return;
-        };
         let mut fl = flock(libc::F_UNLCK as libc::c_short, PERM_BASE);
         fl.l_len = SHARED_BASE + i64::from(PERM_COUNT) - PERM_BASE;
         // SAFETY: F_OFD_SETLK only reads the flock struct we own.
-        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+        let r = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
         if r < 0 {
             // The locks then go with the open file description.
             log::warn!(
@@ -157,7 +144,7 @@ pub fn lock_image(file: &File, path: &Path, writable: bool) -> Result<ImageLock,
     }
     // A descriptor of the same open file description, to unlock it later.
     let guard = file.try_clone().map_err(lock_err)?;
-    Ok(ImageLock { file: Some(guard) })
+    Ok(ImageLock { file: guard })
 }
 
 #[cfg(test)]
@@ -211,13 +198,6 @@ mod tests {
         assert!(refused(&b, &p, true));
         drop(guard);
         drop(lock_image(&b, &p, true).unwrap());
-        // Left with the file, the locks last as long as its descriptors.
-        let c = File::open(&p).unwrap();
-        lock_image(&c, &p, false).unwrap().keep_with_file();
-        let e = open_rw(&p);
-        assert!(refused(&e, &p, true));
-        drop(c);
-        let _guard_e = lock_image(&e, &p, true).unwrap();
         drop(still_open);
         std::fs::remove_dir_all(&dir).unwrap();
     }

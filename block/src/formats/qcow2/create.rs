@@ -176,7 +176,7 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         let off = rb_off + i * cs;
         rt[(i * 8) as usize..(i * 8 + 8) as usize].copy_from_slice(&off.to_be_bytes());
     }
-    let file = crate::create::open_for_create(path)?;
+    let (file, _lock) = crate::create::open_for_create(path)?;
     write_at(&file, MetaKind::Header, 0, &hdr)?;
     write_at(&file, MetaKind::RefcountTable, rt_off, &rt)?;
     // Refcount blocks one at a time (a large preallocated image has many).
