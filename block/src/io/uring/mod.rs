@@ -440,6 +440,26 @@ mod tests {
         Some((UringEngine::new(&[f], efd, entries).unwrap(), path))
     }
 
+    /// Pushes one read of block `i` (4 KiB at `i * 4096`) into `iovs[i]`
+    /// for every iovec, then submits them.
+    ///
+    /// # Safety
+    /// `iovs` and the memory they point to must stay valid until every
+    /// read is reaped.
+    unsafe fn push_reads(e: &mut UringEngine, iovs: &[libc::iovec]) {
+        for (i, iov) in iovs.iter().enumerate() {
+            let op = HostOp::Readv {
+                file: FileId(0),
+                offset: i as u64 * 4096,
+                iov: RawIovecs { ptr: iov, count: 1 },
+            };
+            // SAFETY: the caller keeps `iovs` and their memory alive until
+            // the reads are reaped.
+            unsafe { e.push(i as u64, op).unwrap() };
+        }
+        e.submit().unwrap();
+    }
+
     /// Reads 16 blocks of 4 KiB through `e`, returning their completions.
     fn read_all(e: &mut UringEngine) -> Vec<EngineCompletion> {
         let mut bufs = vec![vec![0u8; 4096]; 16];
@@ -450,17 +470,9 @@ mod tests {
                 iov_len: b.len(),
             })
             .collect();
-        for (i, iov) in iovs.iter().enumerate() {
-            let op = HostOp::Readv {
-                file: FileId(0),
-                offset: i as u64 * 4096,
-                iov: RawIovecs { ptr: iov, count: 1 },
-            };
-            // SAFETY: `iovs` and `bufs` live until every op is reaped
-            // below (the loop waits for all 16).
-            unsafe { e.push(i as u64, op).unwrap() };
-        }
-        e.submit().unwrap();
+        // SAFETY: `iovs` and `bufs` live until every op is reaped below
+        // (the loop waits for all 16).
+        unsafe { push_reads(e, &iovs) };
         let mut out = Vec::new();
         while out.len() < 16 {
             e.wait(&mut out).unwrap();
@@ -633,29 +645,22 @@ mod tests {
             .open(&path)
             .unwrap();
         std::fs::remove_file(&path).unwrap();
-        let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-        let mut e = UringEngine::new(&[Arc::new(f)], efd, 32).unwrap();
-        let layout = std::alloc::Layout::from_size_align(BLOCKS * 4096, 4096).unwrap();
-        // SAFETY: a non-zero size; freed below with the same layout.
-        let buf = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!buf.is_null());
-        let iovs: Vec<libc::iovec> = (0..BLOCKS)
-            .map(|i| libc::iovec {
-                // SAFETY: within the allocation of BLOCKS * 4096 bytes.
-                iov_base: unsafe { buf.add(i * 4096) }.cast(),
-                iov_len: 4096,
+        // Declared before the engine, so they outlive it even when an
+        // assertion fails: the engine's drop waits for ops still in flight.
+        let mut buf = crate::aligned::AlignedBuf::new(BLOCKS * 4096, 4096).unwrap();
+        let iovs: Vec<libc::iovec> = buf
+            .as_mut_slice()
+            .chunks_mut(4096)
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
             })
             .collect();
-        for (i, iov) in iovs.iter().enumerate() {
-            let op = HostOp::Readv {
-                file: FileId(0),
-                offset: i as u64 * 4096,
-                iov: RawIovecs { ptr: iov, count: 1 },
-            };
-            // SAFETY: `iovs` and `buf` live until every op is reaped below.
-            unsafe { e.push(i as u64, op).unwrap() };
-        }
-        e.submit().unwrap();
+        let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        let mut e = UringEngine::new(&[Arc::new(f)], efd, 32).unwrap();
+        // SAFETY: `iovs` and `buf` are declared before `e`, so they live
+        // until every op is reaped (by the loop below or by `e`'s drop).
+        unsafe { push_reads(&mut e, &iovs) };
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut out = Vec::new();
         while out.len() < BLOCKS && Instant::now() < deadline {
@@ -664,10 +669,6 @@ mod tests {
         }
         assert_eq!(out.len(), BLOCKS, "a reap-only loop missed completions");
         assert!(out.iter().all(|c| matches!(c.result, Ok(4096))));
-        // SAFETY: every op is reaped; the buffer is no longer in use.
-        let bytes = unsafe { std::slice::from_raw_parts(buf, BLOCKS * 4096) };
-        assert!(bytes.iter().all(|&b| b == 9));
-        // SAFETY: allocated above with `layout`.
-        unsafe { std::alloc::dealloc(buf, layout) };
+        assert!(buf.as_slice().iter().all(|&b| b == 9));
     }
 }
