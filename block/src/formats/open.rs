@@ -33,10 +33,9 @@ pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, Bloc
     };
     match image_type {
         ImageType::Raw | ImageType::Auto => {
-            let lock = match opts.lock {
-                true => Some(crate::lock::lock_image(&file, &opts.path, !opts.readonly)?),
-                false => None,
-            };
+            let lock = (opts.lock)
+                .then(|| crate::lock::lock_image(&file, &opts.path, !opts.readonly))
+                .transpose()?;
             Ok(Arc::new(
                 RawImage::new(&opts.path, Arc::new(file), opts.readonly, probed)?.with_lock(lock),
             ))

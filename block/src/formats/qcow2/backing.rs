@@ -147,10 +147,9 @@ pub(crate) fn open_backing(
             path,
         });
     }
-    let lock = match bopts.lock {
-        true => Some(crate::lock::lock_image(&file, &path, false)?),
-        false => None,
-    };
+    let lock = (bopts.lock)
+        .then(|| crate::lock::lock_image(&file, &path, false))
+        .transpose()?;
     let img = RawImage::new(&path, Arc::new(file), true, fmt.is_none())?.with_lock(lock);
     Ok(Backing {
         image: Arc::new(img),

@@ -179,10 +179,9 @@ impl Qcow2Image {
                 feature: "a writable open without the backing chain".into(),
             });
         }
-        let lock = match opts.lock {
-            true => Some(crate::lock::lock_image(&file, &path, !opts.readonly)?),
-            false => None,
-        };
+        let lock = (opts.lock)
+            .then(|| crate::lock::lock_image(&file, &path, !opts.readonly))
+            .transpose()?;
         let meta_file = OpenOptions::new()
             .read(true)
             .write(!opts.readonly)
