@@ -5,7 +5,11 @@
 //! `read` while O_DIRECT reads go through the export (in io_uring mode no
 //! `read` at all). The same trace must show the /dev/fuse reads or the
 //! ring enters of the requests, which proves it was attached.
-//! Needs root and strace; skips without them unless CH_REQUIRE_ALL=1.
+//! And which /dev/fuse queue threads wait for requests: with two queues,
+//! the second waits on /dev/fuse only while the export is loaded. At
+//! depth 1 it is not even woken (a sleeping sibling used to be woken for
+//! most requests only to find them taken); a deep queue is served by both.
+//! Needs root, strace and fio; skips without them unless CH_REQUIRE_ALL=1.
 
 mod support;
 
@@ -13,7 +17,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use support::{assert_ring_served, cannot_run, scratch, Daemon, Transport};
+use support::{assert_ring_served, cannot_run, run, scratch, Daemon, Transport};
 
 /// The `read`s strace logged, as (returned bytes) per call.
 fn read_results(trace: &str) -> Vec<i64> {
@@ -102,4 +106,94 @@ fn completions_need_no_eventfd_read_devfuse() {
 #[test]
 fn completions_need_no_eventfd_read_io_uring() {
     no_eventfd_reads(Transport::IoUring);
+}
+
+/// `ios` random 4 KiB O_DIRECT reads of `file` by fio (io_uring):
+/// `jobs` jobs at `depth`, as the benchmark's cells.
+fn fio_reads(file: &std::path::Path, jobs: u32, depth: u32, ios: u32) {
+    run(Command::new("fio")
+        .arg("--name=reads")
+        .arg(format!("--filename={}", file.display()))
+        .args([
+            "--rw=randread",
+            "--bs=4k",
+            "--size=16M",
+            "--direct=1",
+            "--ioengine=io_uring",
+            "--output-format=terse",
+        ])
+        .arg(format!("--iodepth={depth}"))
+        .arg(format!("--numjobs={jobs}"))
+        .arg(format!("--number_ios={ios}")));
+}
+
+/// Voluntary context switches (sleeps) so far of the thread of `pid`
+/// named `name`.
+fn thread_sleeps(pid: i32, name: &str) -> u64 {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.join("status")).unwrap();
+        return status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap();
+    }
+    panic!("no thread {name} in process {pid}");
+}
+
+/// Requests each /dev/fuse queue thread served, from the daemon's exit
+/// log ("queue fuse-qN: served M requests").
+fn served_per_queue(log: &str) -> Vec<(String, u64)> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = l.split("/dev/fuse queue ").nth(1)?;
+            let (name, rest) = rest.split_once(": served ")?;
+            Some((name.to_string(), rest.split(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn a_second_queue_thread_reads_only_under_load() {
+    if cannot_run(&["fio"]) {
+        return;
+    }
+    let dir = scratch("reader-gate");
+    let image = dir.join("disk.raw");
+    std::fs::write(&image, vec![0x5au8; 16 << 20]).unwrap();
+    let image_keys = format!("path={},image_type=raw,direct=on", image.display());
+
+    // One reader at depth 1: the first thread takes every request, and
+    // the second sleeps through them.
+    let d = Daemon::start(&dir, &image_keys, "num_queues=2").unwrap();
+    let second_thread_sleeps = || thread_sleeps(d.pid(), "fuse-q1");
+    let sleeps_before = second_thread_sleeps();
+    fio_reads(&d.mountpoint, 1, 1, 1000);
+    let woken = second_thread_sleeps() - sleeps_before;
+    let served = served_per_queue(&d.stop());
+    assert!(
+        woken < 100,
+        "the idle second queue thread was woken {woken} times in 1000 reads"
+    );
+    assert_eq!(served.len(), 2, "{served:?}");
+    let second = served.iter().find(|(n, _)| n == "fuse-q1").unwrap().1;
+    let first = served.iter().find(|(n, _)| n == "fuse-q0").unwrap().1;
+    assert!(first >= 1000, "{served:?}");
+    assert_eq!(second, 0, "the second queue read at depth 1: {served:?}");
+
+    // Four jobs at depth 16: both threads take requests.
+    let d = Daemon::start(&dir, &image_keys, "num_queues=2").unwrap();
+    fio_reads(&d.mountpoint, 4, 16, 5000);
+    let served = served_per_queue(&d.stop());
+    let second = served.iter().find(|(n, _)| n == "fuse-q1").unwrap().1;
+    assert!(
+        second > 0,
+        "the second queue never read under load: {served:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

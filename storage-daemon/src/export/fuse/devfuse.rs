@@ -1,6 +1,8 @@
 //! The classic transport: one thread per /dev/fuse descriptor (the
 //! session's and its FUSE_DEV_IOC_CLONE copies), each with its own
-//! [`DiskQueue`].
+//! [`DiskQueue`]. The first thread always takes requests; the others only
+//! while the export is loaded ([`super::reader_gate`]), and otherwise wait
+//! for their own completions and for the first thread's kick.
 //!
 //! The thread waits in epoll on two things: its non-blocking /dev/fuse
 //! descriptor and its disk queue's completion eventfd; before sleeping
@@ -28,9 +30,12 @@ use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, ParseError, Pending, Reply};
 use super::init::DEV_BUFFER_SIZE;
 use super::poll::{AdaptivePoll, WaitKind};
+use super::reader_gate::ReaderGate;
 
 const FUSE_EVENT: u64 = 0;
 const COMPLETION_EVENT: u64 = 1;
+/// A helper's kick eventfd: the first thread wants it to read.
+const KICK_EVENT: u64 = 2;
 
 /// Writes `reply` to request `unique` on a /dev/fuse descriptor. A
 /// request the kernel gave up on (interrupted, connection gone) makes the
@@ -100,15 +105,24 @@ pub struct DevQueue {
     waits: u64,
     in_flight_at_waits: u64,
     poll: AdaptivePoll,
+    gate: Arc<ReaderGate>,
+    /// `Some(i)`: helper `i`, reading /dev/fuse only when the gate says
+    /// so; `None`: the first thread, always reading.
+    helper: Option<usize>,
+    /// /dev/fuse is in this thread's epoll set.
+    reading: bool,
 }
 
 impl DevQueue {
-    /// `dev` is switched to non-blocking here.
+    /// `dev` is switched to non-blocking here. `helper`: see
+    /// [`super::reader_gate`] (`None` for the first thread).
     pub fn new(
         dev: File,
         disk: DiskQueue,
         state: Arc<ExportState>,
         poll_max: Duration,
+        gate: Arc<ReaderGate>,
+        helper: Option<usize>,
     ) -> std::io::Result<Self> {
         // SAFETY: F_SETFL on a descriptor `dev` owns.
         let rc = unsafe { libc::fcntl(dev.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
@@ -126,6 +140,9 @@ impl DevQueue {
             waits: 0,
             in_flight_at_waits: 0,
             poll: AdaptivePoll::new(poll_max),
+            gate,
+            helper,
+            reading: false,
         })
     }
 
@@ -133,15 +150,14 @@ impl DevQueue {
     /// flight has been answered.
     pub fn run(mut self) -> std::io::Result<()> {
         let epoll = Epoll::new()?;
-        // Every clone of the session descriptor waits on the same kernel
-        // queue: EXCLUSIVE wakes one queue thread per request instead of
-        // all of them (the others would only read EAGAIN). The end of the
-        // connection still wakes every thread.
-        epoll.ctl(
-            ControlOperation::Add,
-            self.dev.as_raw_fd(),
-            EpollEvent::new(EventSet::IN | EventSet::EXCLUSIVE, FUSE_EVENT),
-        )?;
+        match self.helper.and_then(|i| self.gate.kick_fd(i)) {
+            Some(kick) => epoll.ctl(
+                ControlOperation::Add,
+                kick.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, KICK_EVENT),
+            )?,
+            None => self.set_reading(&epoll, true)?,
+        }
         // Edge-triggered: reported at every signal of the eventfd, so the
         // thread never reads (clears) it and reaps without a syscall.
         epoll.ctl(
@@ -150,9 +166,13 @@ impl DevQueue {
             EpollEvent::new(EventSet::IN | EventSet::EDGE_TRIGGERED, COMPLETION_EVENT),
         )?;
         let mut buf = vec![0u8; DEV_BUFFER_SIZE];
-        let mut events = vec![EpollEvent::default(); 2];
+        let mut events = vec![EpollEvent::default(); 3];
         let mut completions = Vec::new();
         while !(self.connection_gone && self.disk.in_flight() == 0) {
+            if let Some(i) = self.helper {
+                let read = self.gate.helper_should_read(i, self.disk.in_flight());
+                self.set_reading(&epoll, read && !self.connection_gone)?;
+            }
             self.waits += 1;
             self.in_flight_at_waits += self.disk.in_flight() as u64;
             let n = match self.wait(&epoll, &mut events) {
@@ -168,11 +188,14 @@ impl DevQueue {
             };
             for ev in &events[..n] {
                 match ev.data() {
-                    FUSE_EVENT if self.connection_gone => {
-                        // Stop watching a dead descriptor (it stays readable).
-                        let _ = epoll.ctl(ControlOperation::Delete, self.dev.as_raw_fd(), *ev);
-                    }
+                    // Stop watching a dead descriptor (it stays readable).
+                    FUSE_EVENT if self.connection_gone => self.set_reading(&epoll, false)?,
                     FUSE_EVENT => self.read_requests(&mut buf),
+                    KICK_EVENT => {
+                        if let Some(i) = self.helper {
+                            self.gate.take_kick(i);
+                        }
+                    }
                     _ => self.answer_completions(&mut completions),
                 }
             }
@@ -186,6 +209,29 @@ impl DevQueue {
             self.in_flight_at_waits as f64 / self.waits.max(1) as f64,
             self.poll.caught
         );
+        Ok(())
+    }
+
+    /// Adds /dev/fuse to the thread's epoll set or takes it out.
+    fn set_reading(&mut self, epoll: &Epoll, read: bool) -> std::io::Result<()> {
+        if read == self.reading {
+            return Ok(());
+        }
+        let fd = self.dev.as_raw_fd();
+        if read {
+            // Every clone of the session descriptor waits on the same
+            // kernel queue: EXCLUSIVE wakes one queue thread per request
+            // instead of all of them (the others would only read EAGAIN).
+            // The end of the connection still wakes every thread.
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN | EventSet::EXCLUSIVE, FUSE_EVENT),
+            )?;
+        } else {
+            epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default())?;
+        }
+        self.reading = read;
         Ok(())
     }
 
@@ -257,20 +303,31 @@ impl DevQueue {
                     // the read that finds /dev/fuse empty (at queue depth
                     // 1 that read only delays the I/O); later ones batch.
                     if self.disk.in_flight() == 0 {
-                        self.disk.submit_batch_requests(batch.drain(..));
-                        self.peak_in_flight = self.peak_in_flight.max(1);
+                        self.submit(&mut batch);
                     }
                 }
             }
         }
-        if !batch.is_empty() {
-            self.disk.submit_batch_requests(batch);
-            self.peak_in_flight = self.peak_in_flight.max(self.disk.in_flight());
+        self.submit(&mut batch);
+        if self.connection_gone {
+            self.gate.close();
+        } else if self.helper.is_none() {
+            self.gate.arm_helpers_if_loaded();
         }
+    }
+
+    fn submit(&mut self, batch: &mut Vec<BlockRequest>) {
+        if batch.is_empty() {
+            return;
+        }
+        self.gate.submitted(batch.len());
+        self.disk.submit_batch_requests(batch.drain(..));
+        self.peak_in_flight = self.peak_in_flight.max(self.disk.in_flight());
     }
 
     fn answer_completions(&mut self, completions: &mut Vec<Completion>) {
         self.disk.reap_completions(completions);
+        self.gate.completed(completions.len());
         for c in completions.drain(..) {
             match self.in_flight.remove(c.user_data) {
                 Some((unique, pending)) => {
@@ -325,8 +382,16 @@ mod tests {
         assert_eq!(rc, 0);
         // SAFETY: both descriptors were just created and are owned here.
         let (ours, kernel) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
-        let queue =
-            DevQueue::new(ours, image.disk().queue().unwrap(), state, Duration::ZERO).unwrap();
+        let gate = Arc::new(ReaderGate::new(0).unwrap());
+        let queue = DevQueue::new(
+            ours,
+            image.disk().queue().unwrap(),
+            state,
+            Duration::ZERO,
+            gate,
+            None,
+        )
+        .unwrap();
         let thread = std::thread::spawn(move || queue.run());
         let read = ReadWriteIn {
             offset: 4096,

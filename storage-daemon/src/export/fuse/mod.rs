@@ -25,6 +25,7 @@ mod init;
 mod io;
 mod mount;
 mod poll;
+mod reader_gate;
 mod uring;
 mod uring_payload;
 mod uring_setup;
@@ -42,6 +43,7 @@ use super::{Export, ExportError};
 use attr::ExportState;
 use devfuse::DevQueue;
 use mount::{FuseMount, MountOptions};
+use reader_gate::ReaderGate;
 
 /// `allow_other=on|off|auto`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -187,10 +189,22 @@ fn start_queues(
         Vec::new()
     };
     devices.insert(0, session);
+    let gate = Arc::new(
+        ReaderGate::new(devices.len() - 1)
+            .map_err(|e| fuse_error(config, format!("/dev/fuse queue helpers: {e}")))?,
+    );
     let mut threads = Vec::new();
     for (i, dev) in devices.into_iter().enumerate() {
-        let queue = DevQueue::new(dev, disk.queue()?, state.clone(), config.poll_max)
-            .map_err(|e| fuse_error(config, format!("/dev/fuse queue {i}: {e}")))?;
+        let helper = i.checked_sub(1);
+        let queue = DevQueue::new(
+            dev,
+            disk.queue()?,
+            state.clone(),
+            config.poll_max,
+            gate.clone(),
+            helper,
+        )
+        .map_err(|e| fuse_error(config, format!("/dev/fuse queue {i}: {e}")))?;
         threads.push(spawn(format!("fuse-q{i}"), move || queue.run())?);
     }
     let (registered_tx, registered_rx) = std::sync::mpsc::channel();
