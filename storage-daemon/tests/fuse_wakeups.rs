@@ -186,14 +186,25 @@ fn a_second_queue_thread_reads_only_under_load() {
     assert!(first >= 1000, "{served:?}");
     assert_eq!(second, 0, "the second queue read at depth 1: {served:?}");
 
-    // Four jobs at depth 16: both threads take requests.
+    // Four jobs at depth 16: both threads take requests. Back at depth 1
+    // the second stops waiting on /dev/fuse once the export has been
+    // quiet for a while (the first depth-1 run), and sleeps again.
     let d = Daemon::start(&dir, &image_keys, "num_queues=2").unwrap();
     fio_reads(&d.mountpoint, 4, 16, 5000);
+    fio_reads(&d.mountpoint, 1, 1, 1000);
+    let second_thread_sleeps = || thread_sleeps(d.pid(), "fuse-q1");
+    let sleeps_before = second_thread_sleeps();
+    fio_reads(&d.mountpoint, 1, 1, 1000);
+    let woken = second_thread_sleeps() - sleeps_before;
     let served = served_per_queue(&d.stop());
     let second = served.iter().find(|(n, _)| n == "fuse-q1").unwrap().1;
     assert!(
         second > 0,
         "the second queue never read under load: {served:?}"
+    );
+    assert!(
+        woken < 100,
+        "after the load, the second queue thread was woken {woken} times in 1000 reads"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -30,7 +30,7 @@ use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, ParseError, Pending, Reply};
 use super::init::DEV_BUFFER_SIZE;
 use super::poll::{AdaptivePoll, WaitKind};
-use super::reader_gate::ReaderGate;
+use super::reader_gate::{QuietSince, ReaderGate};
 
 const FUSE_EVENT: u64 = 0;
 const COMPLETION_EVENT: u64 = 1;
@@ -111,6 +111,8 @@ pub struct DevQueue {
     helper: Option<usize>,
     /// /dev/fuse is in this thread's epoll set.
     reading: bool,
+    /// A helper's view of how long the export has been quiet.
+    quiet: QuietSince,
 }
 
 impl DevQueue {
@@ -143,6 +145,7 @@ impl DevQueue {
             gate,
             helper,
             reading: false,
+            quiet: QuietSince::default(),
         })
     }
 
@@ -170,7 +173,12 @@ impl DevQueue {
         let mut completions = Vec::new();
         while !(self.connection_gone && self.disk.in_flight() == 0) {
             if let Some(i) = self.helper {
-                let read = self.gate.helper_should_read(i, self.disk.in_flight());
+                let read = self.gate.helper_should_read(
+                    i,
+                    self.disk.in_flight(),
+                    &mut self.quiet,
+                    std::time::Instant::now(),
+                );
                 self.set_reading(&epoll, read && !self.connection_gone)?;
             }
             self.waits += 1;
@@ -201,13 +209,17 @@ impl DevQueue {
             }
         }
         log::info!(
-            "fuse /dev/fuse queue {}: served {} requests, at most {} in flight, {} waits, {:.1} in flight at a wait on average, {} of them ended by polling",
+            "fuse /dev/fuse queue {}: served {} requests, at most {} in flight, {} waits, {:.1} in flight at a wait on average, {} of them ended by polling{}",
             std::thread::current().name().unwrap_or("?"),
             self.served,
             self.peak_in_flight,
             self.waits,
             self.in_flight_at_waits as f64 / self.waits.max(1) as f64,
-            self.poll.caught
+            self.poll.caught,
+            match self.helper {
+                None => format!(", helpers armed {} times by the load", self.gate.kicks()),
+                Some(_) => String::new(),
+            }
         );
         Ok(())
     }
