@@ -179,7 +179,12 @@ impl DevQueue {
                     &mut self.quiet,
                     std::time::Instant::now(),
                 );
-                self.set_reading(&epoll, read && !self.connection_gone)?;
+                if let Err(e) = self.set_reading(&epoll, read && !self.connection_gone) {
+                    // The first thread still reads: this one only stops
+                    // taking requests and ends once its own are answered.
+                    log::error!("fuse: watching /dev/fuse in a queue helper: {e}");
+                    self.connection_gone = true;
+                }
             }
             self.waits += 1;
             self.in_flight_at_waits += self.disk.in_flight() as u64;
