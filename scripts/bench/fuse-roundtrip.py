@@ -16,8 +16,7 @@ I/Os done.
 
 --trace (depth-1 cells with one job only): `perf record -a` of the
 tracepoints fuse:fuse_request_send/end, block:block_rq_issue,
-io_uring:io_uring_submit_req/complete and sched:sched_switch during a
-shorter run; each fio I/O is followed by keys from fio's submit to
+io_uring:io_uring_submit_req/complete during a shorter run; each fio I/O is followed by keys from fio's submit to
 fio's completion (see `breakdown`): fio -> FUSE queued, queued ->
 block issue (the daemon's wake-up, parse and submit), device + the
 daemon's wake-up (issue -> the image I/O's CQE, posted when the woken
@@ -63,12 +62,11 @@ fe = __import__("fuse-export")
 # block_rq_complete fires for about 1 request in 200 and
 # irq_handler_entry for 1 interrupt in 100 (counted against
 # /proc/interrupts). At depth 1 the thread waiting for the I/O sleeps
-# until the interrupt wakes it, so "device+wake" runs from the block issue
-# to that thread running again.
+# until the interrupt wakes it and posts the I/O's CQE when it runs, so
+# "device+wake" runs from the block issue to that CQE (see `breakdown`).
 TRACEPOINTS = ["fuse:fuse_request_send", "fuse:fuse_request_end",
                "block:block_rq_issue",
-               "io_uring:io_uring_submit_req", "io_uring:io_uring_complete",
-               "sched:sched_switch"]
+               "io_uring:io_uring_submit_req", "io_uring:io_uring_complete"]
 SEGMENTS = ["fio->fuse", "fuse->issue", "device+wake", "cqe->reply", "reply->fio",
             "fio turn", "cycle"]
 
@@ -163,9 +161,9 @@ def timed_preads(target, n):
 def parse_perf(path):
     """[(time us, comm, tid, event, fields dict)] from `perf script`.
 
-    Fields: `k=v` tokens (sched_switch); FUSE `unique` and `opcode`;
-    io_uring `ring` and `user_data` (its format has no `=`: "ring %p, req
-    %p, user_data 0x..."); block `dev`, `sector`, `rwbs`."""
+    Fields: FUSE `unique` and `opcode`; io_uring `ring`, `user_data` and
+    `op` (its format has no `=`: "ring %p, req %p, user_data 0x...,
+    opcode READ"); block `sector`."""
     out = subprocess.run(["perf", "script", "-i", path, "-F", "comm,tid,time,event,trace"],
                          capture_output=True, text=True).stdout
     events = []
@@ -180,10 +178,6 @@ def parse_perf(path):
         except (ValueError, IndexError):
             continue
         fields = {}
-        for tok in rest.replace("==>", " ").split():
-            if "=" in tok:
-                k, v = tok.split("=", 1)
-                fields[k] = v
         toks = rest.replace(",", " ").split()
         if event.startswith("fuse:"):
             if "req" in toks:
@@ -195,12 +189,9 @@ def parse_perf(path):
             fields["user_data"] = toks[toks.index("user_data") + 1]
             if "opcode" in toks:
                 fields["op"] = toks[toks.index("opcode") + 1]
-        elif event.startswith("block:") and toks:
-            # "MAJ,MIN RWBS [bytes] (cmd) SECTOR + N ..."
-            fields["dev"] = rest.split()[0]
-            fields["rwbs"] = toks[2] if len(toks) > 2 else ""
-            if "+" in toks:
-                fields["sector"] = toks[toks.index("+") - 1]
+        elif event.startswith("block:") and "+" in toks:
+            # "MAJ,MIN RWBS BYTES (cmd) SECTOR + N ..."
+            fields["sector"] = toks[toks.index("+") - 1]
         events.append((t, comm.strip(), tid, event, fields))
     events.sort(key=lambda e: e[0])
     return events
@@ -236,8 +227,8 @@ def breakdown(events, daemon_tids):
     requests, so none of them is used):
     - fio's io_uring submit (t0) and its CQE (t6) share (ring,
       user_data), whatever thread posts the CQE;
-    - the FUSE READ/WRITE sent inside that window (t1) is matched to its
-      end (t5) by `unique`;
+    - the FUSE READ sent inside that window (t1) is matched to its end
+      (t5) by `unique`;
     - the image I/O is the first data submit by a daemon thread on a
       ring that carries no FUSE commands, inside (t1, t5), matched to its
       CQE (t4) by (ring, user_data); the first block issue after that
