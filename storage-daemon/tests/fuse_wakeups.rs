@@ -13,6 +13,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -146,9 +147,9 @@ fn thread_sleeps(pid: i32, name: &str) -> u64 {
     panic!("no thread {name} in process {pid}");
 }
 
-/// Requests each /dev/fuse queue thread served, from the daemon's exit
-/// log ("queue fuse-qN: served M requests").
-fn served_per_queue(log: &str) -> Vec<(String, u64)> {
+/// Requests each /dev/fuse queue thread served, by thread name, from the
+/// daemon's exit log ("queue fuse-qN: served M requests").
+fn served_per_queue(log: &str) -> HashMap<String, u64> {
     log.lines()
         .filter_map(|l| {
             let rest = l.split("/dev/fuse queue ").nth(1)?;
@@ -156,6 +157,14 @@ fn served_per_queue(log: &str) -> Vec<(String, u64)> {
             Some((name.to_string(), rest.split(' ').next()?.parse().ok()?))
         })
         .collect()
+}
+
+/// Sleeps of the second queue thread while fio reads 1000 blocks through
+/// `d` at depth 1.
+fn helper_sleeps_in_depth1_reads(d: &Daemon) -> u64 {
+    let before = thread_sleeps(d.pid(), "fuse-q1");
+    fio_reads(&d.mountpoint, 1, 1, 1000);
+    thread_sleeps(d.pid(), "fuse-q1") - before
 }
 
 #[test]
@@ -171,20 +180,18 @@ fn a_second_queue_thread_reads_only_under_load() {
     // One reader at depth 1: the first thread takes every request, and
     // the second sleeps through them.
     let d = Daemon::start(&dir, &image_keys, "num_queues=2").unwrap();
-    let second_thread_sleeps = || thread_sleeps(d.pid(), "fuse-q1");
-    let sleeps_before = second_thread_sleeps();
-    fio_reads(&d.mountpoint, 1, 1, 1000);
-    let woken = second_thread_sleeps() - sleeps_before;
+    let woken = helper_sleeps_in_depth1_reads(&d);
     let served = served_per_queue(&d.stop());
     assert!(
         woken < 100,
         "the idle second queue thread was woken {woken} times in 1000 reads"
     );
     assert_eq!(served.len(), 2, "{served:?}");
-    let second = served.iter().find(|(n, _)| n == "fuse-q1").unwrap().1;
-    let first = served.iter().find(|(n, _)| n == "fuse-q0").unwrap().1;
-    assert!(first >= 1000, "{served:?}");
-    assert_eq!(second, 0, "the second queue read at depth 1: {served:?}");
+    assert!(served["fuse-q0"] >= 1000, "{served:?}");
+    assert_eq!(
+        served["fuse-q1"], 0,
+        "the second queue read at depth 1: {served:?}"
+    );
 
     // Four jobs at depth 16: both threads take requests. Back at depth 1
     // the second stops waiting on /dev/fuse once the export has been
@@ -192,14 +199,10 @@ fn a_second_queue_thread_reads_only_under_load() {
     let d = Daemon::start(&dir, &image_keys, "num_queues=2").unwrap();
     fio_reads(&d.mountpoint, 4, 16, 5000);
     fio_reads(&d.mountpoint, 1, 1, 1000);
-    let second_thread_sleeps = || thread_sleeps(d.pid(), "fuse-q1");
-    let sleeps_before = second_thread_sleeps();
-    fio_reads(&d.mountpoint, 1, 1, 1000);
-    let woken = second_thread_sleeps() - sleeps_before;
+    let woken = helper_sleeps_in_depth1_reads(&d);
     let served = served_per_queue(&d.stop());
-    let second = served.iter().find(|(n, _)| n == "fuse-q1").unwrap().1;
     assert!(
-        second > 0,
+        served["fuse-q1"] > 0,
         "the second queue never read under load: {served:?}"
     );
     assert!(

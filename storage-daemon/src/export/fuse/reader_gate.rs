@@ -133,11 +133,11 @@ impl ReaderGate {
     }
 
     /// The connection is gone: every helper must look at /dev/fuse to
-    /// see it (and then end).
+    /// see it (and then end); [`Self::helper_should_read`] says yes to all
+    /// from now on, and the kick wakes those that are not reading.
     pub fn close(&self) {
         self.closing.store(true, Ordering::Release);
         for h in &self.helpers {
-            h.armed.store(true, Ordering::Release);
             let _ = h.kick.write(1);
         }
     }
