@@ -147,6 +147,27 @@ fn thread_sleeps(pid: i32, name: &str) -> u64 {
     panic!("no thread {name} in process {pid}");
 }
 
+/// The CPUs thread `name` of `pid` may run on (`Cpus_allowed_list`;
+/// the main thread's when `name` is None).
+fn cpus_allowed(pid: i32, name: Option<&str>) -> String {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let main = task.file_name().unwrap().to_string_lossy() == pid.to_string();
+        if name.map_or(!main, |n| comm.trim() != n) {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.join("status")).unwrap();
+        return status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_string();
+    }
+    panic!("no thread {name:?} in process {pid}");
+}
+
 /// Requests each /dev/fuse queue thread served, by thread name, from the
 /// daemon's exit log ("queue fuse-qN: served M requests").
 fn served_per_queue(log: &str) -> HashMap<String, u64> {
@@ -193,12 +214,28 @@ fn a_second_queue_thread_reads_only_under_load() {
         "the second queue read at depth 1: {served:?}"
     );
 
-    // Four jobs at depth 16: both threads take requests. Back at depth 1
+    // Four jobs at depth 16: both threads take requests, the second off
+    // the first's CPU (where the machine has another). Back at depth 1
     // the second stops waiting on /dev/fuse once the export has been
-    // quiet for a while (the first depth-1 run), and sleeps again.
+    // quiet for a while (the first depth-1 run), gets every CPU back and
+    // sleeps again.
     let d = Daemon::start(&dir, &image_keys, "num_queues=2").unwrap();
+    let all_cpus = cpus_allowed(d.pid(), None);
+    assert_eq!(cpus_allowed(d.pid(), Some("fuse-q1")), all_cpus);
     fio_reads(&d.mountpoint, 4, 16, 5000);
+    let loaded = cpus_allowed(d.pid(), Some("fuse-q1"));
+    let one_cpu = !all_cpus.contains([',', '-']);
+    assert_eq!(
+        loaded == all_cpus,
+        one_cpu,
+        "the reading helper may run on {loaded}, the daemon on {all_cpus}"
+    );
     fio_reads(&d.mountpoint, 1, 1, 1000);
+    assert_eq!(
+        cpus_allowed(d.pid(), Some("fuse-q1")),
+        all_cpus,
+        "the helper kept its narrowed CPUs after the load"
+    );
     let woken = helper_sleeps_in_depth1_reads(&d);
     let served = served_per_queue(&d.stop());
     assert!(

@@ -2,7 +2,9 @@
 //! session's and its FUSE_DEV_IOC_CLONE copies), each with its own
 //! [`DiskQueue`]. The first thread always takes requests; the others only
 //! while the export is loaded ([`super::reader_gate`]), and otherwise wait
-//! for their own completions and for the first thread's kick.
+//! for their own completions and for the first thread's kick. While a
+//! helper takes requests it keeps off the first thread's CPU
+//! ([`super::helper_cpu`]).
 //!
 //! The thread waits in epoll on two things: its non-blocking /dev/fuse
 //! descriptor and its disk queue's completion eventfd; before sleeping
@@ -28,6 +30,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use super::abi::{OutHeader, Pod};
 use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, ParseError, Pending, Reply};
+use super::helper_cpu::{current_cpu, HelperCpu};
 use super::init::DEV_BUFFER_SIZE;
 use super::poll::{AdaptivePoll, WaitKind};
 use super::reader_gate::{QuietSince, ReaderGate};
@@ -113,6 +116,8 @@ pub struct DevQueue {
     reading: bool,
     /// A helper's view of how long the export has been quiet.
     quiet: QuietSince,
+    /// A helper's CPU placement (made on its own thread in `run`).
+    cpu: Option<HelperCpu>,
 }
 
 impl DevQueue {
@@ -146,6 +151,7 @@ impl DevQueue {
             helper,
             reading: false,
             quiet: QuietSince::default(),
+            cpu: None,
         })
     }
 
@@ -160,6 +166,11 @@ impl DevQueue {
                 EpollEvent::new(EventSet::IN, KICK_EVENT),
             )?,
             None => self.set_reading(&epoll, true)?,
+        }
+        if self.helper.is_some() {
+            self.cpu = HelperCpu::of_current_thread()
+                .map_err(|e| log::debug!("fuse: a queue helper's CPUs: {e}"))
+                .ok();
         }
         // Edge-triggered: reported at every signal of the eventfd, so the
         // thread never reads (clears) it and reaps without a syscall.
@@ -184,6 +195,13 @@ impl DevQueue {
                     // taking requests and ends once its own are answered.
                     log::error!("fuse: watching /dev/fuse in a queue helper: {e}");
                     self.connection_gone = true;
+                }
+                if let Some(cpu) = self.cpu.as_mut() {
+                    if self.reading {
+                        cpu.keep_off(self.gate.primary_cpu());
+                    } else {
+                        cpu.release();
+                    }
                 }
             }
             self.waits += 1;
@@ -329,6 +347,7 @@ impl DevQueue {
         if self.connection_gone {
             self.gate.close();
         } else if self.helper.is_none() {
+            self.gate.note_primary_cpu(current_cpu());
             self.gate.arm_helpers_if_loaded();
         }
     }

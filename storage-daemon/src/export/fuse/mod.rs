@@ -21,6 +21,7 @@ mod abi;
 mod attr;
 mod devfuse;
 mod handler;
+mod helper_cpu;
 mod init;
 mod io;
 mod mount;

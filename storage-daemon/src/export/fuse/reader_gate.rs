@@ -30,7 +30,9 @@
 //! helpers' eventfds); leaves as each helper's answer to "read /dev/fuse
 //! now?" ([`ReaderGate::helper_should_read`]). The end of the connection
 //! kicks every helper ([`ReaderGate::close`]) so a helper that is not
-//! reading still sees it.
+//! reading still sees it. The gate also carries the first thread's CPU
+//! ([`ReaderGate::note_primary_cpu`]), which a reading helper keeps off
+//! ([`super::helper_cpu`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -70,7 +72,12 @@ pub struct ReaderGate {
     kicks: AtomicUsize,
     closing: AtomicBool,
     helpers: Vec<Helper>,
+    /// The CPU the first thread last ran on ([`NO_CPU`]: not known yet).
+    primary_cpu: AtomicUsize,
 }
+
+/// [`ReaderGate::primary_cpu`] before the first thread has said.
+const NO_CPU: usize = usize::MAX;
 
 impl ReaderGate {
     /// A gate for one first thread and `helpers` helpers.
@@ -88,6 +95,7 @@ impl ReaderGate {
             kicks: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             helpers,
+            primary_cpu: AtomicUsize::new(NO_CPU),
         })
     }
 
@@ -179,6 +187,18 @@ impl ReaderGate {
             quiet.0 = None;
         }
         h.armed.load(Ordering::Acquire)
+    }
+
+    /// The first thread, after a batch: the CPU it runs on, which armed
+    /// helpers keep off ([`super::helper_cpu`]).
+    pub fn note_primary_cpu(&self, cpu: Option<usize>) {
+        self.primary_cpu
+            .store(cpu.unwrap_or(NO_CPU), Ordering::Relaxed);
+    }
+
+    /// The first thread's CPU as last noted.
+    pub fn primary_cpu(&self) -> Option<usize> {
+        Some(self.primary_cpu.load(Ordering::Relaxed)).filter(|&c| c != NO_CPU)
     }
 
     /// Clears helper `i`'s kick (after it woke on it).
