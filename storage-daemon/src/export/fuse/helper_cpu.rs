@@ -19,7 +19,8 @@
 //! calling thread). The universe is the helper's affinity when it was
 //! created, so a daemon started under `taskset` keeps to its CPUs. With
 //! one CPU there, nothing changes. A refused change (a cpuset changed
-//! since) is logged at debug level and the helper runs where it is.
+//! since) is logged at debug level, and the helper stays where it is and
+//! stops trying.
 
 /// One helper's placement.
 pub struct HelperCpu {
@@ -27,6 +28,8 @@ pub struct HelperCpu {
     universe: libc::cpu_set_t,
     /// The first thread's CPU the helper is kept off now, if any.
     avoiding: Option<usize>,
+    /// The kernel refused a change: leave the affinity alone from now on.
+    refused: bool,
 }
 
 /// Whether `cpu` is in `set` (false past the set's size).
@@ -85,13 +88,14 @@ impl HelperCpu {
         Ok(HelperCpu {
             universe,
             avoiding: None,
+            refused: false,
         })
     }
 
     /// The helper reads: keeps off `primary` (the first thread's CPU as
     /// last published). Makes a system call only when that CPU changed.
     pub fn keep_off(&mut self, primary: Option<usize>) {
-        if primary.is_none() || primary == self.avoiding {
+        if self.refused || primary.is_none() || primary == self.avoiding {
             return;
         }
         let Some(rest) = primary.and_then(|cpu| without(&self.universe, cpu)) else {
@@ -100,7 +104,10 @@ impl HelperCpu {
         };
         match set_affinity(&rest) {
             Ok(()) => self.avoiding = primary,
-            Err(e) => log::debug!("fuse: moving a queue helper off CPU {primary:?}: {e}"),
+            Err(e) => {
+                log::debug!("fuse: moving a queue helper off CPU {primary:?}: {e}");
+                self.refused = true;
+            }
         }
     }
 
@@ -111,6 +118,7 @@ impl HelperCpu {
         }
         if let Err(e) = set_affinity(&self.universe) {
             log::debug!("fuse: giving a queue helper back its CPUs: {e}");
+            self.refused = true;
         }
         self.avoiding = None;
     }
