@@ -233,6 +233,7 @@ fn a_second_queue_thread_reads_only_under_load() {
     // The helper stops reading at a wake-up that finds the export quiet
     // for 20 ms; at depth 1 it is still woken now and then, sooner on an
     // idle machine than on a busy one.
+    fio_reads(&d.mountpoint, 1, 1, 1000);
     let mut rounds = 0;
     while rounds < 20 && cpus_allowed(d.pid(), Some("fuse-q1")) != all_cpus {
         fio_reads(&d.mountpoint, 1, 1, 500);
@@ -241,7 +242,7 @@ fn a_second_queue_thread_reads_only_under_load() {
     assert_eq!(
         cpus_allowed(d.pid(), Some("fuse-q1")),
         all_cpus,
-        "the helper kept its narrowed CPUs through {rounds} x 500 reads at depth 1"
+        "the helper kept its narrowed CPUs through 1000 + {rounds} x 500 reads at depth 1"
     );
     let woken = helper_sleeps_in_depth1_reads(&d);
     let served = served_per_queue(&d.stop());
