@@ -30,7 +30,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use super::abi::{OutHeader, Pod};
 use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, ParseError, Pending, Reply};
-use super::helper_cpu::{current_cpu, HelperCpu};
+use super::helper_cpu::HelperCpu;
 use super::init::DEV_BUFFER_SIZE;
 use super::poll::{AdaptivePoll, WaitKind};
 use super::reader_gate::{QuietSince, ReaderGate};
@@ -347,7 +347,7 @@ impl DevQueue {
         if self.connection_gone {
             self.gate.close();
         } else if self.helper.is_none() {
-            self.gate.note_primary_cpu(current_cpu());
+            self.gate.note_primary_cpu();
             self.gate.arm_helpers_if_loaded();
         }
     }

@@ -39,6 +39,8 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::helper_cpu::current_cpu;
+
 /// Requests in flight across the export at which the helpers start
 /// reading. One application thread at depth 1 never has more than one in
 /// flight, and is served best by one reader; four jobs at depth 1 are
@@ -189,11 +191,15 @@ impl ReaderGate {
         h.armed.load(Ordering::Acquire)
     }
 
-    /// The first thread, after a batch: the CPU it runs on, which armed
-    /// helpers keep off ([`super::helper_cpu`]).
-    pub fn note_primary_cpu(&self, cpu: Option<usize>) {
-        self.primary_cpu
-            .store(cpu.unwrap_or(NO_CPU), Ordering::Relaxed);
+    /// The first thread, after a batch: notes the CPU it runs on, which
+    /// armed helpers keep off ([`super::helper_cpu`]). Without helpers
+    /// nobody reads it, so nothing is asked.
+    pub fn note_primary_cpu(&self) {
+        if self.helpers.is_empty() {
+            return;
+        }
+        let cpu = current_cpu().unwrap_or(NO_CPU);
+        self.primary_cpu.store(cpu, Ordering::Relaxed);
     }
 
     /// The first thread's CPU as last noted.
