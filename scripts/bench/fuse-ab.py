@@ -8,8 +8,8 @@ rotated per round; the table quotes medians and every round's MiB/s.
 
 A backend is NAME=SPEC. SPEC is `qsd` (qemu-storage-daemon's FUSE
 export, cache.direct=on,aio=io_uring), `fio-file` (fio on the image
-file itself) or `BIN` followed by `;`-separated fields:
-`export=KEYS` (added to --export type=fuse,...), `image=KEYS` (added to
+file's own data, fuse-export.py's file_target) or `BIN` followed by
+`;`-separated fields: `export=KEYS` (added to --export type=fuse,...), `image=KEYS` (added to
 --image path=...,direct=on), `env=NAME=VALUE` (`{image}` in VALUE is
 the image's path). Example:
 
@@ -84,7 +84,8 @@ def main():
                     os.environ.update(env)
                     try:
                         with fe.Daemon(name, argv, mountpoint if argv else None):
-                            f = fe.fio(mountpoint if argv else image, cell[0], cell[1], args)
+                            target, extra = (mountpoint, []) if argv else fe.file_target(image)
+                            f = fe.fio(target, cell[0], cell[1], args, extra)
                     finally:
                         for k, v in saved.items():
                             if v is None:

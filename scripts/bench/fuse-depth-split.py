@@ -269,13 +269,13 @@ def main():
             for name in args.backends.split(","):
                 argv, mountpoint = table[name]
                 with fe.Daemon(name, argv, mountpoint):
-                    target = mountpoint or image
+                    target, extra = (mountpoint, []) if mountpoint else fe.file_target(image)
                     fio = subprocess.Popen(
                         ["fio", "--name=split", f"--filename={target}", "--rw=randrw",
                          "--rwmixread=70", "--bs=4k", "--direct=1", "--ioengine=io_uring",
                          f"--iodepth={cell[1]}", f"--numjobs={cell[0]}", "--group_reporting",
                          "--time_based", f"--runtime={args.seconds}", f"--size={args.size}",
-                         "--output-format=json"], stdout=subprocess.PIPE, text=True)
+                         "--output-format=json", *extra], stdout=subprocess.PIPE, text=True)
                     time.sleep(min(2.0, args.seconds / 3))
                     text = record(args.window)
                     out, _ = fio.communicate()

@@ -115,14 +115,14 @@ class DaemonStat:
         return perf_stat(self.path)
 
 
-def fio_fixed(target, jobs, depth, ios, size, stat_path=None):
+def fio_fixed(target, jobs, depth, ios, size, stat_path=None, extra=()):
     """fio for `ios` I/Os in all: (bytes, mean latency us, fio's perf stat)."""
     stat = ["perf", "stat", "-x,", "-o", stat_path, "-e", STAT_EVENTS, "--"] if stat_path else []
     out = fe.run(stat + ["fio", "--name=rt", f"--filename={target}", "--rw=randrw",
                   "--rwmixread=70", "--bs=4k", "--direct=1", "--ioengine=io_uring",
                   f"--iodepth={depth}", f"--numjobs={jobs}", "--group_reporting",
                   f"--number_ios={max(1, ios // jobs)}", f"--size={size}",
-                  "--output-format=json"])
+                  "--output-format=json", *extra])
     job = fe.json.loads(out[out.index("{"):])["jobs"][0]
     r, w = job["read"], job["write"]
     nbytes = r["io_bytes"] + w["io_bytes"]
@@ -304,12 +304,12 @@ def breakdown(events, daemon_tids):
     return seg, total
 
 
-def traced(d, target, size, ios, perf_data):
+def traced(d, target, size, ios, perf_data, extra=()):
     perf = subprocess.Popen(["perf", "record", "-q", "-a", "-m", "1024", "-o", perf_data]
                             + [a for tp in TRACEPOINTS for a in ("-e", tp)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.5)
-    fio_fixed(target, 1, 1, ios, size)
+    fio_fixed(target, 1, 1, ios, size, extra=extra)
     perf.send_signal(2)
     perf.wait()
     tids = set()
@@ -351,7 +351,7 @@ def main():
             argv, mp = table[name]
             if argv and args.daemon_cpus:
                 argv = ["taskset", "-c", args.daemon_cpus] + argv
-            target = mp or image
+            target, extra = (mp, []) if mp else fe.file_target(image)
             if args.null:
                 with fe.Daemon(name, argv, mp) as d:
                     null_roundtrips(target, 2000, app_cpus)  # warm-up
@@ -366,11 +366,11 @@ def main():
                 continue
             for jobs, depth in cells:
                 with fe.Daemon(name, argv, mp) as d:
-                    fio_fixed(target, jobs, depth, 2000, args.size)  # warm-up
+                    fio_fixed(target, jobs, depth, 2000, args.size, extra=extra)  # warm-up
                     cs0 = ctx_switches(d.proc.pid) if d.proc else (0, 0)
                     dstat = DaemonStat(d.proc.pid, os.path.join(args.dir, "dstat")) if d.proc else None
                     nbytes, lat, fstat = fio_fixed(target, jobs, depth, args.ios, args.size,
-                                                   os.path.join(args.dir, "fstat"))
+                                                   os.path.join(args.dir, "fstat"), extra)
                     dvals = dstat.stop() if dstat else {}
                     cs1 = ctx_switches(d.proc.pid) if d.proc else (0, 0)
                     ios = nbytes / 4096
@@ -384,7 +384,7 @@ def main():
                            f"daemon cs/IO {rows[-1][4]:.2f}+{rows[-1][5]:.2f}")
                     if args.trace and (jobs, depth) == (1, 1):
                         data = os.path.join(args.dir, f"perf-{name}.data")
-                        seg, total = traced(d, target, args.size, 3000, data)
+                        seg, total = traced(d, target, args.size, 3000, data, extra)
                         traces.append((name, seg, total))
     if nulls:
         print(f"bare round trips: {args.ios} preads of 4 KiB at the end of the file, one "
