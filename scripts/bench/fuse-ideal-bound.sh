@@ -11,6 +11,12 @@
 # patch is a measuring tool, never the product: a thread blocked in image
 # I/O takes no other request, which the export must never do.
 #
+# "ideal-uring" is the same daemon with each transfer put on the thread's
+# own io_uring and waited for there (CH_IDEAL_SYNC_ENGINE=uring): it pays
+# what any asynchronous I/O pays in the kernel (the completion's task
+# work, and for O_DIRECT writes the file system's completion workqueue)
+# and nothing of an event loop: the bound for a daemon that may not block.
+#
 # Usage: scripts/bench/fuse-ideal-bound.sh [ROUNDS] [CELLS]   (default 8 1x1)
 # Raw images only: the patch reads and writes the image file as the guest
 # view. CELLS: depth-1 cells (JOBSx1, comma-separated).
@@ -41,5 +47,6 @@ for cell in ${cells//,/ }; do
     python3 scripts/bench/fuse-ab.py --cells "$cell" --rounds "$rounds" --ref qsd \
         "ours=$main;export=num_queues=2" \
         "ideal-sync=$ideal;export=num_queues=$jobs;env=CH_IDEAL_SYNC_IMAGE={image}" \
+        "ideal-uring=$ideal;export=num_queues=$jobs;env=CH_IDEAL_SYNC_IMAGE={image};env=CH_IDEAL_SYNC_ENGINE=uring" \
         qsd=qsd fio-file=fio-file
 done
