@@ -15,7 +15,8 @@
 # own io_uring and waited for there (CH_IDEAL_SYNC_ENGINE=uring): it pays
 # what any asynchronous I/O pays in the kernel (the completion's task
 # work, and for O_DIRECT writes the file system's completion workqueue)
-# and nothing of an event loop: the bound for a daemon that may not block.
+# and nothing of an event loop. A daemon that never waits for its own
+# I/O (the export's rule) pays at least that, plus its event loop.
 #
 # Usage: scripts/bench/fuse-ideal-bound.sh [ROUNDS] [CELLS]   (default 8 1x1)
 # Raw images only: the patch reads and writes the image file as the guest
