@@ -9,9 +9,9 @@ rotated per round; the table quotes medians and every round's MiB/s.
 A backend is NAME=SPEC. SPEC is `qsd` (qemu-storage-daemon's FUSE
 export, cache.direct=on,aio=io_uring), `fio-file` (fio on the image
 file's own data, fuse-export.py's file_target) or `BIN` followed by
-`;`-separated fields: `export=KEYS` (added to --export type=fuse,...), `image=KEYS` (added to
---image path=...,direct=on), `env=NAME=VALUE` (`{image}` in VALUE is
-the image's path). Example:
+`;`-separated fields: `export=KEYS` (added to --export
+type=fuse,...), `image=KEYS` (added to --image path=...,direct=on),
+`env=NAME=VALUE` (`{image}` in VALUE is the image's path). Example:
 
     scripts/bench/fuse-ab.py --cells 1x1 --rounds 8 --ref qsd \\
         main=target/release/ch-storage-daemon \\
@@ -31,26 +31,26 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 fe = __import__("fuse-export")
 
 
-def backend(spec, table, image, fmt, mountpoint):
+def backend(spec, image, fmt, mountpoint):
     """(argv or None, extra environment) of one SPEC."""
-    if spec in ("qsd", "fio-file"):
-        return table[spec][0], {}
+    if spec == "qsd":
+        return fe.qsd_argv(image, fmt, mountpoint), {}
+    if spec == "fio-file":
+        return None, {}
     fields = spec.split(";")
     export, image_keys, env = "", "", {}
     for field in fields[1:]:
         key, _, value = field.partition("=")
         if key == "export":
-            export = "," + value
+            export = value
         elif key == "image":
-            image_keys = "," + value
+            image_keys = value
         elif key == "env":
             name, _, val = value.partition("=")
             env[name] = val.replace("{image}", image)
         else:
             raise SystemExit(f"unknown field '{key}' in '{spec}'")
-    argv = [fields[0], "--image", f"path={image},image_type={fmt},direct=on{image_keys}",
-            "--export", f"type=fuse,mountpoint={mountpoint},writable=on{export}"]
-    return argv, env
+    return fe.ours_argv(fields[0], image, fmt, mountpoint, export, image_keys), env
 
 
 def main():
@@ -65,33 +65,24 @@ def main():
     p.add_argument("backends", nargs="+", metavar="NAME=SPEC")
     args = p.parse_args()
     args.formats = [args.format]
-    args.bin = "ch-storage-daemon"  # fuse-export's table wants one; unused here
     os.makedirs(args.dir, exist_ok=True)
     cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
     results = {}
     with fe.uring_enabled():
-        image, table = fe.one_format_setup(args)
-        mountpoint = table["ours-devfuse"][1]
+        image = fe.make_images(args)[args.format]
+        mountpoint = os.path.join(args.dir, "export")
+        open(mountpoint, "a").close()
         variants = []
         for item in args.backends:
             name, _, spec = item.partition("=")
-            variants.append((name, *backend(spec, table, image, args.format, mountpoint)))
+            variants.append((name, *backend(spec, image, args.format, mountpoint)))
         for r in range(args.rounds):
             order = variants[r % len(variants):] + variants[:r % len(variants)]
             for cell in cells:
                 for name, argv, env in order:
-                    saved = {k: os.environ.get(k) for k in env}
-                    os.environ.update(env)
-                    try:
-                        with fe.Daemon(name, argv, mountpoint if argv else None):
-                            target, extra = (mountpoint, []) if argv else fe.file_target(image)
-                            f = fe.fio(target, cell[0], cell[1], args, extra)
-                    finally:
-                        for k, v in saved.items():
-                            if v is None:
-                                os.environ.pop(k, None)
-                            else:
-                                os.environ[k] = v
+                    with fe.Daemon(name, argv, mountpoint if argv else None, env):
+                        target, extra = (mountpoint, []) if argv else fe.file_target(image)
+                        f = fe.fio(target, cell[0], cell[1], args, extra)
                     mib = f["read_mib"] + f["write_mib"]
                     results.setdefault((cell, name), []).append(
                         (mib, f["read_lat_us"], f["write_lat_us"]))

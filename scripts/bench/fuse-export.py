@@ -68,16 +68,18 @@ def wait_mounted(proc, mountpoint, timeout=30):
 
 
 class Daemon:
-    """A FUSE export of `image` on `mountpoint` (None: fio on the image)."""
+    """A FUSE export of `image` on `mountpoint` (None: fio on the image);
+    `env`: variables added to the daemon's environment."""
 
-    def __init__(self, name, argv, mountpoint):
+    def __init__(self, name, argv, mountpoint, env=None):
         self.name, self.argv, self.mountpoint = name, argv, mountpoint
+        self.env = {**os.environ, **env} if env else None
         self.proc = None
 
     def __enter__(self):
         if self.argv:
             self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, text=True)
+                                         stderr=subprocess.PIPE, text=True, env=self.env)
             wait_mounted(self.proc, self.mountpoint)
         return self
 
@@ -104,16 +106,30 @@ class Daemon:
             subprocess.run(["umount", "-l", self.mountpoint])
 
 
+def ours_argv(binary, image, fmt, mountpoint, export_keys="", image_keys=""):
+    """Our daemon exporting `image` writable on `mountpoint`, O_DIRECT;
+    the keys (comma-separated, may be empty) are added to --export and
+    --image."""
+    return [binary, "--image", f"path={image},image_type={fmt},direct=on"
+            + (f",{image_keys}" if image_keys else ""),
+            "--export", f"type=fuse,mountpoint={mountpoint},writable=on"
+            + (f",{export_keys}" if export_keys else "")]
+
+
+def qsd_argv(image, fmt, mountpoint):
+    """qemu-storage-daemon's FUSE export of `image`, O_DIRECT, io_uring."""
+    return ["qemu-storage-daemon",
+            "--blockdev", f"driver=file,node-name=file,filename={image},cache.direct=on,aio=io_uring",
+            "--blockdev", f"driver={fmt},node-name=fmt,file=file",
+            "--export", f"type=fuse,id=exp,node-name=fmt,mountpoint={mountpoint},writable=on"]
+
+
 def backends(args, fmt, image, mountpoint):
     """{name: (argv, mountpoint)}; `--variant NAME=KEYS` adds
     ours-devfuse@NAME and ours-uring@NAME with KEYS added to the export."""
-    ours = [args.bin, "--image", f"path={image},image_type={fmt},direct=on",
-            "--export", f"type=fuse,mountpoint={mountpoint},writable=on,"
-            f"num_queues={getattr(args, 'num_queues', 2)}"]
-    qsd = ["qemu-storage-daemon",
-           "--blockdev", f"driver=file,node-name=file,filename={image},cache.direct=on,aio=io_uring",
-           "--blockdev", f"driver={fmt},node-name=fmt,file=file",
-           "--export", f"type=fuse,id=exp,node-name=fmt,mountpoint={mountpoint},writable=on"]
+    ours = ours_argv(args.bin, image, fmt, mountpoint,
+                     f"num_queues={getattr(args, 'num_queues', 2)}")
+    qsd = qsd_argv(image, fmt, mountpoint)
     table = {
         "ours-devfuse": (ours, mountpoint),
         "ours-uring": (ours[:-1] + [ours[-1] + ",io_uring=on"], mountpoint),
