@@ -33,11 +33,12 @@ impl Tmpfs {
         let dir = TempDir::new(name);
         let mount = dir.join("fs");
         std::fs::create_dir(&mount).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&mount)
-            .output()
-            .expect("run mount");
+        let out = testkit::output_within(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(&mount),
+            testkit::COMMAND_LIMIT,
+        );
         assert!(
             out.status.success(),
             "this test mounts a small tmpfs and needs root: {}",

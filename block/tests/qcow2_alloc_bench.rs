@@ -100,13 +100,14 @@ fn ours(p: &Path, qcow2: bool, count: u64) -> f64 {
 }
 
 fn qemu(p: &Path, qcow2: bool, count: u64) -> f64 {
-    let out = Command::new("qemu-img")
-        .args(["bench", "-w", "-i", "io_uring", "-t", "none", "-d", "32"])
-        .args(["-s", "64k", "-c", &count.to_string()])
-        .args(["-f", if qcow2 { "qcow2" } else { "raw" }])
-        .arg(p)
-        .output()
-        .expect("qemu-img bench");
+    let out = testkit::output_within(
+        Command::new("qemu-img")
+            .args(["bench", "-w", "-i", "io_uring", "-t", "none", "-d", "32"])
+            .args(["-s", "64k", "-c", &count.to_string()])
+            .args(["-f", if qcow2 { "qcow2" } else { "raw" }])
+            .arg(p),
+        testkit::COMMAND_LIMIT,
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     text.split("Run completed in ")
         .nth(1)

@@ -1,12 +1,51 @@
 //! Corrupted images: random bytes flipped in the metadata of a qemu-made
 //! image must give errors, never a panic, a hang or a huge allocation.
+//! Each corrupted copy runs under a deadline (`with_deadline`).
 
 mod support;
 
 use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::Duration;
 
 use block::options::DiskOptions;
 use support::*;
+
+/// Longer than any case takes on a loaded machine (a few milliseconds
+/// each), short enough that a hang fails the test instead of stalling it.
+const CASE_LIMIT: Duration = Duration::from_secs(30);
+
+/// Opens one corrupted copy and reads, maps, writes and discards through
+/// it, ignoring the errors; returns whether it opened.
+fn exercise(p: &Path, readonly: bool, write_at: u64) -> bool {
+    let mut o = DiskOptions::new(p);
+    o.readonly = readonly;
+    o.lock = false;
+    let Ok(img) = block::formats::open_format(&o) else {
+        return false;
+    };
+    let size = img.size().min(8 << 20);
+    let mut plan = Vec::new();
+    let _ = img.plan_read(0, size, &mut plan);
+    let _ = img.block_status(0, size);
+    if !readonly {
+        let w = waker();
+        if let Ok(block::formats::WriteOutcome::Ready(p)) = img.plan_write(write_at, 4096, &w) {
+            execute(&*img, &p, &[0u8; 4096]);
+            if let Some(c) = p.commit {
+                let _ = img.commit(c);
+            }
+        }
+        if let Ok(block::formats::WriteOutcome::Ready(p)) = img.plan_discard(0, 65536, &w) {
+            execute(&*img, &p, &[]);
+            if let Some(c) = p.commit {
+                let _ = img.commit(c);
+            }
+        }
+        let _ = img.flush_metadata();
+    }
+    true
+}
 
 fn fuzz_one(d: &TempDir, name: &str, create_opts: &str, writes: &[&str], meta_end: u64, seed: u64) {
     let good = d.join(format!("{name}.qcow2"));
@@ -34,37 +73,16 @@ fn fuzz_one(d: &TempDir, name: &str, create_opts: &str, writes: &[&str], meta_en
             let off = next() % meta_end.min(bytes.len() as u64);
             f.write_all_at(&[next() as u8], off).unwrap();
         }
-        let mut o = DiskOptions::new(&p);
-        o.readonly = i % 2 == 0;
-        o.lock = false;
-        let img = match block::formats::open_format(&o) {
-            Ok(img) => img,
-            Err(_) => {
-                failed += 1;
-                continue;
-            }
-        };
-        opened += 1;
-        let size = img.size().min(8 << 20);
-        let mut plan = Vec::new();
-        let _ = img.plan_read(0, size, &mut plan);
-        let _ = img.block_status(0, size);
-        if !o.readonly {
-            let w = waker();
-            let off = 4096 * (next() % 1024);
-            if let Ok(block::formats::WriteOutcome::Ready(p)) = img.plan_write(off, 4096, &w) {
-                execute(&*img, &p, &[0u8; 4096]);
-                if let Some(c) = p.commit {
-                    let _ = img.commit(c);
-                }
-            }
-            if let Ok(block::formats::WriteOutcome::Ready(p)) = img.plan_discard(0, 65536, &w) {
-                execute(&*img, &p, &[]);
-                if let Some(c) = p.commit {
-                    let _ = img.commit(c);
-                }
-            }
-            let _ = img.flush_metadata();
+        let readonly = i % 2 == 0;
+        let write_at = 4096 * (next() % 1024);
+        let case = p.clone();
+        let was_opened = with_deadline(&format!("{name} case {i}"), CASE_LIMIT, move || {
+            exercise(&case, readonly, write_at)
+        });
+        if was_opened {
+            opened += 1;
+        } else {
+            failed += 1;
         }
         let _ = std::fs::remove_file(&p);
     }

@@ -395,9 +395,15 @@ fn locks_are_seen_by_qemu_and_qemu_locks_are_seen_by_us() {
             .spawn()
             .unwrap();
         // Holding the image makes qemu-img info (without -U) fail.
+        let started = std::time::Instant::now();
         let held = loop {
             if let Ok(Some(_)) = c.try_wait() {
                 break false;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(30) {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("qemu-io neither exited nor locked the image in 30 s");
             }
             if !run_status("qemu-img", &["info", s(&p)]).0 {
                 break true;

@@ -226,7 +226,7 @@ fn killed_mid_write(transport: Transport) {
         &format!("{}writable=on", transport.options()),
     )
     .unwrap();
-    let mut fio = Command::new("fio")
+    let fio = Command::new("fio")
         .arg("--name=busy")
         .arg(format!("--filename={}", d.mountpoint.display()))
         .args(["--rw=randwrite", "--bs=64k", "--size=64M", "--direct=1"])
@@ -260,16 +260,16 @@ fn killed_mid_write(transport: Transport) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = fio.wait();
+    testkit::wait_within(fio, "fio on the dead export", Duration::from_secs(60));
     sh(&format!("umount {}", mountpoint.display()));
     // The dead daemon's rings are torn down asynchronously: its image
     // lock may linger for a moment.
     let started = Instant::now();
     let out = loop {
-        let out = Command::new("qemu-img")
-            .args(["check", &image])
-            .output()
-            .unwrap();
+        let out = testkit::output_within(
+            Command::new("qemu-img").args(["check", &image]),
+            testkit::COMMAND_LIMIT,
+        );
         let locked = String::from_utf8_lossy(&out.stderr).contains("lock");
         if !locked || started.elapsed() > Duration::from_secs(10) {
             break out;
@@ -453,10 +453,10 @@ fn bad_mountpoints_and_options_are_refused_by_name() {
     let image = qemu_img_create(&dir, "disk.raw", "raw", "1M");
     let bin = env!("CARGO_BIN_EXE_ch-storage-daemon");
     let refuse = |image_opts: &str, export: &str, needle: &str| {
-        let out = Command::new(bin)
-            .args(["--image", image_opts, "--export", export])
-            .output()
-            .unwrap();
+        let out = testkit::output_within(
+            Command::new(bin).args(["--image", image_opts, "--export", export]),
+            testkit::COMMAND_LIMIT,
+        );
         let text = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{export}: {text}");
         assert!(text.contains(needle), "{export}: {text}");

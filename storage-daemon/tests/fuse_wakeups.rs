@@ -46,7 +46,7 @@ fn no_eventfd_reads(transport: Transport) {
     )
     .unwrap();
     let trace = dir.join("strace.txt");
-    let mut strace = Command::new("strace")
+    let strace = Command::new("strace")
         .args(["-f", "-e", "trace=read,io_uring_enter", "-o"])
         .arg(&trace)
         .args(["-p", &d.pid().to_string()])
@@ -70,7 +70,7 @@ fn no_eventfd_reads(transport: Transport) {
     }
     // SAFETY: signalling a child we started and have not waited for.
     unsafe { libc::kill(strace.id() as i32, libc::SIGINT) };
-    strace.wait().unwrap();
+    testkit::wait_within(strace, "strace after SIGINT", Duration::from_secs(30));
     let log = d.stop();
     let text = std::fs::read_to_string(&trace).unwrap();
     let reads = read_results(&text);

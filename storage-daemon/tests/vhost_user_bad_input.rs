@@ -203,15 +203,15 @@ fn socket_path_that_exists_or_cannot_be_created_fails_the_start() {
     std::fs::write(&taken, b"not a socket").unwrap();
     let missing = dir.path("no-such-dir/vhost.sock");
     for socket in [&taken, &missing] {
-        let out = Command::new(env!("CARGO_BIN_EXE_ch-storage-daemon"))
-            .args([
+        let out = testkit::output_within(
+            Command::new(env!("CARGO_BIN_EXE_ch-storage-daemon")).args([
                 "--image",
                 &format!("path={}", image.display()),
                 "--export",
                 &format!("type=vhost-user-blk,socket={}", socket.display()),
-            ])
-            .output()
-            .unwrap();
+            ]),
+            testkit::COMMAND_LIMIT,
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{socket:?}: started");
         assert!(err.contains(&socket.display().to_string()), "{err}");

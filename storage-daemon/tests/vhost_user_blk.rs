@@ -373,8 +373,8 @@ fn sigterm_with_a_front_end_connected_drains_and_exits_clean() {
 fn writable_export_of_a_read_only_image_is_refused() {
     let dir = TempDir::new("rowritable");
     let image = zeroed_raw(&dir, "disk.raw", 1 << 20);
-    let out = Command::new(env!("CARGO_BIN_EXE_ch-storage-daemon"))
-        .args([
+    let out = testkit::output_within(
+        Command::new(env!("CARGO_BIN_EXE_ch-storage-daemon")).args([
             "--image",
             &format!("path={},readonly=on", image.display()),
             "--export",
@@ -382,9 +382,9 @@ fn writable_export_of_a_read_only_image_is_refused() {
                 "type=vhost-user-blk,socket={},writable=on",
                 dir.path("s.sock").display()
             ),
-        ])
-        .output()
-        .unwrap();
+        ]),
+        testkit::COMMAND_LIMIT,
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("writable=on"), "{err}");

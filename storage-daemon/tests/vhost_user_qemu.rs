@@ -127,7 +127,7 @@ fn qemu_boots_from_the_export_and_reconnects_after_kill_and_stop() {
     let qemu = boot(&mut daemon, &dir, 2);
     // SAFETY: kill only sends a signal to our child.
     assert_eq!(unsafe { libc::kill(qemu.id() as i32, libc::SIGTERM) }, 0);
-    let out = qemu.wait_with_output().unwrap();
+    let out = testkit::wait_within(qemu, "qemu after SIGTERM", Duration::from_secs(60));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let complaints: Vec<&str> = stderr
         .lines()

@@ -1,4 +1,5 @@
-//! When a test may skip, in one place.
+//! When a test may skip, in one place; and deadlines for tests that
+//! start processes or wait ([`deadline`]).
 //!
 //! A test that needs something from outside the project (qemu-img, fio,
 //! io_uring, FUSE, QEMU) asks [`available`] before it starts. When the
@@ -10,6 +11,9 @@
 //! never a reason to skip; tests `unwrap` those.
 
 use std::path::Path;
+
+pub mod deadline;
+pub use deadline::{output_within, wait_within, with_deadline, COMMAND_LIMIT};
 
 /// The environment variable that turns every skip into a failure.
 pub const REQUIRE_ALL: &str = "CH_REQUIRE_ALL";

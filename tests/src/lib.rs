@@ -116,12 +116,13 @@ fn require(tool: &str) {
     );
 }
 
-/// Runs a program; returns its output whatever the exit status.
+/// Runs a program; returns its output whatever the exit status. A program
+/// still running after `testkit::COMMAND_LIMIT` is killed and fails the test.
 pub fn run(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
-    Command::new(program.as_ref())
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", program.as_ref()))
+    testkit::output_within(
+        Command::new(program.as_ref()).args(args),
+        testkit::COMMAND_LIMIT,
+    )
 }
 
 /// Runs a program and panics with its stderr unless it exits 0.

@@ -41,10 +41,10 @@ fn mixed_source(dir: &TempDir, mib: usize) -> String {
 
 /// Bytes of `path` in the page cache (fincore, from util-linux).
 fn resident_bytes(path: &str) -> u64 {
-    let out = Command::new("fincore")
-        .args(["--bytes", "--noheadings", "--output", "RES", path])
-        .output()
-        .expect("fincore (util-linux) is needed");
+    let out = testkit::output_within(
+        Command::new("fincore").args(["--bytes", "--noheadings", "--output", "RES", path]),
+        testkit::COMMAND_LIMIT,
+    );
     assert!(out.status.success(), "fincore {path}: {}", stderr(&out));
     String::from_utf8_lossy(&out.stdout)
         .trim()
@@ -271,12 +271,13 @@ fn fdatasyncs(args: &[&str]) -> u64 {
 fn syscalls(name: &str, args: &[&str]) -> u64 {
     let log = TempDir::new("strace");
     let file = log.file("trace");
-    let out = Command::new("strace")
-        .args(["-f", "-c", "-e", &format!("trace={name}"), "-o", &file])
-        .arg(ch_img())
-        .args(args)
-        .output()
-        .expect("strace is needed");
+    let out = testkit::output_within(
+        Command::new("strace")
+            .args(["-f", "-c", "-e", &format!("trace={name}"), "-o", &file])
+            .arg(ch_img())
+            .args(args),
+        testkit::COMMAND_LIMIT,
+    );
     assert!(out.status.success(), "{args:?}: {}", stderr(&out));
     let text = std::fs::read_to_string(&file).unwrap();
     text.lines()
@@ -497,7 +498,11 @@ fn sigusr1_prints_the_progress_once() {
         killed.success(),
         "the convert ended before SIGUSR1 was sent"
     );
-    let o = child.wait_with_output().unwrap();
+    let o = testkit::wait_within(
+        child,
+        "ch-img convert after SIGUSR1",
+        testkit::COMMAND_LIMIT,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     let lines: Vec<&str> = text.lines().collect();
@@ -534,11 +539,14 @@ struct SmallFs {
 impl SmallFs {
     fn mount(size: &str) -> Option<SmallFs> {
         let dir = TempDir::new("enospc");
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .is_ok_and(|s| s.success());
+        let ok = testkit::output_within(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(dir.path()),
+            testkit::COMMAND_LIMIT,
+        )
+        .status
+        .success();
         if ok {
             return Some(SmallFs { dir });
         }

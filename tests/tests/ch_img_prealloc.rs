@@ -196,11 +196,12 @@ impl Mount {
         let dir = TempDir::new(&format!("prealloc-{fstype}"));
         let path = dir.path().join("fs");
         std::fs::create_dir(&path).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", fstype, "-o", opts, fstype])
-            .arg(&path)
-            .output()
-            .expect("run mount");
+        let out = testkit::output_within(
+            Command::new("mount")
+                .args(["-t", fstype, "-o", opts, fstype])
+                .arg(&path),
+            testkit::COMMAND_LIMIT,
+        );
         assert!(
             out.status.success(),
             "mounting a {fstype} needs root: {}",

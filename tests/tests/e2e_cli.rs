@@ -16,7 +16,10 @@ fn make_image(dir: &TempDir, name: &str, fmt: &str, size: &str) -> String {
 }
 
 fn cli(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(vmm_binary()).args(args).output().expect("run");
+    let out = testkit::output_within(
+        Command::new(vmm_binary()).args(args),
+        testkit::COMMAND_LIMIT,
+    );
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -132,7 +132,10 @@ fn raw_four_queues_two_vcpus_ram_above_4g() {
 }
 
 fn cli(args: &[&str]) -> (bool, String) {
-    let out = Command::new(vmm_binary()).args(args).output().expect("run");
+    let out = testkit::output_within(
+        Command::new(vmm_binary()).args(args),
+        testkit::COMMAND_LIMIT,
+    );
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -209,10 +212,10 @@ fn unshared_memory_and_backend_keys_are_refused() {
     ]);
     assert!(!ok && err.contains("socket"), "{err}");
     let (ok, out) = {
-        let out = Command::new(vmm_binary())
-            .arg("--help")
-            .output()
-            .expect("run");
+        let out = testkit::output_within(
+            Command::new(vmm_binary()).arg("--help"),
+            testkit::COMMAND_LIMIT,
+        );
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -48,22 +48,24 @@ fn each_format_once(opts: DriverOptions, direct: bool, body: &impl Fn(&str, &mut
     body(&format!("qcow2 {mode}"), &mut h);
     h.device.close().unwrap();
     drop(h);
-    let out = Command::new("qemu-img")
-        .args(["check", "-f", "qcow2"])
-        .arg(&qcow2)
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        Command::new("qemu-img")
+            .args(["check", "-f", "qcow2"])
+            .arg(&qcow2),
+        testkit::COMMAND_LIMIT,
+    );
     assert!(
         out.status.success(),
         "qemu-img check: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let out = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "qcow2"])
-        .arg(&raw)
-        .arg(&qcow2)
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        Command::new("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "qcow2"])
+            .arg(&raw)
+            .arg(&qcow2),
+        testkit::COMMAND_LIMIT,
+    );
     assert!(
         out.status.success(),
         "qemu-img compare ({mode}): {}",

@@ -1,6 +1,6 @@
 //! Shared helpers for every integration test in block/tests: temporary
 //! folders, qemu-img/qemu-io wrappers, seeded pseudo-random data, and a
-//! tiny synchronous runner for format plans. Each test file includes it
+//! tiny synchronous runner for format plans, and a per-case deadline. Each test file includes it
 //! with `mod support;`; nothing here touches state outside its temp dirs.
 #![allow(dead_code, unused_imports)]
 
@@ -14,4 +14,5 @@ pub use images::*;
 pub use plan::*;
 pub use qemu::*;
 pub use rng::*;
+pub use testkit::{output_within, with_deadline, COMMAND_LIMIT};
 pub use tmp::*;

@@ -1,6 +1,7 @@
 //! Wrappers around qemu-img and qemu-io, the independent oracle of these
 //! tests. Arguments go in as strings; the tool's output comes back as text,
 //! and a failing command panics with the command line and its stderr.
+//! Every command runs under `testkit::COMMAND_LIMIT`.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -24,10 +25,10 @@ fn text(out: &Output) -> String {
 /// Runs `prog` (qemu-img or qemu-io) and returns whether it succeeded,
 /// with its stdout and stderr.
 pub fn run_status(prog: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(prog)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{prog} {MISSING}: {e}"));
+    if let Err(e) = testkit::command(prog) {
+        panic!("{prog} {MISSING}: {e}");
+    }
+    let out = testkit::output_within(Command::new(prog).args(args), testkit::COMMAND_LIMIT);
     (out.status.success(), text(&out))
 }
 
@@ -41,9 +42,7 @@ pub fn run(prog: &str, args: &[&str]) -> String {
 
 /// Runs a command; returns its stdout, panics with its output on failure.
 pub fn run_cmd(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = testkit::output_within(cmd, testkit::COMMAND_LIMIT);
     assert!(out.status.success(), "{cmd:?} failed: {}", text(&out));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -56,10 +55,10 @@ pub fn qemu_img(args: &[&str]) -> String {
 /// qemu-img with `args`, whatever its exit status (for checks whose
 /// failure the caller reports itself).
 pub fn qemu_img_output(args: &[&str]) -> Output {
-    Command::new("qemu-img")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("qemu-img {MISSING}: {e}"))
+    if let Err(e) = testkit::command("qemu-img") {
+        panic!("qemu-img {MISSING}: {e}");
+    }
+    testkit::output_within(Command::new("qemu-img").args(args), testkit::COMMAND_LIMIT)
 }
 
 /// qemu-io on `path` opened as `fmt`, one `-c` per command; returns stdout,

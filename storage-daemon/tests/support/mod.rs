@@ -40,7 +40,7 @@ pub fn scratch(name: &str) -> PathBuf {
 }
 
 pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let out = testkit::output_within(cmd, testkit::COMMAND_LIMIT);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

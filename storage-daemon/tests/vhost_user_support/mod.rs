@@ -56,7 +56,7 @@ pub fn have_tool(tool: &str) -> bool {
 
 /// Runs a command, panicking with its output if it fails.
 pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().expect("command runs");
+    let out = testkit::output_within(cmd, testkit::COMMAND_LIMIT);
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}{}",

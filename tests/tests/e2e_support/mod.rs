@@ -65,12 +65,15 @@ pub fn test_guest() -> &'static Path {
         if let Some(p) = std::env::var_os("CH_TEST_GUEST") {
             return PathBuf::from(p);
         }
-        let out = Command::new("bash")
-            .arg(repo().join("scripts/build-test-guest.sh"))
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("run scripts/build-test-guest.sh");
-        assert!(out.status.success(), "building the test guest failed");
+        let out = testkit::output_within(
+            Command::new("bash").arg(repo().join("scripts/build-test-guest.sh")),
+            testkit::COMMAND_LIMIT,
+        );
+        assert!(
+            out.status.success(),
+            "building the test guest failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8_lossy(&out.stdout);
         let path = stdout.lines().last().expect("guest path on stdout").trim();
         PathBuf::from(path)

@@ -54,20 +54,21 @@ pub fn qcow2_from_raw(dir: &TempDir, raw: &Path) -> Option<PathBuf> {
         return None;
     }
     let path = dir.path("disk.qcow2");
-    let out = Command::new("qemu-img")
-        .args([
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "qcow2",
-            "-o",
-            "cluster_size=65536",
-        ])
-        .arg(raw)
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        Command::new("qemu-img")
+            .args([
+                "convert",
+                "-f",
+                "raw",
+                "-O",
+                "qcow2",
+                "-o",
+                "cluster_size=65536",
+            ])
+            .arg(raw)
+            .arg(&path),
+        testkit::COMMAND_LIMIT,
+    );
     assert!(
         out.status.success(),
         "qemu-img convert: {}",

@@ -1,0 +1,152 @@
+//! Deadlines for tests: a test that starts a process or waits for a case
+//! fails, naming what overran, instead of hanging the whole test run.
+//!
+//! [`output_within`] runs a command with its output captured (as
+//! `Command::output` does) and kills it when it overruns, [`wait_within`]
+//! does the same for a child already started; [`with_deadline`]
+//! runs a closure on its own thread and gives up on it when it overruns
+//! (its thread is left behind; the failing test ends the process soon).
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The limit tests give one command unless they say otherwise: far beyond
+/// what any single command of the suite takes on a loaded 2-core machine,
+/// far below CI's limit.
+pub const COMMAND_LIMIT: Duration = Duration::from_secs(300);
+
+/// Runs `cmd` (stdin from /dev/null, stdout and stderr captured) and
+/// returns its output. Panics if it cannot start, or if it runs longer
+/// than `limit`: then it is killed and the panic shows what it printed.
+#[track_caller]
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    wait_within(child, &format!("{cmd:?}"), limit)
+}
+
+/// Waits for a started `child` (named `what` in a failure) and returns its
+/// output, as `Child::wait_with_output` does; a child still running after
+/// `limit` is killed and fails the test with what it printed.
+#[track_caller]
+pub fn wait_within(mut child: Child, what: &str, limit: Duration) -> Output {
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() < limit => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let (out, err) = (stdout.join(), stderr.join());
+                panic!(
+                    "{what} still running after {limit:?} (a hang?); killed.\nstdout:\n{}\nstderr:\n{}",
+                    String::from_utf8_lossy(&out.unwrap_or_default()),
+                    String::from_utf8_lossy(&err.unwrap_or_default())
+                );
+            }
+            Err(e) => panic!("waiting for {what}: {e}"),
+        }
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
+/// Reads a child's pipe to its end on a thread of its own (a full pipe
+/// must never stop the child while we wait for it).
+fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+/// Runs `case` on its own thread and returns what it returns; panics
+/// naming `what` if it takes longer than `limit` or panics itself.
+#[track_caller]
+pub fn with_deadline<T: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    case: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name(what.chars().take(15).collect())
+        .spawn(move || {
+            let _ = tx.send(case());
+        })
+        .expect("spawn the case's thread");
+    match rx.recv_timeout(limit) {
+        Ok(value) => {
+            let _ = thread.join();
+            value
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: still running after {limit:?} (a hang)")
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("{what}: the case panicked (see its message above)")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_that_ends_returns_its_output() {
+        let out = output_within(
+            Command::new("sh").args(["-c", "echo out; echo err >&2; exit 3"]),
+            Duration::from_secs(20),
+        );
+        assert_eq!(out.status.code(), Some(3));
+        assert_eq!(out.stdout, b"out\n");
+        assert_eq!(out.stderr, b"err\n");
+    }
+
+    #[test]
+    fn a_command_that_overruns_is_killed_and_named() {
+        let started = Instant::now();
+        let panic = std::panic::catch_unwind(|| {
+            output_within(
+                Command::new("sh").args(["-c", "echo begun; exec sleep 30"]),
+                Duration::from_millis(300),
+            )
+        })
+        .unwrap_err();
+        let msg = panic.downcast_ref::<String>().unwrap();
+        assert!(msg.contains("still running after"), "{msg}");
+        assert!(msg.contains("begun"), "{msg}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_case_that_overruns_fails_the_test() {
+        let panic = std::panic::catch_unwind(|| {
+            with_deadline("sleeper", Duration::from_millis(100), || {
+                std::thread::sleep(Duration::from_secs(5))
+            })
+        })
+        .unwrap_err();
+        let msg = panic.downcast_ref::<String>().unwrap();
+        assert!(msg.contains("sleeper: still running"), "{msg}");
+        assert_eq!(with_deadline("quick", Duration::from_secs(5), || 7), 7);
+    }
+}
