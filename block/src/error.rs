@@ -4,9 +4,12 @@
 //! Each error also knows its consequence ([`BlockError::consequence`]):
 //! whether the operation is not offered, the request was the asker's
 //! mistake, the host failed the I/O, the image is damaged, or setting up
-//! failed. Front ends map that to their own answer (virtio-blk: UNSUPP or
-//! IOERR) and log at [`BlockError::log_level`]: a guest's bad sector is
-//! not news, a host EIO is.
+//! failed; the errno an application should see ([`BlockError::errno`]);
+//! and how loudly to log it ([`BlockError::log_level`]: a guest's bad
+//! sector is not news, a host EIO is). This is the one seam every front
+//! end answers through: virtio-blk turns the consequence into its status
+//! byte, FUSE and NBD send the errno, and all of them log a failed
+//! request through [`crate::error_log`].
 
 use std::io;
 use std::path::PathBuf;
@@ -99,8 +102,14 @@ pub enum BlockError {
     AioWait(#[source] io::Error),
     #[error("eventfd operation failed")]
     EventFd(#[source] io::Error),
+    /// The host failed a resize (the file could not be grown or shrunk).
     #[error("resize failed: {0}")]
     Resize(String),
+    /// A resize the asker should not have asked for: a size that is not a
+    /// multiple of 512, beyond the format's limits, or refused for this
+    /// image (a data file, v2 snapshots, writes in flight).
+    #[error("invalid resize: {0}")]
+    InvalidResize(String),
     #[error("the image was marked corrupt earlier in this run; refusing further writes")]
     Corrupt,
     #[error("the image has no file with index {0}")]
@@ -134,9 +143,11 @@ impl BlockError {
         use BlockError::*;
         match self {
             Unsupported { .. } => Consequence::Unsupported,
-            OutOfRange { .. } | ReadOnly | BadGuestMemory { .. } | ProbedRawHeaderWrite { .. } => {
-                Consequence::BadRequest
-            }
+            OutOfRange { .. }
+            | ReadOnly
+            | BadGuestMemory { .. }
+            | ProbedRawHeaderWrite { .. }
+            | InvalidResize(_) => Consequence::BadRequest,
             Read { .. }
             | Write { .. }
             | Flush(_)
@@ -175,6 +186,33 @@ impl BlockError {
 }
 
 impl BlockError {
+    /// The errno an application sees for this error (FUSE, NBD): the host's
+    /// own errno where the error carries one (EIO, ENOSPC, EDQUOT...), else
+    /// the closest match to what the error means.
+    pub fn errno(&self) -> i32 {
+        use BlockError::*;
+        match self {
+            Read { source, .. }
+            | Write { source, .. }
+            | Flush(source)
+            | Fallocate { source, .. }
+            | MetadataRead { source, .. }
+            | MetadataWrite { source, .. }
+            | Preallocate { source, .. }
+            | Open { source, .. }
+            | Lock { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            NoSpace(_) => libc::ENOSPC,
+            ReadOnly => libc::EROFS,
+            OutOfRange { .. } | InvalidResize(_) => libc::EINVAL,
+            BadGuestMemory { .. } => libc::EFAULT,
+            ProbedRawHeaderWrite { .. } => libc::EPERM,
+            Unsupported { .. } => libc::EOPNOTSUPP,
+            Locked { .. } => libc::EAGAIN,
+            BufferAlloc(_) => libc::ENOMEM,
+            _ => libc::EIO,
+        }
+    }
+
     /// Whether the operation is simply not offered (virtio-blk answers
     /// UNSUPP instead of IOERR).
     pub fn is_unsupported(&self) -> bool {
@@ -209,5 +247,32 @@ mod tests {
             feature: "y".into(),
         };
         assert!(unsupp.is_unsupported() && !read.is_unsupported());
+        let mistake = BlockError::InvalidResize("size must be a multiple of 512 bytes".into());
+        assert_eq!(mistake.consequence(), Consequence::BadRequest);
+        assert_eq!(mistake.log_level(), log::Level::Debug);
+    }
+
+    #[test]
+    fn errnos_come_from_the_host_or_from_the_meaning() {
+        let with = |errno| BlockError::Write {
+            offset: 0,
+            source: io::Error::from_raw_os_error(errno),
+        };
+        assert_eq!(with(libc::ENOSPC).errno(), libc::ENOSPC);
+        assert_eq!(with(libc::EDQUOT).errno(), libc::EDQUOT);
+        let no_errno = BlockError::Read {
+            offset: 0,
+            source: io::Error::other("short"),
+        };
+        assert_eq!(no_errno.errno(), libc::EIO);
+        assert_eq!(BlockError::NoSpace("x".into()).errno(), libc::ENOSPC);
+        assert_eq!(BlockError::ReadOnly.errno(), libc::EROFS);
+        assert_eq!(BlockError::InvalidResize("x".into()).errno(), libc::EINVAL);
+        assert_eq!(BlockError::Corrupt.errno(), libc::EIO);
+        let unsupp = BlockError::Unsupported {
+            path: "x".into(),
+            feature: "y".into(),
+        };
+        assert_eq!(unsupp.errno(), libc::EOPNOTSUPP);
     }
 }

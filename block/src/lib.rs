@@ -23,6 +23,10 @@
 //!   or `DiskQueue` can reach; and [`Resizer`], the one capability an owner
 //!   may lend to threads running queues.
 //!
+//! - [`error`] and [`error_log`]: what a failure means (its consequence,
+//!   errno and log level), and the one rate-limited log of failed
+//!   requests that every front end writes through.
+//!
 //! Data enters as a batch of requests, each owning the memory it reads into
 //! or writes from ([`request::IoMemory`]); it leaves as exactly one
 //! completion per request, which hands that memory back.
@@ -32,6 +36,7 @@ pub mod check;
 pub mod create;
 pub mod disk;
 pub mod error;
+pub mod error_log;
 pub mod exclusive;
 pub mod formats;
 pub mod io;

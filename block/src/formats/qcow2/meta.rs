@@ -531,7 +531,7 @@ impl MetaState {
         }
         let bytes = new_len as u64 * 8;
         if bytes > super::header::MAX_L1_BYTES {
-            return Err(BlockError::Resize(format!(
+            return Err(BlockError::InvalidResize(format!(
                 "L1 table of {new_len} entries is too large"
             )));
         }

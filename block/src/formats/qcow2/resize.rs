@@ -179,12 +179,12 @@ impl Resizable for Qcow2Image {
         let mut st = self.lock();
         let old = self.size.load(Ordering::Acquire);
         if !new_size.is_multiple_of(512) {
-            return Err(BlockError::Resize(
+            return Err(BlockError::InvalidResize(
                 "size must be a multiple of 512 bytes".into(),
             ));
         }
         if self.header.has_data_file() {
-            return Err(BlockError::Resize(
+            return Err(BlockError::InvalidResize(
                 "images with a data file cannot be resized".into(),
             ));
         }
@@ -194,7 +194,7 @@ impl Resizable for Qcow2Image {
         // entries need not record their disk size, so a snapshot could
         // not bring its size back (qemu-img refuses too).
         if self.header.version < 3 && st.meta.snapshots.count > 0 {
-            return Err(BlockError::Resize(
+            return Err(BlockError::InvalidResize(
                 "a version 2 image with snapshots cannot be resized".into(),
             ));
         }
@@ -202,15 +202,15 @@ impl Resizable for Qcow2Image {
             // A write planned into the cut range and still in flight would
             // land in a cluster the shrink frees (see `crate::Resizer`).
             if st.inflight.pending_count() > 0 {
-                return Err(BlockError::Resize(
+                return Err(BlockError::InvalidResize(
                     "cannot shrink while allocating writes are in flight".into(),
                 ));
             }
             self.unmap_past(&mut st.meta, new_size)?;
         }
         let l1_needed = new_size.div_ceil(st.meta.g.l2_coverage());
-        let l1_needed =
-            usize::try_from(l1_needed).map_err(|_| BlockError::Resize("size too large".into()))?;
+        let l1_needed = usize::try_from(l1_needed)
+            .map_err(|_| BlockError::InvalidResize("size too large".into()))?;
         st.meta.grow_l1(l1_needed)?;
         self.write_size(&mut st.meta, new_size)
     }

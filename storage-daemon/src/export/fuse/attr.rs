@@ -12,7 +12,7 @@ use block::aligned::AlignedBuf;
 use block::{Disk, ExclusiveImage, IoMemory, Resizer};
 
 use super::abi::{fattr, Attr, AttrOut, Pod, SetattrIn, ROOT_ID};
-use super::handler::{block_errno, Reply};
+use super::handler::Reply;
 
 /// How long the kernel may cache the attributes (qemu: one second).
 const ATTR_VALID_SECS: u64 = 1;
@@ -91,7 +91,10 @@ impl ExportState {
     fn resize(&self, new_size: u64) -> Result<(), i32> {
         // The grown area reads as zeroes, also over a longer backing
         // file, as qemu's export does.
-        self.resizer.resize(new_size).map_err(|e| block_errno(&e))
+        self.resizer.resize(new_size).map_err(|e| {
+            block::error_log::log_failed_request(format_args!("fuse resize to {new_size}"), &e);
+            e.errno()
+        })
     }
 
     fn attr(&self) -> Attr {

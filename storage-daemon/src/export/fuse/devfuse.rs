@@ -367,7 +367,7 @@ impl DevQueue {
         for c in completions.drain(..) {
             match self.in_flight.remove(c.user_data) {
                 Some((unique, pending)) => {
-                    let reply = pending.reply(c);
+                    let reply = pending.reply(unique, c);
                     self.reply(unique, &reply);
                 }
                 None => log::error!("fuse: completion for unknown request {}", c.user_data),

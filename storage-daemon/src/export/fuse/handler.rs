@@ -150,9 +150,10 @@ pub enum Pending {
 }
 
 impl Pending {
-    pub fn reply(self, completion: Completion) -> Reply {
+    /// The answer to FUSE request `unique` once its block request completed.
+    pub fn reply(self, unique: u64, completion: Completion) -> Reply {
         match (completion.result, self) {
-            (Err(e), _) => Reply::Error(block_errno(&e)),
+            (Err(e), _) => failed(format_args!("fuse request {unique}"), &e),
             (Ok(_), Pending::Read) => match completion.memory {
                 memory @ (IoMemory::Owned(_) | IoMemory::Aligned(_) | IoMemory::Guest { .. }) => {
                     Reply::Data(memory)
@@ -167,22 +168,13 @@ impl Pending {
     }
 }
 
-/// The errno an application sees for a block-layer error: the host's own
-/// errno where there is one (EIO, ENOSPC...), else the closest match.
-pub fn block_errno(e: &BlockError) -> i32 {
-    match e {
-        BlockError::Read { source, .. }
-        | BlockError::Write { source, .. }
-        | BlockError::Flush(source)
-        | BlockError::Fallocate { source, .. }
-        | BlockError::MetadataRead { source, .. }
-        | BlockError::MetadataWrite { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-        BlockError::NoSpace(_) => libc::ENOSPC,
-        BlockError::ReadOnly => libc::EROFS,
-        BlockError::OutOfRange { .. } => libc::EINVAL,
-        BlockError::Unsupported { .. } => libc::EOPNOTSUPP,
-        _ => libc::EIO,
-    }
+/// The answer to a request that failed in the block layer: logged through
+/// the block crate's one log of failed requests (at the error's level,
+/// rate-limited), answered with the error's errno (the host's own where
+/// there is one: EIO, ENOSPC...; [`BlockError::errno`]).
+pub fn failed(request: std::fmt::Arguments<'_>, e: &BlockError) -> Reply {
+    block::error_log::log_failed_request(request, e);
+    Reply::Error(e.errno())
 }
 
 /// Answers or turns into a block request one FUSE request of a running
@@ -314,17 +306,18 @@ mod tests {
     }
 
     #[test]
-    fn host_errnos_pass_through() {
+    fn failed_requests_answer_the_host_errno() {
         let e = BlockError::Write {
             offset: 0,
             source: std::io::Error::from_raw_os_error(libc::ENOSPC),
         };
-        assert_eq!(block_errno(&e), libc::ENOSPC);
+        assert_eq!(failed(format_args!("test"), &e), Reply::Error(libc::ENOSPC));
         let e = BlockError::Read {
             offset: 0,
             source: std::io::Error::from_raw_os_error(libc::EIO),
         };
-        assert_eq!(block_errno(&e), libc::EIO);
-        assert_eq!(block_errno(&BlockError::NoSpace("x".into())), libc::ENOSPC);
+        assert_eq!(failed(format_args!("test"), &e), Reply::Error(libc::EIO));
+        let e = BlockError::InvalidResize("x".into());
+        assert_eq!(failed(format_args!("test"), &e), Reply::Error(libc::EINVAL));
     }
 }

@@ -11,7 +11,7 @@ use block::{BlockRequest, IoMemory, RequestOp};
 
 use super::abi::{FallocateIn, LseekIn, LseekOut, Pod, ReadWriteIn, WriteOut};
 use super::attr::ExportState;
-use super::handler::{block_errno, Action, FuseRequest, Pending, Reply};
+use super::handler::{failed, Action, FuseRequest, Pending, Reply};
 use super::mount::MAX_READ;
 
 fn submit(op: RequestOp, offset: u64, memory: IoMemory, pending: Pending) -> Action {
@@ -193,7 +193,7 @@ pub fn lseek(state: &Arc<ExportState>, arg: &[u8]) -> Reply {
     while pos < size {
         let status = match format.block_status(pos, size - pos) {
             Ok(s) => s,
-            Err(e) => return Reply::Error(block_errno(&e)),
+            Err(e) => return failed(format_args!("fuse lseek at {pos}"), &e),
         };
         let is_data = status.data && !status.zero;
         if is_data == want_data {

@@ -472,7 +472,7 @@ impl RingQueue {
                 continue;
             };
             self.busy = self.busy.saturating_sub(1);
-            let reply = pending.reply(c);
+            let reply = pending.reply(unique, c);
             self.commit(index, unique, commit_id, &reply)?;
         }
         Ok(())
