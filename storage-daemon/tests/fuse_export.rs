@@ -409,7 +409,7 @@ fn a_read_only_export_refuses_writes() {
 }
 
 /// Image errors reach the application as the same errno: a qcow2 image
-/// on a full file system gives ENOSPC.
+/// on a full file system gives ENOSPC, and the daemon logs the failure.
 #[test]
 fn a_full_host_file_system_gives_enospc() {
     if cannot_run(&["qemu-img"]) {
@@ -437,10 +437,16 @@ fn a_full_host_file_system_gives_enospc() {
         }
     }
     drop(f);
-    let _ = d.stop();
+    let log = d.stop();
     sh(&format!("umount {}", small.display()));
     let err = err.expect("16 MiB fit in a 4 MiB file system");
     assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    // The host's error is logged, as virtio-blk logs it (block::error_log).
+    assert!(
+        log.lines()
+            .any(|l| l.contains("fuse request") && l.contains("No space left on device")),
+        "no log line for the failed write:\n{log}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
