@@ -45,8 +45,8 @@ impl WriteBehind {
     pub fn new(output: &ImageIo) -> Result<Option<Self>, BlockError> {
         // Buffered targets: a write is a copy into the page cache, and
         // handing it to a pool thread costs more than it saves (mix zstd
-        // -t writeback, 1000 MiB: 1.29 s with the pool, see
-        // docs/performance.md).
+        // -t writeback, 1000 MiB: 1.41 s with the pool, 1.22 s without;
+        // docs/performance.md, "Tried and not kept").
         let mode = output.cache_mode();
         if !mode.writeback() || !mode.direct() {
             return Ok(None);

@@ -7,13 +7,13 @@
 //! ([`super::allocation`]), because `io_submit` otherwise blocks the
 //! queue while the file system allocates; else the thread pool.
 //!
-//! The engine matrix (docs/performance.md) backs io_uring first in every
-//! cell, fresh fallocated images included: since the rings run task work
-//! cooperatively (see the uring engine's `setup`), 4 KiB QD 128 random
-//! writes into unwritten extents run about as fast on io_uring as on AIO
-//! (112k against 111k IOPS in one run, 102k against 120k in another, 87k
-//! against 92k over 7 interleaved repeats) with a submit-time p99 of
-//! 50-60 us against AIO's 370-470.
+//! The engine matrix (docs/performance.md, "Engine x preallocation matrix")
+//! backs io_uring first in every cell, fresh fallocated images included:
+//! since the rings run task work cooperatively (see the uring engine's
+//! `setup`), 4 KiB QD 128 random writes into unwritten extents run about as
+//! fast on io_uring as on AIO (112k against 111k IOPS in one run, 102k
+//! against 120k in another, 87k against 92k over 7 interleaved repeats)
+//! with a submit-time p99 of 50-60 us against AIO's 370-470.
 //! (Before that change io_uring wrote there at 0.6 x AIO's rate, and
 //! `auto` put such images' writes on AIO.)
 //! An explicit `engine=aio` is honoured with a warning where that does not

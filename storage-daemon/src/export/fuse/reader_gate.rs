@@ -2,16 +2,17 @@
 //! others ("helpers") only while the export is loaded.
 //!
 //! Every queue thread's descriptor reads the same kernel queue, and
-//! EPOLLEXCLUSIVE wakes one *sleeping* waiter per request. At queue depth
-//! 1 the thread that has just answered is usually still on its way back
-//! to epoll when the application's next request arrives (the reply woke
-//! the application, often on that thread's CPU), so the kernel wakes the
+//! EPOLLEXCLUSIVE wakes one *sleeping* waiter per request. At queue depth 1
+//! the thread that has just answered is usually still on its way back to
+//! epoll when the application's next request arrives (the reply woke the
+//! application, often on that thread's CPU), so the kernel wakes the
 //! sleeping sibling, which mostly finds the request already taken by the
-//! first thread back in epoll: a wake-up on the other vCPU for nothing,
-//! for 675 of 1000 fio reads at depth 1. Measured on the quiet 2-CPU
-//! machine (docs/performance.md, "Sixth session"): at (1,1) one queue
-//! thread took 94-99 us per I/O and 1.3-1.4 sleeps, two took 106-113 us
-//! and 2.0 sleeps; at (1,64) two threads were about 10 % faster than one.
+//! first thread back in epoll: a wake-up on the other vCPU for nothing, for
+//! 675 of 1000 fio reads at depth 1. Measured on the quiet 2-CPU machine
+//! (docs/performance.md, "FUSE depth 1: one reader at low load"): at (1,1)
+//! one queue thread took 94-99 us per I/O and 1.3-1.4 sleeps, two took
+//! 106-113 us and 2.0 sleeps; at (1,64) two threads were about 10 % faster
+//! than one.
 //!
 //! So a helper reads /dev/fuse only after the first thread has seen
 //! [`ARM_AT`] requests in flight across the export, and stops once it has
