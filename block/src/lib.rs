@@ -34,6 +34,7 @@ pub mod disk;
 pub mod error;
 pub mod exclusive;
 pub mod formats;
+pub mod info_json;
 pub mod io;
 pub mod lock;
 pub mod options;

@@ -149,6 +149,13 @@ fn iasl_disassembles_every_table() {
                 "PNP0501",
                 "0x03F8",
                 "0x00000004",
+                "ACPI0013",
+                "_EVT",
+                "PCNT",
+                "_EJ0",
+                "Device (S031)",
+                "Notify (S001, Arg1)",
+                "SystemIO, 0x0610",
             ] {
                 assert!(dsl.contains(want), "DSDT lacks {want}: {dsl}");
             }
