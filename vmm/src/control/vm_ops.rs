@@ -152,6 +152,7 @@ impl Control<'_> {
             return r;
         }
         self.stop_vm();
+        log::info!("the VMM keeps serving the API until vmm.shutdown");
         ApiResponse::no_content()
     }
 
@@ -165,6 +166,6 @@ impl Control<'_> {
         self.devices.shutdown();
         self.state = VmState::Shutdown;
         self.finish_removals_now();
-        log::info!("VM shut down; the VMM keeps serving the API");
+        log::info!("VM shut down: vCPUs stopped, disks closed");
     }
 }
