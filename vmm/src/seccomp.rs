@@ -182,6 +182,8 @@ const MAIN: &[libc::c_long] = &[
     // vm.disk-info opens backing files read-only.
     libc::SYS_openat,
     libc::SYS_fstatfs,
+    // Comparing a hot-added disk's path with the others' (realpath).
+    libc::SYS_getcwd,
     libc::SYS_readlink,
     libc::SYS_io_uring_setup,
     // Stopping the API server, removing its socket file.

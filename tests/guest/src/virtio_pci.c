@@ -209,9 +209,6 @@ void vdev_read_config(struct vdev *d)
 		if (mmio_read8(d->common + CC_CONFIG_GENERATION) == gen)
 			break;
 	}
-	kprintf("info " DEV_FMT ": capacity %lu sectors, size_max %u, seg_max %u, blk_size %u, "
-		"num_queues %u\n",
-		DEV_ARGS(d), c->capacity, c->size_max, c->seg_max, c->blk_size, c->num_queues);
 }
 
 static void setup_queue(struct vdev *d, u16 q, u16 msix_entry)
@@ -286,6 +283,10 @@ void vdev_init(struct vdev *d)
 		d->features);
 
 	vdev_read_config(d);
+	kprintf("info " DEV_FMT ": capacity %lu sectors, size_max %u, seg_max %u, blk_size %u, "
+		"num_queues %u\n",
+		DEV_ARGS(d), d->cfg.capacity, d->cfg.size_max, d->cfg.seg_max, d->cfg.blk_size,
+		d->cfg.num_queues);
 	u16 dev_queues = mmio_read16(d->common + CC_NUM_QUEUES);
 	u16 nq = vdev_has(d, VIRTIO_BLK_F_MQ) ? d->cfg.num_queues : 1;
 	if (nq == 0 || nq > dev_queues)
