@@ -11,6 +11,7 @@
 //! vCPUs, and hold no lock the request path takes: everything happens in
 //! the control loop (`crate::control`), one request at a time.
 
+pub mod client;
 pub mod http;
 pub mod routes;
 mod server;
