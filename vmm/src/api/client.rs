@@ -167,7 +167,8 @@ pub fn send(socket: &Path, call: &Call) -> Result<Answer, ClientError> {
         source,
     })?;
     s.set_read_timeout(Some(TIMEOUT)).map_err(ClientError::Io)?;
-    s.set_write_timeout(Some(TIMEOUT)).map_err(ClientError::Io)?;
+    s.set_write_timeout(Some(TIMEOUT))
+        .map_err(ClientError::Io)?;
     let body = call.body.as_deref().unwrap_or("");
     let mut req = format!(
         "{} /api/v1/{} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n",
@@ -233,7 +234,10 @@ mod tests {
         assert_eq!(v["desired_size"], 32 << 20);
         let c = call_for("add-disk", &args(&["path=/a.qcow2,num_queues=2,id=d"])).unwrap();
         let v: serde_json::Value = serde_json::from_str(c.body.as_deref().unwrap()).unwrap();
-        assert_eq!((v["path"].as_str(), v["num_queues"].as_u64()), (Some("/a.qcow2"), Some(2)));
+        assert_eq!(
+            (v["path"].as_str(), v["num_queues"].as_u64()),
+            (Some("/a.qcow2"), Some(2))
+        );
         assert_eq!(call_for("ping", &[]).unwrap().endpoint, "vmm.ping");
         for (cmd, a, word) in [
             ("ping", &["x"][..], "no arguments"),

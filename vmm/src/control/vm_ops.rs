@@ -96,6 +96,9 @@ impl Control<'_> {
     }
 
     pub(super) fn pause(&mut self) -> ApiResponse {
+        if let Some(r) = self.refuse_when_shut("vm.pause") {
+            return r;
+        }
         match self.state {
             VmState::Running => {}
             s => {
@@ -130,6 +133,9 @@ impl Control<'_> {
     }
 
     pub(super) fn resume(&mut self) -> ApiResponse {
+        if let Some(r) = self.refuse_when_shut("vm.resume") {
+            return r;
+        }
         if self.state != VmState::Paused {
             return ApiResponse::error(
                 405,
