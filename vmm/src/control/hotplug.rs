@@ -32,7 +32,7 @@ impl Control<'_> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn add_disk(&mut self, mut config: DiskConfig) -> ApiResponse {
+    pub(super) fn add_disk(&mut self, config: DiskConfig) -> ApiResponse {
         if let Some(r) = self.refuse_when_shut("vm.add-disk") {
             return r;
         }
@@ -57,9 +57,6 @@ impl Control<'_> {
                     );
                 }
             }
-        }
-        if config.id.is_none() {
-            config.id = Some(self.devices.disks.fresh_id());
         }
         let opened = match open_disk(&config) {
             Ok(o) => o,
