@@ -30,7 +30,21 @@ fn ping_info_counters_and_shutdown_with_curl() {
 
     let ping = json(&vm.curl_ok("GET", "vmm.ping", None, 200));
     assert_eq!(ping["version"], env!("CARGO_PKG_VERSION"));
-    assert!(ping["pid"].as_u64().is_some());
+    let pid = ping["pid"].as_u64().expect("pid");
+    // The API's threads run under their own seccomp filter (two
+    // programs: clone3 refused, then the allow-list), not the main one.
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let mut api_threads = 0;
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "api" {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap();
+            assert!(status.contains("Seccomp:\t2"), "{status}");
+            assert!(status.contains("Seccomp_filters:\t2"), "{status}");
+            api_threads += 1;
+        }
+    }
+    assert_eq!(api_threads, 1);
 
     let info = json(&vm.curl_ok("GET", "vm.info", None, 200));
     assert_eq!(info["state"], "Running");

@@ -210,6 +210,8 @@ const API: &[libc::c_long] = &[
     libc::SYS_getsockopt,
     libc::SYS_recvfrom,
     libc::SYS_sendto,
+    // Closing a refused connection without a reset.
+    libc::SYS_shutdown,
     libc::SYS_clone3,
     libc::SYS_prctl,
     libc::SYS_rseq,

@@ -110,6 +110,7 @@ fn accept_loop(listener: &UnixListener, sender: ApiSender, stopping: Arc<AtomicB
                 )],
             );
             let _ = write_response(&mut stream, r.status, r.body.as_deref());
+            refuse_gently(stream);
             continue;
         }
         active.fetch_add(1, Ordering::AcqRel);
@@ -130,6 +131,22 @@ fn accept_loop(listener: &UnixListener, sender: ApiSender, stopping: Arc<AtomicB
     }
     for t in threads {
         let _ = t.join();
+    }
+}
+
+/// Closes a connection whose answer is written without resetting it
+/// (the client's unread request would make close send RST, and the
+/// client could lose the answer): stop writing, read what has arrived
+/// for a moment, then close.
+fn refuse_gently(mut stream: UnixStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut sink = [0u8; 4096];
+    for _ in 0..4 {
+        match std::io::Read::read(&mut stream, &mut sink) {
+            Ok(n) if n > 0 => continue,
+            _ => break,
+        }
     }
 }
 
