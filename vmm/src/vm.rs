@@ -44,7 +44,8 @@ pub enum ExitReason {
     Fatal(String),
 }
 
-/// First reason wins; the main thread waits on the eventfd.
+/// First reason wins; the control loop (`crate::control`) waits on the
+/// eventfd.
 pub struct ExitSignal {
     reason: Mutex<Option<ExitReason>>,
     evt: EventFd,
@@ -78,20 +79,6 @@ impl ExitSignal {
 
     pub fn eventfd(&self) -> &EventFd {
         &self.evt
-    }
-
-    /// Blocks until some thread requested an exit.
-    pub fn wait(&self) -> ExitReason {
-        loop {
-            if let Some(r) = self.peek() {
-                return r;
-            }
-            // EINTR from a signal handler: recheck.
-            let _ = self.evt.read();
-            if let Some(sig) = crate::signals::take_pending() {
-                self.request(ExitReason::Signal(sig));
-            }
-        }
     }
 }
 

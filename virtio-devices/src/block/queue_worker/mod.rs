@@ -283,11 +283,7 @@ impl WorkerState {
                         self.ring_stuck = false;
                     }
                     COMPLETION => completed = true,
-                    CONTROL => {
-                        if self.take_commands() == ControlOutcome::Stop {
-                            stopping = true;
-                        }
-                    }
+                    CONTROL => stopping |= self.take_commands() == ControlOutcome::Stop,
                     THROTTLE_TIMER => {
                         if let Some(timer) = &mut self.throttle_timer {
                             // Disarming clears the expiry, so the
