@@ -31,6 +31,18 @@ pub enum CountedOp {
     Other,
 }
 
+impl From<block::RequestOp> for CountedOp {
+    fn from(op: block::RequestOp) -> Self {
+        use block::RequestOp as R;
+        match op {
+            R::Read => CountedOp::Read,
+            R::Write => CountedOp::Write,
+            R::Flush => CountedOp::Flush,
+            R::Discard { .. } | R::WriteZeroes { .. } => CountedOp::Discard,
+        }
+    }
+}
+
 /// Latency statistics of one direction, in microseconds.
 #[derive(Default)]
 struct Latency {

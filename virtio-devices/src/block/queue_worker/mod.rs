@@ -21,10 +21,9 @@
 //! and completed on its own ([`QueueWorker::submit_each`]). A write on the
 //! control eventfd stops the worker once every request in flight has
 //! completed; the thread then returns its kick eventfd and its queue.
-//! The control eventfd signals commands on a channel (`control.rs`):
-//! stop, or pause (drain, answer, wait) and resume. Each completed
-//! request is counted in the queue's own counters
-//! ([`super::counters`]), which no other thread writes.
+//! The control eventfd signals commands (`control.rs`: stop, pause,
+//! resume); completed requests are counted in the queue's own
+//! [`super::counters`].
 //!
 //! The same worker serves both front ends: the in-VMM virtio-pci device
 //! (kick = an ioeventfd, interrupt = MSI-X) and the storage daemon's
@@ -53,6 +52,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use super::affinity::pin_current_thread;
 use super::counters::{CountedOp, QueueCounterHandle};
+
 use super::rate_limit::RateLimiter;
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
@@ -550,14 +550,7 @@ impl WorkerState {
                     status,
                     is_read: op == RequestOp::Read,
                     flush_after,
-                    op: match op {
-                        RequestOp::Read => CountedOp::Read,
-                        RequestOp::Write => CountedOp::Write,
-                        RequestOp::Flush => CountedOp::Flush,
-                        RequestOp::Discard { .. } | RequestOp::WriteZeroes { .. } => {
-                            CountedOp::Discard
-                        }
-                    },
+                    op: op.into(),
                     submitted: self.pass_started,
                 });
                 self.batch.push(BlockRequest {
