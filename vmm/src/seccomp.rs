@@ -192,14 +192,21 @@ const MAIN: &[libc::c_long] = &[
     libc::SYS_unlinkat,
 ];
 
+/// `FS_IOC_FIEMAP` (`_IOWR('f', 11, struct fiemap)`).
+const FS_IOC_FIEMAP: u64 = 0xC020_660B;
+
 /// Terminal requests the main thread makes when it restores the tty,
-/// and the KVM VM requests that wire a hot-plugged function.
+/// the KVM VM requests that wire a hot-plugged function, and what
+/// opening a hot-added image may ask (a block device's sector size, an
+/// image's allocation for `engine=auto`).
 const MAIN_IOCTLS: &[u64] = &[
     libc::TCGETS,
     libc::TCSETS,
     hypervisor::ioctls::KVM_IRQFD,
     hypervisor::ioctls::KVM_IOEVENTFD,
     hypervisor::ioctls::KVM_SET_GSI_ROUTING,
+    libc::BLKSSZGET as u64,
+    FS_IOC_FIEMAP,
 ];
 
 /// The API server's threads (`clone` is added with a CLONE_THREAD
