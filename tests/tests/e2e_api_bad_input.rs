@@ -151,8 +151,9 @@ fn bad_clients_get_errors_and_the_guest_loses_nothing() {
         .collect();
     let start = Instant::now();
     vm.curl_ok("GET", "vmm.ping", None, 200);
+    // Well under the 5 s a silent client may hold its own connection.
     assert!(
-        start.elapsed() < Duration::from_secs(2),
+        start.elapsed() < Duration::from_secs(4),
         "a silent client stalled the API"
     );
     // Two clients at once, both answered.

@@ -50,12 +50,7 @@ fn a_hot_added_disk_is_used_by_the_guest_and_removed_at_its_eject() {
         counters["_disk1"]["write_ops"].as_u64().unwrap() > 0,
         "{counters}"
     );
-    let start = Instant::now();
     vm.curl_ok("PUT", "vm.remove-device", Some(r#"{"id":"_disk1"}"#), 204);
-    assert!(
-        start.elapsed() < Duration::from_secs(10),
-        "the guest's eject was not waited for"
-    );
     // Closed, clean and unlocked before the answer: qemu-img (which takes
     // the image's locks) opens it at once.
     assert!(!dirty_flag(&hot));
@@ -81,6 +76,9 @@ fn a_hot_added_disk_is_used_by_the_guest_and_removed_at_its_eject() {
     assert_eq!(again["bdf"], "0000:00:02.0");
     let (status, stderr) = vm.shutdown();
     assert!(status.success(), "{status}: {stderr}");
+    // The removal waited for the guest's eject, not for the timeout.
+    assert!(stderr.contains("the guest ejected slot 2"), "{stderr}");
+    assert!(!stderr.contains("did not eject"), "{stderr}");
     check_clean(&hot);
 }
 
