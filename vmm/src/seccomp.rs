@@ -205,7 +205,7 @@ const MAIN_IOCTLS: &[u64] = &[
     hypervisor::ioctls::KVM_IRQFD,
     hypervisor::ioctls::KVM_IOEVENTFD,
     hypervisor::ioctls::KVM_SET_GSI_ROUTING,
-    libc::BLKSSZGET as u64,
+    libc::BLKSSZGET,
     FS_IOC_FIEMAP,
 ];
 
