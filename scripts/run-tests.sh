@@ -8,7 +8,7 @@
 # qemu-system-x86 (the vhost-user-blk front end of the export tests),
 # util-linux (fincore: page-cache residency; losetup/fallocate for the
 # FUSE export's loop-device test), strace (counting flushes), fdisk and
-# e2fsprogs (the FUSE export's ext4 test).
+# e2fsprogs (the FUSE export's ext4 test), curl (the API tests' client).
 #
 # CH_REQUIRE_ALL=1 (the default here) makes every test that needs a tool
 # from outside the project fail instead of skipping when the tool is
@@ -26,6 +26,8 @@ command -v iasl >/dev/null 2>&1 || need_apt+=(acpica-tools)
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need_apt+=(qemu-system-x86)
 command -v fincore >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v strace >/dev/null 2>&1 || need_apt+=(strace)
+# curl --unix-socket drives the VMM's API in tests/tests/e2e_api*.rs.
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 # The FUSE export tests: sfdisk (fdisk), mkfs.ext4/fsck.ext4 (e2fsprogs),
 # losetup (util-linux).
 command -v sfdisk >/dev/null 2>&1 || need_apt+=(fdisk)

@@ -39,6 +39,7 @@ pub mod error;
 pub mod error_log;
 pub mod exclusive;
 pub mod formats;
+pub mod info_json;
 pub mod io;
 pub mod lock;
 pub mod options;

@@ -4,8 +4,6 @@
 //!
 //! Words from the command line enter; block-crate option structs leave.
 
-use std::path::Path;
-
 use block::create::CreateOptions;
 use block::options::CacheMode;
 use block::{BlockError, DiskOptions, ImageType};
@@ -150,12 +148,6 @@ fn parse_bool(v: &str) -> Option<bool> {
         "off" | "false" | "no" => Some(false),
         _ => None,
     }
-}
-
-/// Bytes the file occupies on disk (qemu-img's "disk size"/"actual-size").
-pub fn allocated_bytes(path: &Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).ok().map(|m| m.blocks() * 512)
 }
 
 #[cfg(test)]

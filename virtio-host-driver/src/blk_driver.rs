@@ -375,9 +375,16 @@ impl BlockHarness {
         config: BlockDeviceConfig,
         opts: DriverOptions,
     ) -> Result<Self, HarnessError> {
-        let queue_size = config.queue_size;
-        let num_queues = config.num_queues;
         let device = BlockDevice::new(disk, config).map_err(HarnessError::Device)?;
+        Self::for_device(device, opts)
+    }
+
+    /// Builds guest memory and activates an already made device (one the
+    /// test keeps control handles of).
+    pub fn for_device(device: BlockDevice, opts: DriverOptions) -> Result<Self, HarnessError> {
+        let sizes = device.queue_max_sizes();
+        let queue_size = sizes.first().copied().unwrap_or(256);
+        let num_queues = u16::try_from(sizes.len()).unwrap_or(1);
         let per_slot = QueueDriver::slot_stride(&opts);
         let rings = QueueLayout::at(GuestAddress(0), queue_size)
             .end()

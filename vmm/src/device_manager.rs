@@ -1,8 +1,10 @@
 //! Builds the machine's devices: the serial port, the i8042 reset line,
-//! the ACPI sleep and reset registers,
-//! the PCI host bridge, and one virtio-blk device behind virtio-pci per
-//! `--disk` (in-VMM, or a vhost-user front end: [`crate::vhost_user_disks`]), wired to KVM (irqfds routed to the guest's MSI-X messages,
-//! ioeventfds on each queue's notify address).
+//! the ACPI sleep and reset registers, the PCI host bridge with its
+//! hotplug registers, and one virtio-blk device behind virtio-pci per
+//! `--disk` (in-VMM, or a vhost-user front end:
+//! [`crate::vhost_user_disks`]), kept by id in the
+//! [`DiskRegistry`], which also adds and removes disks while the guest
+//! runs.
 //!
 //! Disks are opened first ([`open_disks`], before the VM exists, so a bad
 //! image fails fast); [`DeviceManager::new`] then takes them and leaves the
@@ -12,12 +14,11 @@ use std::fs::File;
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use block::{BlockError, Disk};
-use hypervisor::{IoEventAddress, Vm};
+use block::{BlockError, ExclusiveImage};
+use hypervisor::Vm;
 use thiserror::Error;
-use virtio_devices::block::{BlockDevice, BlockDeviceConfig, BlockDeviceError};
-use virtio_devices::transport::virtio_pci::BAR_SIZE;
-use virtio_devices::transport::{MsiMessage, MsiRouter, TransportError, VirtioPciDevice};
+use virtio_devices::block::BlockDeviceError;
+use virtio_devices::transport::TransportError;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -26,12 +27,15 @@ use crate::devices::acpi_pm::{self, AcpiPm};
 use crate::devices::bus::{Bus, BusOverlap};
 use crate::devices::cmos::Cmos;
 use crate::devices::i8042::I8042;
-use crate::devices::pci::{NotifyRegistry, PciConfigPorts, PciDevices, PciMmioWindow};
+use crate::devices::pci::{PciConfigPorts, PciDevices, PciMmioWindow};
+use crate::devices::pci_hotplug::{self, PciHotplug};
 use crate::devices::serial::{spawn_stdin_reader, SerialPort};
+use crate::disk_registry::DiskRegistry;
 use crate::layout::{
-    ACPI_PM_PORT, CMOS_PORT, COM1_IRQ, COM1_PORT, I8042_PORT, PCI_CONFIG_PORT, PCI_MMIO_END,
-    PCI_MMIO_START,
+    ACPI_PM_PORT, CMOS_PORT, COM1_IRQ, COM1_PORT, GED_IRQ, I8042_PORT, PCI_CONFIG_PORT,
+    PCI_HOTPLUG_PORT, PCI_MMIO_END, PCI_MMIO_START,
 };
+use crate::pci_attach::{KvmNotifyRegistry, PciAttach};
 use crate::seccomp::{self, ThreadKind};
 use crate::vm::ExitSignal;
 
@@ -73,10 +77,11 @@ pub enum DeviceError {
     VhostUser(#[source] virtio_devices::vhost_user_blk::VhostUserBlkError),
 }
 
-/// A disk opened from its `--disk` config.
+/// A disk opened from its `--disk` config, by its owner (the tools that
+/// resize and snapshot it come along).
 pub struct OpenedDisk {
     pub config: DiskConfig,
-    pub disk: Disk,
+    pub image: ExclusiveImage,
 }
 
 /// Opens every disk (format probe, backing chain, locks, engine choice)
@@ -86,13 +91,19 @@ pub fn open_disks(configs: &[DiskConfig]) -> Result<Vec<OpenedDisk>, DeviceError
     if configs.len() > max {
         return Err(DeviceError::TooManyDisks(max));
     }
-    configs
-        .iter()
-        .map(|c| {
-            let disk = Disk::open(&c.options).map_err(|source| DeviceError::OpenDisk {
-                path: c.options.path.display().to_string(),
-                source,
-            })?;
+    configs.iter().map(open_disk).collect()
+}
+
+/// Opens one disk (see [`open_disks`]).
+pub fn open_disk(c: &DiskConfig) -> Result<OpenedDisk, DeviceError> {
+    {
+        {
+            let image =
+                ExclusiveImage::open(&c.options).map_err(|source| DeviceError::OpenDisk {
+                    path: c.options.path.display().to_string(),
+                    source,
+                })?;
+            let disk = image.disk();
             log::info!(
                 "disk {}: {} bytes, engine {} (asked {}), cache={}, {}{}",
                 c.options.path.display(),
@@ -109,116 +120,24 @@ pub fn open_disks(configs: &[DiskConfig]) -> Result<Vec<OpenedDisk>, DeviceError
             );
             Ok(OpenedDisk {
                 config: c.clone(),
-                disk,
+                image,
             })
-        })
-        .collect()
+        }
+    }
 }
 
 fn max_disks() -> usize {
-    let by_window = ((PCI_MMIO_END - PCI_MMIO_START) / u64::from(BAR_SIZE)) as usize;
-    by_window.min(crate::devices::pci::MAX_DEVICES - 1)
-}
-
-/// Routes one device's MSI-X vectors: vector `v` is GSI `base_gsi + v`.
-struct KvmMsiRouter {
-    vm: Arc<Vm>,
-    base_gsi: u32,
-}
-
-impl MsiRouter for KvmMsiRouter {
-    fn set_route(&self, vector: u16, msg: Option<MsiMessage>) -> io::Result<()> {
-        let msg = msg.map(|m| hypervisor::MsiMessage {
-            address: m.address,
-            data: m.data,
-        });
-        self.vm
-            .set_msi_route(self.base_gsi + u32::from(vector), msg)
-            .map_err(io::Error::other)
-    }
-}
-
-/// Notify ioeventfds as KVM MMIO ioeventfds.
-struct KvmNotifyRegistry {
-    vm: Arc<Vm>,
-}
-
-impl NotifyRegistry for KvmNotifyRegistry {
-    fn register(&self, addr: u64, fd: &EventFd) -> io::Result<()> {
-        self.vm
-            .register_ioevent(fd, IoEventAddress::Mmio(addr))
-            .map_err(io::Error::other)
-    }
-    fn unregister(&self, addr: u64, fd: &EventFd) -> io::Result<()> {
-        self.vm
-            .unregister_ioevent(fd, IoEventAddress::Mmio(addr))
-            .map_err(io::Error::other)
-    }
-}
-
-/// What putting a virtio device behind virtio-pci needs.
-pub(crate) struct PciAttach<'a> {
-    pub vm: &'a Arc<Vm>,
-    pub mem: &'a Arc<GuestMemoryMmap>,
-    pub pci: &'a Arc<Mutex<PciDevices>>,
-    pub worker_filters: &'a Arc<Vec<seccompiler::BpfProgram>>,
-}
-
-impl PciAttach<'_> {
-    /// Puts `dev` (with `num_queues` queues) behind virtio-pci as device
-    /// number `index`: irqfds routed from GSI `next_gsi` on, ioeventfds on
-    /// its notify addresses, the queue workers' seccomp filter. Returns the
-    /// PCI slot and BAR0 address.
-    pub fn add(
-        &self,
-        dev: Box<dyn virtio_devices::VirtioDevice>,
-        num_queues: u16,
-        index: usize,
-        next_gsi: &mut u32,
-    ) -> Result<(usize, u32), DeviceError> {
-        let vm = self.vm;
-        let vectors = VirtioPciDevice::vectors_needed(usize::from(num_queues));
-        let mut irqfds = Vec::with_capacity(vectors);
-        for v in 0..vectors as u32 {
-            let fd = EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
-            vm.register_irqfd(&fd, *next_gsi + v)
-                .map_err(DeviceError::Kvm)?;
-            irqfds.push(fd);
-        }
-        let router = Arc::new(KvmMsiRouter {
-            vm: vm.clone(),
-            base_gsi: *next_gsi,
-        });
-        *next_gsi += vectors as u32;
-        // Pre-assigned BARs, one per function, inside the window.
-        let bar = PCI_MMIO_START + index as u64 * u64::from(BAR_SIZE);
-        let bar = u32::try_from(bar).map_err(|_| DeviceError::TooManyDisks(index))?;
-        let mut pci_dev = VirtioPciDevice::new(dev, self.mem.clone(), bar, irqfds, router)
-            .map_err(DeviceError::Transport)?;
-        if !self.worker_filters.is_empty() {
-            let programs = self.worker_filters.clone();
-            pci_dev.set_activation_hook(Arc::new(move || {
-                seccomp::apply_programs(&programs).map_err(|e| e.to_string())
-            }));
-        }
-        for (addr, fd) in pci_dev.notify_eventfds().map_err(DeviceError::EventFd)? {
-            vm.register_ioevent(&fd, IoEventAddress::Mmio(addr))
-                .map_err(DeviceError::Kvm)?;
-        }
-        let slot = self
-            .pci
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .add(Arc::new(Mutex::new(pci_dev)))
-            .ok_or(DeviceError::TooManyDisks(index))?;
-        Ok((slot, bar))
-    }
+    crate::pci_attach::max_functions()
 }
 
 pub struct DeviceManager {
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
     pci: Arc<Mutex<PciDevices>>,
+    /// Every disk on the bus, by id.
+    pub disks: DiskRegistry,
+    /// The ACPI PCI hotplug registers.
+    pub hotplug: Arc<Mutex<PciHotplug>>,
 }
 
 impl DeviceManager {
@@ -231,41 +150,7 @@ impl DeviceManager {
     ) -> Result<Self, DeviceError> {
         let mut pio = Bus::default();
         let mut mmio = Bus::default();
-
-        let out: Box<dyn io::Write + Send> = match &config.serial {
-            SerialMode::Tty => Box::new(io::stdout()),
-            SerialMode::Off => Box::new(io::sink()),
-            SerialMode::File(p) => {
-                Box::new(File::create(p).map_err(|source| DeviceError::SerialFile {
-                    path: p.display().to_string(),
-                    source,
-                })?)
-            }
-        };
-        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
-        vm.register_irqfd(&serial_irq, COM1_IRQ)
-            .map_err(DeviceError::Kvm)?;
-        let serial = Arc::new(Mutex::new(SerialPort::new(serial_irq, out)));
-        pio.insert(u64::from(COM1_PORT), 8, serial.clone())
-            .map_err(DeviceError::Bus)?;
-        if config.serial == SerialMode::Tty {
-            spawn_stdin_reader(serial, config.seccomp).map_err(DeviceError::SerialInput)?;
-        }
-        pio.insert(
-            u64::from(I8042_PORT),
-            5,
-            Arc::new(Mutex::new(I8042::new(exit.clone()))),
-        )
-        .map_err(DeviceError::Bus)?;
-
-        pio.insert(u64::from(CMOS_PORT), 2, Arc::new(Mutex::new(Cmos::new())))
-            .map_err(DeviceError::Bus)?;
-        pio.insert(
-            u64::from(ACPI_PM_PORT),
-            acpi_pm::PORT_COUNT,
-            Arc::new(Mutex::new(AcpiPm::new(exit.clone()))),
-        )
-        .map_err(DeviceError::Bus)?;
+        add_legacy_devices(vm, config, &mut pio, &exit)?;
 
         let pci = Arc::new(Mutex::new(PciDevices::default()));
         pio.insert(
@@ -283,6 +168,18 @@ impl DeviceManager {
             Arc::new(Mutex::new(PciMmioWindow::new(pci.clone()))),
         )
         .map_err(DeviceError::Bus)?;
+        let ged_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+        vm.register_irqfd(&ged_irq, GED_IRQ)
+            .map_err(DeviceError::Kvm)?;
+        let hotplug = Arc::new(Mutex::new(
+            PciHotplug::new(ged_irq).map_err(DeviceError::EventFd)?,
+        ));
+        pio.insert(
+            u64::from(PCI_HOTPLUG_PORT),
+            pci_hotplug::REGISTER_BYTES,
+            hotplug.clone(),
+        )
+        .map_err(DeviceError::Bus)?;
 
         // Queue workers get their own seccomp filter, installed in the
         // thread that activates each device (workers inherit it).
@@ -290,71 +187,84 @@ impl DeviceManager {
             seccomp::filters(ThreadKind::QueueWorker, config.seccomp)
                 .map_err(DeviceError::Seccomp)?,
         );
-        let mut next_gsi = Vm::FIRST_MSI_GSI;
-        let disk_count = disks.len();
-        if disk_count + config.vhost_user_disks.len() > max_disks() {
+        if disks.len() + config.vhost_user_disks.len() > max_disks() {
             return Err(DeviceError::TooManyDisks(max_disks()));
         }
-        for (i, d) in disks.into_iter().enumerate() {
-            let path = d.config.options.path.display().to_string();
-            let blk_config = BlockDeviceConfig {
-                num_queues: d.config.num_queues,
-                queue_size: d.config.queue_size,
-                serial: d.config.serial.clone().unwrap_or_default().into_bytes(),
-                rate_limit: d.config.rate_limit,
-                queue_affinity: d.config.queue_affinity.clone(),
-                poll_us: d.config.poll_us,
-                ..Default::default()
-            };
-            let dev = BlockDevice::new(d.disk, blk_config).map_err(|source| {
-                DeviceError::CreateBlock {
-                    path: path.clone(),
-                    source,
-                }
-            })?;
-            let attach = PciAttach {
-                vm,
-                mem,
-                pci: &pci,
-                worker_filters: &worker_filters,
-            };
-            let (slot, bar) = attach.add(Box::new(dev), d.config.num_queues, i, &mut next_gsi)?;
-            log::info!(
-                "disk {path}: virtio-blk at PCI 00:{slot:02x}.0, BAR0 {bar:#x}, {} queue(s) of {}",
-                d.config.num_queues,
-                d.config.queue_size
-            );
+        let mut registry = DiskRegistry::new(PciAttach {
+            vm: vm.clone(),
+            mem: mem.clone(),
+            pci: pci.clone(),
+            worker_filters,
+        });
+        for d in disks {
+            registry.add_local(d)?;
         }
-        let attach = PciAttach {
-            vm,
-            mem,
-            pci: &pci,
-            worker_filters: &worker_filters,
-        };
-        crate::vhost_user_disks::add_vhost_user_disks(
-            &attach,
-            &config.vhost_user_disks,
-            disk_count,
-            &mut next_gsi,
-        )?;
+        for c in &config.vhost_user_disks {
+            registry.add_vhost_user(c)?;
+        }
         Ok(DeviceManager {
             pio: Arc::new(pio),
             mmio: Arc::new(mmio),
             pci,
+            disks: registry,
+            hotplug,
         })
     }
 
     /// Stops every device: workers drain their queues, disks flush and
     /// close.
     pub fn shutdown(&self) {
-        let functions: Vec<_> = self
+        let functions = self
             .pci
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .functions()
-            .to_vec();
+            .functions();
         for f in functions {
             f.lock().unwrap_or_else(PoisonError::into_inner).shutdown();
         }
     }
+}
+
+/// The serial port (and its input thread), the i8042 reset line, the
+/// CMOS clock and the ACPI sleep/reset registers.
+fn add_legacy_devices(
+    vm: &Arc<Vm>,
+    config: &VmConfig,
+    pio: &mut Bus,
+    exit: &Arc<ExitSignal>,
+) -> Result<(), DeviceError> {
+    let out: Box<dyn io::Write + Send> = match &config.serial {
+        SerialMode::Tty => Box::new(io::stdout()),
+        SerialMode::Off => Box::new(io::sink()),
+        SerialMode::File(p) => {
+            Box::new(File::create(p).map_err(|source| DeviceError::SerialFile {
+                path: p.display().to_string(),
+                source,
+            })?)
+        }
+    };
+    let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+    vm.register_irqfd(&serial_irq, COM1_IRQ)
+        .map_err(DeviceError::Kvm)?;
+    let serial = Arc::new(Mutex::new(SerialPort::new(serial_irq, out)));
+    pio.insert(u64::from(COM1_PORT), 8, serial.clone())
+        .map_err(DeviceError::Bus)?;
+    if config.serial == SerialMode::Tty {
+        spawn_stdin_reader(serial, config.seccomp).map_err(DeviceError::SerialInput)?;
+    }
+    pio.insert(
+        u64::from(I8042_PORT),
+        5,
+        Arc::new(Mutex::new(I8042::new(exit.clone()))),
+    )
+    .map_err(DeviceError::Bus)?;
+    pio.insert(u64::from(CMOS_PORT), 2, Arc::new(Mutex::new(Cmos::new())))
+        .map_err(DeviceError::Bus)?;
+    pio.insert(
+        u64::from(ACPI_PM_PORT),
+        acpi_pm::PORT_COUNT,
+        Arc::new(Mutex::new(AcpiPm::new(exit.clone()))),
+    )
+    .map_err(DeviceError::Bus)?;
+    Ok(())
 }

@@ -47,3 +47,9 @@ pub const CMOS_PORT: u16 = 0x70;
 pub const PCI_CONFIG_PORT: u16 = 0xcf8;
 /// ACPI sleep control (+0), sleep status (+1) and reset (+2) registers.
 pub const ACPI_PM_PORT: u16 = 0x600;
+/// The PCI hotplug registers (devices/pci_hotplug.rs): slots added (+0),
+/// slots to remove (+4), eject (+8).
+pub const PCI_HOTPLUG_PORT: u16 = 0x610;
+/// The IOAPIC pin of the ACPI Generic Event Device that announces PCI
+/// hotplug events.
+pub const GED_IRQ: u32 = 5;

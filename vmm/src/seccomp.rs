@@ -13,9 +13,19 @@
 //!   see, fails with ENOSYS so the C library falls back to `clone`). No
 //!   ioctl, no file opening. The virtio-pci transport installs it in the
 //!   thread that activates a device, so every worker inherits it.
-//! - [`ThreadKind::Main`]: waiting for the end, stopping vCPUs (tgkill),
-//!   and shutting devices down (joining workers, flushing, closing);
-//!   `ioctl` only for TCGETS/TCSETS (restoring the terminal).
+//! - [`ThreadKind::Main`]: the control loop: waiting for the end or an
+//!   API request, stopping and pausing vCPUs (tgkill), shutting devices
+//!   down (joining workers, flushing, closing), and what API requests
+//!   need: opening a hot-added image (and reading a backing chain's
+//!   headers), resizing and snapshotting images, wiring a hot-added
+//!   function into KVM; `ioctl` only for TCGETS/TCSETS (restoring the
+//!   terminal) and the KVM VM requests of hotplug (irqfd, ioeventfd,
+//!   GSI routing).
+//! - [`ThreadKind::Api`]: the API server: accepting on its socket,
+//!   reading and writing connections with timeouts, starting a thread
+//!   per connection (`clone` with CLONE_THREAD only, as for workers), and
+//!   waking the control loop (an eventfd write). No file opening, no
+//!   ioctl, no image I/O.
 //!
 //! Enforce mode kills the process on anything else; log mode allows it
 //! but has the kernel log it (audit). Filters are installed after set-up,
@@ -37,6 +47,7 @@ pub enum ThreadKind {
     Main,
     Vcpu,
     QueueWorker,
+    Api,
 }
 
 #[derive(Debug, Error)]
@@ -165,10 +176,55 @@ const WORKER: &[libc::c_long] = &[
 ];
 
 /// The main thread after set-up (`ioctl` is added with conditions).
-const MAIN: &[libc::c_long] = &[libc::SYS_tgkill];
+const MAIN: &[libc::c_long] = &[
+    libc::SYS_tgkill,
+    // vm.add-disk opens images (and probes io_uring for engine=auto);
+    // vm.disk-info opens backing files read-only.
+    libc::SYS_openat,
+    libc::SYS_fstatfs,
+    // Comparing a hot-added disk's path with the others' (realpath).
+    libc::SYS_getcwd,
+    libc::SYS_readlink,
+    libc::SYS_io_uring_setup,
+    // Stopping the API server, removing its socket file.
+    libc::SYS_shutdown,
+    libc::SYS_unlink,
+    libc::SYS_unlinkat,
+];
 
-/// Terminal requests the main thread makes when it restores the tty.
-const MAIN_IOCTLS: &[u64] = &[libc::TCGETS, libc::TCSETS];
+/// `FS_IOC_FIEMAP` (`_IOWR('f', 11, struct fiemap)`).
+const FS_IOC_FIEMAP: u64 = 0xC020_660B;
+
+/// Terminal requests the main thread makes when it restores the tty,
+/// the KVM VM requests that wire a hot-plugged function, and what
+/// opening a hot-added image may ask (a block device's sector size, an
+/// image's allocation for `engine=auto`).
+const MAIN_IOCTLS: &[u64] = &[
+    libc::TCGETS,
+    libc::TCSETS,
+    hypervisor::ioctls::KVM_IRQFD,
+    hypervisor::ioctls::KVM_IOEVENTFD,
+    hypervisor::ioctls::KVM_SET_GSI_ROUTING,
+    libc::BLKSSZGET,
+    FS_IOC_FIEMAP,
+];
+
+/// The API server's threads (`clone` is added with a CLONE_THREAD
+/// condition).
+const API: &[libc::c_long] = &[
+    libc::SYS_accept4,
+    libc::SYS_setsockopt,
+    libc::SYS_getsockopt,
+    libc::SYS_recvfrom,
+    libc::SYS_sendto,
+    // Closing a refused connection without a reset.
+    libc::SYS_shutdown,
+    libc::SYS_clone3,
+    libc::SYS_prctl,
+    libc::SYS_rseq,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_set_robust_list,
+];
 
 /// `ioctl` allowed only with one of `requests` (argument 1; compared as
 /// 32 bits, the width the kernel uses for the request).
@@ -219,37 +275,44 @@ pub fn filters(kind: ThreadKind, mode: SeccompMode) -> Result<Vec<BpfProgram>, S
             vec![ioctl_rules(hypervisor::ioctls::VCPU_THREAD_IOCTLS)?],
             mismatch,
         )?]),
-        ThreadKind::QueueWorker => {
-            let thread_only = SeccompCondition::new(
-                0,
-                SeccompCmpArgLen::Qword,
-                SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
-                libc::CLONE_THREAD as u64,
-            )
-            .map_err(SeccompError::Build)?;
-            let clone_rule = SeccompRule::new(vec![thread_only]).map_err(SeccompError::Build)?;
-            let allow = allow_list(
-                &list(WORKER),
-                vec![(libc::SYS_clone, vec![clone_rule])],
-                mismatch,
-            )?;
-            // clone3 passes its flags in memory: make it fail so the C
-            // library retries with clone, which the list above checks.
-            let mut rules = BTreeMap::new();
-            rules.insert(libc::SYS_clone3, Vec::new());
-            let no_clone3 = SeccompFilter::new(
-                rules,
-                SeccompAction::Allow,
-                SeccompAction::Errno(libc::ENOSYS as u32),
-                TargetArch::x86_64,
-            )
-            .map_err(SeccompError::Build)?;
-            let no_clone3 = BpfProgram::try_from(no_clone3).map_err(SeccompError::Compile)?;
-            // Order matters: the allow-list goes last, as it does not
-            // allow seccomp(2) itself.
-            Ok(vec![no_clone3, allow])
-        }
+        ThreadKind::QueueWorker => threads_only(&list(WORKER), mismatch),
+        ThreadKind::Api => threads_only(&list(API), mismatch),
     }
+}
+
+/// `syscalls` plus `clone` for threads only: `clone` is allowed with
+/// CLONE_THREAD, and `clone3`, whose flags a filter cannot see, fails
+/// with ENOSYS so the C library falls back to `clone`.
+fn threads_only(
+    syscalls: &[libc::c_long],
+    mismatch: SeccompAction,
+) -> Result<Vec<BpfProgram>, SeccompError> {
+    let thread_only = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Qword,
+        SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
+        libc::CLONE_THREAD as u64,
+    )
+    .map_err(SeccompError::Build)?;
+    let clone_rule = SeccompRule::new(vec![thread_only]).map_err(SeccompError::Build)?;
+    let allow = allow_list(
+        syscalls,
+        vec![(libc::SYS_clone, vec![clone_rule])],
+        mismatch,
+    )?;
+    let mut rules = BTreeMap::new();
+    rules.insert(libc::SYS_clone3, Vec::new());
+    let no_clone3 = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        TargetArch::x86_64,
+    )
+    .map_err(SeccompError::Build)?;
+    let no_clone3 = BpfProgram::try_from(no_clone3).map_err(SeccompError::Compile)?;
+    // Order matters: the allow-list goes last, as it does not allow
+    // seccomp(2) itself.
+    Ok(vec![no_clone3, allow])
 }
 
 /// Installs `kind`'s filters on the calling thread.
@@ -271,7 +334,12 @@ mod tests {
 
     #[test]
     fn filters_compile_and_off_means_none() {
-        for kind in [ThreadKind::Main, ThreadKind::Vcpu, ThreadKind::QueueWorker] {
+        for kind in [
+            ThreadKind::Main,
+            ThreadKind::Vcpu,
+            ThreadKind::QueueWorker,
+            ThreadKind::Api,
+        ] {
             assert!(!filters(kind, SeccompMode::Enforce).unwrap().is_empty());
             assert!(!filters(kind, SeccompMode::Log).unwrap().is_empty());
             assert!(filters(kind, SeccompMode::Off).unwrap().is_empty());
@@ -313,6 +381,34 @@ mod tests {
         // SAFETY: FIONREAD writes one int through a valid pointer.
         unsafe { libc::ioctl(0, libc::FIONREAD, &mut n) };
         0
+    }
+
+    #[test]
+    fn api_filter_blocks_ioctl_and_file_opening() {
+        let status = in_filtered_child(ThreadKind::Api, fionread);
+        assert!(killed_by_sigsys(status), "status {status:#x}");
+        let status = in_filtered_child(ThreadKind::Api, || {
+            // SAFETY: openat with a valid NUL-terminated path; the
+            // filter kills the process before it runs.
+            unsafe { libc::openat(libc::AT_FDCWD, c"/etc/hostname".as_ptr(), libc::O_RDONLY) };
+            0
+        });
+        assert!(killed_by_sigsys(status), "status {status:#x}");
+        // Accepting on a bad fd passes the filter and fails with EBADF.
+        let status = in_filtered_child(ThreadKind::Api, || {
+            // SAFETY: accept4 on fd -1 with null address pointers only
+            // returns EBADF.
+            let rc = unsafe { libc::accept4(-1, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+            if rc == -1 {
+                7
+            } else {
+                1
+            }
+        });
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7,
+            "status {status:#x}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use hypervisor::{SystemEvent, Vcpu, VcpuExit};
 
 use crate::devices::bus::Bus;
+use crate::vcpu_pause::PauseGate;
 use crate::vm::{ExitReason, ExitSignal};
 
 /// The signal that kicks a vCPU out of `KVM_RUN`.
@@ -25,12 +26,18 @@ pub struct VcpuContext {
     pub mmio: Arc<Bus>,
     pub exit: Arc<ExitSignal>,
     pub stop: Arc<AtomicBool>,
+    /// Closed while the VM is paused (`vm.pause`).
+    pub gate: Arc<PauseGate>,
 }
 
 /// Runs until told to stop or the VM ends.
 pub fn run_vcpu(mut vcpu: Vcpu, ctx: VcpuContext) {
     let id = vcpu.id();
     loop {
+        if ctx.stop.load(Ordering::Acquire) {
+            return;
+        }
+        ctx.gate.pass(&ctx.stop);
         if ctx.stop.load(Ordering::Acquire) {
             return;
         }

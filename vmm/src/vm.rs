@@ -1,7 +1,9 @@
-//! The VM's lifecycle: build it from a [`VmConfig`], run the vCPUs, wait
-//! for the end (guest reset or power-off, SIGTERM/SIGINT, or a fatal
-//! error), then stop the vCPUs and shut the devices down so every disk is
-//! drained, flushed and closed.
+//! The VM's lifecycle: build it from a [`VmConfig`], start the API server
+//! if asked (`--api-socket`), run the vCPUs, hand the main thread to the
+//! control loop ([`crate::control`]) until the end (guest reset or
+//! power-off, SIGTERM/SIGINT, `vmm.shutdown`, or a fatal error), then
+//! stop the vCPUs and shut the devices down so every disk is drained,
+//! flushed and closed.
 //!
 //! Enters as a validated config; leaves as an [`ExitReason`] that `main`
 //! turns into the process exit code.
@@ -15,12 +17,17 @@ use thiserror::Error;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::Killable;
 
+use crate::api::socket::SocketError;
+use crate::api::{ApiReceiver, ApiServer};
 use crate::boot::{self, BootEntry, BootError};
+use crate::config::ApiSocketConfig;
 use crate::config::VmConfig;
+use crate::control::Control;
 use crate::device_manager::{DeviceError, DeviceManager, OpenedDisk};
 use crate::memory::{create_guest_memory, MemoryError};
 use crate::seccomp::{self, SeccompError, ThreadKind};
 use crate::vcpu::{kick_signal, run_vcpu, VcpuContext, VcpuHandle};
+use crate::vcpu_pause::PauseGate;
 
 /// Why the VM ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,11 +38,14 @@ pub enum ExitReason {
     PowerOff,
     /// SIGTERM or SIGINT.
     Signal(i32),
+    /// `vmm.shutdown` through the API.
+    ApiShutdown,
     /// Something we cannot continue from.
     Fatal(String),
 }
 
-/// First reason wins; the main thread waits on the eventfd.
+/// First reason wins; the control loop (`crate::control`) waits on the
+/// eventfd.
 pub struct ExitSignal {
     reason: Mutex<Option<ExitReason>>,
     evt: EventFd,
@@ -70,20 +80,6 @@ impl ExitSignal {
     pub fn eventfd(&self) -> &EventFd {
         &self.evt
     }
-
-    /// Blocks until some thread requested an exit.
-    pub fn wait(&self) -> ExitReason {
-        loop {
-            if let Some(r) = self.peek() {
-                return r;
-            }
-            // EINTR from a signal handler: recheck.
-            let _ = self.evt.read();
-            if let Some(sig) = crate::signals::take_pending() {
-                self.request(ExitReason::Signal(sig));
-            }
-        }
-    }
 }
 
 #[derive(Debug, Error)]
@@ -106,6 +102,29 @@ pub enum VmError {
     Seccomp(#[source] SeccompError),
     #[error("cannot install signal handlers")]
     Signals(#[source] std::io::Error),
+    #[error("cannot set up the API socket")]
+    ApiSocket(#[source] SocketError),
+    #[error("cannot start the API server")]
+    ApiServer(#[source] std::io::Error),
+    #[error("the control loop failed")]
+    Control(#[source] std::io::Error),
+}
+
+/// Opens the API socket and starts its threads (before the VM exists, so
+/// a socket that cannot be made fails fast).
+fn start_api(config: &VmConfig) -> Result<Option<(ApiServer, ApiReceiver)>, VmError> {
+    let Some(cfg) = &config.api_socket else {
+        return Ok(None);
+    };
+    let listener = crate::api::socket::listen(cfg).map_err(VmError::ApiSocket)?;
+    let (receiver, sender) = crate::api::channel().map_err(VmError::ApiServer)?;
+    let filters = seccomp::filters(ThreadKind::Api, config.seccomp).map_err(VmError::Seccomp)?;
+    let path = match cfg {
+        ApiSocketConfig::Path(p) => Some(p.clone()),
+        ApiSocketConfig::Fd(_) => None,
+    };
+    let server = ApiServer::start(listener, sender, filters, path).map_err(VmError::ApiServer)?;
+    Ok(Some((server, receiver)))
 }
 
 /// Boots the VM described by `config` with the already opened `disks` and
@@ -113,7 +132,23 @@ pub enum VmError {
 pub fn run(config: &VmConfig, disks: Vec<OpenedDisk>) -> Result<ExitReason, VmError> {
     let exit = Arc::new(ExitSignal::new().map_err(VmError::ExitEventFd)?);
     crate::signals::install(exit.eventfd()).map_err(VmError::Signals)?;
+    let (server, api) = match start_api(config)? {
+        Some((s, r)) => (Some(s), Some(r)),
+        None => (None, None),
+    };
+    let result = run_vm(config, disks, &exit, api);
+    if let Some(s) = server {
+        s.stop();
+    }
+    result
+}
 
+fn run_vm(
+    config: &VmConfig,
+    disks: Vec<OpenedDisk>,
+    exit: &Arc<ExitSignal>,
+    api: Option<ApiReceiver>,
+) -> Result<ExitReason, VmError> {
     let vm = Vm::new().map_err(VmError::CreateVm)?;
     let mem =
         create_guest_memory(&vm, config.memory, config.shared_memory).map_err(VmError::Memory)?;
@@ -129,8 +164,9 @@ pub fn run(config: &VmConfig, disks: Vec<OpenedDisk>) -> Result<ExitReason, VmEr
     let devices =
         DeviceManager::new(&vm, &mem, config, disks, exit.clone()).map_err(VmError::Devices)?;
 
+    let gate = Arc::new(PauseGate::default());
     let vcpus = create_vcpus(&vm, config.cpus, entry)?;
-    let handles = match start_vcpus(vcpus, &devices, &exit, config.seccomp) {
+    let handles = match start_vcpus(vcpus, &devices, exit, config.seccomp, &gate) {
         Ok(h) => h,
         Err(e) => {
             devices.shutdown();
@@ -138,21 +174,26 @@ pub fn run(config: &VmConfig, disks: Vec<OpenedDisk>) -> Result<ExitReason, VmEr
         }
     };
     if let Err(e) = seccomp::apply(ThreadKind::Main, config.seccomp) {
-        stop_vcpus(handles);
+        stop_vcpus(handles, &gate);
         devices.shutdown();
         return Err(VmError::Seccomp(e));
     }
 
-    let reason = exit.wait();
-    log::info!("VM exit: {reason:?}");
-    stop_vcpus(handles);
-    devices.shutdown();
+    let mut control = match Control::new(config, devices, handles, gate, exit.clone(), api) {
+        Ok(c) => c,
+        Err(e) => {
+            return Err(VmError::Control(e));
+        }
+    };
+    let result = control.run().map_err(VmError::Control);
+    log::info!("VM exit: {result:?}");
+    control.stop_vm();
     // Devices hold the VM (MSI routes) and guest memory; the VM must go
     // before the memory its slots point at (see `Vm::map_memory`).
-    drop(devices);
+    drop(control);
     drop(vm);
     drop(mem);
-    Ok(reason)
+    result
 }
 
 /// Creates `count` vCPUs; the first gets the boot protocol's entry state.
@@ -187,6 +228,7 @@ fn start_vcpus(
     devices: &DeviceManager,
     exit: &Arc<ExitSignal>,
     mode: crate::config::SeccompMode,
+    gate: &Arc<PauseGate>,
 ) -> Result<Vec<VcpuHandle>, VmError> {
     let filters = seccomp::filters(ThreadKind::Vcpu, mode).map_err(VmError::Seccomp)?;
     let mut handles = Vec::with_capacity(vcpus.len());
@@ -197,6 +239,7 @@ fn start_vcpus(
             mmio: devices.mmio.clone(),
             exit: exit.clone(),
             stop: stop.clone(),
+            gate: gate.clone(),
         };
         let filters = filters.clone();
         let spawned = std::thread::Builder::new()
@@ -212,7 +255,7 @@ fn start_vcpus(
         match spawned {
             Ok(thread) => handles.push(VcpuHandle { thread, stop }),
             Err(e) => {
-                stop_vcpus(handles);
+                stop_vcpus(handles, gate);
                 return Err(VmError::SpawnVcpu(e));
             }
         }
@@ -220,12 +263,13 @@ fn start_vcpus(
     Ok(handles)
 }
 
-/// Sets every stop flag and kicks the threads out of `KVM_RUN` until they
-/// have all returned.
-fn stop_vcpus(handles: Vec<VcpuHandle>) {
+/// Sets every stop flag and kicks the threads out of `KVM_RUN` (or off
+/// the pause gate) until they have all returned.
+pub(crate) fn stop_vcpus(handles: Vec<VcpuHandle>, gate: &PauseGate) {
     for h in &handles {
         h.stop.store(true, Ordering::Release);
     }
+    gate.wake_for_stop();
     for h in handles {
         // A kick that lands between the flag check and KVM_RUN is lost,
         // so repeat until the thread is gone.

@@ -9,13 +9,14 @@
 
 use block::formats::qcow2::bitmap_directory::BitmapEntry;
 use block::formats::ImageInfo;
-use serde_json::{json, Map, Value};
+use block::info_json::{data_file_raw, json_info};
+use serde_json::Value;
 
 use crate::args::{parse, OptSpec};
-use crate::cmd::snapshot::{snapshot_json, snapshot_list};
+use crate::cmd::snapshot::snapshot_list;
 use crate::cmd::{print_json, OutputFormat};
 use crate::error::CliError;
-use crate::options::{allocated_bytes, open_image, parse_format};
+use crate::options::{open_image, parse_format};
 use crate::size::human_size;
 
 const SPEC: OptSpec = OptSpec {
@@ -37,7 +38,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     while let Some((path, format)) = next.take() {
         let image = open_image(&path, format, true)?;
         let info = image.format().info();
-        let actual = allocated_bytes(path.as_ref());
+        let actual = block::info_json::allocated_bytes(path.as_ref());
         if chain {
             if let Some(backing) = &info.full_backing_filename {
                 // Opening the top image already bounded the chain's depth
@@ -68,86 +69,6 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         }
     }
     Ok(0)
-}
-
-/// The JSON object, keys in qemu-img 7.2's order.
-pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
-    let mut m = Map::new();
-    if let Some(f) = &info.backing_filename_format {
-        m.insert("backing-filename-format".into(), json!(f));
-    }
-    if !info.snapshots.is_empty() {
-        let list = info.snapshots.iter().map(snapshot_json).collect();
-        m.insert("snapshots".into(), Value::Array(list));
-    }
-    m.insert("virtual-size".into(), json!(info.virtual_size));
-    m.insert("filename".into(), json!(path));
-    if let Some(c) = info.cluster_size {
-        m.insert("cluster-size".into(), json!(c));
-    }
-    m.insert("format".into(), json!(info.format));
-    if let Some(a) = actual {
-        m.insert("actual-size".into(), json!(a));
-    }
-    if info.format == "qcow2" {
-        let mut data = Map::new();
-        if let Some(c) = &info.compat {
-            data.insert("compat".into(), json!(c));
-        }
-        if info.compat.as_deref() != Some("0.10") {
-            if let Some(c) = info.compression_type {
-                data.insert("compression-type".into(), json!(c));
-            }
-            if let Some(l) = info.lazy_refcounts {
-                data.insert("lazy-refcounts".into(), json!(l));
-            }
-            if !info.bitmaps.is_empty() {
-                let list = info.bitmaps.iter().map(bitmap_json).collect();
-                data.insert("bitmaps".into(), Value::Array(list));
-            }
-        } else if let Some(c) = info.compression_type {
-            data.insert("compression-type".into(), json!(c));
-        }
-        if let Some(r) = info.refcount_bits {
-            data.insert("refcount-bits".into(), json!(r));
-        }
-        if info.compat.as_deref() != Some("0.10") {
-            if let Some(d) = &info.data_file {
-                data.insert("data-file".into(), json!(d));
-                data.insert("data-file-raw".into(), json!(data_file_raw(path)));
-            }
-            if let Some(c) = info.corrupt {
-                data.insert("corrupt".into(), json!(c));
-            }
-            if let Some(e) = info.extended_l2 {
-                data.insert("extended-l2".into(), json!(e));
-            }
-        }
-        m.insert(
-            "format-specific".into(),
-            json!({ "type": "qcow2", "data": data }),
-        );
-    }
-    if let Some(f) = &info.full_backing_filename {
-        m.insert("full-backing-filename".into(), json!(f));
-    }
-    if let Some(f) = &info.backing_filename {
-        m.insert("backing-filename".into(), json!(f));
-    }
-    m.insert("dirty-flag".into(), json!(info.dirty.unwrap_or(false)));
-    Value::Object(m)
-}
-
-/// The qcow2 autoclear bit "data file is raw" (bit 1 of the header's
-/// autoclear_features at byte 88). Read here because
-/// [`block::formats::ImageInfo`] does not carry it (yet).
-fn data_file_raw(path: &str) -> bool {
-    use std::os::unix::fs::FileExt;
-    let mut b = [0u8; 8];
-    std::fs::File::open(path)
-        .and_then(|f| f.read_exact_at(&mut b, 88))
-        .map(|()| u64::from_be_bytes(b) & 2 != 0)
-        .unwrap_or(false)
 }
 
 /// qemu-img's human-readable report.
@@ -218,15 +139,6 @@ pub fn human_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> String {
         }
     }
     s
-}
-
-/// One persistent bitmap in `--output=json` (qemu-img's keys and order).
-fn bitmap_json(b: &BitmapEntry) -> Value {
-    json!({
-        "flags": b.flag_names(),
-        "name": b.name,
-        "granularity": 1u64.checked_shl(u32::from(b.granularity_bits)).unwrap_or(0),
-    })
 }
 
 /// The "bitmaps:" block of the human report, indented under "Format

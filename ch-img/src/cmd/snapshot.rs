@@ -10,7 +10,6 @@
 //! `snapshot_delete`).
 
 use block::formats::qcow2::snapshot_table::SnapshotInfo;
-use serde_json::{json, Map, Value};
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
@@ -113,29 +112,6 @@ pub fn snapshot_list(snapshots: &[SnapshotInfo]) -> String {
         ));
     }
     s
-}
-
-/// One entry of `info --output=json`'s "snapshots", keys in qemu-img 7.2's
-/// order.
-pub fn snapshot_json(sn: &SnapshotInfo) -> Value {
-    let mut m = Map::new();
-    if let Some(c) = sn.icount {
-        m.insert("icount".into(), json!(c));
-    }
-    m.insert(
-        "vm-clock-nsec".into(),
-        json!(sn.vm_clock_nsec % 1_000_000_000),
-    );
-    m.insert("name".into(), json!(sn.name));
-    m.insert("date-sec".into(), json!(sn.date_sec));
-    m.insert("date-nsec".into(), json!(sn.date_nsec));
-    m.insert(
-        "vm-clock-sec".into(),
-        json!(sn.vm_clock_nsec / 1_000_000_000),
-    );
-    m.insert("id".into(), json!(sn.id));
-    m.insert("vm-state-size".into(), json!(sn.vm_state_size));
-    Value::Object(m)
 }
 
 /// Now, as (seconds, nanoseconds) since the epoch, to the microsecond as

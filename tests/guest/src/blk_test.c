@@ -66,6 +66,39 @@ static struct blk_hdr batch_hdr[VQ_MAX_BATCH] __attribute__((aligned(16)));
 static volatile u8 batch_status[VQ_MAX_BATCH];
 static char id_buf[24];
 
+struct blk_counts blk_counts[BLK_COUNT_DISKS];
+
+/* Counts one finished request of `type` that moved `bytes` of data. */
+static void count_request(const struct vdev *d, u32 type, u64 bytes, u8 status)
+{
+	if (d->index < 0 || d->index >= BLK_COUNT_DISKS)
+		return;
+	struct blk_counts *c = &blk_counts[d->index];
+	if (status != S_OK) {
+		c->errors++;
+		return;
+	}
+	switch (type) {
+	case T_IN:
+		c->reads++;
+		c->read_bytes += bytes;
+		break;
+	case T_OUT:
+		c->writes++;
+		c->write_bytes += bytes;
+		break;
+	case T_FLUSH:
+		c->flushes++;
+		break;
+	case T_DISCARD:
+	case T_WRITE_ZEROES:
+		c->discards++;
+		break;
+	default:
+		break;
+	}
+}
+
 /* One request: header, data buffers, status byte. Returns the status. */
 static u8 blk_request(struct vdev *d, int q, u32 type, u64 sector, const struct vseg *data,
 		      int ndata, int indirect)
@@ -86,8 +119,20 @@ static u8 blk_request(struct vdev *d, int q, u32 type, u64 sector, const struct 
 	u8 s = status_byte;
 	if (s == 0xFF)
 		fail("disk%d queue %d: status byte not written for request type %u", d->index, q, type);
+	u64 bytes = 0;
+	for (int i = 0; i < ndata; i++)
+		bytes += data[i].len;
+	count_request(d, type, bytes, s);
 	return s;
 }
+
+u8 blk_rw(struct vdev *d, int q, int write, u64 off, u8 *buf, u32 len)
+{
+	struct vseg data = {(u64)buf, len, !write};
+	return blk_request(d, q, write ? T_OUT : T_IN, off / SECTOR, &data, 1, 0);
+}
+
+u8 blk_flush(struct vdev *d, int q) { return blk_request(d, q, T_FLUSH, 0, NULL, 0, 0); }
 
 /* Cuts buf[0, len) into a first piece of `first` bytes (if non-zero) and
  * then `piece`-byte pieces, growing the pieces when the device's seg_max or
@@ -183,6 +228,7 @@ static void batch_transfer(struct vdev *d, int q, int write, u64 off, u8 *buf, u
 	}
 	virtq_run_batch(d, q, chains, count, NULL);
 	for (int i = 0; i < count; i++) {
+		count_request(d, write ? T_OUT : T_IN, chunk, batch_status[i]);
 		if (batch_status[i] != S_OK)
 			fail("disk%d queue %d: batched %s %d of %d (%u bytes at 0x%lx) gave status %u",
 			     d->index, q, write ? "write" : "read", i, count, chunk,
@@ -419,6 +465,7 @@ static void all_queues_check(struct vdev *d, u64 area)
 	}
 	for (int q = 0; q < nq; q++) {
 		virtq_finish(d, q, NULL);
+		count_request(d, T_IN, SMALL_LEN, batch_status[q]);
 		if (batch_status[q] != S_OK)
 			fail("disk%d queue %d: concurrent read gave status %u", d->index, q,
 			     batch_status[q]);

@@ -73,6 +73,22 @@ static void parse_cmdline(const char *s, usize len, struct boot_options *opt)
 			opt->indirect = 0;
 		} else if (n > 9 && memcmp(w, "indirect=", 9) == 0) {
 			fail("bad guest option on cmdline (want indirect=on|off)");
+		} else if (word_is(w, n, "wait_resize")) {
+			opt->wait_resize = 1;
+		} else if (word_is(w, n, "wait_hotplug")) {
+			opt->wait_hotplug = 1;
+		} else if (word_is(w, n, "counts")) {
+			opt->counts = 1;
+		} else if (word_is(w, n, "park")) {
+			opt->park = 1;
+		} else if (n > 10 && memcmp(w, "io_rounds=", 10) == 0) {
+			int v = 0;
+			for (usize k = 10; k < n; k++) {
+				if (w[k] < '0' || w[k] > '9' || v > 99)
+					fail("bad guest option on cmdline (want io_rounds=N, N < 1000)");
+				v = v * 10 + (w[k] - '0');
+			}
+			opt->io_rounds = v;
 		}
 		i = j;
 	}
@@ -127,6 +143,7 @@ void bootinfo_read(u64 start_info_paddr, struct boot_options *opt)
 	opt->expect_disks = -1;
 	opt->event_idx = 1;
 	opt->indirect = 1;
+	opt->wait_resize = opt->wait_hotplug = opt->io_rounds = opt->counts = opt->park = 0;
 	if (start_info_paddr == 0 || start_info_paddr >= MAPPED_LIMIT - sizeof(struct hvm_start_info))
 		fail("bad start_info address 0x%lx in %%ebx", start_info_paddr);
 	const struct hvm_start_info *si = (const struct hvm_start_info *)start_info_paddr;

@@ -16,6 +16,13 @@ struct boot_options {
 	/* indirect=on|off: accept VIRTIO_F_INDIRECT_DESC when offered (default
 	 * on); the position-pattern requests then use an indirect table. */
 	int indirect;
+	/* The API checks (api_checks.c): wait_resize, wait_hotplug,
+	 * io_rounds=N (0: none), counts, park. */
+	int wait_resize;
+	int wait_hotplug;
+	int io_rounds;
+	int counts;
+	int park;
 };
 
 /* Validates start_info (fails the run when it is bad), prints the command

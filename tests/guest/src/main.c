@@ -5,6 +5,7 @@
  * In:  the start_info address from entry.S. Out: the serial report ending
  *      in exactly "RESULT: PASS" or "RESULT: FAIL <what>", then a reset.
  */
+#include "api_checks.h"
 #include "blk_test.h"
 #include "bootinfo.h"
 #include "irq.h"
@@ -60,6 +61,7 @@ void guest_main(u64 start_info)
 	}
 	for (int i = 0; i < nd; i++)
 		blk_test_disk(&disks[i]);
+	api_checks_run(&opt, disks, &nd, MAX_DISKS);
 	if (irq_unexpected)
 		fail("interrupt on vector 0x%x, which no device was given", irq_unexpected);
 	kprintf("ok   no interrupt arrived on an unassigned vector\n");
@@ -67,6 +69,12 @@ void guest_main(u64 start_info)
 		u32 n = irq_count[disks[i].config_cpu_vector];
 		if (n)
 			kprintf("info disk%d: %u configuration-change interrupt(s)\n", i, n);
+	}
+	if (opt.park) {
+		kprintf("RESULT: PASS\n");
+		kprintf("info parked: waiting for the host\n");
+		for (;;)
+			sti_hlt();
 	}
 	pass();
 }

@@ -137,6 +137,20 @@ int pci_scan_bus0(struct pci_func *out, int max)
 	return n;
 }
 
+int pci_probe_slot(u8 dev, struct pci_func *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->dev = dev;
+	u32 id = pci_read32(out, 0);
+	if ((id & 0xFFFF) == 0xFFFF || id == 0)
+		return 0;
+	out->vendor = (u16)id;
+	out->device = (u16)(id >> 16);
+	out->header_type = pci_read8(out, PCI_HEADER_TYPE);
+	size_bars(out);
+	return 1;
+}
+
 void pci_enable(struct pci_func *f)
 {
 	for (int i = 0; i < PCI_MAX_BARS; i++) {

@@ -32,6 +32,9 @@ int pci_scan_bus0(struct pci_func *out, int max);
  * above all BARs seen by the scan, maps BARs above 4 GiB, and enables memory
  * decoding and bus mastering. */
 void pci_enable(struct pci_func *f);
+/* Reads function 0 of bus-0 device `dev` into *out (BARs sized); 0 if the
+ * slot is empty. */
+int pci_probe_slot(u8 dev, struct pci_func *out);
 /* Offset of the first capability with the given id after position `after`
  * (0 = start of the list), or 0 when there is none. Bounded walk. */
 u8 pci_find_cap(const struct pci_func *f, u8 id, u8 after);

@@ -114,6 +114,12 @@ static inline int vdev_has(const struct vdev *d, int bit) { return (d->features 
 /* Finds the capabilities, programs MSI-X, runs the virtio 1.x init sequence
  * and sets up every queue. Fails the run on any deviation. */
 void vdev_init(struct vdev *d);
+/* Writes status 0 and waits (bounded) until it reads back 0. */
+void vdev_reset(struct vdev *d);
+/* (Re-)reads the device config into d->cfg under a stable generation. */
+void vdev_read_config(struct vdev *d);
+/* The config generation byte. */
+u8 vdev_config_generation(struct vdev *d);
 
 /* One buffer of a descriptor chain. */
 struct vseg {

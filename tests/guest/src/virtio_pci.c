@@ -151,7 +151,7 @@ static void status_add(struct vdev *d, u8 bits)
 	mmio_write8(d->common + CC_DEVICE_STATUS, status_read(d) | bits);
 }
 
-static void reset_device(struct vdev *d)
+void vdev_reset(struct vdev *d)
 {
 	mmio_write8(d->common + CC_DEVICE_STATUS, 0);
 	u64 start = irq_ticks;
@@ -185,7 +185,7 @@ static u32 cfg32(struct vdev *d, u32 off)
 	return off + 4 <= d->devcfg_len ? mmio_read32(d->devcfg + off) : 0;
 }
 
-static void read_blk_config(struct vdev *d)
+void vdev_read_config(struct vdev *d)
 {
 	struct blk_config *c = &d->cfg;
 	/* Re-read until config_generation is stable, so the two halves of
@@ -209,9 +209,6 @@ static void read_blk_config(struct vdev *d)
 		if (mmio_read8(d->common + CC_CONFIG_GENERATION) == gen)
 			break;
 	}
-	kprintf("info " DEV_FMT ": capacity %lu sectors, size_max %u, seg_max %u, blk_size %u, "
-		"num_queues %u\n",
-		DEV_ARGS(d), c->capacity, c->size_max, c->seg_max, c->blk_size, c->num_queues);
 }
 
 static void setup_queue(struct vdev *d, u16 q, u16 msix_entry)
@@ -260,10 +257,12 @@ static void setup_queue(struct vdev *d, u16 q, u16 msix_entry)
 		DEV_ARGS(d), q, size, max, msix_entry, vq->cpu_vector, vq->notify_addr);
 }
 
+u8 vdev_config_generation(struct vdev *d) { return mmio_read8(d->common + CC_CONFIG_GENERATION); }
+
 void vdev_init(struct vdev *d)
 {
 	find_caps(d);
-	reset_device(d);
+	vdev_reset(d);
 	status_add(d, STATUS_ACKNOWLEDGE);
 	status_add(d, STATUS_DRIVER);
 
@@ -283,7 +282,11 @@ void vdev_init(struct vdev *d)
 	kprintf("ok   " DEV_FMT ": features offered 0x%lx, accepted 0x%lx\n", DEV_ARGS(d), offered,
 		d->features);
 
-	read_blk_config(d);
+	vdev_read_config(d);
+	kprintf("info " DEV_FMT ": capacity %lu sectors, size_max %u, seg_max %u, blk_size %u, "
+		"num_queues %u\n",
+		DEV_ARGS(d), d->cfg.capacity, d->cfg.size_max, d->cfg.seg_max, d->cfg.blk_size,
+		d->cfg.num_queues);
 	u16 dev_queues = mmio_read16(d->common + CC_NUM_QUEUES);
 	u16 nq = vdev_has(d, VIRTIO_BLK_F_MQ) ? d->cfg.num_queues : 1;
 	if (nq == 0 || nq > dev_queues)

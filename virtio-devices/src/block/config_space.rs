@@ -183,6 +183,11 @@ impl ConfigSpace {
         self.bytes[offset::WRITEBACK] != 0
     }
 
+    /// Sets the capacity for a disk of `disk_size` bytes (after a resize).
+    pub fn set_capacity(&mut self, disk_size: u64) {
+        self.put_u64(offset::CAPACITY, disk_size / block::SECTOR_SIZE);
+    }
+
     /// Capacity in 512-byte sectors.
     pub fn capacity_sectors(&self) -> u64 {
         let mut b = [0u8; 8];

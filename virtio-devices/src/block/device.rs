@@ -7,6 +7,10 @@
 //! I/O has completed, joins them and hands the kick eventfds back;
 //! `shutdown` also flushes the disk and closes the image.
 //!
+//! The owner (the VMM) may also pause the workers, resize or snapshot
+//! the image while they are paused, and read the per-queue counters
+//! (`control.rs`, [`super::counters`]).
+//!
 //! A transport that starts and stops queues one at a time (the storage
 //! daemon's vhost-user-blk export: a vring starts when the front end
 //! enables it and stops at its GET_VRING_BASE) uses
@@ -18,7 +22,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use block::{BlockError, Disk};
+use block::{BlockError, Disk, ExclusiveImage};
 use log::{error, warn};
 use thiserror::Error;
 use virtio_queue::{Queue, QueueT};
@@ -26,8 +30,9 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::config_space::{BlockDeviceConfig, ConfigSpace, MAX_DISCARD_SECTORS, WRITEBACK_OFFSET};
+use super::counters::DiskCounters;
 use super::features::{has_event_idx, offered_features};
-use super::queue_worker::{QueueWorker, WorkerExit};
+use super::queue_worker::{QueueWorker, WorkerCommand, WorkerControl, WorkerExit};
 use super::rate_limit::RateLimiter;
 use super::request_parser::ParserLimits;
 use crate::device::{ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt};
@@ -50,22 +55,32 @@ pub struct StoppedQueue {
     pub kick: EventFd,
 }
 
-struct RunningWorker {
-    index: u16,
-    control: Arc<EventFd>,
+pub(super) struct RunningWorker {
+    pub(super) index: u16,
+    pub(super) control: WorkerControl,
     handle: JoinHandle<WorkerExit>,
 }
 
 /// A virtio-blk device over one [`Disk`].
 pub struct BlockDevice {
-    disk: Disk,
+    pub(super) disk: Disk,
+    /// The owner's open, with the tools (resize, snapshots) queues never
+    /// reach; `None` for a device made from a plain [`Disk`].
+    pub(super) image: Option<ExclusiveImage>,
     config: BlockDeviceConfig,
-    config_space: ConfigSpace,
+    pub(super) config_space: ConfigSpace,
     queue_sizes: Vec<u16>,
     offered: u64,
     acked: u64,
     writeback: Arc<AtomicBool>,
-    workers: Vec<RunningWorker>,
+    pub(super) workers: Vec<RunningWorker>,
+    /// The interrupt the running workers were given (config changes are
+    /// signalled through it); `None` until activated.
+    pub(super) interrupt: Option<Arc<dyn VirtioInterrupt>>,
+    pub(super) counters: DiskCounters,
+    /// Pauses asked for and not yet resumed (the workers are parked
+    /// while it is above zero).
+    pub(super) pause_depth: u32,
     /// Each queue's token buckets while its worker is stopped (a worker
     /// holds its own while it runs); kept across resets so a reset does
     /// not refill them.
@@ -111,6 +126,10 @@ impl BlockDevice {
             .map(|_| RateLimiter::new(config.rate_limit, Instant::now()))
             .collect();
         Ok(BlockDevice {
+            counters: DiskCounters::new(config.num_queues),
+            image: None,
+            interrupt: None,
+            pause_depth: 0,
             offered: offered_features(readonly, config.num_queues),
             queue_sizes: vec![config.queue_size; usize::from(config.num_queues)],
             disk,
@@ -122,6 +141,18 @@ impl BlockDevice {
             limiters,
             closed: false,
         })
+    }
+
+    /// As [`BlockDevice::new`] over the owner's open of the image, which
+    /// lets the device resize and snapshot it ([`BlockDevice::resize`],
+    /// [`BlockDevice::snapshot`]).
+    pub fn with_image(
+        image: ExclusiveImage,
+        config: BlockDeviceConfig,
+    ) -> Result<Self, BlockDeviceError> {
+        let mut dev = Self::new(image.disk().clone(), config)?;
+        dev.image = Some(image);
+        Ok(dev)
     }
 
     pub fn disk(&self) -> &Disk {
@@ -138,7 +169,7 @@ impl BlockDevice {
         !self.workers.is_empty()
     }
 
-    fn limits(&self) -> ParserLimits {
+    pub(super) fn limits(&self) -> ParserLimits {
         ParserLimits {
             capacity_sectors: self.config_space.capacity_sectors(),
             seg_max: self.config.effective_seg_max(),
@@ -162,9 +193,12 @@ impl BlockDevice {
             self.workers.drain(..).partition(|w| which(w.index));
         self.workers = keep;
         for worker in &stopping {
-            if let Err(e) = worker.control.write(1) {
-                error!("virtio-blk: cannot signal a worker to stop: {e}");
-            }
+            // A worker already gone is joined below all the same.
+            worker.control.send(WorkerCommand::Stop);
+        }
+        if self.workers.is_empty() {
+            self.interrupt = None;
+            self.pause_depth = 0;
         }
         let mut stopped = Vec::new();
         for worker in stopping {
@@ -376,11 +410,18 @@ impl BlockDevice {
         queue.set_event_idx(event_idx);
         let disk = self.disk.queue().map_err(ActivateError::Backend)?;
         let control = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(ActivateError::EventFd)?);
+        let counters = self
+            .counters
+            .queue_handle(index)
+            .ok_or_else(|| ActivateError::BadActivate(format!("queue {index} has no counters")))?;
+        let (commands_tx, commands) = std::sync::mpsc::channel();
         let worker = QueueWorker {
             index,
             queue,
             kick,
             control: Arc::clone(&control),
+            commands,
+            counters,
             mem: Arc::clone(mem),
             interrupt: Arc::clone(interrupt),
             disk,
@@ -406,9 +447,10 @@ impl BlockDevice {
             .map_err(ActivateError::SpawnWorker)?;
         self.workers.push(RunningWorker {
             index,
-            control,
+            control: WorkerControl::new(commands_tx, control),
             handle,
         });
+        self.interrupt = Some(Arc::clone(interrupt));
         Ok(())
     }
 }

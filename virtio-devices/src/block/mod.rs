@@ -12,6 +12,9 @@
 //! - [`rate_limit`]: the optional bandwidth and ops token buckets a worker
 //!   checks before it takes a chain off the ring.
 //! - [`affinity`]: pins a worker thread to the host CPUs it was given.
+//! - [`counters`]: per-queue I/O counters, summed for `vm.counters`.
+//! - [`control`]: pause/resume, resize, flush and snapshot of a running
+//!   device, and [`SharedBlockDevice`] for owners that keep a handle.
 //! - [`config_space`]: [`BlockDeviceConfig`] and the config space layout.
 //! - [`features`]: which feature bits are offered.
 //! - [`device`]: [`BlockDevice`], the [`crate::VirtioDevice`] the transport
@@ -19,6 +22,8 @@
 
 pub mod affinity;
 pub mod config_space;
+pub mod control;
+pub mod counters;
 pub mod descriptor_walk;
 pub mod device;
 pub mod error_status;
@@ -28,4 +33,5 @@ pub mod rate_limit;
 pub mod request_parser;
 
 pub use config_space::BlockDeviceConfig;
+pub use control::{ControlError, SharedBlockDevice};
 pub use device::{BlockDevice, BlockDeviceError, StoppedQueue, VIRTIO_ID_BLOCK};

@@ -113,7 +113,9 @@ impl CommonConfig {
             CONFIG_MSIX_VECTOR => u64::from(msix.config_vector()),
             NUM_QUEUES => self.queues.len() as u64,
             DEVICE_STATUS => u64::from(self.status),
-            CONFIG_GENERATION => u64::from(self.config_generation),
+            CONFIG_GENERATION => {
+                u64::from(self.config_generation.wrapping_add(msix.config_changes()))
+            }
             QUEUE_SELECT => u64::from(self.queue_select),
             QUEUE_SIZE => q.map_or(0, |q| u64::from(q.size)),
             QUEUE_MSIX_VECTOR => {

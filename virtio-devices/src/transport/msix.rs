@@ -86,6 +86,9 @@ pub struct Msix {
     queue_vectors: Vec<AtomicU16>,
     /// The ISR status byte (bit 0 queue, bit 1 config); read-to-clear.
     isr: std::sync::atomic::AtomicU8,
+    /// Config changes the device signalled; added to the common config's
+    /// `config_generation` so a driver sees the change.
+    config_changes: std::sync::atomic::AtomicU8,
 }
 
 impl Msix {
@@ -104,7 +107,13 @@ impl Msix {
             config_vector: AtomicU16::new(NO_VECTOR),
             queue_vectors: (0..num_queues).map(|_| AtomicU16::new(NO_VECTOR)).collect(),
             isr: std::sync::atomic::AtomicU8::new(0),
+            config_changes: std::sync::atomic::AtomicU8::new(0),
         }
+    }
+
+    /// How many config changes the device has signalled (wrapping).
+    pub fn config_changes(&self) -> u8 {
+        self.config_changes.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -285,7 +294,10 @@ pub struct MsixInterrupt(pub Arc<Msix>);
 impl VirtioInterrupt for MsixInterrupt {
     fn trigger(&self, kind: InterruptKind) -> io::Result<()> {
         let (vector, isr_bit) = match kind {
-            InterruptKind::Config => (self.0.config_vector(), 2),
+            InterruptKind::Config => {
+                self.0.config_changes.fetch_add(1, Ordering::AcqRel);
+                (self.0.config_vector(), 2)
+            }
             InterruptKind::Queue(q) => (self.0.queue_vector(usize::from(q)), 1),
         };
         self.0.isr.fetch_or(isr_bit, Ordering::AcqRel);

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use super::api_socket::{parse_api_socket, ApiSocketConfig};
 use super::cpus::parse_cpus;
 use super::disk::parse_disk;
 use super::memory::{parse_memory, MemoryConfig};
@@ -50,6 +51,10 @@ Options:
                          a virtio-blk disk served by a vhost-user backend
                            (e.g. ch-storage-daemon); needs --memory
                            shared=on; the image keys belong to the backend
+  --api-socket path=PATH|fd=N
+                         serve the HTTP API (Cloud Hypervisor's REST API,
+                           docs/api.md) on a Unix socket; ch-remote is its
+                           client
   --serial MODE          tty (default), file=PATH or off
   --seccomp MODE         true (default), false or log
   -v                     more logging (repeatable)
@@ -65,6 +70,7 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
     let mut memory: Option<MemoryConfig> = None;
     let mut serial: Option<SerialMode> = None;
     let mut seccomp: Option<SeccompMode> = None;
+    let mut api_socket: Option<ApiSocketConfig> = None;
     let mut disks = Vec::new();
     let mut vhost_user_disks = Vec::new();
     let mut verbosity: u8 = 0;
@@ -112,6 +118,7 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
             "--cpus" => once(&mut cpus, name, parse_cpus(&value(&mut it)?)?)?,
             "--memory" => once(&mut memory, name, parse_memory(&value(&mut it)?)?)?,
             "--serial" => once(&mut serial, name, parse_serial(&value(&mut it)?)?)?,
+            "--api-socket" => once(&mut api_socket, name, parse_api_socket(&value(&mut it)?)?)?,
             "--seccomp" => {
                 let v = value(&mut it)?;
                 let mode = match v.as_str() {
@@ -155,6 +162,20 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
     if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
         return Err(ConfigError::DuplicateDiskId(w[0].to_string()));
     }
+    // Disks without an id get Cloud Hypervisor's default ones, in PCI
+    // order (in-VMM disks first), skipping ids the user took.
+    let taken: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    let taken: Vec<&str> = taken.iter().map(String::as_str).collect();
+    let mut next = 0;
+    for id in disks
+        .iter_mut()
+        .map(|d| &mut d.id)
+        .chain(vhost_user_disks.iter_mut().map(|d| &mut d.id))
+    {
+        if id.is_none() {
+            *id = Some(super::next_free_disk_id(&mut next, &taken));
+        }
+    }
     Ok(Command::Run(Box::new(VmConfig {
         kernel,
         initramfs,
@@ -167,6 +188,7 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
         serial: serial.unwrap_or(SerialMode::Tty),
         seccomp: seccomp.unwrap_or_default(),
         verbosity,
+        api_socket,
     })))
 }
 
@@ -212,6 +234,9 @@ mod tests {
         assert_eq!((c.cpus, c.memory), (2, 1 << 30));
         assert_eq!(c.disks.len(), 2);
         assert_eq!(c.disks[0].num_queues, 4);
+        assert_eq!(c.disks[0].id.as_deref(), Some("_disk0"));
+        assert_eq!(c.disks[1].id.as_deref(), Some("_disk1"));
+        assert_eq!(c.api_socket, None);
         assert_eq!(c.serial, SerialMode::Off);
         assert_eq!(c.seccomp, SeccompMode::Log);
         assert_eq!(c.verbosity, 3);
@@ -265,6 +290,29 @@ mod tests {
             ]),
             Err(ConfigError::DuplicateDiskId(_))
         ));
+    }
+
+    #[test]
+    fn default_disk_ids_skip_the_ones_given() {
+        let c = run(&[
+            "--kernel",
+            "k",
+            "--disk",
+            "path=a",
+            "--disk",
+            "path=b,id=_disk0",
+            "--disk",
+            "path=c",
+            "--api-socket",
+            "path=/tmp/x.sock",
+        ])
+        .unwrap();
+        let ids: Vec<_> = c.disks.iter().map(|d| d.id.clone().unwrap()).collect();
+        assert_eq!(ids, ["_disk1", "_disk0", "_disk2"]);
+        assert_eq!(
+            c.api_socket,
+            Some(ApiSocketConfig::Path("/tmp/x.sock".into()))
+        );
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //!
 //! [`args::parse_args`] walks argv and hands each option's value to its
 //! group's parser ([`disk`], [`vhost_user_disk`], [`cpus`], [`memory`],
-//! [`serial`]), all built
+//! [`serial`], [`api_socket`]), all built
 //! on the generic `key=value` syntax of `block::options::kv`. The result is a complete
 //! [`VmConfig`] (or help / version); nothing is opened until it is.
 
+pub mod api_socket;
 pub mod args;
 pub mod cpus;
 pub mod disk;
@@ -19,6 +20,7 @@ use std::path::PathBuf;
 use block::options::kv::KvError;
 use thiserror::Error;
 
+pub use api_socket::ApiSocketConfig;
 pub use args::{parse_args, Command};
 pub use disk::DiskConfig;
 pub use memory::MemoryConfig;
@@ -54,6 +56,26 @@ pub struct VmConfig {
     pub seccomp: SeccompMode,
     /// Number of `-v`: 0 = warn, 1 = info, 2 = debug, 3+ = trace.
     pub verbosity: u8,
+    /// `--api-socket`: the HTTP API's Unix socket, if any.
+    pub api_socket: Option<ApiSocketConfig>,
+}
+
+/// The id of the `n`-th disk that was given none (Cloud Hypervisor's
+/// names: `_disk0`, `_disk1`, ...).
+pub fn default_disk_id(n: usize) -> String {
+    format!("_disk{n}")
+}
+
+/// The first default id not in `taken`, counting from `*next` (which is
+/// left past it).
+pub fn next_free_disk_id(next: &mut usize, taken: &[&str]) -> String {
+    loop {
+        let id = default_disk_id(*next);
+        *next += 1;
+        if !taken.contains(&id.as_str()) {
+            return id;
+        }
+    }
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]

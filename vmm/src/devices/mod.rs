@@ -2,11 +2,13 @@
 //! the [`bus::Bus`] address decoder, the 8250 [`serial`] port, the
 //! [`acpi_pm`] sleep and reset registers, the
 //! [`i8042`] reset line, the [`cmos`] real-time clock, and the [`pci`]
-//! host bridge with its virtio-pci functions.
+//! host bridge with its virtio-pci functions, and the [`pci_hotplug`]
+//! registers behind ACPI PCI hotplug.
 
 pub mod acpi_pm;
 pub mod bus;
 pub mod cmos;
 pub mod i8042;
 pub mod pci;
+pub mod pci_hotplug;
 pub mod serial;

@@ -1,6 +1,7 @@
 //! PCI bus 0: the host bridge's configuration mechanism #1 (address port
 //! 0xCF8, data ports 0xCFC..0xCFF), a host bridge function at 00:00.0,
-//! and the virtio-pci functions at 00:01.0 onwards; plus the 32-bit MMIO
+//! and the virtio-pci functions in slots 00:01.0 to 00:1f.0 (hot-plugged
+//! ones take the first free slot, unplugged ones leave it empty); plus the 32-bit MMIO
 //! window that routes BAR accesses to whichever function's BAR 0 holds
 //! the address (so a guest that moves a BAR keeps working).
 //!
@@ -21,25 +22,51 @@ const ENABLE_BIT: u32 = 1 << 31;
 pub const MAX_DEVICES: usize = 32;
 
 /// The functions on bus 0, shared by the config ports and the MMIO window.
-#[derive(Default)]
 pub struct PciDevices {
     /// Slot `i + 1` holds `functions[i]`; slot 0 is the host bridge.
-    functions: Vec<Arc<Mutex<VirtioPciDevice>>>,
+    functions: Vec<Option<Arc<Mutex<VirtioPciDevice>>>>,
+}
+
+impl Default for PciDevices {
+    fn default() -> Self {
+        PciDevices {
+            functions: vec![None; MAX_DEVICES - 1],
+        }
+    }
 }
 
 impl PciDevices {
-    /// Adds a function; returns its device number, or `None` if the bus is
-    /// full.
-    pub fn add(&mut self, dev: Arc<Mutex<VirtioPciDevice>>) -> Option<usize> {
-        if self.functions.len() + 1 >= MAX_DEVICES {
-            return None;
-        }
-        self.functions.push(dev);
-        Some(self.functions.len())
+    /// The first free slot (1 and up), if any.
+    pub fn free_slot(&self) -> Option<usize> {
+        self.functions
+            .iter()
+            .position(Option::is_none)
+            .map(|i| i + 1)
     }
 
-    pub fn functions(&self) -> &[Arc<Mutex<VirtioPciDevice>>] {
-        &self.functions
+    /// Puts a function in `slot` (from [`PciDevices::free_slot`]); false
+    /// if the slot is taken or does not exist.
+    pub fn insert(&mut self, slot: usize, dev: Arc<Mutex<VirtioPciDevice>>) -> bool {
+        match slot.checked_sub(1).and_then(|i| self.functions.get_mut(i)) {
+            Some(entry @ None) => {
+                *entry = Some(dev);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes the function out of `slot`; its config space then reads as
+    /// all ones (an empty slot).
+    pub fn remove(&mut self, slot: usize) -> Option<Arc<Mutex<VirtioPciDevice>>> {
+        slot.checked_sub(1)
+            .and_then(|i| self.functions.get_mut(i))
+            .and_then(Option::take)
+    }
+
+    /// Every function present, in slot order.
+    pub fn functions(&self) -> Vec<Arc<Mutex<VirtioPciDevice>>> {
+        self.functions.iter().flatten().cloned().collect()
     }
 }
 
@@ -113,7 +140,7 @@ impl PciConfigPorts {
     /// The virtio function at device number `dev` (1 and up).
     fn function(&self, dev: usize) -> Option<Arc<Mutex<VirtioPciDevice>>> {
         let devs = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
-        devs.functions.get(dev.checked_sub(1)?).cloned()
+        devs.functions.get(dev.checked_sub(1)?).cloned().flatten()
     }
 
     /// The function and register offset the address register selects, if
@@ -191,7 +218,7 @@ impl PciMmioWindow {
 
     fn owner(&self, addr: u64) -> Option<(Arc<Mutex<VirtioPciDevice>>, u64)> {
         let devs = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
-        devs.functions.iter().find_map(|f| {
+        devs.functions.iter().flatten().find_map(|f| {
             let dev = f.lock().unwrap_or_else(PoisonError::into_inner);
             let (start, len) = dev.bar_range();
             let hit = dev.decodes_memory() && addr >= start && addr - start < len;
@@ -292,11 +319,9 @@ mod tests {
             VirtioPciDevice::new(Box::new(Idle), mem, 0xe000_0000, irqfds, Arc::new(NoRoutes))
                 .unwrap();
         let devices = Arc::new(Mutex::new(PciDevices::default()));
-        devices
-            .lock()
-            .unwrap()
-            .add(Arc::new(Mutex::new(dev)))
-            .unwrap();
+        assert_eq!(devices.lock().unwrap().free_slot(), Some(1));
+        assert!(devices.lock().unwrap().insert(1, Arc::new(Mutex::new(dev))));
+        assert_eq!(devices.lock().unwrap().free_slot(), Some(2));
         let rec = Arc::new(Recorder::default());
         (PciConfigPorts::new(devices, rec.clone()), rec)
     }
@@ -347,6 +372,21 @@ mod tests {
         // Writing the same address again moves nothing.
         write_fn1(&mut ports, 0x10, &0xe080_0000u32.to_le_bytes());
         assert_eq!(rec.0.lock().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn a_removed_function_leaves_an_empty_slot() {
+        let (mut ports, _) = ports_with_one_function();
+        let mut d = [0u8; 4];
+        ports.write(0xcf8, 0, &(ENABLE_BIT | (1 << 11)).to_le_bytes());
+        ports.read(0xcf8, 4, &mut d);
+        assert_eq!(u16::from_le_bytes([d[0], d[1]]), 0x1af4);
+        let removed = ports.devices.lock().unwrap().remove(1);
+        assert!(removed.is_some());
+        assert!(ports.devices.lock().unwrap().remove(1).is_none());
+        ports.read(0xcf8, 4, &mut d);
+        assert_eq!(u32::from_le_bytes(d), 0xffff_ffff);
+        assert_eq!(ports.devices.lock().unwrap().free_slot(), Some(1));
     }
 
     #[test]

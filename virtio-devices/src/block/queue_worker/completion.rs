@@ -15,7 +15,10 @@ use virtio_bindings::virtio_blk::VIRTIO_BLK_S_OK;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
 
+use std::time::Instant;
+
 use super::{PendingChain, WorkerState};
+use crate::block::counters::CountedOp;
 use crate::block::error_status::failed_request_status;
 use crate::device::InterruptKind;
 
@@ -25,6 +28,11 @@ impl WorkerState {
         let mut completions = std::mem::take(&mut self.completions);
         self.w.disk.drain_completions(&mut completions);
         let drained = completions.len();
+        let now = if drained > 0 {
+            Instant::now()
+        } else {
+            self.pass_started
+        };
         let mut flushes = Vec::new();
         for c in completions.drain(..) {
             if let IoMemory::Guest { segments, .. } = c.memory {
@@ -38,9 +46,15 @@ impl WorkerState {
                 continue;
             };
             match c.result {
-                Ok(_) if chain.flush_after => {
+                Ok(bytes) if chain.flush_after => {
+                    // The write is done; the flush that follows is ours,
+                    // not the guest's, and is not counted.
+                    self.w
+                        .counters
+                        .completed(chain.op, bytes, now - chain.submitted);
                     let user_data = self.track(PendingChain {
                         flush_after: false,
+                        op: CountedOp::Other,
                         ..chain
                     });
                     flushes.push(BlockRequest {
@@ -51,6 +65,9 @@ impl WorkerState {
                     });
                 }
                 Ok(bytes) => {
+                    self.w
+                        .counters
+                        .completed(chain.op, bytes, now - chain.submitted);
                     let data = if chain.is_read {
                         u32::try_from(bytes).unwrap_or(u32::MAX - 1)
                     } else {
@@ -68,6 +85,9 @@ impl WorkerState {
         if !flushes.is_empty() {
             self.w.disk.submit_batch_requests(flushes);
         }
+        if drained > 0 {
+            self.w.counters.set_in_flight(self.pending.len());
+        }
         self.notify_if_needed();
         drained
     }
@@ -80,6 +100,9 @@ impl WorkerState {
         status: u8,
         used_len: u32,
     ) {
+        if status != VIRTIO_BLK_S_OK as u8 {
+            self.w.counters.failed();
+        }
         if let Err(e) = self.w.mem.write_obj(status, status_addr) {
             warn!(
                 "virtio-blk queue {}: cannot write status of chain {head}: {e}",

@@ -21,6 +21,9 @@
 //! and completed on its own ([`QueueWorker::submit_each`]). A write on the
 //! control eventfd stops the worker once every request in flight has
 //! completed; the thread then returns its kick eventfd and its queue.
+//! The control eventfd signals commands (`control.rs`: stop, pause,
+//! resume); completed requests are counted in the queue's own
+//! [`super::counters`].
 //!
 //! The same worker serves both front ends: the in-VMM virtio-pci device
 //! (kick = an ioeventfd, interrupt = MSI-X) and the storage daemon's
@@ -33,6 +36,7 @@ use foldhash::{HashMap, HashMapExt};
 use std::io;
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,6 +51,8 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::affinity::pin_current_thread;
+use super::counters::{CountedOp, QueueCounterHandle};
+
 use super::rate_limit::RateLimiter;
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
@@ -54,6 +60,10 @@ use super::request_parser::{
 use crate::device::VirtioInterrupt;
 
 mod completion;
+mod control;
+
+use control::ControlOutcome;
+pub use control::{WorkerCommand, WorkerControl};
 
 const KICK: u64 = 0;
 const COMPLETION: u64 = 1;
@@ -76,6 +86,9 @@ struct PendingChain {
     is_read: bool,
     /// A write in writethrough mode: flush before completing it.
     flush_after: bool,
+    /// What to count it as, and when it was submitted.
+    op: CountedOp,
+    submitted: Instant,
 }
 
 /// Everything a worker needs; moved into its thread.
@@ -83,8 +96,11 @@ pub struct QueueWorker {
     pub index: u16,
     pub queue: Queue,
     pub kick: EventFd,
-    /// Written (any value) to make the worker drain and stop.
+    /// Written (any value) after a command was sent on `commands`.
     pub control: Arc<EventFd>,
+    pub commands: Receiver<WorkerCommand>,
+    /// This queue's counters (only this worker writes them).
+    pub counters: QueueCounterHandle,
     pub mem: Arc<GuestMemoryMmap>,
     pub interrupt: Arc<dyn VirtioInterrupt>,
     pub disk: DiskQueue,
@@ -145,6 +161,11 @@ struct WorkerState {
     /// The last pass over the ring stopped at its bound with chains still
     /// available: the next epoll wait must not sleep.
     more_available: bool,
+    /// A pause was asked for: answer here once nothing is in flight.
+    pause_ack: Option<Sender<u16>>,
+    /// When the current pass over the ring started (the submission time
+    /// of the requests it takes; one clock read per pass).
+    pass_started: Instant,
 }
 
 impl QueueWorker {
@@ -174,6 +195,8 @@ impl QueueWorker {
             throttle_timer: None,
             throttled: false,
             more_available: false,
+            pause_ack: None,
+            pass_started: Instant::now(),
         };
         if let Err(e) = state.event_loop() {
             error!("virtio-blk queue {}: worker stopped: {e}", state.w.index);
@@ -225,7 +248,14 @@ impl WorkerState {
             if stopping && self.pending.is_empty() && self.w.disk.in_flight() == 0 {
                 return Ok(());
             }
-            if !stopping && self.poll_before_sleep() {
+            if !stopping && self.ready_to_park() {
+                if self.park() == ControlOutcome::Stop {
+                    stopping = true;
+                }
+                continue;
+            }
+            let taking = !stopping && self.pause_ack.is_none();
+            if taking && self.poll_before_sleep() {
                 continue;
             }
             // Chains left on the ring by a bounded pass: look at the
@@ -253,10 +283,7 @@ impl WorkerState {
                         self.ring_stuck = false;
                     }
                     COMPLETION => completed = true,
-                    CONTROL => {
-                        let _ = self.w.control.read();
-                        stopping = true;
-                    }
+                    CONTROL => stopping |= self.take_commands() == ControlOutcome::Stop,
                     THROTTLE_TIMER => {
                         if let Some(timer) = &mut self.throttle_timer {
                             // Disarming clears the expiry, so the
@@ -276,7 +303,8 @@ impl WorkerState {
             // After completing a batch the driver has often posted new
             // chains already (its kick may still be on the way): take them
             // now instead of after another trip through epoll.
-            if !stopping && !self.throttled && (kicked || self.avail_pending()) {
+            let taking = !stopping && self.pause_ack.is_none();
+            if taking && !self.throttled && (kicked || self.avail_pending()) {
                 self.process_available();
             }
         }
@@ -344,6 +372,7 @@ impl WorkerState {
     fn process_available(&mut self) {
         let mem = Arc::clone(&self.w.mem);
         self.more_available = false;
+        self.pass_started = Instant::now();
         let bound = usize::from(self.w.queue.size()).max(1);
         let mut taken = 0usize;
         // A pass that pops nothing although the ring says more is there
@@ -425,6 +454,7 @@ impl WorkerState {
         } else if !self.batch.is_empty() {
             self.w.disk.submit_batch_requests(self.batch.drain(..));
         }
+        self.w.counters.set_in_flight(self.pending.len());
         self.notify_if_needed();
     }
 
@@ -520,6 +550,8 @@ impl WorkerState {
                     status,
                     is_read: op == RequestOp::Read,
                     flush_after,
+                    op: op.into(),
+                    submitted: self.pass_started,
                 });
                 self.batch.push(BlockRequest {
                     user_data,

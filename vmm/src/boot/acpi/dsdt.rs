@@ -2,7 +2,8 @@
 //! sleep control register to power off), the PCI host bridge
 //! `\_SB.PCI0` with the resources it decodes (`_CRS`): bus 0, the
 //! configuration ports, the rest of the I/O space, and the 32-bit MMIO
-//! window the BARs live in; and COM1 (`\_SB.COM1`, ports `0x3f8..0x400`,
+//! window the BARs live in, plus its hotplug slots ([`super::hotplug`]);
+//! the Generic Event Device that announces hotplug; and COM1 (`\_SB.COM1`, ports `0x3f8..0x400`,
 //! GSI 4), since a hardware-reduced machine has no legacy IRQ table a
 //! guest could assume it from.
 //!
@@ -43,8 +44,10 @@ pub fn body() -> Vec<u8> {
         "_CRS",
         &aml::resource_template(&[aml::io_port(COM1_PORT, 8), aml::interrupt(COM1_IRQ)]),
     ));
+    pci.extend(super::hotplug::pci0_body());
     let mut sb = aml::device("PCI0", &pci);
     sb.extend(aml::device("COM1", &com1));
+    sb.extend(super::hotplug::ged());
     out.extend(aml::scope("\\_SB_", &sb));
     out
 }
@@ -81,6 +84,6 @@ mod tests {
             len |= usize::from(b[scope + 2 + i]) << (4 + 8 * i);
         }
         assert_eq!(len, b.len() - scope - 1);
-        assert!(b.ends_with(&[0x79, 0]));
+        assert!(find(&b, b"GED_").is_some(), "the hotplug event device");
     }
 }

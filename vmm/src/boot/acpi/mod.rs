@@ -11,6 +11,7 @@
 
 mod aml;
 pub mod dsdt;
+mod hotplug;
 mod tables;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};

@@ -149,6 +149,13 @@ fn iasl_disassembles_every_table() {
                 "PNP0501",
                 "0x03F8",
                 "0x00000004",
+                "ACPI0013",
+                "_EVT",
+                "PCNT",
+                "_EJ0",
+                "Device (S031)",
+                "Notify (S001, Arg1)",
+                "SystemIO, 0x0610",
             ] {
                 assert!(dsl.contains(want), "DSDT lacks {want}: {dsl}");
             }
@@ -157,4 +164,51 @@ fn iasl_disassembles_every_table() {
     if std::env::var_os("KEEP_ACPI").is_none() {
         std::fs::remove_dir_all(&dir).ok();
     }
+}
+
+/// ACPICA's interpreter runs the hotplug methods: DVNT notifies exactly
+/// the slots whose bits are set with the type given, the GED's `_EVT`
+/// and a slot's `_EJ0` run without an error.
+#[test]
+fn acpiexec_runs_the_hotplug_methods() {
+    if !testkit::available(
+        "acpiexec (Debian package acpica-tools)",
+        testkit::command("acpiexec"),
+    ) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("acpi-exec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("DSDT.dat");
+    std::fs::write(&path, dsdt()).unwrap();
+    let script = "execute \\_SB.PCI0.DVNT 0x0c 3; execute \\_SB.PCI0.DVNT 0x80000002 1; \
+                  execute \\_SB.GED_._EVT 5; execute \\_SB.PCI0.S002._EJ0 0";
+    let out = std::process::Command::new("acpiexec")
+        .args(["-b", script])
+        .arg(&path)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let notifies: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Received a System Notify"))
+        .collect();
+    assert_eq!(notifies.len(), 4, "{text}");
+    for (slot, kind) in [
+        ("S002", "Eject Request"),
+        ("S003", "Eject Request"),
+        ("S001", "Device Check"),
+        ("S031", "Device Check"),
+    ] {
+        assert!(
+            notifies
+                .iter()
+                .any(|l| l.contains(slot) && l.contains(kind)),
+            "{slot} {kind}: {text}"
+        );
+    }
+    assert!(!text.contains("AE_"), "an ACPICA exception: {text}");
 }

@@ -1,0 +1,207 @@
+//! Shared by the e2e_api*.rs files (each also declares `mod
+//! e2e_support;`): the test guest under the real `cloud-hypervisor` with
+//! `--api-socket`, driven with `curl --unix-socket` (a client we did not
+//! write) and with our `ch-remote`.
+//!
+//! An [`ApiVm`] owns the VMM process: every wait has a deadline, and a VM
+//! still running when the test ends (a failed assertion) is killed.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use integration_tests::{project_bin, TempDir};
+
+use crate::e2e_support::{test_guest, vmm_binary};
+
+/// The longest any single wait for the guest takes (it runs emulated).
+pub const GUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Whether curl is here (a missing curl fails under CH_REQUIRE_ALL=1).
+pub fn have_curl() -> bool {
+    testkit::available("curl", testkit::command("curl"))
+}
+
+pub struct ApiVm {
+    child: Option<Child>,
+    pub socket: String,
+    pub serial: String,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl ApiVm {
+    /// Boots the test guest with `cmdline` and the VMM arguments `args`,
+    /// the API on `dir/api.sock`, the serial port in `dir/serial.log`.
+    pub fn start(dir: &TempDir, cmdline: &str, args: &[&str]) -> ApiVm {
+        let socket = dir.file("api.sock");
+        let serial = dir.file("serial.log");
+        let mut child = Command::new(vmm_binary())
+            .arg("--kernel")
+            .arg(test_guest())
+            .args(["--cmdline", cmdline])
+            .args(["--serial", &format!("file={serial}"), "-v"])
+            .args(["--api-socket", &format!("path={socket}")])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cloud-hypervisor");
+        let mut pipe = child.stderr.take().expect("stderr pipe");
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = pipe.read_to_string(&mut s);
+            s
+        });
+        let vm = ApiVm {
+            child: Some(child),
+            socket,
+            serial,
+            stderr: Some(stderr),
+        };
+        vm.wait_socket();
+        vm
+    }
+
+    fn wait_socket(&self) {
+        let end = Instant::now() + Duration::from_secs(30);
+        while !Path::new(&self.socket).exists() {
+            assert!(Instant::now() < end, "the API socket never appeared");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn serial_text(&self) -> String {
+        std::fs::read_to_string(&self.serial).unwrap_or_default()
+    }
+
+    /// Waits until the serial log contains `needle`; fails on a guest
+    /// failure, a VMM that exited, or the deadline.
+    pub fn wait_for(&mut self, needle: &str) -> String {
+        let end = Instant::now() + GUEST_TIMEOUT;
+        loop {
+            let s = self.serial_text();
+            if s.contains(needle) {
+                return s;
+            }
+            if s.contains("RESULT: FAIL") {
+                panic!("guest failed while waiting for {needle:?}:\n{s}");
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                let err = self.stderr.take().map(|t| t.join().unwrap_or_default());
+                panic!("VMM exited ({status}) while waiting for {needle:?}:\n{s}\n{err:?}");
+            }
+            assert!(
+                Instant::now() < end,
+                "no {needle:?} on the serial port within {GUEST_TIMEOUT:?}:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// One request with curl: (HTTP status, body).
+    pub fn curl(&self, method: &str, endpoint: &str, body: Option<&str>) -> (u16, String) {
+        let url = format!("http://localhost/api/v1/{endpoint}");
+        curl_raw(&self.socket, method, &url, body)
+    }
+
+    /// As [`ApiVm::curl`], asserting the status.
+    pub fn curl_ok(&self, method: &str, endpoint: &str, body: Option<&str>, want: u16) -> String {
+        let (status, text) = self.curl(method, endpoint, body);
+        assert_eq!(status, want, "{method} {endpoint} {body:?}: {text}");
+        text
+    }
+
+    /// `ch-remote --api-socket SOCKET args...`.
+    pub fn ch_remote(&self, args: &[&str]) -> Output {
+        Command::new(project_bin("vmm", "ch-remote"))
+            .args(["--api-socket", &self.socket])
+            .args(args)
+            .output()
+            .expect("run ch-remote")
+    }
+
+    /// Whether the VMM process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// Asks the VMM to exit (`vmm.shutdown`) and waits for it: (exit
+    /// status, its stderr).
+    pub fn shutdown(mut self) -> (ExitStatus, String) {
+        let (status, body) = self.curl("PUT", "vmm.shutdown", None);
+        assert_eq!(status, 204, "vmm.shutdown: {body}");
+        self.wait_exit()
+    }
+
+    /// Waits (bounded) for the VMM to exit on its own.
+    pub fn wait_exit(&mut self) -> (ExitStatus, String) {
+        let mut child = self.child.take().expect("still running");
+        let end = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if Instant::now() > end {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the VMM did not exit within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let err = self
+            .stderr
+            .take()
+            .map(|t| t.join().unwrap_or_default())
+            .unwrap_or_default();
+        (status, err)
+    }
+}
+
+impl Drop for ApiVm {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// curl against `socket`: (status, body). The body of a request goes in
+/// as given; `--max-time` bounds the exchange.
+pub fn curl_raw(socket: &str, method: &str, url: &str, body: Option<&str>) -> (u16, String) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "--max-time", "60", "--unix-socket", socket])
+        .args(["-X", method, "-w", "\n%{http_code}"]);
+    if let Some(b) = body {
+        cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
+    }
+    let out = cmd.arg(url).output().expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// The numbers of the guest's `COUNT diskN ...` line.
+pub fn guest_counts(serial: &str, disk: usize) -> Vec<(String, u64)> {
+    let prefix = format!("COUNT disk{disk} ");
+    let line = serial
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line:\n{serial}"));
+    line[prefix.len()..]
+        .split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("key=value");
+            (k.to_string(), v.parse().expect("a number"))
+        })
+        .collect()
+}

@@ -1,0 +1,73 @@
+//! `ch-remote --api-socket PATH COMMAND [ARGS]`: the API's command-line
+//! client (Cloud Hypervisor's verbs). A thin front end over
+//! [`vmm::api::client`]: prints the answer's JSON body on success (exit
+//! 0), the error on stderr otherwise (exit 1; 2 for a usage error).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use vmm::api::client::{call_for, error_text, send, ClientError, USAGE};
+
+fn main() -> ExitCode {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.is_empty() || args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{USAGE}");
+        return if args.is_empty() {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    let mut socket: Option<PathBuf> = None;
+    if let Some(i) = args.iter().position(|a| a == "--api-socket") {
+        if i + 1 < args.len() {
+            socket = Some(PathBuf::from(args.remove(i + 1)));
+        }
+        args.remove(i);
+    } else if let Some(i) = args.iter().position(|a| a.starts_with("--api-socket=")) {
+        socket = args
+            .remove(i)
+            .strip_prefix("--api-socket=")
+            .map(PathBuf::from);
+    }
+    let Some(socket) = socket else {
+        eprintln!("ch-remote: --api-socket PATH is required (see --help)");
+        return ExitCode::from(2);
+    };
+    let Some((command, rest)) = args.split_first() else {
+        eprintln!("ch-remote: no command given (see --help)");
+        return ExitCode::from(2);
+    };
+    let call = match call_for(command, rest) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ch-remote: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match send(&socket, &call) {
+        Ok(answer) if answer.status < 300 => {
+            if !answer.body.is_empty() {
+                println!("{}", answer.body);
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            eprintln!(
+                "ch-remote: {} failed ({}): {}",
+                call.endpoint,
+                answer.status,
+                error_text(&answer.body)
+            );
+            ExitCode::FAILURE
+        }
+        Err(e @ ClientError::Usage(_)) => {
+            eprintln!("ch-remote: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("ch-remote: {}", ch_log::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

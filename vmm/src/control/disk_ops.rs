@@ -1,0 +1,110 @@
+//! Requests on one running disk: `vm.resize-disk`, `vm.snapshot-disk`,
+//! `vm.disk-info`. The disk's device does the work with its queues
+//! paused ([`virtio_devices::block::control`]); this maps its errors to
+//! Cloud Hypervisor's status codes: 404 for an unknown id, 400 for what
+//! the request itself gets wrong, 409 for a name taken, 500 when the
+//! image fails.
+
+use virtio_devices::block::ControlError;
+
+use super::Control;
+use crate::api::ApiResponse;
+use crate::disk_registry::AttachedDisk;
+
+fn status_of(e: &ControlError) -> u16 {
+    match e {
+        ControlError::BadSize(_)
+        | ControlError::NoShrink { .. }
+        | ControlError::ReadOnly
+        | ControlError::SnapshotFormat(_)
+        | ControlError::BadSnapshotName
+        | ControlError::NoImageTools => 400,
+        ControlError::SnapshotExists(_) => 409,
+        ControlError::DrainTimeout(_)
+        | ControlError::Resize(_)
+        | ControlError::Flush(_)
+        | ControlError::Snapshot(_) => 500,
+    }
+}
+
+impl Control<'_> {
+    /// The in-VMM disk `id`, or the answer that says why not.
+    fn local_disk(&self, id: &str, what: &str) -> Result<&AttachedDisk, ApiResponse> {
+        if let Some(r) = self.refuse_when_shut(what) {
+            return Err(r);
+        }
+        let d = self
+            .devices
+            .disks
+            .find(id)
+            .ok_or_else(|| ApiResponse::error(404, &[&format!("no disk with id '{id}'")]))?;
+        if d.device().is_none() {
+            return Err(ApiResponse::error(
+                400,
+                &[&format!(
+                    "{what}: disk '{id}' is served by a vhost-user backend; ask the backend"
+                )],
+            ));
+        }
+        if self.removals.iter().any(|r| r.id == id) {
+            return Err(ApiResponse::error(
+                409,
+                &[&format!("{what}: disk '{id}' is being removed")],
+            ));
+        }
+        Ok(d)
+    }
+
+    pub(super) fn resize_disk(&mut self, id: &str, size: u64) -> ApiResponse {
+        let d = match self.local_disk(id, "vm.resize-disk") {
+            Ok(d) => d,
+            Err(r) => return r,
+        };
+        let mut dev = d.lock_device().expect("local_disk checked");
+        match dev.resize(size) {
+            Ok(old) => {
+                log::info!("disk {id}: resized from {old} to {size} bytes");
+                ApiResponse::no_content()
+            }
+            Err(e) => {
+                let what = format!("cannot resize disk '{id}' to {size} bytes");
+                ApiResponse::from_error_in(status_of(&e), Some(&what), &e)
+            }
+        }
+    }
+
+    pub(super) fn snapshot_disk(&mut self, id: &str, name: &str) -> ApiResponse {
+        let d = match self.local_disk(id, "vm.snapshot-disk") {
+            Ok(d) => d,
+            Err(r) => return r,
+        };
+        let mut dev = d.lock_device().expect("local_disk checked");
+        match dev.snapshot(name) {
+            Ok(()) => {
+                log::info!("disk {id}: internal snapshot '{name}' taken");
+                ApiResponse::no_content()
+            }
+            Err(e) => {
+                let what = format!("cannot snapshot disk '{id}' as '{name}'");
+                ApiResponse::from_error_in(status_of(&e), Some(&what), &e)
+            }
+        }
+    }
+
+    /// `ch-img info --backing-chain --output=json` of the live image:
+    /// the open image's facts, then each backing file's, opened read-only.
+    pub(super) fn disk_info(&self, id: &str) -> ApiResponse {
+        let d = match self.local_disk(id, "vm.disk-info") {
+            Ok(d) => d,
+            Err(r) => return r,
+        };
+        let (path, info) = {
+            let dev = d.lock_device().expect("local_disk checked");
+            (dev.disk().options().path.clone(), dev.image_info())
+        };
+        match block::info_json::chain_json(&path, info) {
+            Ok(v) => ApiResponse::json(&v),
+            Err(e) => ApiResponse::from_error(500, &e),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The VM-wide requests: `vmm.ping`, `vmm.shutdown`, `vm.info`,
+//! `vm.counters`, `vm.pause`, `vm.resume`, `vm.shutdown`.
+//!
+//! Pause stops the vCPUs first (the gate, [`crate::vcpu_pause`]), then
+//! pauses every in-VMM disk, which answers once its requests in flight
+//! have completed; resume goes the other way. A failure half-way undoes
+//! what was done.
+
+use serde_json::{json, Map, Value};
+
+use super::{Control, VmState};
+use crate::api::types::{disk_config_json, vhost_user_disk_json, VmmPingResponse};
+use crate::api::ApiResponse;
+use crate::config::SerialMode;
+use crate::disk_registry::DiskBackend;
+use crate::vm::{stop_vcpus, ExitReason};
+
+pub(super) fn ping() -> ApiResponse {
+    ApiResponse::json(&VmmPingResponse {
+        build_version: format!("cloud-hypervisor {}", env!("CARGO_PKG_VERSION")),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+        features: Vec::new(),
+    })
+}
+
+impl Control<'_> {
+    pub(super) fn vmm_shutdown(&mut self) -> ApiResponse {
+        // The VM is stopped and its disks closed by the caller of `run`
+        // (vm::run) once the loop returns; the answer goes out first.
+        self.exit.request(ExitReason::ApiShutdown);
+        ApiResponse::no_content()
+    }
+
+    pub(super) fn info(&self) -> ApiResponse {
+        let c = self.config;
+        let disks: Vec<Value> = self
+            .devices
+            .disks
+            .iter()
+            .map(|d| match &d.backend {
+                DiskBackend::Local { config, .. } => disk_config_json(config),
+                DiskBackend::VhostUser { config } => vhost_user_disk_json(config),
+            })
+            .collect();
+        let mut tree = Map::new();
+        for d in self.devices.disks.iter() {
+            tree.insert(
+                d.id.clone(),
+                json!({"id": d.id, "resources": [], "children": [], "pci_bdf": d.function.bdf()}),
+            );
+        }
+        let serial = match &c.serial {
+            SerialMode::Tty => json!({"mode": "Tty"}),
+            SerialMode::Off => json!({"mode": "Off"}),
+            SerialMode::File(p) => json!({"mode": "File", "file": p.display().to_string()}),
+        };
+        let mut payload = Map::new();
+        payload.insert("kernel".into(), json!(c.kernel.display().to_string()));
+        payload.insert("cmdline".into(), json!(c.cmdline));
+        if let Some(i) = &c.initramfs {
+            payload.insert("initramfs".into(), json!(i.display().to_string()));
+        }
+        ApiResponse::json(&json!({
+            "config": {
+                "cpus": {"boot_vcpus": c.cpus, "max_vcpus": c.cpus},
+                "memory": {"size": c.memory, "shared": c.shared_memory},
+                "payload": payload,
+                "disks": disks,
+                "serial": serial,
+            },
+            "state": self.state.name(),
+            "memory_actual_size": c.memory,
+            "device_tree": tree,
+        }))
+    }
+
+    pub(super) fn counters(&self) -> ApiResponse {
+        let mut all = Map::new();
+        for d in self.devices.disks.iter() {
+            if let Some(dev) = d.device() {
+                let totals = dev
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .counters()
+                    .totals();
+                let m: Map<String, Value> = totals
+                    .entries()
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), json!(v)))
+                    .collect();
+                all.insert(d.id.clone(), Value::Object(m));
+            }
+        }
+        ApiResponse::json(&Value::Object(all))
+    }
+
+    pub(super) fn pause(&mut self) -> ApiResponse {
+        if let Some(r) = self.refuse_when_shut("vm.pause") {
+            return r;
+        }
+        match self.state {
+            VmState::Running => {}
+            s => {
+                return ApiResponse::error(405, &[&format!("cannot pause: the VM is {}", s.name())])
+            }
+        }
+        if let Err(e) = self.gate.pause(&self.vcpus) {
+            return ApiResponse::error(500, &["cannot pause the vCPUs", &e]);
+        }
+        let mut paused: Vec<String> = Vec::new();
+        for d in self.devices.disks.iter() {
+            let Some(mut dev) = d.lock_device() else {
+                continue;
+            };
+            if let Err(e) = dev.pause() {
+                drop(dev);
+                for id in &paused {
+                    if let Some(mut dev) = self.devices.disks.find(id).and_then(|d| d.lock_device())
+                    {
+                        dev.resume();
+                    }
+                }
+                self.gate.resume();
+                let what = format!("cannot pause disk {}", d.id);
+                return ApiResponse::error(500, &[&what, &e.to_string()]);
+            }
+            paused.push(d.id.clone());
+        }
+        self.state = VmState::Paused;
+        log::info!("VM paused");
+        ApiResponse::no_content()
+    }
+
+    pub(super) fn resume(&mut self) -> ApiResponse {
+        if let Some(r) = self.refuse_when_shut("vm.resume") {
+            return r;
+        }
+        if self.state != VmState::Paused {
+            return ApiResponse::error(
+                405,
+                &[&format!("cannot resume: the VM is {}", self.state.name())],
+            );
+        }
+        for d in self.devices.disks.iter() {
+            if let Some(mut dev) = d.lock_device() {
+                dev.resume();
+            }
+        }
+        self.gate.resume();
+        self.state = VmState::Running;
+        log::info!("VM resumed");
+        ApiResponse::no_content()
+    }
+
+    pub(super) fn vm_shutdown(&mut self) -> ApiResponse {
+        if let Some(r) = self.refuse_when_shut("vm.shutdown") {
+            return r;
+        }
+        self.stop_vm();
+        log::info!("the VMM keeps serving the API until vmm.shutdown");
+        ApiResponse::no_content()
+    }
+
+    /// Stops the vCPUs and shuts every device down (disks drained,
+    /// flushed, closed, unlocked); removals still waiting finish now.
+    pub fn stop_vm(&mut self) {
+        if self.state == VmState::Shutdown {
+            return;
+        }
+        stop_vcpus(std::mem::take(&mut self.vcpus), &self.gate);
+        self.devices.shutdown();
+        self.state = VmState::Shutdown;
+        self.finish_removals_now();
+        log::info!("VM shut down: vCPUs stopped, disks closed");
+    }
+}
