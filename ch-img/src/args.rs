@@ -72,7 +72,7 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
                 let value = match inline {
                     Some(v) => v,
                     None => {
-                        let v = args.get(i).cloned().ok_or_else(|| missing(name))?;
+                        let v = args.get(i).cloned().ok_or_else(|| missing(arg))?;
                         i += 1;
                         v
                     }
@@ -81,7 +81,7 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
             } else if spec.long_flags.contains(&name) && inline.is_none() {
                 out.opts.push((name.to_string(), None));
             } else {
-                return Err(CliError::Usage(format!("unrecognized option '{arg}'")));
+                return Err(unrecognized(arg));
             }
             continue;
         }
@@ -99,7 +99,7 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
                         let v = args
                             .get(i)
                             .cloned()
-                            .ok_or_else(|| missing(&c.to_string()))?;
+                            .ok_or_else(|| missing(&format!("-{c}")))?;
                         i += 1;
                         v
                     };
@@ -108,7 +108,7 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
                 } else if spec.short_flags.contains(c) {
                     out.opts.push((c.to_string(), None));
                 } else {
-                    return Err(CliError::Usage(format!("invalid option -- '{c}'")));
+                    return Err(unrecognized(&format!("-{c}")));
                 }
             }
             continue;
@@ -118,8 +118,17 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
     Ok(out)
 }
 
-fn missing(name: &str) -> CliError {
-    CliError::Usage(format!("option '{name}' requires an argument"))
+/// qemu-img's words for an option it does not know, and its hint.
+fn unrecognized(option: &str) -> CliError {
+    CliError::Usage(format!(
+        "unrecognized option '{option}'\nTry 'ch-img --help' for more information"
+    ))
+}
+
+fn missing(option: &str) -> CliError {
+    CliError::Usage(format!(
+        "missing argument for option '{option}'\nTry 'ch-img --help' for more information"
+    ))
 }
 
 #[cfg(test)]

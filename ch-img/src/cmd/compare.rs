@@ -16,7 +16,7 @@ use block::options::CacheMode;
 
 use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fFT",
     short_flags: "sqpUh",
     long_with_value: &[],
