@@ -101,6 +101,10 @@ pub enum BlockError {
     EventFd(#[source] io::Error),
     #[error("resize failed: {0}")]
     Resize(String),
+    /// A tool operation refused before changing anything, in qemu-img's
+    /// words (`amend`, persistent bitmaps).
+    #[error("{0}")]
+    Refused(String),
     #[error("the image was marked corrupt earlier in this run; refusing further writes")]
     Corrupt,
     #[error("the image has no file with index {0}")]
@@ -134,9 +138,11 @@ impl BlockError {
         use BlockError::*;
         match self {
             Unsupported { .. } => Consequence::Unsupported,
-            OutOfRange { .. } | ReadOnly | BadGuestMemory { .. } | ProbedRawHeaderWrite { .. } => {
-                Consequence::BadRequest
-            }
+            OutOfRange { .. }
+            | ReadOnly
+            | BadGuestMemory { .. }
+            | ProbedRawHeaderWrite { .. }
+            | Refused(_) => Consequence::BadRequest,
             Read { .. }
             | Write { .. }
             | Flush(_)

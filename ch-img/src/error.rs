@@ -57,6 +57,8 @@ pub enum CliError {
     Close(#[source] BlockError),
     #[error("Error resizing image")]
     Resize(#[source] BlockError),
+    #[error("Error while amending options")]
+    Amend(#[source] BlockError),
     #[error("could not query block status at byte {offset}")]
     BlockStatus {
         offset: u64,

@@ -126,7 +126,11 @@ impl StepProgress {
         // As qemu computes it: ((float) chunk / total) * 100, then
         // current + delta / 100 * 100, all in single precision.
         let delta = (done as f32 / total.max(1) as f32) * 100.0;
-        let current = self.current + delta / 100.0 * 100.0;
+        self.set(self.current + delta / 100.0 * 100.0);
+    }
+
+    /// The work is `percent` done (qemu's absolute report).
+    pub fn set(&mut self, current: f32) {
         self.current = current;
         if PRINT_REQUESTED.swap(false, Ordering::Relaxed) {
             print_line(f64::from(current), '\n');

@@ -31,6 +31,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::BlockError;
 
+pub mod amendment;
 pub mod holes;
 pub mod open;
 pub mod probe;
@@ -40,8 +41,9 @@ pub mod tools;
 
 pub use open::open_format;
 pub use qcow2::compress_write::compress_cluster;
+pub use amendment::{AmendProgress, AmendStep, Amendment};
 pub use tools::{
-    open_image_tools, BackingEdits, CompressedWrites, ImageTools, Resizable, Snapshots,
+    open_image_tools, Amendable, BackingEdits, CompressedWrites, ImageTools, Resizable, Snapshots,
 };
 
 /// Index into [`Format::files`].

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::tools::{unsupported, BackingEdits, CompressedWrites, Resizable, Snapshots};
+use super::amendment::{AmendProgress, Amendment};
+use super::tools::{unsupported, Amendable, BackingEdits, CompressedWrites, Resizable, Snapshots};
 use super::{
     BlockStatus, Compression, FileId, Format, HostWrite, ImageInfo, ReadPiece, ReadPlan,
     ReadSource, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan,
@@ -254,6 +255,18 @@ impl Snapshots for RawImage {
 
     fn snapshot_apply(&self, _name: &str) -> Result<bool, BlockError> {
         Err(unsupported("raw", "internal snapshots"))
+    }
+}
+
+impl Amendable for RawImage {
+    fn check_amendment(&self, _amendment: &Amendment) -> Result<(), BlockError> {
+        Err(BlockError::Refused(
+            "Format driver 'raw' does not support option amendment".into(),
+        ))
+    }
+
+    fn amend(&self, amendment: &Amendment, _progress: AmendProgress<'_>) -> Result<(), BlockError> {
+        self.check_amendment(amendment)
     }
 }
 
