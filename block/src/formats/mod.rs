@@ -39,9 +39,9 @@ pub mod qcow2;
 pub mod raw;
 pub mod tools;
 
+pub use amendment::{AmendProgress, AmendStep, Amendment};
 pub use open::open_format;
 pub use qcow2::compress_write::compress_cluster;
-pub use amendment::{AmendProgress, AmendStep, Amendment};
 pub use tools::{
     open_image_tools, Amendable, BackingEdits, CompressedWrites, ImageTools, Resizable, Snapshots,
 };

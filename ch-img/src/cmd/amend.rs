@@ -134,7 +134,11 @@ fn apply(
         amendment.version = Some(match level.as_str() {
             "0.10" | "v2" => 2,
             "1.1" | "v3" => 3,
-            _ => return Err(CliError::Usage(format!("Unknown compatibility level {level}"))),
+            _ => {
+                return Err(CliError::Usage(format!(
+                    "Unknown compatibility level {level}"
+                )))
+            }
         });
     }
     if amendment.size == Some(info.virtual_size) {
@@ -142,7 +146,11 @@ fn apply(
     }
     let tools = image.tools();
     tools.check_amendment(&amendment).map_err(amend_error)?;
-    let version = if info.compat.as_deref() == Some("0.10") { 2 } else { 3 };
+    let version = if info.compat.as_deref() == Some("0.10") {
+        2
+    } else {
+        3
+    };
     let upgrading = amendment.version.is_some_and(|v| v > version);
     let operations = u64::from(amendment.version.is_some_and(|v| v != version))
         + u64::from(
@@ -155,7 +163,9 @@ fn apply(
     }
     let mut report = ProgressShare::new(operations, progress);
     tools
-        .amend(&amendment, &mut |step, done, total| report.step(step, done, total))
+        .amend(&amendment, &mut |step, done, total| {
+            report.step(step, done, total)
+        })
         .map_err(amend_error)?;
     image.close().map_err(CliError::Close)
 }
@@ -261,8 +271,7 @@ impl<'a> ProgressShare<'a> {
         }
         self.last_work = work;
         let current = self.offset_completed + work;
-        let projected =
-            current * (self.operations - self.completed - 1) / (self.completed + 1);
+        let projected = current * (self.operations - self.completed - 1) / (self.completed + 1);
         let total = (current + projected).max(1);
         // qemu: 100.f * offset / total, in single precision.
         self.out
@@ -275,7 +284,9 @@ mod tests {
     use super::*;
 
     fn parsed(s: &str) -> Result<Amendment, String> {
-        parse_amendment(&[s]).map(|(a, _)| a).map_err(|e| e.to_string())
+        parse_amendment(&[s])
+            .map(|(a, _)| a)
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -293,12 +304,19 @@ mod tests {
             Some((None, Some("qcow2".into())))
         );
         assert_eq!(parsed("foo=1").unwrap_err(), "Invalid parameter 'foo'");
-        assert!(parsed("cluster_size=4k").unwrap_err().ends_with("only supported for image creation"));
+        assert!(parsed("cluster_size=4k")
+            .unwrap_err()
+            .ends_with("only supported for image creation"));
         assert_eq!(
             parsed("lazy_refcounts=maybe").unwrap_err(),
             "Parameter 'lazy_refcounts' expects 'on' or 'off'"
         );
-        assert_eq!(parsed("refcount_bits=x").unwrap_err(), "Parameter 'refcount_bits' expects a number");
-        assert!(parsed("encrypt.keyslot=1").unwrap_err().contains("encryption not present"));
+        assert_eq!(
+            parsed("refcount_bits=x").unwrap_err(),
+            "Parameter 'refcount_bits' expects a number"
+        );
+        assert!(parsed("encrypt.keyslot=1")
+            .unwrap_err()
+            .contains("encryption not present"));
     }
 }

@@ -23,8 +23,9 @@ impl Run {
             for (from, to) in names {
                 s = s.replace(from, to);
             }
+            // "qemu-img: ...", and hints such as "'qemu-img rebase'".
             s.replace(&format!("{tool}:"), "TOOL:")
-                .replace(&format!("'{tool} --help'"), "'TOOL --help'")
+                .replace(&format!("'{tool} "), "'TOOL ")
         };
         Run {
             stdout: clean(&o.stdout),

@@ -36,8 +36,7 @@ use std::collections::HashSet;
 
 use super::bitmap_store::bitmap_clusters;
 use super::features::{
-    AUTOCLEAR_DATA_FILE_RAW, COMPAT_LAZY_REFCOUNTS, INCOMPAT_COMPRESSION,
-    INCOMPAT_DIRTY,
+    AUTOCLEAR_DATA_FILE_RAW, COMPAT_LAZY_REFCOUNTS, INCOMPAT_COMPRESSION, INCOMPAT_DIRTY,
 };
 use super::header::{Header, EXT_DATA_FILE};
 use super::header_cluster::{HeaderCluster, EXT_FEATURE_TABLE};
@@ -80,7 +79,8 @@ impl Qcow2Image {
         read_at(&*meta.io, MetaKind::Header, 0, &mut first)?;
         Header::parse_with(&first, meta.file_size, true).map_err(|e| {
             meta.invalid(match e {
-                super::header::HeaderError::Invalid(r) | super::header::HeaderError::Unsupported(r) => r,
+                super::header::HeaderError::Invalid(r)
+                | super::header::HeaderError::Unsupported(r) => r,
             })
         })
     }
@@ -155,7 +155,8 @@ impl Qcow2Image {
             refcount_order: order,
             data_file_raw: a.data_file_raw.unwrap_or(raw_now) && version >= 3,
             data_file: a.data_file.clone(),
-            rewrite_snapshots: version > h.version && snapshots.iter().any(|s| s.disk_size.is_none()),
+            rewrite_snapshots: version > h.version
+                && snapshots.iter().any(|s| s.disk_size.is_none()),
         })
     }
 
@@ -233,20 +234,33 @@ impl Qcow2Image {
         let file = meta.file.clone();
         let io = meta.io.clone();
         let barriers = meta.barriers;
-        let file_size = crate::formats::raw::file_size(&file).map_err(|source| BlockError::Open {
-            path: meta.path.clone(),
-            source,
-        })?;
+        let file_size =
+            crate::formats::raw::file_size(&file).map_err(|source| BlockError::Open {
+                path: meta.path.clone(),
+                source,
+            })?;
         let mut fresh = MetaState::load(&new, file, meta.path.clone(), file_size)?;
         fresh.io = io;
         fresh.barriers = barriers;
         *meta = fresh;
         st.incompatible = new.incompatible;
-        let meta = &mut st.meta;
-        for (first, count) in dropped_bitmaps {
-            meta.change_refcounts(first, count, -1)?;
+        if dropped_bitmaps.is_empty() {
+            return Ok(());
         }
-        meta.barrier()
+        // The amend is done (its header is durable); what is left to do
+        // can only leak clusters if it fails.
+        let meta = &mut st.meta;
+        let freed = dropped_bitmaps
+            .iter()
+            .try_for_each(|&(first, count)| meta.change_refcounts(first, count, -1))
+            .and_then(|()| meta.barrier());
+        if let Err(e) = freed {
+            log::warn!(
+                "{}: the dropped bitmaps' clusters may stay leaked ({e}); `ch-img check -r leaks` frees them",
+                meta.path.display()
+            );
+        }
+        Ok(())
     }
 
     /// The version of the header on disk.
@@ -300,8 +314,12 @@ impl Qcow2Image {
         let bytes = hc.encode(&meta.path)?;
         meta.write(MetaKind::Header, 0, &bytes)?;
         meta.barrier()?;
-        let new = Header::parse_with(&bytes, crate::formats::raw::file_size(&meta.file).unwrap_or(u64::MAX), true)
-            .map_err(|_| meta.invalid("the amended header does not parse"))?;
+        let new = Header::parse_with(
+            &bytes,
+            crate::formats::raw::file_size(&meta.file).unwrap_or(u64::MAX),
+            true,
+        )
+        .map_err(|_| meta.invalid("the amended header does not parse"))?;
         Ok(new)
     }
 }
@@ -368,7 +386,10 @@ fn rollback(meta: &mut MetaState, old_cluster: &[u8], old_len: u64) {
         }
     }
     if let Err(e) = meta.file.set_len(old_len) {
-        log::warn!("{}: could not cut the file back to {old_len} bytes: {e}", meta.path.display());
+        log::warn!(
+            "{}: could not cut the file back to {old_len} bytes: {e}",
+            meta.path.display()
+        );
     }
     meta.reserved_end = old_len;
 }
@@ -389,4 +410,3 @@ impl Amendable for Qcow2Image {
         self.apply(amendment, progress)
     }
 }
-

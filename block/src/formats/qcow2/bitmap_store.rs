@@ -10,7 +10,9 @@
 //! beyond the limits is refused, never followed). [`bitmap_clusters`]
 //! lists the clusters to free.
 
-use super::bitmap_directory::{locate_directory, parse_directory, BitmapEntry, MAX_BITMAPS, MAX_DIRECTORY};
+use super::bitmap_directory::{
+    locate_directory, parse_directory, BitmapEntry, MAX_BITMAPS, MAX_DIRECTORY,
+};
 use super::header::Header;
 use super::meta::MetaState;
 use super::meta_io::{be64_at, MetaKind};
@@ -44,14 +46,18 @@ impl BitmapStore {
     /// Loads the bitmaps `header` names (none unless it is version 3 with
     /// the bitmaps autoclear bit set).
     pub fn load(meta: &MetaState, header: &Header) -> Result<BitmapStore, BlockError> {
-        let Some((count, dir_size, dir_offset)) = locate_directory(&meta.file, header, meta.file_size)? else {
+        let Some((count, dir_size, dir_offset)) =
+            locate_directory(&meta.file, header, meta.file_size)?
+        else {
             return Ok(BitmapStore::default());
         };
         let cs = meta.g.cluster_size;
         if count > MAX_BITMAPS
             || dir_size > MAX_DIRECTORY
             || !dir_offset.is_multiple_of(cs)
-            || dir_offset.checked_add(dir_size).is_none_or(|e| e > meta.file_size)
+            || dir_offset
+                .checked_add(dir_size)
+                .is_none_or(|e| e > meta.file_size)
         {
             return Err(meta.invalid(format!(
                 "bitmap directory ({count} bitmaps, {dir_size} bytes at {dir_offset:#x}) is invalid"
@@ -88,7 +94,10 @@ fn read_table(meta: &MetaState, entry: &BitmapEntry) -> Result<Vec<u64>, BlockEr
     if entries > MAX_TABLE_ENTRIES
         || entries * cs > MAX_BITMAP_BYTES
         || !entry.table_offset.is_multiple_of(cs)
-        || entry.table_offset.checked_add(bytes).is_none_or(|e| e > meta.file_size)
+        || entry
+            .table_offset
+            .checked_add(bytes)
+            .is_none_or(|e| e > meta.file_size)
     {
         return Err(meta.invalid(format!(
             "bitmap '{}' has an invalid table ({entries} entries at {:#x})",
@@ -100,7 +109,10 @@ fn read_table(meta: &MetaState, entry: &BitmapEntry) -> Result<Vec<u64>, BlockEr
     let table: Vec<u64> = (0..entries as usize).map(|i| be64_at(&raw, i)).collect();
     for e in &table {
         let data = e & TABLE_OFFSET_MASK;
-        if data != 0 && (!data.is_multiple_of(cs) || data.checked_add(cs).is_none_or(|end| end > meta.file_size)) {
+        if data != 0
+            && (!data.is_multiple_of(cs)
+                || data.checked_add(cs).is_none_or(|end| end > meta.file_size))
+        {
             return Err(meta.invalid(format!(
                 "bitmap '{}' has a data cluster at {data:#x} outside the file",
                 entry.name
@@ -131,7 +143,10 @@ pub(crate) fn clusters_of(b: &StoredBitmap, cluster_bits: u32) -> Vec<(u64, u64)
 
 /// Every host cluster the persistent bitmaps of the image hold (the
 /// directory, tables and data clusters), as (first cluster, count) runs.
-pub(crate) fn bitmap_clusters(meta: &MetaState, header: &Header) -> Result<Vec<(u64, u64)>, BlockError> {
+pub(crate) fn bitmap_clusters(
+    meta: &MetaState,
+    header: &Header,
+) -> Result<Vec<(u64, u64)>, BlockError> {
     let store = BitmapStore::load(meta, header)?;
     let cb = meta.g.cluster_bits;
     let mut runs = Vec::new();

@@ -34,7 +34,11 @@ fn be32(b: &[u8], at: usize) -> Option<u32> {
 impl HeaderCluster {
     /// Reads the first cluster of the image behind `io` (whose header
     /// `header` already is) and its extensions.
-    pub fn read(io: &dyn MetaIo, header: &Header, path_for_errors: &std::path::Path) -> Result<Self, BlockError> {
+    pub fn read(
+        io: &dyn MetaIo,
+        header: &Header,
+        path_for_errors: &std::path::Path,
+    ) -> Result<Self, BlockError> {
         let mut first = vec![0u8; header.cluster_size() as usize];
         read_at(io, MetaKind::Header, 0, &mut first)?;
         let invalid = |reason: String| BlockError::InvalidImage {
@@ -51,7 +55,11 @@ impl HeaderCluster {
             let end = data
                 .checked_add(len as usize)
                 .filter(|e| *e <= first.len())
-                .ok_or_else(|| invalid(format!("header extension {kind:#x} runs past the first cluster")))?;
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "header extension {kind:#x} runs past the first cluster"
+                    ))
+                })?;
             extensions.push((kind, first[data..end].to_vec()));
             at = data + (len as usize).next_multiple_of(8);
         }
@@ -135,7 +143,10 @@ mod tests {
         header.backing_file = Some("base.qcow2".into());
         HeaderCluster {
             header,
-            extensions: vec![(EXT_BACKING_FORMAT, b"qcow2".to_vec()), (0x1234_5678, vec![7; 3])],
+            extensions: vec![
+                (EXT_BACKING_FORMAT, b"qcow2".to_vec()),
+                (0x1234_5678, vec![7; 3]),
+            ],
         }
     }
 

@@ -74,7 +74,10 @@ fn expand_table(meta: &mut MetaState, off: u64, has_backing: bool) -> Result<(),
     if result.is_err() {
         for host in allocated {
             if let Err(e) = meta.change_refcounts(host >> cb, 1, -(sharers as i64)) {
-                log::warn!("{}: cluster {host:#x} stays leaked: {e}", meta.path.display());
+                log::warn!(
+                    "{}: cluster {host:#x} stays leaked: {e}",
+                    meta.path.display()
+                );
             }
         }
         let _ = meta.write_refcounts();
@@ -109,7 +112,9 @@ fn rewrite_entries(
                 meta.write(MetaKind::GuestData, host, &zeroes)?;
                 host | if sharers == 1 { OFLAG_COPIED } else { 0 }
             }
-            L2Entry::Zero { host: Some(host), .. } => {
+            L2Entry::Zero {
+                host: Some(host), ..
+            } => {
                 meta.write(MetaKind::GuestData, host, &zeroes)?;
                 raw & !OFLAG_ZERO
             }

@@ -51,7 +51,11 @@ pub(super) fn rebuild_refcounts(
         }
     }
     let layout = RefcountLayout::fit(start, header.cluster_bits, order)?;
-    let mut count = |c: u64| Ok(references.get(c as usize).map_or(0, |r| u64::from(*r).min(max)));
+    let mut count = |c: u64| {
+        Ok(references
+            .get(c as usize)
+            .map_or(0, |r| u64::from(*r).min(max)))
+    };
     layout.write(file, &mut count, &mut |_, _| {})?;
     sync(file)?;
     let table_at = layout.table_offset();
