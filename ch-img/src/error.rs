@@ -59,6 +59,8 @@ pub enum CliError {
     Resize(#[source] BlockError),
     #[error("Error while amending options")]
     Amend(#[source] BlockError),
+    #[error("Error while changing the bitmaps")]
+    Bitmap(#[source] BlockError),
     #[error("could not query block status at byte {offset}")]
     BlockStatus {
         offset: u64,

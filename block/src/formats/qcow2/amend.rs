@@ -39,7 +39,7 @@ use super::features::{
     AUTOCLEAR_DATA_FILE_RAW, COMPAT_LAZY_REFCOUNTS, INCOMPAT_COMPRESSION, INCOMPAT_DIRTY,
 };
 use super::header::{Header, EXT_DATA_FILE};
-use super::header_cluster::{HeaderCluster, EXT_FEATURE_TABLE};
+use super::header_cluster::{current_header, HeaderCluster, EXT_FEATURE_TABLE};
 use super::image::Qcow2Image;
 use super::l2_entry::{decode_l2, L2Entry};
 use super::meta::MetaState;
@@ -73,21 +73,9 @@ fn refused(message: &str) -> BlockError {
 }
 
 impl Qcow2Image {
-    /// The header as it is on disk now (the open may have changed it).
-    fn current_header(&self, meta: &MetaState) -> Result<Header, BlockError> {
-        let mut first = vec![0u8; meta.g.cluster_size as usize];
-        read_at(&*meta.io, MetaKind::Header, 0, &mut first)?;
-        Header::parse_with(&first, meta.file_size, true).map_err(|e| {
-            meta.invalid(match e {
-                super::header::HeaderError::Invalid(r)
-                | super::header::HeaderError::Unsupported(r) => r,
-            })
-        })
-    }
-
     /// Checks `a` against the image (see the module docs for the order).
     fn plan(&self, meta: &mut MetaState, a: &Amendment) -> Result<Plan, BlockError> {
-        let h = self.current_header(meta)?;
+        let h = current_header(meta)?;
         let version = a.version.unwrap_or(h.version);
         if a.data_file.is_some() && !h.has_data_file() {
             return Err(refused(
@@ -199,7 +187,7 @@ impl Qcow2Image {
         }
         let mut st = self.lock();
         let meta = &mut st.meta;
-        let before = self.current_header(meta)?;
+        let before = current_header(meta)?;
         let downgrading = plan.version < before.version;
         // Bitmaps a downgrade drops (version 2 has nowhere to keep them).
         let dropped_bitmaps = match downgrading {
@@ -215,7 +203,7 @@ impl Qcow2Image {
             meta.trim_reserve()?;
         }
         // What a failure from here on puts back.
-        let old = self.current_header(meta)?;
+        let old = current_header(meta)?;
         let old_len = meta.file_size;
         let mut old_cluster = vec![0u8; meta.g.cluster_size as usize];
         read_at(&*meta.io, MetaKind::Header, 0, &mut old_cluster)?;
@@ -266,7 +254,7 @@ impl Qcow2Image {
     /// The version of the header on disk.
     fn disk_version(&self) -> Result<u32, BlockError> {
         let st = self.lock();
-        Ok(self.current_header(&st.meta)?.version)
+        Ok(current_header(&st.meta)?.version)
     }
 
     /// Steps 3 and 4: new refcount structures (if the width changes) and

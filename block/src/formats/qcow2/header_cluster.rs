@@ -12,12 +12,25 @@
 //! to the end of the cluster. The caller writes it in one `pwrite`, so a
 //! reader sees the old header or the new one.
 
-use super::header::{Header, EXT_END, V2_HEADER_LEN, V3_HEADER_LEN};
+use super::header::{Header, HeaderError, EXT_END, V2_HEADER_LEN, V3_HEADER_LEN};
+use super::meta::MetaState;
 use super::meta_io::{read_at, MetaIo, MetaKind};
 use crate::error::BlockError;
 
 /// The feature name table extension (names of feature bits for humans).
 pub(crate) const EXT_FEATURE_TABLE: u32 = 0x6803_f857;
+
+/// The header as it is on disk now (an open image's `header` is the one
+/// it was opened with; the open itself may have changed some bits).
+pub(crate) fn current_header(meta: &MetaState) -> Result<Header, BlockError> {
+    let mut first = vec![0u8; meta.g.cluster_size as usize];
+    read_at(&*meta.io, MetaKind::Header, 0, &mut first)?;
+    Header::parse_with(&first, meta.file_size, true).map_err(|e| {
+        meta.invalid(match e {
+            HeaderError::Invalid(r) | HeaderError::Unsupported(r) => r,
+        })
+    })
+}
 
 /// A header cluster taken apart.
 #[derive(Clone, Debug)]
@@ -70,6 +83,7 @@ impl HeaderCluster {
     }
 
     /// The data of extension `kind`, if present.
+    #[cfg(test)]
     pub fn extension(&self, kind: u32) -> Option<&[u8]> {
         self.extensions
             .iter()

@@ -25,7 +25,8 @@
 //!   (`rebase -u`, `make_empty`), `compress_write` (compressed clusters),
 //!   `resize` (grow and shrink), `amend` (version, refcount width and
 //!   feature changes, with `zero_expand`, `refcount_layout` and
-//!   `header_cluster`), persistent bitmaps (`bitmap_store`);
+//!   `header_cluster`), persistent bitmaps (`bitmap_store` reads them,
+//!   `bitmap_write` changes them);
 //! - `create`: new images with qemu-img's defaults;
 //! - `plan_exec`: executing a read plan inline (COW sources, tests).
 //!
@@ -41,6 +42,7 @@ pub(crate) mod backing;
 pub(crate) mod backing_rewrite;
 pub mod bitmap_directory;
 pub(crate) mod bitmap_store;
+pub(crate) mod bitmap_write;
 pub(crate) mod cache;
 pub mod check;
 pub mod compress_write;
