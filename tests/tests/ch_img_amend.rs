@@ -5,7 +5,7 @@
 
 mod ch_img_support;
 
-use ch_img_support::{assert_clean, ch_run, info_facts, qemu_run, Run};
+use ch_img_support::{assert_clean, ch_run, info_facts, qemu_run, Run, Tool};
 use integration_tests::{qemu_img, qemu_io, TempDir};
 
 /// Runs `amend ARGS` on a copy of `base` with each tool; returns both
@@ -14,7 +14,7 @@ fn both(dir: &TempDir, base: &str, args: &[&str]) -> (Run, Run, String, String) 
     let (q, c) = (dir.file("q.qcow2"), dir.file("c.qcow2"));
     std::fs::copy(base, &q).unwrap();
     std::fs::copy(base, &c).unwrap();
-    let run = |tool: fn(&[&str], &[(&str, &str)]) -> Run, img: &str| {
+    let run = |tool: Tool, img: &str| {
         let mut argv = vec!["amend"];
         argv.extend_from_slice(args);
         argv.push(img);

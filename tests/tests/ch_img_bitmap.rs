@@ -6,7 +6,7 @@
 
 mod ch_img_support;
 
-use ch_img_support::{assert_clean, ch_run, info_facts, qemu_run, Run};
+use ch_img_support::{assert_clean, ch_run, info_facts, qemu_run, Run, Tool};
 use integration_tests::{qemu_img, qemu_io, TempDir};
 
 /// Node names (`'#block117'`) and file names where qemu-img names the
@@ -88,7 +88,7 @@ impl Pair {
 
     /// `bitmap ARGS IMG NAME...` with both tools: the same output.
     fn bitmap(&self, args: &[&str]) -> Run {
-        let run = |tool: fn(&[&str], &[(&str, &str)]) -> Run, img: &str| {
+        let run = |tool: Tool, img: &str| {
             let argv: Vec<&str> = std::iter::once("bitmap")
                 .chain(args.iter().map(|a| if *a == "IMG" { img } else { a }))
                 .collect();

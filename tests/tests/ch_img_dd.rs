@@ -3,7 +3,7 @@
 
 mod ch_img_support;
 
-use ch_img_support::{assert_clean, assert_same_contents, ch_run, info_facts, qemu_run, Run};
+use ch_img_support::{assert_clean, assert_same_contents, ch_run, info_facts, qemu_run, Run, Tool};
 use integration_tests::{json, qemu_img, qemu_io, TempDir};
 
 /// A 10 MiB qcow2 input with data at 0-3 MiB and 4-5 MiB.
@@ -37,7 +37,7 @@ fn both(dir: &TempDir, input: &str, args: &[&str]) -> (Run, Run, String, String)
     let (q, c) = (dir.file("q.out"), dir.file("c.out"));
     let _ = std::fs::remove_file(&q);
     let _ = std::fs::remove_file(&c);
-    let run = |tool: fn(&[&str], &[(&str, &str)]) -> Run, out: &str| {
+    let run = |tool: Tool, out: &str| {
         let (i, o) = (format!("if={input}"), format!("of={out}"));
         let mut argv = vec!["dd"];
         argv.extend_from_slice(args);

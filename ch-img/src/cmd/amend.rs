@@ -92,7 +92,7 @@ fn amend(
         print!("{}", amend_help(format_of(&image.format().info()))?);
         return Ok(0);
     }
-    let (mut amendment, compat) = parse_amendment(values)?;
+    let (amendment, compat) = parse_amendment(values)?;
     let image = match amendment.size {
         Some(_) => open_image_cached(path, format, false, cache)?,
         None => open_image_keeping_bitmaps(path, format, cache)?,

@@ -20,11 +20,14 @@ pub mod snapshot;
 
 use std::io::Write;
 
+#[cfg(test)]
 use crate::args::OptSpec;
 use crate::error::CliError;
 use crate::json_style::QemuJson;
 
-/// The options verb `verb`'s parser takes (`None`: no such verb).
+/// The options verb `verb`'s parser takes (`None`: no such verb); the
+/// help test holds each verb's help against it.
+#[cfg(test)]
 pub fn option_spec(verb: &str) -> Option<&'static OptSpec> {
     Some(match verb {
         "amend" => &amend::SPEC,

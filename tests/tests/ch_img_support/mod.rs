@@ -35,6 +35,9 @@ impl Run {
     }
 }
 
+/// [`qemu_run`] or [`ch_run`].
+pub type Tool = fn(&[&str], &[(&str, &str)]) -> Run;
+
 /// `qemu-img ARGS` as a [`Run`]; `names` are replaced in its output.
 pub fn qemu_run(args: &[&str], names: &[(&str, &str)]) -> Run {
     Run::of(&qemu_img_status(args), "qemu-img", names)

@@ -267,7 +267,7 @@ fn write_bits(
                 let valid = (bits.len() - k as u64 * per_chunk).min(per_chunk);
                 let mut d = vec![0u8; cs as usize];
                 d[..(valid / 8) as usize].fill(0xff);
-                if valid % 8 != 0 {
+                if !valid.is_multiple_of(8) {
                     d[(valid / 8) as usize] = (1u8 << (valid % 8)) - 1;
                 }
                 Some(d)
