@@ -118,17 +118,13 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
     Ok(out)
 }
 
-/// qemu-img's words for an option it does not know, and its hint.
+/// qemu-img's words for an option it does not know.
 fn unrecognized(option: &str) -> CliError {
-    CliError::Usage(format!(
-        "unrecognized option '{option}'\nTry 'ch-img --help' for more information"
-    ))
+    CliError::Syntax(format!("unrecognized option '{option}'"))
 }
 
 fn missing(option: &str) -> CliError {
-    CliError::Usage(format!(
-        "missing argument for option '{option}'\nTry 'ch-img --help' for more information"
-    ))
+    CliError::Syntax(format!("missing argument for option '{option}'"))
 }
 
 #[cfg(test)]
@@ -162,8 +158,8 @@ mod tests {
 
     #[test]
     fn errors_name_the_option() {
-        assert!(matches!(parse(&words("-x"), &SPEC), Err(CliError::Usage(m)) if m.contains('x')));
-        assert!(matches!(parse(&words("-f"), &SPEC), Err(CliError::Usage(m)) if m.contains('f')));
+        assert!(matches!(parse(&words("-x"), &SPEC), Err(CliError::Syntax(m)) if m.contains('x')));
+        assert!(matches!(parse(&words("-f"), &SPEC), Err(CliError::Syntax(m)) if m.contains('f')));
         assert!(parse(&words("--bogus"), &SPEC).is_err());
     }
 

@@ -13,6 +13,11 @@ pub enum CliError {
     /// Bad command line; the message names the option or operand.
     #[error("{0}")]
     Usage(String),
+    /// A command line getopt cannot take (unknown option, missing
+    /// argument) or without its operands: qemu-img exits 1 for it and
+    /// adds its `Try ... --help` hint, whatever the verb.
+    #[error("{0}\nTry 'ch-img --help' for more information")]
+    Syntax(String),
     #[error("Could not open '{path}'")]
     Open {
         path: PathBuf,

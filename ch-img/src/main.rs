@@ -70,7 +70,10 @@ fn main() -> ExitCode {
         Ok(status) => ExitCode::from(status),
         Err(e) => {
             eprintln!("ch-img: {}", chain(&e));
-            ExitCode::from(error_status)
+            match e {
+                CliError::Syntax(_) => ExitCode::from(1),
+                _ => ExitCode::from(error_status),
+            }
         }
     }
 }

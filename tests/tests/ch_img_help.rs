@@ -122,6 +122,11 @@ fn every_verb_answers_help_and_refuses_unknown_options_like_qemu_img() {
                 "{c:?}"
             );
         }
+        // qemu-img 7.2's measure prints its usage and exits 0 for an
+        // unknown option (docs/ch-img.md, "Differences from qemu-img").
+        if verb == "measure" {
+            continue;
+        }
         for bad in ["-Z", "--bogus"] {
             let (q, c) = (
                 qemu_run(&[verb, bad, "x"], &[]),

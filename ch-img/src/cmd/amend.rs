@@ -62,9 +62,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let p = parse(args, &SPEC)?;
     let values = p.values("o");
     if values.is_empty() {
-        return Err(CliError::Usage(
-            "Must specify options (-o)\nTry 'ch-img --help' for more information".into(),
-        ));
+        return Err(CliError::Syntax("Must specify options (-o)".into()));
     }
     let mut progress = StepProgress::new(p.flag("p") && !p.flag("q"), 1.0);
     let status = amend(&p, &values, &mut progress);

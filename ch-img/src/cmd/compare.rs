@@ -45,7 +45,7 @@ enum Verdict {
 pub fn run(args: &[String]) -> Result<u8, CliError> {
     let p = parse(args, &SPEC)?;
     let [a, b] = p.operands.as_slice() else {
-        return Err(CliError::Usage("Expecting two image file names".into()));
+        return Err(CliError::Syntax("Expecting two image file names".into()));
     };
     let quiet = p.flag("q");
     let cache = parse_cache(p.value("T"), CacheMode::Writeback, CacheFlag::Source)?;
