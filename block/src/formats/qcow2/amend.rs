@@ -39,7 +39,9 @@ use super::features::{
     AUTOCLEAR_DATA_FILE_RAW, COMPAT_LAZY_REFCOUNTS, INCOMPAT_COMPRESSION, INCOMPAT_DIRTY,
 };
 use super::header::{Header, EXT_DATA_FILE};
-use super::header_cluster::{current_header, HeaderCluster, EXT_FEATURE_TABLE};
+use super::header_cluster::{
+    current_header, restore_header_cluster, HeaderCluster, EXT_FEATURE_TABLE,
+};
 use super::image::Qcow2Image;
 use super::l2_entry::{decode_l2, L2Entry};
 use super::meta::MetaState;
@@ -359,19 +361,12 @@ fn new_refcounts(
     Ok(layout)
 }
 
-/// Puts the old header cluster back (when it was replaced) and cuts the
-/// file to its old length; best effort, after a failure.
+/// Puts the old header cluster back (when it was replaced) and then,
+/// only if that worked, cuts the file to its old length (the new header
+/// may name what lies past it); best effort, after a failure.
 fn rollback(meta: &mut MetaState, old_cluster: &[u8], old_len: u64) {
-    let mut now = vec![0u8; old_cluster.len()];
-    let replaced = read_at(&*meta.io, MetaKind::Header, 0, &mut now).is_ok() && now != old_cluster;
-    if replaced {
-        let restored = meta
-            .write(MetaKind::Header, 0, old_cluster)
-            .and_then(|()| meta.sync());
-        if let Err(e) = restored {
-            log::error!("{}: could not restore the header: {e}", meta.path.display());
-            return;
-        }
+    if !restore_header_cluster(meta, old_cluster) {
+        return;
     }
     if let Err(e) = meta.file.set_len(old_len) {
         log::warn!(

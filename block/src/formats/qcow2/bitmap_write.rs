@@ -31,7 +31,7 @@ use super::bitmap_store::{
 };
 use super::features::AUTOCLEAR_BITMAPS;
 use super::header::Header;
-use super::header_cluster::{current_header, HeaderCluster};
+use super::header_cluster::{current_header, restore_header_cluster, HeaderCluster};
 use super::image::Qcow2Image;
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
@@ -416,8 +416,10 @@ impl PersistentBitmaps for Qcow2Image {
         let directory = match store(meta, &header, &bitmaps, &mut allocs) {
             Ok(d) => d,
             Err(e) => {
-                restore_header(meta, &old_cluster);
-                allocs.free(meta);
+                // Free the new clusters only once no header names them.
+                if restore_header_cluster(meta, &old_cluster) {
+                    allocs.free(meta);
+                }
                 return Err(e);
             }
         };
@@ -452,19 +454,6 @@ impl PersistentBitmaps for Qcow2Image {
         meta.bitmap_directory = directory;
         meta.rebuild_metadata_map();
         Ok(())
-    }
-}
-
-/// Puts the old header cluster back if a failed store replaced it.
-fn restore_header(meta: &MetaState, old: &[u8]) {
-    let mut now = vec![0u8; old.len()];
-    if meta.read(MetaKind::Header, 0, &mut now).is_ok() && now != old {
-        if let Err(e) = meta
-            .write(MetaKind::Header, 0, old)
-            .and_then(|()| meta.sync())
-        {
-            log::error!("{}: could not restore the header: {e}", meta.path.display());
-        }
     }
 }
 
