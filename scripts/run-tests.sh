@@ -8,7 +8,8 @@
 # qemu-system-x86 (the vhost-user-blk front end of the export tests),
 # util-linux (fincore: page-cache residency; losetup/fallocate for the
 # FUSE export's loop-device test), strace (counting flushes), fdisk and
-# e2fsprogs (the FUSE export's ext4 test), curl (the API tests' client).
+# e2fsprogs (the FUSE export's ext4 test), curl (the API tests' client),
+# libnbd-bin (nbdinfo, which reads the dirty bitmaps qemu-nbd exports).
 #
 # CH_REQUIRE_ALL=1 (the default here) makes every test that needs a tool
 # from outside the project fail instead of skipping when the tool is
@@ -33,6 +34,10 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v sfdisk >/dev/null 2>&1 || need_apt+=(fdisk)
 command -v mkfs.ext4 >/dev/null 2>&1 || need_apt+=(e2fsprogs)
 command -v losetup >/dev/null 2>&1 || need_apt+=(util-linux)
+# QEMU's reading of persistent dirty bitmaps (ch_img_bitmap, ch_img_amend):
+# qemu-nbd exports a bitmap, nbdinfo --map reads it.
+command -v qemu-nbd >/dev/null 2>&1 || need_apt+=(qemu-utils)
+command -v nbdinfo >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "run-tests: installing ${need_apt[*]}"
     sudo_cmd=()

@@ -110,6 +110,10 @@ pub enum BlockError {
     /// image (a data file, v2 snapshots, writes in flight).
     #[error("invalid resize: {0}")]
     InvalidResize(String),
+    /// A tool operation refused before changing anything, in qemu-img's
+    /// words (`amend`, persistent bitmaps).
+    #[error("{0}")]
+    Refused(String),
     #[error("the image was marked corrupt earlier in this run; refusing further writes")]
     Corrupt,
     #[error("the image has no file with index {0}")]
@@ -147,7 +151,8 @@ impl BlockError {
             | ReadOnly
             | BadGuestMemory { .. }
             | ProbedRawHeaderWrite { .. }
-            | InvalidResize(_) => Consequence::BadRequest,
+            | InvalidResize(_)
+            | Refused(_) => Consequence::BadRequest,
             Read { .. }
             | Write { .. }
             | Flush(_)
@@ -203,7 +208,7 @@ impl BlockError {
             | Lock { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             NoSpace(_) => libc::ENOSPC,
             ReadOnly => libc::EROFS,
-            OutOfRange { .. } | InvalidResize(_) => libc::EINVAL,
+            OutOfRange { .. } | InvalidResize(_) | Refused(_) => libc::EINVAL,
             BadGuestMemory { .. } => libc::EFAULT,
             ProbedRawHeaderWrite { .. } => libc::EPERM,
             Unsupported { .. } => libc::EOPNOTSUPP,

@@ -72,7 +72,7 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
                 let value = match inline {
                     Some(v) => v,
                     None => {
-                        let v = args.get(i).cloned().ok_or_else(|| missing(name))?;
+                        let v = args.get(i).cloned().ok_or_else(|| missing(arg))?;
                         i += 1;
                         v
                     }
@@ -81,7 +81,7 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
             } else if spec.long_flags.contains(&name) && inline.is_none() {
                 out.opts.push((name.to_string(), None));
             } else {
-                return Err(CliError::Usage(format!("unrecognized option '{arg}'")));
+                return Err(unrecognized(arg));
             }
             continue;
         }
@@ -99,7 +99,7 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
                         let v = args
                             .get(i)
                             .cloned()
-                            .ok_or_else(|| missing(&c.to_string()))?;
+                            .ok_or_else(|| missing(&format!("-{c}")))?;
                         i += 1;
                         v
                     };
@@ -108,7 +108,7 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
                 } else if spec.short_flags.contains(c) {
                     out.opts.push((c.to_string(), None));
                 } else {
-                    return Err(CliError::Usage(format!("invalid option -- '{c}'")));
+                    return Err(unrecognized(&format!("-{c}")));
                 }
             }
             continue;
@@ -118,8 +118,13 @@ pub fn parse(args: &[String], spec: &OptSpec) -> Result<Parsed, CliError> {
     Ok(out)
 }
 
-fn missing(name: &str) -> CliError {
-    CliError::Usage(format!("option '{name}' requires an argument"))
+/// qemu-img's words for an option it does not know.
+fn unrecognized(option: &str) -> CliError {
+    CliError::Syntax(format!("unrecognized option '{option}'"))
+}
+
+fn missing(option: &str) -> CliError {
+    CliError::Syntax(format!("missing argument for option '{option}'"))
 }
 
 #[cfg(test)]
@@ -153,8 +158,8 @@ mod tests {
 
     #[test]
     fn errors_name_the_option() {
-        assert!(matches!(parse(&words("-x"), &SPEC), Err(CliError::Usage(m)) if m.contains('x')));
-        assert!(matches!(parse(&words("-f"), &SPEC), Err(CliError::Usage(m)) if m.contains('f')));
+        assert!(matches!(parse(&words("-x"), &SPEC), Err(CliError::Syntax(m)) if m.contains('x')));
+        assert!(matches!(parse(&words("-f"), &SPEC), Err(CliError::Syntax(m)) if m.contains('f')));
         assert!(parse(&words("--bogus"), &SPEC).is_err());
     }
 

@@ -13,6 +13,11 @@ pub enum CliError {
     /// Bad command line; the message names the option or operand.
     #[error("{0}")]
     Usage(String),
+    /// A command line getopt cannot take (unknown option, missing
+    /// argument) or without its operands: qemu-img exits 1 for it and
+    /// adds its `Try ... --help` hint, whatever the verb.
+    #[error("{0}\nTry 'ch-img --help' for more information")]
+    Syntax(String),
     #[error("Could not open '{path}'")]
     Open {
         path: PathBuf,
@@ -57,6 +62,10 @@ pub enum CliError {
     Close(#[source] BlockError),
     #[error("Error resizing image")]
     Resize(#[source] BlockError),
+    #[error("Error while amending options")]
+    Amend(#[source] BlockError),
+    #[error("Error while changing the bitmaps")]
+    Bitmap(#[source] BlockError),
     #[error("could not query block status at byte {offset}")]
     BlockStatus {
         offset: u64,

@@ -14,6 +14,7 @@ mod error;
 mod help;
 mod image_io;
 mod json_style;
+mod option_help;
 mod options;
 mod progress;
 mod qcow2_space;
@@ -24,7 +25,7 @@ use std::process::ExitCode;
 
 use error::{chain, CliError};
 
-use help::{asks_for_help, verb_help, USAGE};
+use help::{asks_for_help, verb_help, USAGE, VERSION};
 
 fn main() -> ExitCode {
     // Like qemu-img, die quietly when stdout is a closed pipe (`| head`)
@@ -41,6 +42,13 @@ fn main() -> ExitCode {
         return status;
     }
     let (result, error_status): (Result<u8, CliError>, u8) = match verb.as_str() {
+        "-V" | "--version" => {
+            println!("{VERSION}");
+            return ExitCode::SUCCESS;
+        }
+        "amend" => (cmd::amend::run(rest), 1),
+        "bitmap" => (cmd::bitmap::run(rest), 1),
+        "dd" => (cmd::dd::run(rest), 1),
         "create" => (cmd::create::run(rest), 1),
         "info" => (cmd::info::run(rest), 1),
         "check" => (cmd::check::run(rest), 1),
@@ -62,7 +70,10 @@ fn main() -> ExitCode {
         Ok(status) => ExitCode::from(status),
         Err(e) => {
             eprintln!("ch-img: {}", chain(&e));
-            ExitCode::from(error_status)
+            match e {
+                CliError::Syntax(_) => ExitCode::from(1),
+                _ => ExitCode::from(error_status),
+            }
         }
     }
 }

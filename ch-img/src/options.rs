@@ -72,6 +72,22 @@ pub fn open_image_cached(
     ImageIo::open(&opts, cache).map_err(|source| open_error(path, cache, source))
 }
 
+/// Opens an image read-write for a verb that changes its persistent
+/// bitmaps or format options but never what the disk reads (`bitmap`,
+/// `amend`): the bitmaps stay valid, guest writes are refused
+/// ([`DiskOptions::keep_persistent_bitmaps`]).
+pub fn open_image_keeping_bitmaps(
+    path: &str,
+    fmt: ImageType,
+    cache: CacheMode,
+) -> Result<ImageIo, CliError> {
+    let mut opts = DiskOptions::new(path);
+    opts.image_type = fmt;
+    opts.direct = cache.direct();
+    opts.keep_persistent_bitmaps = true;
+    ImageIo::open(&opts, cache).map_err(|source| open_error(path, cache, source))
+}
+
 /// `Open`, or `DirectRefused` when O_DIRECT was asked for and the open
 /// failed with EINVAL (what file systems without O_DIRECT answer).
 pub fn open_error(path: &str, cache: CacheMode, source: BlockError) -> CliError {
@@ -142,7 +158,7 @@ pub fn set_create_option(opts: &mut CreateOptions, key: &str, val: &str) -> Resu
     Ok(true)
 }
 
-fn parse_bool(v: &str) -> Option<bool> {
+pub fn parse_bool(v: &str) -> Option<bool> {
     match v {
         "on" | "true" | "yes" => Some(true),
         "off" | "false" | "no" => Some(false),

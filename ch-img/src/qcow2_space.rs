@@ -123,6 +123,8 @@ mod tests {
             flags: 0,
             granularity_bits,
             name_len,
+            bitmap_type: 1,
+            extra_data_size: 0,
             name: String::new(),
         }
     }

@@ -31,6 +31,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::BlockError;
 
+pub mod amendment;
+pub mod dirty_bits;
 pub mod holes;
 pub mod open;
 pub mod probe;
@@ -38,10 +40,13 @@ pub mod qcow2;
 pub mod raw;
 pub mod tools;
 
+pub use amendment::{AmendProgress, AmendStep, Amendment};
+pub use dirty_bits::{BitmapAction, DirtyBits};
 pub use open::open_format;
 pub use qcow2::compress_write::compress_cluster;
 pub use tools::{
-    open_image_tools, BackingEdits, CompressedWrites, ImageTools, Resizable, Snapshots,
+    open_image_tools, Amendable, BackingEdits, CompressedWrites, ImageTools, PersistentBitmaps,
+    Resizable, Snapshots,
 };
 
 /// Index into [`Format::files`].

@@ -5,7 +5,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::tools::{unsupported, BackingEdits, CompressedWrites, Resizable, Snapshots};
+use super::amendment::{AmendProgress, Amendment};
+use super::dirty_bits::{BitmapAction, DirtyBits};
+use super::tools::{
+    unsupported, Amendable, BackingEdits, CompressedWrites, PersistentBitmaps, Resizable, Snapshots,
+};
 use super::{
     BlockStatus, Compression, FileId, Format, HostWrite, ImageInfo, ReadPiece, ReadPlan,
     ReadSource, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan,
@@ -254,6 +258,44 @@ impl Snapshots for RawImage {
 
     fn snapshot_apply(&self, _name: &str) -> Result<bool, BlockError> {
         Err(unsupported("raw", "internal snapshots"))
+    }
+}
+
+impl Amendable for RawImage {
+    fn check_amendment(&self, _amendment: &Amendment) -> Result<(), BlockError> {
+        Err(BlockError::Refused(
+            "Format driver 'raw' does not support option amendment".into(),
+        ))
+    }
+
+    fn amend(&self, amendment: &Amendment, _progress: AmendProgress<'_>) -> Result<(), BlockError> {
+        self.check_amendment(amendment)
+    }
+}
+
+impl PersistentBitmaps for RawImage {
+    fn read_bitmap(&self, name: &str) -> Result<DirtyBits, BlockError> {
+        Err(BlockError::Refused(format!(
+            "Dirty bitmap '{name}' not found"
+        )))
+    }
+
+    /// Raw images have no bitmaps: every action fails, as in qemu-img.
+    fn change_bitmap(&self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError> {
+        let Some(first) = actions.first() else {
+            return Ok(());
+        };
+        let why = match first {
+            BitmapAction::Add { .. } => format!(
+                "Can't store persistent bitmaps to {}: Operation not supported",
+                self.path.display()
+            ),
+            _ => format!("Dirty bitmap '{name}' not found"),
+        };
+        Err(BlockError::Refused(format!(
+            "Operation {} on bitmap {name} failed: {why}",
+            first.name()
+        )))
     }
 }
 

@@ -19,6 +19,8 @@
 //! | [`BackingEdits`] | `set_backing_file`, `make_empty` | `qcow2/backing_rewrite.rs` | unsupported |
 //! | [`CompressedWrites`] | `write_compressed(_packed)`, `compression`, `set_compressed_cache` | `qcow2/compress_write.rs` | unsupported |
 //! | [`Resizable`] | `resize`, `backing_size` | `qcow2/resize.rs` | `raw.rs` |
+//! | [`Amendable`] | `check_amendment`, `amend` | `qcow2/amend.rs` | unsupported |
+//! | [`PersistentBitmaps`] | `read_bitmap`, `change_bitmap` | `qcow2/bitmap_write.rs` | unsupported |
 //!
 //! Resizing a disk whose queues are running is the one capability an
 //! owner may lend out: [`crate::Resizer`] (see its docs for why it is
@@ -26,6 +28,8 @@
 
 use std::sync::Arc;
 
+use super::amendment::{AmendProgress, Amendment};
+use super::dirty_bits::{BitmapAction, DirtyBits};
 use super::{Compression, Format};
 use crate::error::BlockError;
 use crate::options::DiskOptions;
@@ -96,12 +100,49 @@ pub trait Resizable {
     fn backing_size(&self) -> Option<u64>;
 }
 
+/// Changing the image's format options in place (`ch-img amend`).
+pub trait Amendable {
+    /// Refuses, in qemu-img's words, an amendment the image cannot take
+    /// (the first reason qemu-img would meet); changes nothing.
+    fn check_amendment(&self, amendment: &Amendment) -> Result<(), BlockError>;
+
+    /// Checks, then applies the amendment (not the size: the caller
+    /// resizes). When it fails the image keeps its header, its contents
+    /// and its refcounts; the handle is then only good for closing.
+    fn amend(&self, amendment: &Amendment, progress: AmendProgress<'_>) -> Result<(), BlockError>;
+}
+
+/// Persistent dirty bitmaps (`ch-img bitmap`). The image must be open
+/// with `keep_persistent_bitmaps`.
+pub trait PersistentBitmaps {
+    /// The bits of bitmap `name` (to merge them into another image's);
+    /// a missing or inconsistent bitmap is refused in qemu-img's words.
+    fn read_bitmap(&self, name: &str) -> Result<DirtyBits, BlockError>;
+
+    /// Runs `actions` on bitmap `name` in order, then stores the result
+    /// at once. When an action is refused (qemu-img's words) or a write
+    /// fails, the image keeps its bitmaps as they were.
+    fn change_bitmap(&self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError>;
+}
+
 /// An opened image with every capability: the queue-facing [`Format`]
 /// and all the tool traits above. Only the owner of an exclusive open
 /// holds one.
-pub trait ImageTools: Format + Snapshots + BackingEdits + CompressedWrites + Resizable {}
+pub trait ImageTools:
+    Format + Snapshots + BackingEdits + CompressedWrites + Resizable + Amendable + PersistentBitmaps
+{
+}
 
-impl<T: Format + Snapshots + BackingEdits + CompressedWrites + Resizable> ImageTools for T {}
+impl<T> ImageTools for T where
+    T: Format
+        + Snapshots
+        + BackingEdits
+        + CompressedWrites
+        + Resizable
+        + Amendable
+        + PersistentBitmaps
+{
+}
 
 /// Opens `opts.path` with its tool capabilities, for a caller that drives
 /// the format itself (tests, fuzzing); tools that also do I/O use

@@ -116,6 +116,12 @@ pub struct DiskOptions {
     /// backing data); for tools that read just what the image allocates
     /// while they write its backing file (`ch-img commit`).
     pub no_backing: bool,
+    /// A read-write open keeps the image's persistent dirty bitmaps
+    /// valid (qcow2's "bitmaps" autoclear bit stays set) and refuses
+    /// guest writes, which would go unrecorded in them: for tools that
+    /// change the bitmaps or the format's options but never the disk's
+    /// contents (`ch-img bitmap`, `ch-img amend`).
+    pub keep_persistent_bitmaps: bool,
 }
 
 impl DiskOptions {

@@ -29,7 +29,7 @@ use crate::error::CliError;
 use crate::options::{open_error, parse_cache, parse_format, CacheFlag};
 use crate::size::parse_size;
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "cdfiostST",
     short_flags: "nqwUh",
     long_with_value: &["pattern", "flush-interval", "seed", "rw-mix", "output"],

@@ -20,7 +20,7 @@ use block::options::CacheMode;
 
 use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "frT",
     short_flags: "qUh",
     long_with_value: &["output"],

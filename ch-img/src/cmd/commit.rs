@@ -32,7 +32,7 @@ use crate::options::{
 };
 use crate::progress::Progress;
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "ftbr",
     short_flags: "qdpUh",
     long_with_value: &[],

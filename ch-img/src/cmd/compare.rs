@@ -1,138 +1,166 @@
-//! `ch-img compare [-f fmt] [-F fmt] [-s] [-q] FILE1 FILE2`
+//! `ch-img compare [-f fmt] [-F fmt] [-T src_cache] [-p] [-q] [-s] [-U] FILE1 FILE2`
 //!
-//! Reads both images through the block read path in chunks and reports the
-//! first difference as qemu-img does ("Content mismatch at offset N!", N
-//! rounded down to a 512-byte sector). The longer image's tail must read as
-//! zeroes unless `-s` (strict), where a size difference is a mismatch and
-//! so is a difference in allocation status (present, zero, data flags of
-//! `block_status`).
-//! Exit 0 identical, 1 different, 2 error. `-T` is the cache mode both
-//! images are read in (default writeback, as qemu-img's).
+//! Walks both images as qemu-img 7.2 does: over their common size, one
+//! step per pair of block-status extents (the shorter of the two): ranges
+//! both read as zeroes are skipped; where both are allocated (anywhere in
+//! their chains) the step (at most 2 MiB) is read from both and compared;
+//! where one is, it must read as zeroes. The first difference is reported
+//! as qemu-img does ("Content mismatch at offset N!", N rounded down to a
+//! 512-byte sector). When the sizes differ, "Warning: Image size
+//! mismatch!" and the longer image's tail must read as zeroes. With `-s`
+//! (strict) a size difference is a mismatch, and so is a difference in
+//! allocation status (present, zero, data flags of `block_status`).
+//!
+//! `-p` reports progress after every step with qemu's arithmetic
+//! ([`StepProgress`], at least 2 points between prints) and ends with a
+//! newline after the verdict, as qemu-img does. Exit 0 identical, 1
+//! different, 2 error. `-T` is the cache mode both images are read in
+//! (default writeback, as qemu-img's).
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
+use crate::progress::StepProgress;
 use block::options::CacheMode;
 
 use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fFT",
     short_flags: "sqpUh",
     long_with_value: &[],
     long_flags: &["force-share"],
 };
 
-const CHUNK: u64 = 1 << 20;
+/// qemu-img's IO_BUF_SIZE: the most one step reads from each image.
+const STEP: u64 = 2 << 20;
+
+/// Where a walk over the images stopped.
+enum Verdict {
+    Identical,
+    /// Printed already; exit status 1.
+    Different,
+}
 
 pub fn run(args: &[String]) -> Result<u8, CliError> {
     let p = parse(args, &SPEC)?;
     let [a, b] = p.operands.as_slice() else {
-        return Err(CliError::Usage("Expecting two image file names".into()));
+        return Err(CliError::Syntax("Expecting two image file names".into()));
     };
     let quiet = p.flag("q");
-    let strict = p.flag("s");
     let cache = parse_cache(p.value("T"), CacheMode::Writeback, CacheFlag::Source)?;
-    let img1 = open_image_cached(a, parse_format(p.value("f"))?, true, cache)?;
-    let img2 = open_image_cached(b, parse_format(p.value("F").or(p.value("f")))?, true, cache)?;
+    let fmt1 = parse_format(p.value("f"))?;
+    let fmt2 = parse_format(p.value("F").or(p.value("f")))?;
+    // qemu-img starts the report before it opens the images, so a
+    // failure still ends it with its newline.
+    let mut progress = StepProgress::new(p.flag("p") && !quiet, 2.0);
+    let verdict = open_and_compare(a, b, (fmt1, fmt2), cache, quiet, p.flag("s"), &mut progress);
+    progress.end();
+    match verdict? {
+        Verdict::Identical => Ok(0),
+        Verdict::Different => Ok(1),
+    }
+}
+
+fn open_and_compare(
+    a: &str,
+    b: &str,
+    (fmt1, fmt2): (block::ImageType, block::ImageType),
+    cache: CacheMode,
+    quiet: bool,
+    strict: bool,
+    progress: &mut StepProgress,
+) -> Result<Verdict, CliError> {
+    let img1 = open_image_cached(a, fmt1, true, cache)?;
+    let img2 = open_image_cached(b, fmt2, true, cache)?;
+    let say = |text: String| {
+        if !quiet {
+            println!("{text}");
+        }
+    };
+    progress.add(0, 1);
     let (s1, s2) = (img1.size(), img2.size());
     if strict && s1 != s2 {
-        if !quiet {
-            println!("Strict mode: Image size mismatch!");
-        }
-        return Ok(1);
+        say("Strict mode: Image size mismatch!".into());
+        return Ok(Verdict::Different);
     }
-    let common = s1.min(s2);
-    if strict {
-        if let Some(off) = first_status_difference(&img1, &img2, common)? {
-            if !quiet {
-                println!("Strict mode: Offset {off} block status mismatch!");
-            }
-            return Ok(1);
-        }
-    }
-    if let Some(off) = first_difference(&img1, Some(&img2), common)? {
-        report(quiet, off);
-        return Ok(1);
-    }
-    if s1 != s2 {
-        let longer = if s1 > s2 { &img1 } else { &img2 };
-        if let Some(off) = first_difference_from(longer, None, common, s1.max(s2))? {
-            report(quiet, off);
-            return Ok(1);
-        }
-        if !quiet {
-            println!("Warning: Image size mismatch!");
-        }
-    }
-    if !quiet {
-        println!("Images are identical.");
-    }
-    Ok(0)
-}
-
-fn report(quiet: bool, offset: u64) {
-    if !quiet {
-        println!("Content mismatch at offset {}!", offset / 512 * 512);
-    }
-}
-
-/// First offset in `0..end` where the two images' allocation status
-/// (present, zero, data) differs.
-fn first_status_difference(a: &ImageIo, b: &ImageIo, end: u64) -> Result<Option<u64>, CliError> {
+    let (common, total) = (s1.min(s2), s1.max(s2));
     let mut pos = 0u64;
-    while pos < end {
-        let (x, y) = (a.extent_at(pos, end)?, b.extent_at(pos, end)?);
-        if (x.present, x.zero, x.data) != (y.present, y.zero, y.data) {
-            return Ok(Some(pos));
+    while pos < common {
+        let (x, y) = (img1.extent_at(pos, s1)?, img2.extent_at(pos, s2)?);
+        let mut step = x.len.min(y.len);
+        if strict && (x.present, x.zero, x.data) != (y.present, y.zero, y.data) {
+            say(format!("Strict mode: Offset {pos} block status mismatch!"));
+            return Ok(Verdict::Different);
         }
-        let step = x.len.min(y.len).min(end - pos);
-        if step == 0 {
-            return Ok(Some(pos));
+        let difference = if x.zero && y.zero {
+            None
+        } else if x.present == y.present {
+            step = step.min(STEP);
+            match x.present {
+                true => first_difference(&img1, Some(&img2), pos, pos + step)?,
+                false => None,
+            }
+        } else {
+            step = step.min(STEP);
+            let allocated = if x.present { &img1 } else { &img2 };
+            first_difference(allocated, None, pos, pos + step)?
+        };
+        if let Some(at) = difference {
+            say(mismatch(at));
+            return Ok(Verdict::Different);
         }
         pos += step;
+        progress.add(step, total);
     }
-    Ok(None)
+    if s1 != s2 {
+        say("Warning: Image size mismatch!".into());
+        let longer = if s1 > s2 { &img1 } else { &img2 };
+        while pos < total {
+            let extent = longer.extent_at(pos, total)?;
+            let mut step = extent.len;
+            if extent.present {
+                step = step.min(STEP);
+                if let Some(at) = first_difference(longer, None, pos, pos + step)? {
+                    say(mismatch(at));
+                    return Ok(Verdict::Different);
+                }
+            }
+            pos += step;
+            progress.add(step, total);
+        }
+    }
+    say("Images are identical.".into());
+    Ok(Verdict::Identical)
 }
 
-/// First byte in `0..end` where `a` differs from `b` (or from zeroes).
-pub fn first_difference(
-    a: &ImageIo,
-    b: Option<&ImageIo>,
-    end: u64,
-) -> Result<Option<u64>, CliError> {
-    first_difference_from(a, b, 0, end)
+fn mismatch(offset: u64) -> String {
+    format!("Content mismatch at offset {}!", offset / 512 * 512)
 }
 
-fn first_difference_from(
+/// First byte in `start..end` (at most [`STEP`] bytes) where `a` differs
+/// from `b` (or from zeroes).
+fn first_difference(
     a: &ImageIo,
     b: Option<&ImageIo>,
     start: u64,
     end: u64,
 ) -> Result<Option<u64>, CliError> {
-    let mut buf_a = vec![0u8; CHUNK as usize];
-    let mut buf_b = vec![0u8; CHUNK as usize];
-    let mut pos = start;
-    while pos < end {
-        let n = (end - pos).min(CHUNK) as usize;
-        a.read_at(pos, &mut buf_a[..n])
+    let n = (end - start) as usize;
+    let read = |img: &ImageIo| {
+        img.read_owned(start, vec![0u8; n])
             .map_err(|source| CliError::Read {
-                offset: pos,
+                offset: start,
                 source,
-            })?;
-        match b {
-            Some(b) => b
-                .read_at(pos, &mut buf_b[..n])
-                .map_err(|source| CliError::Read {
-                    offset: pos,
-                    source,
-                })?,
-            None => buf_b[..n].fill(0),
-        }
-        if let Some(i) = buf_a[..n].iter().zip(&buf_b[..n]).position(|(x, y)| x != y) {
-            return Ok(Some(pos + i as u64));
-        }
-        pos += n as u64;
-    }
-    Ok(None)
+            })
+    };
+    let x = read(a)?;
+    let y = match b {
+        Some(b) => read(b)?,
+        None => vec![0u8; n],
+    };
+    Ok(x.iter()
+        .zip(&y)
+        .position(|(p, q)| p != q)
+        .map(|i| start + i as u64))
 }

@@ -34,13 +34,14 @@ use block::ImageType;
 use crate::args::{parse, OptSpec};
 use crate::copy_pipeline::{self, Job, Mode};
 use crate::error::CliError;
+use crate::option_help::{create_help, wants_help};
 use crate::options::{
     apply_create_options, open_image_cached, option_items, parse_cache, parse_format, CacheFlag,
 };
 use crate::progress::Progress;
 use crate::size::parse_size;
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fOoStTBm",
     short_flags: "qpnUcWh",
     long_with_value: &["compressed-cache"],
@@ -49,6 +50,11 @@ const SPEC: OptSpec = OptSpec {
 
 pub fn run(args: &[String]) -> Result<u8, CliError> {
     let p = parse(args, &SPEC)?;
+    if wants_help(&p.values("o")) {
+        let format = parse_format(p.value("O"))?;
+        print!("{}", create_help(format, p.operands.len() >= 2));
+        return Ok(0);
+    }
     let compress = p.flag("c");
     if p.value("B").is_some() || p.flag("n") {
         return Err(CliError::Usage(

@@ -11,10 +11,11 @@ use block::ImageType;
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
-use crate::options::{apply_create_options, parse_format};
+use crate::option_help::{create_help, wants_help};
+use crate::options::{apply_create_options, option_items, parse_format};
 use crate::size::parse_size;
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fobF",
     short_flags: "uqh",
     long_with_value: &[],
@@ -30,7 +31,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         },
         ..Default::default()
     };
+    if wants_help(&p.values("o")) {
+        print!("{}", create_help(opts.format, !p.operands.is_empty()));
+        return Ok(0);
+    }
     apply_create_options(&mut opts, &p.values("o"))?;
+    let size_option = option_items(&p.values("o"))
+        .iter()
+        .any(|(key, _)| *key == "size");
     if let Some(b) = p.value("b") {
         opts.backing_file = Some(b.to_string());
     }
@@ -44,6 +52,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         _ => return Err(CliError::Usage("Unexpected argument after the size".into())),
     };
     opts.path = path.into();
+    if size.is_some() && size_option {
+        return Err(CliError::Usage(format!(
+            "{path}: The image size must be specified only once"
+        )));
+    }
     if let Some(size) = size {
         opts.size = parse_size(size).ok_or_else(|| {
             CliError::Usage(

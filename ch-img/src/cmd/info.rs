@@ -19,7 +19,7 @@ use crate::error::CliError;
 use crate::options::{open_image, parse_format};
 use crate::size::human_size;
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "f",
     short_flags: "Uqh",
     long_with_value: &["output"],

@@ -19,7 +19,7 @@ use crate::size::parse_size;
 
 const SUFFIX_HINT: &str = "You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.";
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "f",
     short_flags: "Uqh",
     long_with_value: &["output", "start-offset", "max-length"],

@@ -25,7 +25,7 @@ use crate::options::{open_image, option_items, parse_format, set_create_option};
 use crate::qcow2_space::{bitmaps_size, Qcow2Layout, MAX_L1_BYTES};
 use crate::size::parse_size;
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fOols",
     short_flags: "U",
     long_with_value: &["output", "size"],

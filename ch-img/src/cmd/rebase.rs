@@ -24,7 +24,7 @@ use block::options::CacheMode;
 use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
 use crate::progress::Progress;
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fbFtT",
     short_flags: "upqcUh",
     long_with_value: &[],

@@ -14,7 +14,7 @@ use crate::error::CliError;
 use crate::options::{open_image, parse_format};
 use crate::size::parse_size;
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "f",
     short_flags: "qh",
     long_with_value: &["preallocation"],

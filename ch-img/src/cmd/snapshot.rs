@@ -16,7 +16,7 @@ use crate::error::CliError;
 use crate::options::{open_image, parse_format};
 use crate::size::human_size;
 
-const SPEC: OptSpec = OptSpec {
+pub const SPEC: OptSpec = OptSpec {
     short_with_value: "facd",
     short_flags: "lqUh",
     long_with_value: &[],

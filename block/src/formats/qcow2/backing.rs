@@ -113,6 +113,7 @@ pub(crate) fn open_backing(
         engine: opts.engine,
         lock: opts.lock,
         no_backing: false,
+        keep_persistent_bitmaps: false,
     };
     let file = open_file(&bopts)?;
     let buffered = File::open(&path).map_err(|source| BlockError::Open {

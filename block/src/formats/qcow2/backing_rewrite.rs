@@ -1,15 +1,17 @@
 //! Rewriting the backing file reference in the header (`ch-img rebase`).
 //!
-//! The header cluster enters; it leaves with the same fixed part (only
-//! `backing_file_offset` and `backing_file_size` changed), every header
-//! extension kept in its order except the backing format one, the new
-//! backing format extension (when a format is given), the end marker,
-//! and the new backing file name after it. The cluster is written in one
-//! `pwrite` between barriers, as qemu rewrites it. Copying data so that
+//! The header cluster enters (`header_cluster`); it leaves with the same
+//! fixed part (only `backing_file_offset` and `backing_file_size`
+//! changed), every header extension kept in its order except the backing
+//! format one, the new backing format extension last (when a format is
+//! given), the end marker, and the new backing file name after it. The
+//! cluster is written in one `pwrite` between barriers, as qemu rewrites
+//! it. Copying data so that
 //! the disk reads the same over the new backing (safe mode) is the
 //! caller's job; this only changes the reference.
 
-use super::header::{EXT_BACKING_FORMAT, EXT_END, MAX_BACKING_NAME};
+use super::header::{EXT_BACKING_FORMAT, MAX_BACKING_NAME};
+use super::header_cluster::{current_header, HeaderCluster};
 use super::image::Qcow2Image;
 use super::meta_io::MetaKind;
 use super::snapshot_ops::{write_l1, TreeOp};
@@ -37,58 +39,15 @@ impl BackingEdits for Qcow2Image {
         }
         meta.flush_dirty()?;
         meta.barrier()?;
-        let cs = meta.g.cluster_size as usize;
-        let file_len =
-            crate::formats::raw::file_size(&meta.file).map_err(|source| BlockError::Open {
-                path: meta.path.clone(),
-                source,
-            })?;
-        let mut old = vec![0u8; cs.min(file_len as usize)];
-        meta.read(MetaKind::Header, 0, &mut old)?;
-        let fixed = (self.header.header_length as usize).min(old.len());
-        let mut new = old[..fixed].to_vec();
-        // Keep every extension but the backing format.
-        let mut off = fixed;
-        while off + 8 <= old.len() {
-            let ty = u32::from_be_bytes([old[off], old[off + 1], old[off + 2], old[off + 3]]);
-            let len = u32::from_be_bytes([old[off + 4], old[off + 5], old[off + 6], old[off + 7]]);
-            if ty == EXT_END {
-                break;
-            }
-            let end = off + 8 + (len as usize).div_ceil(8) * 8;
-            if end > old.len() {
-                return Err(meta.invalid(format!(
-                    "header extension {ty:#x} runs past the first cluster"
-                )));
-            }
-            if ty != EXT_BACKING_FORMAT {
-                new.extend_from_slice(&old[off..end]);
-            }
-            off = end;
+        let header = current_header(meta)?;
+        let mut hc = HeaderCluster::read(&*meta.io, &header, &meta.path)?;
+        hc.header.backing_file = name.map(String::from);
+        let format = format.filter(|_| name.is_some());
+        hc.set_extension(EXT_BACKING_FORMAT, None);
+        if let Some(f) = format {
+            hc.set_extension(EXT_BACKING_FORMAT, Some(f.as_bytes().to_vec()));
         }
-        if let (Some(f), Some(_)) = (format, name) {
-            new.extend_from_slice(&EXT_BACKING_FORMAT.to_be_bytes());
-            new.extend_from_slice(&(f.len() as u32).to_be_bytes());
-            new.extend_from_slice(f.as_bytes());
-            new.resize(new.len().div_ceil(8) * 8, 0);
-        }
-        new.extend_from_slice(&[0u8; 8]);
-        let (name_off, name_len) = match name {
-            Some(n) => {
-                let at = new.len() as u64;
-                new.extend_from_slice(n.as_bytes());
-                (at, n.len() as u32)
-            }
-            None => (0, 0),
-        };
-        if new.len() > old.len() {
-            return Err(meta.invalid(
-                "the header, its extensions and the backing file name do not fit in the first cluster",
-            ));
-        }
-        new[8..16].copy_from_slice(&name_off.to_be_bytes());
-        new[16..20].copy_from_slice(&name_len.to_be_bytes());
-        new.resize(old.len(), 0);
+        let new = hc.encode(&meta.path)?;
         meta.write(MetaKind::Header, 0, &new)?;
         meta.barrier()
     }

@@ -44,6 +44,10 @@ pub struct BitmapEntry {
     pub granularity_bits: u8,
     /// Bytes of the bitmap's name.
     pub name_len: u16,
+    /// The bitmap's type (1: dirty tracking, the only one defined).
+    pub bitmap_type: u8,
+    /// Bytes of extra data before the name.
+    pub extra_data_size: u32,
     /// The name (invalid UTF-8 replaced).
     pub name: String,
 }
@@ -108,6 +112,7 @@ pub fn parse_directory(dir: &[u8], count: u32) -> (Vec<BitmapEntry>, Option<u32>
             be64(dir, at),
             be32(dir, at + 8),
             be32(dir, at + 12),
+            dir.get(at + 16).copied(),
             dir.get(at + 17).copied(),
             be16(dir, at + 18),
             be32(dir, at + 20),
@@ -116,6 +121,7 @@ pub fn parse_directory(dir: &[u8], count: u32) -> (Vec<BitmapEntry>, Option<u32>
             Some(table_offset),
             Some(table_entries),
             Some(flags),
+            Some(bitmap_type),
             Some(granularity_bits),
             Some(name_len),
             Some(extra),
@@ -137,6 +143,8 @@ pub fn parse_directory(dir: &[u8], count: u32) -> (Vec<BitmapEntry>, Option<u32>
             flags,
             granularity_bits,
             name_len,
+            bitmap_type,
+            extra_data_size: extra,
             name: String::from_utf8_lossy(name).into_owned(),
         });
         at += len;
@@ -202,6 +210,7 @@ mod tests {
         e[0..8].copy_from_slice(&0x5_0000u64.to_be_bytes());
         e[8..12].copy_from_slice(&3u32.to_be_bytes());
         e[12..16].copy_from_slice(&FLAG_AUTO.to_be_bytes());
+        e[16] = 1;
         e[17] = granularity_bits;
         e[18..20].copy_from_slice(&(name.len() as u16).to_be_bytes());
         e[20..24].copy_from_slice(&(extra as u32).to_be_bytes());
@@ -215,15 +224,17 @@ mod tests {
     fn directory_entries_and_where_one_is_cut_short() {
         let mut dir = entry("b1", 16, 0);
         dir.extend(entry("a-longer-name", 9, 4));
-        let want = |name: &str, granularity_bits| BitmapEntry {
+        let want = |name: &str, granularity_bits, extra_data_size| BitmapEntry {
             table_offset: 0x5_0000,
             table_entries: 3,
             flags: FLAG_AUTO,
             granularity_bits,
             name_len: name.len() as u16,
+            bitmap_type: 1,
+            extra_data_size,
             name: name.into(),
         };
-        let (b1, long) = (want("b1", 16), want("a-longer-name", 9));
+        let (b1, long) = (want("b1", 16, 0), want("a-longer-name", 9, 4));
         assert_eq!(parse_directory(&dir, 2), (vec![b1.clone(), long], None));
         assert_eq!(b1.flag_names(), ["auto"]);
         // The second entry's name runs past a directory shorter than the

@@ -413,7 +413,7 @@ fn ext_string(bytes: &[u8], what: &str) -> Result<String, HeaderError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A valid v3 header cluster of 64 KiB with tables at clusters 1..3.

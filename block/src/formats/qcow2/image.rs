@@ -51,6 +51,9 @@ pub struct Qcow2Image {
     pub(crate) data_file: FileId,
     pub(crate) header: Header,
     pub(crate) readonly: bool,
+    /// Opened to keep the persistent bitmaps valid: guest writes refused
+    /// (`DiskOptions::keep_persistent_bitmaps`).
+    pub(crate) keeps_bitmaps: bool,
     pub(crate) size: AtomicU64,
     pub(crate) state: Mutex<State>,
     /// Whether `State::compressed` may hold data (read without the lock
@@ -205,7 +208,11 @@ impl Qcow2Image {
                     });
                 }
             }
-            let autoclear = header.autoclear & AUTOCLEAR_KNOWN;
+            let known = match opts.keep_persistent_bitmaps {
+                true => AUTOCLEAR_KNOWN | AUTOCLEAR_BITMAPS,
+                false => AUTOCLEAR_KNOWN,
+            };
+            let autoclear = header.autoclear & known;
             if header.version >= 3 && autoclear != header.autoclear {
                 if header.autoclear & AUTOCLEAR_BITMAPS != 0 {
                     // Say so: backup tools that rely on the bitmaps will
@@ -291,6 +298,7 @@ impl Qcow2Image {
             data_file,
             header,
             readonly: opts.readonly,
+            keeps_bitmaps: opts.keep_persistent_bitmaps,
             _lock: lock,
         })
     }
@@ -423,9 +431,10 @@ impl Qcow2Image {
         }
     }
 
-    /// Writes are refused on read-only opens.
+    /// Writes are refused on read-only opens, and on opens that keep the
+    /// persistent bitmaps (nothing would record the write in them).
     pub(crate) fn check_writable(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        if self.readonly {
+        if self.readonly || self.keeps_bitmaps {
             return Err(BlockError::ReadOnly);
         }
         self.check_range(offset, len)

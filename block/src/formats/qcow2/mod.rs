@@ -23,7 +23,10 @@
 //! - the tool capabilities of [`crate::formats::tools`], each in the file
 //!   of its logic: `snapshot_ops` (snapshots), `backing_rewrite`
 //!   (`rebase -u`, `make_empty`), `compress_write` (compressed clusters),
-//!   `resize` (grow and shrink);
+//!   `resize` (grow and shrink), `amend` (version, refcount width and
+//!   feature changes, with `zero_expand`, `refcount_layout` and
+//!   `header_cluster`), persistent bitmaps (`bitmap_store` reads them,
+//!   `bitmap_write` changes them);
 //! - `create`: new images with qemu-img's defaults;
 //! - `plan_exec`: executing a read plan inline (COW sources, tests).
 //!
@@ -34,9 +37,12 @@
 //! (after a barrier), in the order docs/qcow2.md describes.
 
 pub(crate) mod alloc;
+pub(crate) mod amend;
 pub(crate) mod backing;
 pub(crate) mod backing_rewrite;
 pub mod bitmap_directory;
+pub(crate) mod bitmap_store;
+pub(crate) mod bitmap_write;
 pub(crate) mod cache;
 pub mod check;
 pub mod compress_write;
@@ -47,6 +53,7 @@ pub mod create;
 pub(crate) mod features;
 pub(crate) mod guard;
 pub(crate) mod header;
+pub(crate) mod header_cluster;
 pub mod image;
 pub(crate) mod inflight;
 pub(crate) mod l2_entry;
@@ -59,6 +66,7 @@ pub(crate) mod prealloc_detect;
 pub(crate) mod queue;
 pub(crate) mod read;
 pub(crate) mod refcount;
+pub(crate) mod refcount_layout;
 pub(crate) mod reserve;
 pub(crate) mod resize;
 pub(crate) mod snapshot_ops;
@@ -66,5 +74,6 @@ pub mod snapshot_table;
 pub(crate) mod status;
 pub(crate) mod write;
 pub(crate) mod zero;
+pub(crate) mod zero_expand;
 
 pub use image::Qcow2Image;

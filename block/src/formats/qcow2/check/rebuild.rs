@@ -14,10 +14,11 @@ use std::fs::File;
 use std::path::Path;
 
 use crate::error::BlockError;
-use crate::formats::qcow2::header::{Header, MAX_REFTABLE_BYTES, OFF_REFTABLE};
+use crate::formats::qcow2::header::{Header, OFF_REFTABLE};
 use crate::formats::qcow2::image::{read_header_with, Qcow2Image};
 use crate::formats::qcow2::meta_io::{sync, write_at, MetaKind};
-use crate::formats::qcow2::refcount::{entries_per_block, max_refcount, write_refcount_entry};
+use crate::formats::qcow2::refcount::max_refcount;
+use crate::formats::qcow2::refcount_layout::RefcountLayout;
 
 /// Header fields nb_snapshots (u32 at 60) and snapshots_offset (u64 at 64).
 const OFF_SNAPSHOT_FIELDS: u64 = 60;
@@ -35,7 +36,6 @@ pub(super) fn rebuild_refcounts(
     messages.push("Rebuilding refcount structure".into());
     let cs = header.cluster_size();
     let order = header.refcount_order;
-    let per_block = entries_per_block(header.cluster_bits, order);
     let max = max_refcount(order);
     let used = references
         .iter()
@@ -43,56 +43,23 @@ pub(super) fn rebuild_refcounts(
         .map_or(1, |i| i as u64 + 1);
     // New structures start after every cluster of the file.
     let start = file_size.div_ceil(cs).max(used);
-    // Blocks and table must also count themselves: a fixed point.
-    let (mut blocks, mut table) = (0u64, 0u64);
-    loop {
-        let total = start + blocks + table;
-        let b = total.div_ceil(per_block);
-        let t = (b * 8).div_ceil(cs).max(1);
-        if (b, t) == (blocks, table) {
-            break;
-        }
-        (blocks, table) = (b, t);
-    }
-    if table * cs > MAX_REFTABLE_BYTES {
-        return Err(BlockError::NoSpace(format!(
-            "a rebuilt refcount table of {table} clusters would exceed qcow2's limit"
-        )));
-    }
-    let total = start + blocks + table;
-    let mut block_bytes = vec![0u8; (blocks * cs) as usize];
-    for c in 0..total {
-        let count = match references.get(c as usize) {
-            Some(r) => u64::from(*r),
-            None if c >= start => 1,
-            None => 0,
-        };
-        if count == 0 {
-            continue;
-        }
-        if count > max {
+    for (c, count) in references.iter().enumerate() {
+        if u64::from(*count) > max {
             messages.push(format!(
                 "ERROR cluster {c} has {count} references, more than refcount_order {order} can store"
             ));
         }
-        let block = (c / per_block * cs) as usize;
-        write_refcount_entry(
-            &mut block_bytes[block..block + cs as usize],
-            (c % per_block) as usize,
-            order,
-            count.min(max),
-        );
     }
-    let mut table_bytes = vec![0u8; (table * cs) as usize];
-    for b in 0..blocks {
-        let at = (b * 8) as usize;
-        table_bytes[at..at + 8].copy_from_slice(&((start + b) * cs).to_be_bytes());
-    }
-    let blocks_at = start * cs;
-    let table_at = (start + blocks) * cs;
-    write_at(file, MetaKind::RefcountBlock, blocks_at, &block_bytes)?;
-    write_at(file, MetaKind::RefcountTable, table_at, &table_bytes)?;
+    let layout = RefcountLayout::fit(start, header.cluster_bits, order)?;
+    let mut count = |c: u64| {
+        Ok(references
+            .get(c as usize)
+            .map_or(0, |r| u64::from(*r).min(max)))
+    };
+    layout.write(file, &mut count, &mut |_, _| {})?;
     sync(file)?;
+    let table_at = layout.table_offset();
+    let table = layout.table_clusters;
     let mut fields = [0u8; 12];
     fields[..8].copy_from_slice(&table_at.to_be_bytes());
     fields[8..].copy_from_slice(&(table as u32).to_be_bytes());
