@@ -26,6 +26,8 @@ pub enum CliError {
         #[source]
         source: BlockError,
     },
+    #[error("Could not open '{path}': force-share=on can only be used with read-only images")]
+    ForceShareWritable { path: PathBuf },
     #[error("Could not create '{path}'")]
     Create {
         path: PathBuf,
@@ -90,3 +92,13 @@ pub enum CliError {
 
 /// The error and its causes on one line, as qemu-img prints them.
 pub use ch_log::error_chain as chain;
+
+/// An OS error as C's `strerror` words it (qemu-img's messages), without
+/// Rust's " (os error N)".
+pub fn os_message(e: &io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error ") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}

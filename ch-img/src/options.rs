@@ -1,6 +1,8 @@
 //! Option values shared by several verbs: `-f` formats, `-o key=value`
 //! creation options, `-t`/`-T` cache modes, and opening an image
-//! read-only or read-write in a cache mode.
+//! read-only or read-write in a cache mode, locked as qemu-img locks it:
+//! a reader refuses an image someone writes unless `-U` (force-share), a
+//! writer refuses an image anyone else uses.
 //!
 //! Words from the command line enter; block-crate option structs leave.
 
@@ -67,11 +69,60 @@ pub fn open_image_cached(
     readonly: bool,
     cache: CacheMode,
 ) -> Result<ImageIo, CliError> {
+    open_with(path, fmt, readonly, false, cache)
+}
+
+/// Opens an image read-only for a verb that only reads it; `force_share`
+/// (`-U`) lets it open an image that another process writes.
+pub fn open_reader(
+    path: &str,
+    fmt: ImageType,
+    cache: CacheMode,
+    force_share: bool,
+) -> Result<ImageIo, CliError> {
+    open_with(path, fmt, true, force_share, cache)
+}
+
+/// [`open_image_cached`]; with `force_share` the read-only files (the
+/// image itself when `readonly`, its backing chain always) let other
+/// processes write them.
+pub fn open_with(
+    path: &str,
+    fmt: ImageType,
+    readonly: bool,
+    force_share: bool,
+    cache: CacheMode,
+) -> Result<ImageIo, CliError> {
     let mut opts = DiskOptions::new(path);
     opts.readonly = readonly;
+    opts.force_share = force_share;
     opts.image_type = fmt;
     opts.direct = cache.direct();
     ImageIo::open(&opts, cache).map_err(|source| open_error(path, cache, source))
+}
+
+/// Opens an image read-write *without* its backing chain, for a verb that
+/// only edits its header (`rebase -u`): a missing or broken backing file
+/// does not stop it, and the image refuses guest writes.
+pub fn open_header_only(path: &str, fmt: ImageType, cache: CacheMode) -> Result<ImageIo, CliError> {
+    let mut opts = DiskOptions::new(path);
+    opts.no_backing = true;
+    opts.image_type = fmt;
+    opts.direct = cache.direct();
+    ImageIo::open(&opts, cache).map_err(|source| open_error(path, cache, source))
+}
+
+/// qemu-img's refusal of `-U` where the verb writes the image.
+pub fn refuse_force_share(path: &str, force_share: bool) -> Result<(), CliError> {
+    if force_share {
+        return Err(CliError::ForceShareWritable { path: path.into() });
+    }
+    Ok(())
+}
+
+/// `-U` or `--force-share` on the command line.
+pub fn force_share(p: &crate::args::Parsed) -> bool {
+    p.flag("U") || p.flag("force-share")
 }
 
 /// `Open`, or `DirectRefused` when O_DIRECT was asked for and the open

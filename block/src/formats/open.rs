@@ -34,7 +34,7 @@ pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, Bloc
     match image_type {
         ImageType::Raw | ImageType::Auto => {
             let lock = (opts.lock)
-                .then(|| crate::lock::lock_image(&file, &opts.path, !opts.readonly))
+                .then(|| crate::lock::lock_image(&file, &opts.path, opts.lock_mode()))
                 .transpose()?;
             Ok(Arc::new(
                 RawImage::new(&opts.path, Arc::new(file), opts.readonly, probed)?.with_lock(lock),

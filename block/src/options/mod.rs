@@ -112,10 +112,16 @@ pub struct DiskOptions {
     /// way qemu does, so two writers cannot open one image.
     pub lock: bool,
     /// Do not open the backing chain: unallocated ranges read as zeroes.
-    /// Read-only opens only (a write would copy zeroes instead of the
-    /// backing data); for tools that read just what the image allocates
-    /// while they write its backing file (`ch-img commit`).
+    /// For tools that read just what the image allocates while they write
+    /// its backing file (`ch-img commit`), read the header of an image
+    /// whose chain is broken (`info`), or only rewrite the header
+    /// (`rebase -u`): a writable open refuses guest writes and resizing,
+    /// which would copy zeroes instead of the backing data.
     pub no_backing: bool,
+    /// qemu's `force-share` (`ch-img -U`): the read-only files of the
+    /// image (all of them on a read-only open, the backing chain on a
+    /// writable one) are locked so that others may still write them.
+    pub force_share: bool,
 }
 
 impl DiskOptions {
@@ -124,6 +130,14 @@ impl DiskOptions {
             path: path.into(),
             lock: true,
             ..Default::default()
+        }
+    }
+
+    /// How the image's own files are locked (when `lock` is set).
+    pub fn lock_mode(&self) -> crate::lock::LockMode {
+        match (self.readonly, self.force_share) {
+            (true, true) => crate::lock::LockMode::ForceShare,
+            (readonly, _) => crate::lock::LockMode::of(!readonly),
         }
     }
 }

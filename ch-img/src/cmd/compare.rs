@@ -14,7 +14,7 @@ use crate::error::CliError;
 use crate::image_io::ImageIo;
 use block::options::CacheMode;
 
-use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
+use crate::options::{force_share, open_reader, parse_cache, parse_format, CacheFlag};
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "fFT",
@@ -33,8 +33,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let quiet = p.flag("q");
     let strict = p.flag("s");
     let cache = parse_cache(p.value("T"), CacheMode::Writeback, CacheFlag::Source)?;
-    let img1 = open_image_cached(a, parse_format(p.value("f"))?, true, cache)?;
-    let img2 = open_image_cached(b, parse_format(p.value("F").or(p.value("f")))?, true, cache)?;
+    let shared = force_share(&p);
+    let img1 = open_reader(a, parse_format(p.value("f"))?, cache, shared)?;
+    let img2 = open_reader(
+        b,
+        parse_format(p.value("F").or(p.value("f")))?,
+        cache,
+        shared,
+    )?;
     let (s1, s2) = (img1.size(), img2.size());
     if strict && s1 != s2 {
         if !quiet {

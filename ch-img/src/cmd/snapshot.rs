@@ -14,8 +14,9 @@ use serde_json::{json, Map, Value};
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
-use crate::options::{open_image, parse_format};
+use crate::options::{force_share, open_image, open_reader, parse_format, refuse_force_share};
 use crate::size::human_size;
+use block::options::CacheMode;
 
 const SPEC: OptSpec = OptSpec {
     short_with_value: "facd",
@@ -37,7 +38,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let [path] = p.operands.as_slice() else {
         return Err(CliError::Usage("Expecting one image file name".into()));
     };
-    let image = open_image(path, parse_format(p.value("f"))?, changes == 0)?;
+    let fmt = parse_format(p.value("f"))?;
+    let shared = force_share(&p);
+    let image = if changes == 0 {
+        open_reader(path, fmt, CacheMode::Writeback, shared)?
+    } else {
+        refuse_force_share(path, shared)?;
+        open_image(path, fmt, false)?
+    };
     if let Some(name) = p.value("c") {
         let result = image.tools().snapshot_create(name, now());
         // Close (flush, clean) whatever happened; report the first error.

@@ -27,7 +27,6 @@ pub(crate) struct Backing {
     pub cow_files: Vec<Arc<File>>,
     /// Images in this backing chain (1 for a raw or a qcow2 without backing).
     pub layers: u32,
-    pub path: PathBuf,
 }
 
 impl Backing {
@@ -113,6 +112,7 @@ pub(crate) fn open_backing(
         engine: opts.engine,
         lock: opts.lock,
         no_backing: false,
+        force_share: opts.force_share,
     };
     let file = open_file(&bopts)?;
     let buffered = File::open(&path).map_err(|source| BlockError::Open {
@@ -144,17 +144,15 @@ pub(crate) fn open_backing(
             image: Arc::new(img),
             cow_files,
             layers,
-            path,
         });
     }
     let lock = (bopts.lock)
-        .then(|| crate::lock::lock_image(&file, &path, false))
+        .then(|| crate::lock::lock_image(&file, &path, bopts.lock_mode()))
         .transpose()?;
     let img = RawImage::new(&path, Arc::new(file), true, fmt.is_none())?.with_lock(lock);
     Ok(Backing {
         image: Arc::new(img),
         cow_files: vec![Arc::new(buffered)],
         layers: 1,
-        path,
     })
 }

@@ -56,9 +56,15 @@ pub struct Qcow2Image {
     /// Whether `State::compressed` may hold data (read without the lock
     /// on every read and write plan).
     pub(crate) compressed_cached: AtomicBool,
-    /// This file's locks, released when the image is dropped (after the
-    /// `Drop` below has written what it must; see [`crate::lock`]).
+    /// This file's locks and its data file's, released when the image is
+    /// dropped (after the `Drop` below has written what it must; see
+    /// [`crate::lock`]).
     pub(crate) _lock: Option<ImageLock>,
+    pub(crate) _data_file_lock: Option<ImageLock>,
+    /// Opened writable without its backing chain (`DiskOptions::no_backing`,
+    /// for header edits such as `rebase -u`): guest writes and resizing
+    /// are refused, since they would need the backing data.
+    pub(crate) backing_unopened: bool,
 }
 
 fn header_error(path: &Path, e: HeaderError) -> BlockError {
@@ -173,14 +179,8 @@ impl Qcow2Image {
         chain: &mut Vec<PathBuf>,
     ) -> Result<Self, BlockError> {
         let path = opts.path.clone();
-        if opts.no_backing && !opts.readonly {
-            return Err(BlockError::Unsupported {
-                path,
-                feature: "a writable open without the backing chain".into(),
-            });
-        }
         let lock = (opts.lock)
-            .then(|| crate::lock::lock_image(&file, &path, !opts.readonly))
+            .then(|| crate::lock::lock_image(&file, &path, opts.lock_mode()))
             .transpose()?;
         let meta_file = OpenOptions::new()
             .read(true)
@@ -228,6 +228,7 @@ impl Qcow2Image {
         let meta_file = Arc::new(meta_file);
         let mut cow_files = vec![Arc::clone(&meta_file)];
         let mut data_file = FileId(0);
+        let mut data_file_lock = None;
         if let Some(name) = header.data_file.clone() {
             let dpath = resolve(&path, &name);
             let mut o = OpenOptions::new();
@@ -243,6 +244,9 @@ impl Qcow2Image {
                 path: dpath.clone(),
                 source,
             })?;
+            data_file_lock = (opts.lock)
+                .then(|| crate::lock::lock_image(&f, &dpath, opts.lock_mode()))
+                .transpose()?;
             data_file = FileId(files.len() as u16);
             files.push(Arc::new(f));
             cow_files.push(Arc::new(b));
@@ -268,6 +272,7 @@ impl Qcow2Image {
             files.extend(b.image.files().iter().cloned());
             cow_files.extend(b.cow_files.iter().cloned());
         }
+        let backing_unopened = opts.no_backing && !opts.readonly && header.backing_file.is_some();
         let mut meta = MetaState::load(&header, meta_file, path.clone(), file_size)?;
         // cache=unsafe skips every flush, the ordering barriers between
         // dependent metadata writes and at close included, as QEMU's
@@ -292,6 +297,8 @@ impl Qcow2Image {
             header,
             readonly: opts.readonly,
             _lock: lock,
+            _data_file_lock: data_file_lock,
+            backing_unopened,
         })
     }
 
@@ -423,12 +430,26 @@ impl Qcow2Image {
         }
     }
 
-    /// Writes are refused on read-only opens.
+    /// Writes are refused on read-only opens, and on writable opens
+    /// without the backing chain (a partial write would copy zeroes where
+    /// the backing data belongs).
     pub(crate) fn check_writable(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         if self.readonly {
             return Err(BlockError::ReadOnly);
         }
+        self.check_backing_opened()?;
         self.check_range(offset, len)
+    }
+
+    /// Refuses what needs the backing chain on an image opened without it.
+    pub(crate) fn check_backing_opened(&self) -> Result<(), BlockError> {
+        if self.backing_unopened {
+            return Err(BlockError::Unsupported {
+                path: self.path.clone(),
+                feature: "changing the disk of an image opened without its backing chain".into(),
+            });
+        }
+        Ok(())
     }
 }
 
