@@ -33,6 +33,9 @@ pub enum BlockError {
     /// A new image would replace a file the command reads.
     #[error("'{}' is also a file the command reads from (the same file); refusing to overwrite it", path.display())]
     OverwritesSource { path: PathBuf },
+    /// `DiskOptions::snapshot` names no snapshot of the image.
+    #[error("Can't find snapshot in {}", path.display())]
+    NoSuchSnapshot { path: PathBuf },
     #[error("cannot lock {path}")]
     Lock {
         path: PathBuf,
@@ -161,6 +164,7 @@ impl BlockError {
             Open { .. }
             | Locked { .. }
             | OverwritesSource { .. }
+            | NoSuchSnapshot { .. }
             | Lock { .. }
             | UringSetup(_)
             | UringSubmit(_)

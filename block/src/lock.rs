@@ -174,6 +174,17 @@ pub fn lock_image(file: &File, path: &Path, mode: LockMode) -> Result<ImageLock,
     Ok(ImageLock { file: guard })
 }
 
+/// Opens `path` and locks it in `mode`, for a tool that reads or writes
+/// the file through descriptors of its own (`ch-img check`): the locks
+/// last as long as the returned guard.
+pub fn lock_path(path: &Path, mode: LockMode) -> Result<ImageLock, BlockError> {
+    let file = File::open(path).map_err(|source| BlockError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    lock_image(&file, path, mode)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

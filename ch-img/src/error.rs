@@ -28,6 +28,14 @@ pub enum CliError {
     },
     #[error("Could not open '{path}': force-share=on can only be used with read-only images")]
     ForceShareWritable { path: PathBuf },
+    /// `convert` could not create its output (qemu-img's words).
+    #[error("{}: error while converting {format}", path.display())]
+    ConvertCreate {
+        path: PathBuf,
+        format: &'static str,
+        #[source]
+        source: BlockError,
+    },
     #[error("Could not create '{path}'")]
     Create {
         path: PathBuf,

@@ -122,6 +122,9 @@ pub struct DiskOptions {
     /// image (all of them on a read-only open, the backing chain on a
     /// writable one) are locked so that others may still write them.
     pub force_share: bool,
+    /// Read this internal snapshot instead of the active disk (read-only
+    /// qcow2 opens; `ch-img convert -l`).
+    pub snapshot: Option<crate::formats::qcow2::snapshot_view::SnapshotRef>,
 }
 
 impl DiskOptions {

@@ -113,6 +113,7 @@ pub(crate) fn open_backing(
         lock: opts.lock,
         no_backing: false,
         force_share: opts.force_share,
+        snapshot: None,
     };
     let file = open_file(&bopts)?;
     let buffered = File::open(&path).map_err(|source| BlockError::Open {

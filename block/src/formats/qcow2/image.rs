@@ -278,7 +278,7 @@ impl Qcow2Image {
         // dependent metadata writes and at close included, as QEMU's
         // BDRV_O_NO_FLUSH does: a crash may then leave anything.
         meta.barriers = opts.cache.flushes();
-        Ok(Qcow2Image {
+        let image = Qcow2Image {
             size: AtomicU64::new(header.size),
             compressed_cached: AtomicBool::new(false),
             state: Mutex::new(State {
@@ -299,7 +299,11 @@ impl Qcow2Image {
             _lock: lock,
             _data_file_lock: data_file_lock,
             backing_unopened,
-        })
+        };
+        if let Some(which) = &opts.snapshot {
+            image.view_snapshot(which)?;
+        }
+        Ok(image)
     }
 
     /// Read-write opens refuse images whose metadata cannot be trusted.
