@@ -144,6 +144,7 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         backing_file: None,
         backing_format: None,
         data_file: None,
+        bitmaps: None,
     };
     let mut exts = Vec::new();
     if let Some(f) = &p.backing_format {

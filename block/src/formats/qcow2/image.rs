@@ -20,6 +20,7 @@ use super::header::{Header, HeaderError, OFF_AUTOCLEAR, OFF_INCOMPAT};
 use super::inflight::InFlight;
 use super::meta::MetaState;
 use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
+use super::snapshot_table::{read_snapshot_table, TableLocation};
 use crate::error::BlockError;
 use crate::formats::FileId;
 use crate::lock::ImageLock;
@@ -191,6 +192,21 @@ impl Qcow2Image {
                 source,
             })?;
         let (mut header, mut file_size) = read_header(&meta_file, &path)?;
+        // As qemu, refuse a bitmap directory it would refuse to load.
+        super::bitmap_directory::bitmaps_of(&meta_file, &header, file_size).map_err(|reason| {
+            BlockError::InvalidImage {
+                path: path.clone(),
+                reason,
+            }
+        })?;
+        // As qemu, refuse a snapshot table beyond its limits (the count,
+        // the table's size, each entry's extra data).
+        read_snapshot_table(&meta_file, TableLocation::of(&header), file_size).map_err(
+            |reason| BlockError::InvalidImage {
+                path: path.clone(),
+                reason,
+            },
+        )?;
         if !opts.readonly {
             Self::check_writable_open(&path, &header)?;
             Self::check_direct_writes(opts, &header)?;
