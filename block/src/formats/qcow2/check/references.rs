@@ -379,17 +379,23 @@ impl Walker<'_> {
             .enumerate()
             .map(|(n, e)| (n, e.l1_offset, e.l1_size))
             .collect();
+        // Real snapshots' L1 tables never overlap, so together they fit
+        // in the file: a table claiming more than is left is not walked
+        // (the walk stays bounded by the file's size).
+        let mut budget = self.file_size;
         for (n, off, size) in l1s {
             let bytes = u64::from(size) * 8;
             if !off.is_multiple_of(self.cs())
                 || bytes > MAX_L1_BYTES
                 || off.checked_add(bytes).is_none_or(|e| e > self.file_size)
+                || bytes > budget
             {
                 self.findings.corrupt(format!(
                     "ERROR: snapshot {n} has an invalid L1 table (offset {off:#x}, {size} entries)"
                 ));
                 continue;
             }
+            budget -= bytes;
             self.walk_l1(off, size, false)?;
         }
         Ok(())
