@@ -41,7 +41,7 @@ pub mod tools;
 pub use open::open_format;
 pub use qcow2::compress_write::compress_cluster;
 pub use tools::{
-    open_image_tools, BackingEdits, CompressedWrites, ImageTools, Resizable, Snapshots,
+    open_image_tools, BackingEdits, CompressedWrites, FailureUndo, ImageTools, Resizable, Snapshots,
 };
 
 /// Index into [`Format::files`].

@@ -19,6 +19,7 @@
 //! | [`BackingEdits`] | `set_backing_file`, `make_empty` | `qcow2/backing_rewrite.rs` | unsupported |
 //! | [`CompressedWrites`] | `write_compressed(_packed)`, `compression`, `set_compressed_cache` | `qcow2/compress_write.rs` | unsupported |
 //! | [`Resizable`] | `resize`, `backing_size` | `qcow2/resize.rs` | `raw.rs` |
+//! | [`FailureUndo`] | `undo_on_failure` | `qcow2/undo.rs` | `raw.rs` |
 //!
 //! Resizing a disk whose queues are running is the one capability an
 //! owner may lend out: [`crate::Resizer`] (see its docs for why it is
@@ -96,12 +97,31 @@ pub trait Resizable {
     fn backing_size(&self) -> Option<u64>;
 }
 
+/// Running a tool operation so that its failure leaves the file as it was
+/// (`ch-img`'s verbs: a failed command changes nothing).
+pub trait FailureUndo {
+    /// Runs `op` (tool calls and requests on this image); if it fails,
+    /// puts the image file back as it was before and returns the error.
+    /// No request may be in flight when it is called, and only `op`'s
+    /// while it runs: an undo would drop what others wrote meanwhile.
+    fn undo_on_failure(
+        &self,
+        op: &mut dyn FnMut() -> Result<(), BlockError>,
+    ) -> Result<(), BlockError>;
+}
+
 /// An opened image with every capability: the queue-facing [`Format`]
 /// and all the tool traits above. Only the owner of an exclusive open
 /// holds one.
-pub trait ImageTools: Format + Snapshots + BackingEdits + CompressedWrites + Resizable {}
+pub trait ImageTools:
+    Format + Snapshots + BackingEdits + CompressedWrites + Resizable + FailureUndo
+{
+}
 
-impl<T: Format + Snapshots + BackingEdits + CompressedWrites + Resizable> ImageTools for T {}
+impl<T: Format + Snapshots + BackingEdits + CompressedWrites + Resizable + FailureUndo> ImageTools
+    for T
+{
+}
 
 /// Opens `opts.path` with its tool capabilities, for a caller that drives
 /// the format itself (tests, fuzzing); tools that also do I/O use

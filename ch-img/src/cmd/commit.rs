@@ -63,7 +63,10 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // The layers are open only inside: released (with their locks) before
     // the image is reopened read-write with its chain.
     let mut progress = Progress::new(p.flag("p") && !p.flag("q"), 0);
-    let copied = commit_layers(&layers, &base, cache, &mut progress);
+    // A failure undoes what it can of the base: its metadata and what it
+    // appended (clusters it already had are overwritten in place, as
+    // qemu-img overwrites them).
+    let copied = base.undo_on_failure(|| commit_layers(&layers, &base, cache, &mut progress));
     let closed = base.close().map_err(CliError::Close);
     drop(base);
     copied.and(closed)?;
@@ -72,10 +75,10 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // data to stay valid.
     if !p.flag("d") && p.value("b").is_none() {
         let top = open_image_cached(path, fmt, false, cache)?;
-        let emptied = top
-            .tools()
-            .make_empty()
-            .map_err(|source| CliError::Write { offset: 0, source });
+        let emptied = top.undo_on_failure(|| {
+            let emptied = top.tools().make_empty();
+            emptied.map_err(|source| CliError::Write { offset: 0, source })
+        });
         let closed = top.close().map_err(CliError::Close);
         emptied.and(closed)?;
     }

@@ -72,7 +72,8 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     } else {
         open_with(path, fmt, false, shared, cache)?
     };
-    let result = (|| {
+    // A failure (ENOSPC, EIO) puts the image back as it was.
+    let result = image.undo_on_failure(|| {
         if !unsafe_mode {
             let new = if backing.is_empty() {
                 None
@@ -103,7 +104,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             .tools()
             .set_backing_file(name, name.and(backing_fmt))
             .map_err(|source| CliError::Write { offset: 0, source })
-    })();
+    });
     let closed = image.close().map_err(CliError::Close);
     result.and(closed)?;
     Ok(0)

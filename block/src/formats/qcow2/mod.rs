@@ -23,7 +23,8 @@
 //! - the tool capabilities of [`crate::formats::tools`], each in the file
 //!   of its logic: `snapshot_ops` (snapshots), `backing_rewrite`
 //!   (`rebase -u`, `make_empty`), `compress_write` (compressed clusters),
-//!   `resize` (grow and shrink); `snapshot_view` reads an internal
+//!   `resize` (grow and shrink), `undo` (a failed tool operation puts
+//!   the file back); `snapshot_view` reads an internal
 //!   snapshot in place of the active disk (`convert -l`);
 //! - `create`: new images with qemu-img's defaults;
 //! - `plan_exec`: executing a read plan inline (COW sources, tests).
@@ -66,6 +67,7 @@ pub(crate) mod snapshot_ops;
 pub mod snapshot_table;
 pub mod snapshot_view;
 pub(crate) mod status;
+pub(crate) mod undo;
 pub(crate) mod write;
 pub(crate) mod zero;
 
