@@ -70,7 +70,11 @@ fn every_fault_leaves_the_file(
     img.undo_on_failure(&mut || op(&*img)).unwrap();
     let done = seam.stats();
     drop(img);
-    assert_ne!(std::fs::read(&p).unwrap(), before, "{case}: changes nothing");
+    assert_ne!(
+        std::fs::read(&p).unwrap(),
+        before,
+        "{case}: changes nothing"
+    );
     let (writes, syncs) = (done.writes - base.writes, done.syncs - base.syncs);
     assert!(writes > 0, "{case}: no metadata write");
     let faults = (1..=writes)
@@ -80,8 +84,14 @@ fn every_fault_leaves_the_file(
         std::fs::write(&p, &before).unwrap();
         let (img, seam) = open_faulty(&p, &[fault]);
         let r = img.undo_on_failure(&mut || op(&*img));
-        assert!(seam.stats().fired > 0, "{case}: fault {i} ({fault:?}) never fired");
-        assert!(r.is_err(), "{case}: fault {i} ({fault:?}) did not fail the operation");
+        assert!(
+            seam.stats().fired > 0,
+            "{case}: fault {i} ({fault:?}) never fired"
+        );
+        assert!(
+            r.is_err(),
+            "{case}: fault {i} ({fault:?}) did not fail the operation"
+        );
         let _ = img.close();
         drop(img);
         let after = std::fs::read(&p).unwrap();

@@ -36,7 +36,8 @@ pub enum CliError {
         #[source]
         source: BlockError,
     },
-    #[error("Could not create '{path}'")]
+    /// Creating an image failed; qemu-img names the file first.
+    #[error("{}", path.display())]
     Create {
         path: PathBuf,
         #[source]

@@ -45,7 +45,11 @@ fn refused(dir: &TempDir, args: &[&str], words: &str) {
     let (x0, r0) = (bytes(&x), bytes(&r));
     let out = ch_in(dir.path(), args);
     assert!(!out.status.success(), "ch-img {args:?} succeeded");
-    assert!(stderr(&out).contains(words), "ch-img {args:?}: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains(words),
+        "ch-img {args:?}: {}",
+        stderr(&out)
+    );
     unchanged(&x, &x0, &format!("ch-img {args:?}"));
     unchanged(&r, &r0, &format!("ch-img {args:?}"));
 }
@@ -79,7 +83,11 @@ fn convert_never_truncates_its_source() {
         refused(&dir, &shared, SAME_FILE);
     }
     // -n writes into an existing output: locked, or with -U the same file.
-    refused(&dir, &["convert", "-n", "-O", "qcow2", "X.qcow2", "L"], LOCKED);
+    refused(
+        &dir,
+        &["convert", "-n", "-O", "qcow2", "X.qcow2", "L"],
+        LOCKED,
+    );
     refused(
         &dir,
         &["convert", "-U", "-n", "-O", "qcow2", "O.qcow2", "H"],

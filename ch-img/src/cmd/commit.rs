@@ -21,6 +21,7 @@
 //! `-t` (default writeback, as qemu-img's) is the cache mode of every
 //! image the commit opens.
 
+use block::lock::{lock_path, LockMode};
 use block::options::CacheMode;
 use block::{DiskOptions, ImageType};
 
@@ -58,6 +59,16 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     };
     let fmt = parse_format(p.value("f"))?;
     let cache = parse_cache(p.value("t"), CacheMode::Writeback, CacheFlag::Target)?;
+    // qemu-img opens the image read-write first: refuse one another
+    // process uses in qemu-img's words before anything else.
+    drop(
+        lock_path(std::path::Path::new(path), LockMode::Writer).map_err(|source| {
+            CliError::Open {
+                path: path.into(),
+                source,
+            }
+        })?,
+    );
     let (layers, base_path, base_fmt) = chain_above_base(path, fmt, p.value("b"))?;
     let base = open_image_cached(&base_path, base_fmt, false, cache)?;
     // The layers are open only inside: released (with their locks) before
