@@ -83,16 +83,15 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             return Ok(1);
         }
     };
+    // The findings go to stderr whatever the output format, as qemu-img
+    // prints them.
+    for m in &report.messages {
+        eprintln!("{m}");
+    }
     match output {
         OutputFormat::Json => print_json(&json_report(&report))?,
-        OutputFormat::Human => {
-            for m in &report.messages {
-                eprintln!("{m}");
-            }
-            if !quiet {
-                print!("{}", human_report(&report));
-            }
-        }
+        OutputFormat::Human if !quiet => print!("{}", human_report(&report)),
+        OutputFormat::Human => {}
     }
     Ok(exit_status(&report))
 }
