@@ -286,7 +286,7 @@ impl JoiningWriter<'_> {
                 }
                 Piece::Zeroes { offset, len } => {
                     self.write_held()?;
-                    let r = self.job.output.write_zeroes(offset, len);
+                    let r = self.job.output.write_zeroes(offset, len, true);
                     r.map_err(|source| self.error(offset, source))?;
                 }
             }

@@ -26,6 +26,9 @@ pub enum CliError {
         #[source]
         source: BlockError,
     },
+    /// The image file itself does not open (qemu-img's words).
+    #[error("Could not open '{path}': Could not open '{path}': {reason}")]
+    OpenFile { path: String, reason: String },
     #[error("Could not open '{path}': force-share=on can only be used with read-only images")]
     ForceShareWritable { path: PathBuf },
     /// `convert` could not create its output (qemu-img's words).

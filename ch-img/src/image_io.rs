@@ -226,13 +226,12 @@ impl ImageIo {
     }
 
     /// Makes `offset..offset+len` read as zeroes (a qcow2 v3 image keeps a
-    /// zero cluster for it, as qemu-img commit leaves one).
-    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+    /// zero cluster for it, as qemu-img commit leaves one); `may_unmap`
+    /// lets the image free the clusters instead where nothing would show
+    /// through (qemu-img convert -n zeroes its target so).
+    pub fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> Result<(), BlockError> {
         self.run(
-            RequestOp::WriteZeroes {
-                len,
-                may_unmap: false,
-            },
+            RequestOp::WriteZeroes { len, may_unmap },
             offset,
             IoMemory::None,
         )?;

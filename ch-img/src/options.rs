@@ -126,9 +126,22 @@ pub fn force_share(p: &crate::args::Parsed) -> bool {
 }
 
 /// `Open`, or `DirectRefused` when O_DIRECT was asked for and the open
-/// failed with EINVAL (what file systems without O_DIRECT answer).
+/// failed with EINVAL (what file systems without O_DIRECT answer), or
+/// qemu-img's words when the file itself does not open (missing, no
+/// permission).
 pub fn open_error(path: &str, cache: CacheMode, source: BlockError) -> CliError {
     match &source {
+        BlockError::Open {
+            path: failed,
+            source: io,
+        } if failed.as_os_str() == path
+            && !(cache.direct() && io.raw_os_error() == Some(libc::EINVAL)) =>
+        {
+            CliError::OpenFile {
+                path: path.into(),
+                reason: crate::error::os_message(io),
+            }
+        }
         BlockError::Open { source: io, .. }
             if cache.direct() && io.raw_os_error() == Some(libc::EINVAL) =>
         {

@@ -28,7 +28,10 @@ fn fill(fs: &Mount) {
 fn fails_and_leaves(fs: &Mount, args: &[&str], files: &[&str]) {
     let before: Vec<Vec<u8>> = files.iter().map(|f| bytes(&fs.file(f))).collect();
     let out = ch_in(&fs.path, args);
-    assert!(!out.status.success(), "ch-img {args:?} succeeded on a full disk");
+    assert!(
+        !out.status.success(),
+        "ch-img {args:?} succeeded on a full disk"
+    );
     let text = stderr(&out);
     assert!(
         text.contains("No space left") || text.contains("ENOSPC"),
@@ -79,7 +82,15 @@ fn snapshot_rebase_and_commit_on_a_full_disk_change_nothing() {
     qemu_io("qcow2", &base, &["write -P 0x11 0 2M"]);
     let top = fs.file("top.qcow2");
     qemu_img(&[
-        "create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", &top,
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        "base.qcow2",
+        "-F",
+        "qcow2",
+        &top,
     ]);
     qemu_io("qcow2", &top, &["write -P 0x22 4M 1M"]);
     fill(&fs);

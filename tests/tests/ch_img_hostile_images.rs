@@ -55,7 +55,11 @@ const BITMAPS: u64 = 0x2385_2875;
 fn refused_quickly(args: &[&str], words: &str) {
     let out = timed(integration_tests::ch_img(), args, QUICK);
     assert!(!out.status.success(), "ch-img {args:?} succeeded");
-    assert!(stderr(&out).contains(words), "ch-img {args:?}: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains(words),
+        "ch-img {args:?}: {}",
+        stderr(&out)
+    );
 }
 
 /// An image with one persistent bitmap, poked by `spoil(path, ext, dir)`
@@ -72,9 +76,18 @@ fn bitmap_case(dir: &TempDir, name: &str, spoil: impl Fn(&str, u64, u64), words:
     let theirs = qemu(&["info", &p]);
     assert!(!theirs.status.success(), "qemu-img info {name}");
     if !words.contains("outside the file") {
-        assert!(stderr(&theirs).contains(words), "qemu-img: {}", stderr(&theirs));
+        assert!(
+            stderr(&theirs).contains(words),
+            "qemu-img: {}",
+            stderr(&theirs)
+        );
     }
-    for verb in [&["info"][..], &["check"], &["map"], &["convert", "-O", "raw"]] {
+    for verb in [
+        &["info"][..],
+        &["check"],
+        &["map"],
+        &["convert", "-O", "raw"],
+    ] {
         let mut args = verb.to_vec();
         args.push(&p);
         let out_path = dir.file("out.raw");
@@ -149,7 +162,11 @@ fn the_bitmaps_extension_is_checked_as_qemu_checks_it() {
         QUICK,
     );
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("exceeds the maximum"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("exceeds the maximum"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -181,7 +198,16 @@ fn the_snapshot_table_limits_are_qemus() {
 fn a_version_2_zero_flag_is_refused_on_reads() {
     let dir = TempDir::new("hostile-v2-zero");
     let p = dir.file("v2.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", "-o", "compat=0.10", &p, "64M"]);
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "compat=0.10",
+        &p,
+        "64M",
+    ]);
     qemu_io("qcow2", &p, &["write -P 1 0 64k"]);
     let l2 = be(&p, be(&p, 40, 8), 8) & 0x00ff_ffff_ffff_fe00;
     poke(&p, l2, be(&p, l2, 8) | 1, 8);
@@ -190,7 +216,9 @@ fn a_version_2_zero_flag_is_refused_on_reads() {
     refused_quickly(&["map", "--output=json", &p], words);
     // qemu-img refuses the reads too, and its check, like ours, says
     // nothing about the flag.
-    assert!(!qemu(&["convert", "-O", "raw", &p, &dir.file("q.raw")]).status.success());
+    assert!(!qemu(&["convert", "-O", "raw", &p, &dir.file("q.raw")])
+        .status
+        .success());
     same_as_qemu_img(dir.path(), &["check", "v2.qcow2"]);
 }
 
@@ -199,7 +227,16 @@ fn check_finds_what_qemu_img_check_finds() {
     let dir = TempDir::new("hostile-check");
     // An extended L2 entry with subcluster 0 both allocated and zero.
     let x = dir.file("extl2.qcow2");
-    qemu_img(&["create", "-q", "-f", "qcow2", "-o", "extended_l2=on", &x, "64M"]);
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "extended_l2=on",
+        &x,
+        "64M",
+    ]);
     qemu_io("qcow2", &x, &["write -P 1 0 64k"]);
     let l2 = be(&x, be(&x, 40, 8), 8) & 0x00ff_ffff_ffff_fe00;
     poke(&x, l2 + 8, be(&x, l2 + 8, 8) | 1 << 32, 8);

@@ -193,7 +193,7 @@ fn commit_layers(
         // The base itself reads zeroes past its old end (it was grown).
         let below = opened.get(i + 1).map_or(visible[i], ImageIo::size);
         if below < visible[i] {
-            base.write_zeroes(below, visible[i] - below)
+            base.write_zeroes(below, visible[i] - below, false)
                 .map_err(|source| CliError::Write {
                     offset: below,
                     source,
@@ -227,7 +227,7 @@ fn copy_allocated(
             continue;
         }
         if status.zero {
-            base.write_zeroes(pos, end - pos)
+            base.write_zeroes(pos, end - pos, false)
                 .map_err(|source| CliError::Write {
                     offset: pos,
                     source,

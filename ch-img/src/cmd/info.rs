@@ -104,22 +104,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
 }
 
 /// Opens one image of the chain read-only, without its backing files.
-/// A file that is not there fails with qemu-img's words.
 fn open_layer(path: &str, format: ImageType, force_share: bool) -> Result<ImageIo, CliError> {
     let mut opts = DiskOptions::new(path);
     opts.readonly = true;
     opts.no_backing = true;
     opts.force_share = force_share;
     opts.image_type = format;
-    ImageIo::open(&opts, CacheMode::Writeback).map_err(|source| match &source {
-        block::BlockError::Open { source: io, .. } if io.kind() == std::io::ErrorKind::NotFound => {
-            CliError::Usage(format!(
-                "Could not open '{path}': Could not open '{path}': {}",
-                crate::error::os_message(io)
-            ))
-        }
-        _ => open_error(path, CacheMode::Writeback, source),
-    })
+    ImageIo::open(&opts, CacheMode::Writeback)
+        .map_err(|source| open_error(path, CacheMode::Writeback, source))
 }
 
 /// The JSON object, keys in qemu-img 7.2's order.
