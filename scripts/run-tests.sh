@@ -24,6 +24,8 @@ command -v fio >/dev/null 2>&1 || need_apt+=(fio)
 command -v iasl >/dev/null 2>&1 || need_apt+=(acpica-tools)
 # QEMU as a vhost-user-blk front end (storage-daemon's vhost_user_qemu test).
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need_apt+=(qemu-system-x86)
+# qemu-storage-daemon holds an image open in ch-img's lock tests.
+command -v qemu-storage-daemon >/dev/null 2>&1 || need_apt+=(qemu-system-common)
 command -v fincore >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 # The FUSE export tests: sfdisk (fdisk), mkfs.ext4/fsck.ext4 (e2fsprogs),
