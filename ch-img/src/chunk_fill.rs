@@ -52,6 +52,9 @@ pub enum Class {
     Keep,
 }
 
+/// A chunk's bytes and its classified spans.
+pub type Classified = (Vec<u8>, Vec<Span>);
+
 /// A range of the chunk's bytes and its class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {
@@ -70,7 +73,7 @@ pub fn read_filled(
     len: u64,
     mut buf: Vec<u8>,
     fill: Fill,
-) -> Result<Option<(Vec<u8>, Vec<Span>)>, CliError> {
+) -> Result<Option<Classified>, CliError> {
     let end = start + len;
     let mut spans: Vec<Span> = Vec::new();
     let mut pos = start;

@@ -62,6 +62,9 @@ fn refused_quickly(args: &[&str], words: &str) {
     );
 }
 
+/// Pokes an image: (path, the bitmaps extension's data, the directory).
+type Spoil = dyn Fn(&str, u64, u64);
+
 /// An image with one persistent bitmap, poked by `spoil(path, ext, dir)`
 /// (`ext`: the extension's data, `dir`: the directory's first entry).
 fn bitmap_case(dir: &TempDir, name: &str, spoil: impl Fn(&str, u64, u64), words: &str) {
@@ -101,7 +104,7 @@ fn bitmap_case(dir: &TempDir, name: &str, spoil: impl Fn(&str, u64, u64), words:
 #[test]
 fn the_bitmaps_extension_is_checked_as_qemu_checks_it() {
     let dir = TempDir::new("hostile-bitmaps");
-    let cases: &[(&str, &dyn Fn(&str, u64, u64), &str)] = &[
+    let cases: &[(&str, &Spoil, &str)] = &[
         (
             "huge-directory",
             &|p, ext, _| poke(p, ext + 8, 1 << 62, 8),

@@ -54,12 +54,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     while let Some((path, format)) = next.take() {
         let image = open_layer(&path, format, shared)?;
         // A file met twice: the chain loops (qemu-img's words).
-        let ids = image
+        let ids: Vec<FileIdentity> = image
             .format()
             .files()
             .iter()
-            .filter_map(|f| FileIdentity::of(f).ok());
-        if !ids.fold(true, |new, id| seen.insert(id) && new) {
+            .filter_map(|f| FileIdentity::of(f).ok())
+            .collect();
+        let met_before = ids.iter().filter(|id| !seen.insert(**id)).count();
+        if met_before > 0 {
             return Err(CliError::Usage(format!(
                 "Backing file '{path}' creates an infinite loop."
             )));
