@@ -147,6 +147,7 @@ fn check_backing(opts: &mut CreateOptions, unsafe_backing: bool) -> Result<(), C
     let fmt = opts.backing_fmt.unwrap_or(ImageType::Auto);
     let opened = open_reader(&resolved, fmt, CacheMode::Writeback, true).map_err(|e| {
         let why = match e {
+            CliError::OpenFile { path, reason } => format!("Could not open '{path}': {reason}"),
             CliError::Open { source, .. } => backing_open_error(&resolved, &source),
             other => crate::error::chain(&other),
         };

@@ -90,6 +90,9 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
                             CliError::Open { source, .. } => CliError::Usage(format!(
                                 "Could not open new backing file '{backing}': {source}"
                             )),
+                            CliError::OpenFile { path, reason } => CliError::Usage(format!(
+                                "Could not open new backing file '{backing}': Could not open '{path}': {reason}"
+                            )),
                             other => other,
                         },
                     )?,
