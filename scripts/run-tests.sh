@@ -25,6 +25,8 @@ command -v fio >/dev/null 2>&1 || need_apt+=(fio)
 command -v iasl >/dev/null 2>&1 || need_apt+=(acpica-tools)
 # QEMU as a vhost-user-blk front end (storage-daemon's vhost_user_qemu test).
 command -v qemu-system-x86_64 >/dev/null 2>&1 || need_apt+=(qemu-system-x86)
+# qemu-storage-daemon holds an image open in ch-img's lock tests.
+command -v qemu-storage-daemon >/dev/null 2>&1 || need_apt+=(qemu-system-common)
 command -v fincore >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 # curl --unix-socket drives the VMM's API in tests/tests/e2e_api*.rs.

@@ -3,8 +3,15 @@
 //! [`CreateOptions`] (user input) enter; they are checked here (each error
 //! names the option), then the raw file or the qcow2 layout is written
 //! (see `formats::qcow2::create`).
+//!
+//! A new image never replaces a file someone uses: the file is locked
+//! like a writer before it is truncated (an image a VMM or qemu holds is
+//! refused), and it must not be one of [`CreateOptions::sources`] (the
+//! files the command reads, compared by device and inode, so another name,
+//! a symbolic link or a hard link to a source is refused too).
 
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::BlockError;
@@ -38,6 +45,38 @@ pub struct CreateOptions {
     pub zstd: bool,
     /// qemu-img's `preallocation=` (raw: off, falloc, full).
     pub preallocation: Preallocation,
+    /// Files the new image must not be: the files the command reads
+    /// (`convert`'s source chains, the backing file). Checked after the
+    /// file is locked, before it is truncated.
+    pub sources: Vec<FileIdentity>,
+    /// qemu-img's `create -u`: the backing file is recorded without being
+    /// opened (it may be missing); the size must then be given.
+    pub unsafe_backing: bool,
+}
+
+/// A file as the kernel knows it: two names (a path, `./path`, a symbolic
+/// or a hard link) of one file have the same identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileIdentity {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileIdentity {
+    pub fn of(file: &File) -> std::io::Result<FileIdentity> {
+        file.metadata().map(|m| FileIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+
+    /// The identity of the file `path` names (following links).
+    pub fn of_path(path: &Path) -> std::io::Result<FileIdentity> {
+        std::fs::metadata(path).map(|m| FileIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
 }
 
 fn bad(opts: &CreateOptions, option: &str, why: impl std::fmt::Display) -> BlockError {
@@ -94,13 +133,14 @@ fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
             "metadata is for qcow2; raw images take off, falloc or full",
         ));
     }
-    let (f, _lock) = open_for_create(&opts.path)?;
+    let (f, _lock) = open_for_create(&opts.path, &opts.sources)?;
     preallocate_range(&f, &opts.path, opts.preallocation, 0, opts.size)?;
     f.sync_all().map_err(BlockError::Flush)
 }
 
 /// Opens (or creates) `path` for a new image: locked like a writer first,
-/// so an image some VMM or qemu has open is refused, then truncated. The
+/// so an image some VMM or qemu has open is refused, checked not to be
+/// one of `sources` (the files the command reads), then truncated. The
 /// caller holds the lock until the image is written; dropping it unlocks
 /// the file explicitly. Leaving the locks to go with the file's last
 /// descriptor is not enough: a child another thread forks before it
@@ -108,7 +148,10 @@ fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
 /// next open of the new image then found it still locked (seen as a
 /// flaky `Locked` in block/tests/exclusive_image.rs while other tests ran
 /// qemu-img).
-pub(crate) fn open_for_create(path: &Path) -> Result<(File, ImageLock), BlockError> {
+pub(crate) fn open_for_create(
+    path: &Path,
+    sources: &[FileIdentity],
+) -> Result<(File, ImageLock), BlockError> {
     let open_err = |source| BlockError::Open {
         path: path.to_owned(),
         source,
@@ -120,7 +163,12 @@ pub(crate) fn open_for_create(path: &Path) -> Result<(File, ImageLock), BlockErr
         .truncate(false)
         .open(path)
         .map_err(open_err)?;
-    let lock = crate::lock::lock_image(&file, path, true)?;
+    let lock = crate::lock::lock_image(&file, path, crate::lock::LockMode::Writer)?;
+    if sources.contains(&FileIdentity::of(&file).map_err(open_err)?) {
+        return Err(BlockError::OverwritesSource {
+            path: path.to_owned(),
+        });
+    }
     file.set_len(0).map_err(open_err)?;
     Ok((file, lock))
 }
@@ -196,7 +244,16 @@ fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
         return Err(bad(opts, "backing_fmt", "given without backing_file"));
     }
     let mut size = opts.size;
-    if let Some(name) = &opts.backing_file {
+    if opts.unsafe_backing && size == 0 {
+        return Err(bad(opts, "size", "Image creation needs a size parameter"));
+    }
+    // The backing chain is a source: the new image must not replace it.
+    let mut sources = opts.sources.clone();
+    if let Some(name) = opts.backing_file.as_ref().filter(|_| opts.unsafe_backing) {
+        let bpath = crate::formats::qcow2::backing::resolve(&opts.path, name);
+        sources.extend(FileIdentity::of_path(&bpath).ok());
+    }
+    if let Some(name) = opts.backing_file.as_ref().filter(|_| !opts.unsafe_backing) {
         // Like qemu-img, open the backing file to check it (and learn the size).
         let bpath = crate::formats::qcow2::backing::resolve(&opts.path, name);
         let bopts = DiskOptions {
@@ -211,6 +268,12 @@ fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
         if size == 0 {
             size = backing.size();
         }
+        sources.extend(
+            backing
+                .files()
+                .iter()
+                .filter_map(|f| FileIdentity::of(f).ok()),
+        );
     }
     let size = size.div_ceil(512) * 512;
     create_qcow2(
@@ -226,6 +289,7 @@ fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
             backing_file: opts.backing_file.clone(),
             backing_format,
             preallocation: opts.preallocation,
+            sources,
         },
     )
 }
@@ -242,13 +306,31 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("create-unlock-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("new.img");
-        let (file, lock) = open_for_create(&path).unwrap();
+        let (file, lock) = open_for_create(&path, &[]).unwrap();
         let forked_copy = file.try_clone().unwrap();
         drop(lock);
         drop(file);
         let again = File::options().read(true).write(true).open(&path).unwrap();
-        crate::lock::lock_image(&again, &path, true).expect("the create's lock is gone");
+        crate::lock::lock_image(&again, &path, crate::lock::LockMode::Writer)
+            .expect("the create's lock is gone");
         drop(forked_copy);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A source under another name (here a hard link) is refused after
+    /// the lock and before the truncation: its bytes stay.
+    #[test]
+    fn a_source_is_never_truncated() {
+        let dir = std::env::temp_dir().join(format!("create-source-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = dir.join("source.img");
+        std::fs::write(&source, [7u8; 4096]).unwrap();
+        let link = dir.join("link.img");
+        std::fs::hard_link(&source, &link).unwrap();
+        let id = FileIdentity::of_path(&source).unwrap();
+        let err = open_for_create(&link, &[id]).unwrap_err();
+        assert!(matches!(err, BlockError::OverwritesSource { .. }), "{err}");
+        assert_eq!(std::fs::read(&source).unwrap(), vec![7u8; 4096]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

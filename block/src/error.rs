@@ -24,8 +24,21 @@ pub enum BlockError {
         #[source]
         source: io::Error,
     },
-    #[error("{path} is locked by another process (another VMM or qemu has it open)")]
-    Locked { path: PathBuf },
+    /// Another process holds the image's locks (see [`crate::lock`]); the
+    /// text is qemu's: the permission `perm`, which either we wanted
+    /// (`shared` false) or others hold and we would not share.
+    #[error("Failed to get {}\"{perm}\" lock\nIs another process using the image [{}]?", if *shared { "shared " } else { "" }, path.display())]
+    Locked {
+        path: PathBuf,
+        perm: &'static str,
+        shared: bool,
+    },
+    /// A new image would replace a file the command reads.
+    #[error("'{}' is also a file the command reads from (the same file); refusing to overwrite it", path.display())]
+    OverwritesSource { path: PathBuf },
+    /// `DiskOptions::snapshot` names no snapshot of the image.
+    #[error("Can't find snapshot in {}", path.display())]
+    NoSuchSnapshot { path: PathBuf },
     #[error("cannot lock {path}")]
     Lock {
         path: PathBuf,
@@ -166,6 +179,8 @@ impl BlockError {
             InvalidImage { .. } | Decompress { .. } | Corrupt => Consequence::Corrupt,
             Open { .. }
             | Locked { .. }
+            | OverwritesSource { .. }
+            | NoSuchSnapshot { .. }
             | Lock { .. }
             | UringSetup(_)
             | UringSubmit(_)

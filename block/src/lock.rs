@@ -7,7 +7,12 @@
 //! 3 resize). Before locking it tests the opposite bytes for conflicts. We
 //! do the same, so a writer here makes `qemu-img info` (without -U) and
 //! qemu-io writes fail, and a qemu process holding the image makes our
-//! open fail with [`BlockError::Locked`].
+//! open fail with [`BlockError::Locked`], which names the permission as
+//! qemu does.
+//!
+//! Three [`LockMode`]s, as qemu takes them: a writer's, a reader's (which
+//! still refuses concurrent writers, as `qemu-img info` does), and a
+//! reader with qemu's `force-share` (`-U`), which lets others write.
 //!
 //! A descriptor enters; on success it leaves locked, and an [`ImageLock`]
 //! comes back. Dropping that guard (the image closing) unlocks the bytes
@@ -31,22 +36,49 @@ const PERM_WRITE: u32 = 1;
 const PERM_RESIZE: u32 = 3;
 const PERM_COUNT: u32 = 4;
 
-/// Permissions held and permissions not shared, as bit sets.
-fn perms(writable: bool) -> (u32, u32) {
-    let bit = |n: u32| 1u32 << n;
-    if writable {
-        // What a qemu-io or qemu-system writer holds (seen in /proc/locks:
-        // bytes 100, 101, 103, 201, 203).
-        (
-            bit(PERM_CONSISTENT_READ) | bit(PERM_WRITE) | bit(PERM_RESIZE),
-            bit(PERM_WRITE) | bit(PERM_RESIZE),
-        )
-    } else {
-        // A reader wants a consistent view: no one else may write or resize.
-        (
-            bit(PERM_CONSISTENT_READ),
-            bit(PERM_WRITE) | bit(PERM_RESIZE),
-        )
+/// qemu's names of the permissions, as its lock errors print them.
+const PERM_NAMES: [&str; PERM_COUNT as usize] =
+    ["consistent read", "write", "write unchanged", "resize"];
+
+/// How an image is locked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    /// Reads, and lets no one else write or resize (qemu-img's readers).
+    Reader,
+    /// Reads, writes and resizes, and lets no one else write or resize.
+    Writer,
+    /// Reads and lets others do anything (qemu's `force-share`, `-U`).
+    ForceShare,
+}
+
+impl LockMode {
+    /// A writer's mode when `writable`, else a reader's.
+    pub fn of(writable: bool) -> LockMode {
+        if writable {
+            LockMode::Writer
+        } else {
+            LockMode::Reader
+        }
+    }
+
+    /// Permissions held and permissions not shared, as bit sets.
+    fn perms(self) -> (u32, u32) {
+        let bit = |n: u32| 1u32 << n;
+        match self {
+            // What a qemu-io or qemu-system writer holds (seen in
+            // /proc/locks: bytes 100, 101, 103, 201, 203).
+            LockMode::Writer => (
+                bit(PERM_CONSISTENT_READ) | bit(PERM_WRITE) | bit(PERM_RESIZE),
+                bit(PERM_WRITE) | bit(PERM_RESIZE),
+            ),
+            // A reader wants a consistent view: no one else may write or
+            // resize.
+            LockMode::Reader => (
+                bit(PERM_CONSISTENT_READ),
+                bit(PERM_WRITE) | bit(PERM_RESIZE),
+            ),
+            LockMode::ForceShare => (bit(PERM_CONSISTENT_READ), 0),
+        }
     }
 }
 
@@ -106,45 +138,51 @@ impl Drop for ImageLock {
     }
 }
 
-/// Takes qemu-compatible locks on `file`: a writer's when `writable`, else
-/// a reader's (which still refuses concurrent writers, as qemu does).
-pub fn lock_image(file: &File, path: &Path, writable: bool) -> Result<ImageLock, BlockError> {
-    let (held, unshared) = perms(writable);
+/// Takes qemu-compatible locks on `file` in `mode`. As qemu does, it first
+/// tests each permission it would hold against the bytes others hold
+/// unshared, then each permission it would not share against the bytes
+/// others hold; the first conflict is the error.
+pub fn lock_image(file: &File, path: &Path, mode: LockMode) -> Result<ImageLock, BlockError> {
+    let (held, unshared) = mode.perms();
     let lock_err = |source| BlockError::Lock {
         path: path.to_owned(),
         source,
     };
-    for n in 0..PERM_COUNT {
-        let conflict = (held >> n & 1 != 0
-            && byte_locked(file, SHARED_BASE + i64::from(n)).map_err(lock_err)?)
-            || (unshared >> n & 1 != 0
-                && byte_locked(file, PERM_BASE + i64::from(n)).map_err(lock_err)?);
-        if conflict {
-            return Err(BlockError::Locked {
-                path: path.to_owned(),
-            });
+    let locked = |n: u32, shared: bool| BlockError::Locked {
+        path: path.to_owned(),
+        perm: PERM_NAMES[n as usize],
+        shared,
+    };
+    let bits = |set: u32| (0..PERM_COUNT).filter(move |n| set >> n & 1 != 0);
+    for (set, others, shared) in [(held, SHARED_BASE, false), (unshared, PERM_BASE, true)] {
+        for n in bits(set) {
+            if byte_locked(file, others + i64::from(n)).map_err(lock_err)? {
+                return Err(locked(n, shared));
+            }
         }
     }
-    for n in 0..PERM_COUNT {
-        for (set, base) in [(held, PERM_BASE), (unshared, SHARED_BASE)] {
-            if set >> n & 1 != 0 {
-                lock_byte(file, base + i64::from(n)).map_err(|e| {
-                    if e.raw_os_error() == Some(libc::EAGAIN)
-                        || e.raw_os_error() == Some(libc::EACCES)
-                    {
-                        BlockError::Locked {
-                            path: path.to_owned(),
-                        }
-                    } else {
-                        lock_err(e)
-                    }
-                })?;
-            }
+    for (set, base, shared) in [(held, PERM_BASE, false), (unshared, SHARED_BASE, true)] {
+        for n in bits(set) {
+            lock_byte(file, base + i64::from(n)).map_err(|e| match e.raw_os_error() {
+                Some(libc::EAGAIN | libc::EACCES) => locked(n, shared),
+                _ => lock_err(e),
+            })?;
         }
     }
     // A descriptor of the same open file description, to unlock it later.
     let guard = file.try_clone().map_err(lock_err)?;
     Ok(ImageLock { file: guard })
+}
+
+/// Opens `path` and locks it in `mode`, for a tool that reads or writes
+/// the file through descriptors of its own (`ch-img check`): the locks
+/// last as long as the returned guard.
+pub fn lock_path(path: &Path, mode: LockMode) -> Result<ImageLock, BlockError> {
+    let file = File::open(path).map_err(|source| BlockError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    lock_image(&file, path, mode)
 }
 
 #[cfg(test)]
@@ -163,25 +201,57 @@ mod tests {
         File::options().read(true).write(true).open(p).unwrap()
     }
 
-    /// Whether `lock_image` on `file` is refused as `Locked`.
-    fn refused(file: &File, p: &Path, writable: bool) -> bool {
-        matches!(
-            lock_image(file, p, writable),
-            Err(BlockError::Locked { .. })
-        )
+    /// The error `lock_image` gives in `mode`, as text; "" when it locks.
+    fn refusal(file: &File, p: &Path, mode: LockMode) -> String {
+        match lock_image(file, p, mode) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn refused(file: &File, p: &Path, mode: LockMode) -> bool {
+        !refusal(file, p, mode).is_empty()
     }
 
     #[test]
     fn writer_excludes_reader_and_writer() {
         let (dir, p) = scratch("excl");
         let a = open_rw(&p);
-        let guard_a = lock_image(&a, &p, true).unwrap();
+        let guard_a = lock_image(&a, &p, LockMode::Writer).unwrap();
         let b = File::open(&p).unwrap();
-        assert!(refused(&b, &p, false));
-        assert!(refused(&open_rw(&p), &p, true));
+        assert!(refused(&b, &p, LockMode::Reader));
+        assert!(refused(&open_rw(&p), &p, LockMode::Writer));
         drop(guard_a);
-        let _guard_b = lock_image(&b, &p, false).unwrap();
-        let _guard_d = lock_image(&File::open(&p).unwrap(), &p, false).unwrap();
+        let _guard_b = lock_image(&b, &p, LockMode::Reader).unwrap();
+        let _guard_d = lock_image(&File::open(&p).unwrap(), &p, LockMode::Reader).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// qemu-img's words: a reader finds the writer's "write" permission
+    /// (one it will not share), a writer the reader's refusal to share
+    /// "write"; a force-share reader passes a writer and is passed by one.
+    #[test]
+    fn conflicts_are_named_as_qemu_names_them() {
+        let (dir, p) = scratch("words");
+        let writer = open_rw(&p);
+        let guard = lock_image(&writer, &p, LockMode::Writer).unwrap();
+        let text = refusal(&File::open(&p).unwrap(), &p, LockMode::Reader);
+        assert!(
+            text.starts_with("Failed to get shared \"write\" lock"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("[{}]", p.display())), "{text}");
+        let text = refusal(&open_rw(&p), &p, LockMode::Writer);
+        assert!(text.starts_with("Failed to get \"write\" lock"), "{text}");
+        let shared = lock_image(&File::open(&p).unwrap(), &p, LockMode::ForceShare).unwrap();
+        drop(guard);
+        drop(shared);
+        let reader = lock_image(&File::open(&p).unwrap(), &p, LockMode::Reader).unwrap();
+        let text = refusal(&open_rw(&p), &p, LockMode::Writer);
+        assert!(text.starts_with("Failed to get \"write\" lock"), "{text}");
+        drop(reader);
+        let _shared = lock_image(&File::open(&p).unwrap(), &p, LockMode::ForceShare).unwrap();
+        assert!(!refused(&open_rw(&p), &p, LockMode::Writer));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -192,12 +262,12 @@ mod tests {
         let (dir, p) = scratch("guard");
         let a = open_rw(&p);
         let still_open = a.try_clone().unwrap();
-        let guard = lock_image(&a, &p, true).unwrap();
+        let guard = lock_image(&a, &p, LockMode::Writer).unwrap();
         drop(a);
         let b = open_rw(&p);
-        assert!(refused(&b, &p, true));
+        assert!(refused(&b, &p, LockMode::Writer));
         drop(guard);
-        drop(lock_image(&b, &p, true).unwrap());
+        drop(lock_image(&b, &p, LockMode::Writer).unwrap());
         drop(still_open);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use block::create::{create_image, CreateOptions};
-use block::lock::lock_image;
+use block::lock::{lock_image, LockMode};
 use block::{BlockError, Disk, DiskOptions, EngineKind, ImageType, IoMemory, RequestOp};
 use support::TempDir;
 
@@ -19,7 +19,7 @@ mod support;
 /// description, as another process would).
 fn writer_can_lock(path: &Path) -> bool {
     let f = File::options().read(true).write(true).open(path).unwrap();
-    match lock_image(&f, path, true) {
+    match lock_image(&f, path, LockMode::Writer) {
         Ok(_) => true,
         Err(BlockError::Locked { .. }) => false,
         Err(e) => panic!("{}: {e}", path.display()),

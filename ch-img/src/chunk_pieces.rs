@@ -17,8 +17,8 @@ use std::sync::Mutex;
 
 use block::formats::{compress_cluster, Compression};
 
+use crate::convert_source::ConvertSource;
 use crate::error::CliError;
-use crate::image_io::ImageIo;
 
 /// How the data is written.
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +38,9 @@ pub enum Piece {
     Data { offset: u64, bytes: Vec<u8> },
     /// One cluster at `offset`, compressed.
     Packed { offset: u64, bytes: Vec<u8> },
+    /// `len` bytes at `offset` made to read as zeroes (only where the
+    /// output would not read zeroes by itself, see `chunk_fill`).
+    Zeroes { offset: u64, len: u64 },
 }
 
 /// Buffers the writer has written, for workers to read the next chunks
@@ -84,7 +87,7 @@ impl SpareBuffers {
 /// read, but zeroed); returns the buffer and whether any of it was read
 /// (if not, it holds stale bytes: not to be used).
 pub fn read_chunk(
-    source: &ImageIo,
+    source: &ConvertSource,
     start: u64,
     len: u64,
     mut buf: Vec<u8>,
@@ -295,6 +298,7 @@ mod tests {
             .map(|p| match p {
                 Piece::Data { offset, bytes } => ('d', *offset, bytes.len()),
                 Piece::Packed { offset, bytes } => ('p', *offset, bytes.len().min(1)),
+                Piece::Zeroes { offset, len } => ('z', *offset, *len as usize),
             })
             .collect()
     }

@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Condvar, Mutex};
 
+use crate::chunk_fill::{filled_pieces, read_filled, Fill};
 use crate::chunk_pieces::{pieces_of, read_chunk, Piece, SpareBuffers};
+use crate::convert_source::ConvertSource;
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::progress::Progress;
@@ -31,12 +33,14 @@ const CHUNK: u64 = 2 << 20;
 /// What a convert copies and how.
 pub struct Job<'a> {
     /// Opens one handle on the source (each worker has its own).
-    pub open_source: &'a (dyn Fn() -> Result<ImageIo, CliError> + Sync),
+    pub open_source: &'a (dyn Fn() -> Result<ConvertSource, CliError> + Sync),
     pub output: &'a ImageIo,
     /// Names the output in write errors.
     pub output_path: &'a str,
     pub size: u64,
     pub mode: Mode,
+    /// What the output needs besides the data (zeroes, its backing file).
+    pub fill: Fill,
     pub workers: usize,
     pub in_order: bool,
 }
@@ -102,6 +106,7 @@ pub fn run(job: &Job, progress: &mut Progress) -> Result<(), CliError> {
                 open_source: job.open_source,
                 size: job.size,
                 mode: job.mode,
+                fill: job.fill,
                 chunk,
                 chunks,
                 window: &window,
@@ -119,9 +124,10 @@ pub fn run(job: &Job, progress: &mut Progress) -> Result<(), CliError> {
 
 /// What a worker needs (the output stays with the writer).
 struct Reader<'a> {
-    open_source: &'a (dyn Fn() -> Result<ImageIo, CliError> + Sync),
+    open_source: &'a (dyn Fn() -> Result<ConvertSource, CliError> + Sync),
     size: u64,
     mode: Mode,
+    fill: Fill,
     chunk: u64,
     chunks: u64,
     window: &'a Window,
@@ -154,22 +160,37 @@ impl Reader<'_> {
             if buf.capacity() < len as usize {
                 buf = self.spare.take();
             }
-            let pieces = match read_chunk(&source, start, len, std::mem::take(&mut buf)) {
-                Ok((data, false)) => {
-                    buf = data;
-                    Ok(Vec::new())
-                }
-                Ok((data, true)) => pieces_of(self.mode, start, data).map(|(pieces, back)| {
-                    buf = back.unwrap_or_default();
-                    pieces
-                }),
-                Err(e) => Err(e),
-            };
+            let pieces = self.pieces(&source, start, len, &mut buf);
             let failed = pieces.is_err();
             if tx.send((i, pieces)).is_err() || failed {
                 return;
             }
         }
+    }
+
+    /// Reads one chunk into `buf` and makes its pieces; `buf` ends up
+    /// holding a buffer for the next chunk.
+    fn pieces(
+        &self,
+        source: &ConvertSource,
+        start: u64,
+        len: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<Vec<Piece>, CliError> {
+        let taken = std::mem::take(buf);
+        let (pieces, back) = if self.fill == Fill::PLAIN {
+            match read_chunk(source, start, len, taken)? {
+                (data, false) => (Vec::new(), Some(data)),
+                (data, true) => pieces_of(self.mode, start, data)?,
+            }
+        } else {
+            match read_filled(source, start, len, taken, self.fill)? {
+                None => (Vec::new(), None),
+                Some((data, spans)) => filled_pieces(self.mode, start, data, &spans)?,
+            }
+        };
+        *buf = back.unwrap_or_default();
+        Ok(pieces)
     }
 }
 
@@ -261,6 +282,11 @@ impl JoiningWriter<'_> {
                 Piece::Packed { offset, bytes } => {
                     self.write_held()?;
                     let r = self.job.output.write_packed(offset, &bytes);
+                    r.map_err(|source| self.error(offset, source))?;
+                }
+                Piece::Zeroes { offset, len } => {
+                    self.write_held()?;
+                    let r = self.job.output.write_zeroes(offset, len, true);
                     r.map_err(|source| self.error(offset, source))?;
                 }
             }

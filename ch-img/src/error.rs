@@ -31,7 +31,21 @@ pub enum CliError {
         #[source]
         source: BlockError,
     },
-    #[error("Could not create '{path}'")]
+    /// The image file itself does not open (qemu-img's words).
+    #[error("Could not open '{path}': Could not open '{path}': {reason}")]
+    OpenFile { path: String, reason: String },
+    #[error("Could not open '{path}': force-share=on can only be used with read-only images")]
+    ForceShareWritable { path: PathBuf },
+    /// `convert` could not create its output (qemu-img's words).
+    #[error("{}: error while converting {format}", path.display())]
+    ConvertCreate {
+        path: PathBuf,
+        format: &'static str,
+        #[source]
+        source: BlockError,
+    },
+    /// Creating an image failed; qemu-img names the file first.
+    #[error("{}", path.display())]
     Create {
         path: PathBuf,
         #[source]
@@ -99,3 +113,13 @@ pub enum CliError {
 
 /// The error and its causes on one line, as qemu-img prints them.
 pub use ch_log::error_chain as chain;
+
+/// An OS error as C's `strerror` words it (qemu-img's messages), without
+/// Rust's " (os error N)".
+pub fn os_message(e: &io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error ") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}

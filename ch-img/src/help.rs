@@ -122,7 +122,7 @@ fn verb_text(verb: &str) -> Option<(&'static str, &'static [&'static str])> {
             ],
         ),
         "convert" => (
-            "convert [-c] [-p] [-q] [-n] [-W] [-m num_workers] [-f fmt] [-t cache] [-T src_cache] [-O output_fmt] [-B backing_file] [-o options] [-S sparse_size] [-U] [--compressed-cache=N] filename output_filename",
+            "convert [-c] [-p] [-q] [-n] [-W] [-m num_workers] [-f fmt] [-t cache] [-T src_cache] [-O output_fmt] [-B backing_file [-F backing_fmt]] [-o options] [-l snapshot_param] [-S sparse_size] [-U] [--compressed-cache=N] filename [filename2 [...]] output_filename",
             &[
                 "-O  output format: raw (default) or qcow2",
                 "-o  creation options of the output (-o help lists them)",
@@ -133,8 +133,10 @@ fn verb_text(verb: &str) -> Option<(&'static str, &'static [&'static str])> {
                 "-t  cache mode of the output (default unsafe)",
                 "-T  cache mode of the source (default writeback)",
                 "-S  zero blocks of this size are not written (default 4k)",
-                "-B  backing file of the output: not supported yet",
-                "-n  skip creating the output: not supported yet",
+                "-B  backing file of the output: only what differs from it is written",
+                "-F  format of the -B backing file",
+                "-n  skip creating the output (it must exist and be large enough)",
+                "-l  read an internal snapshot of the source: NAME, snapshot.id=ID or snapshot.name=NAME",
                 "--compressed-cache=N  host clusters of compressed data kept before writing (default 64, 0: none)",
                 FORMAT,
                 QUIET,

@@ -226,13 +226,12 @@ impl ImageIo {
     }
 
     /// Makes `offset..offset+len` read as zeroes (a qcow2 v3 image keeps a
-    /// zero cluster for it, as qemu-img commit leaves one).
-    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+    /// zero cluster for it, as qemu-img commit leaves one); `may_unmap`
+    /// lets the image free the clusters instead where nothing would show
+    /// through (qemu-img convert -n zeroes its target so).
+    pub fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool) -> Result<(), BlockError> {
         self.run(
-            RequestOp::WriteZeroes {
-                len,
-                may_unmap: false,
-            },
+            RequestOp::WriteZeroes { len, may_unmap },
             offset,
             IoMemory::None,
         )?;
@@ -247,6 +246,39 @@ impl ImageIo {
             .resize(new_size)
             .map_err(CliError::Resize)?;
         self.write_done().map_err(CliError::Resize)
+    }
+
+    /// Runs `op` (tool calls and requests on this image); if it fails,
+    /// the image file is put back as it was before
+    /// ([`block::formats::FailureUndo`]) and `op`'s error returned, so a
+    /// failed command leaves the image as it was.
+    pub fn undo_on_failure<T>(
+        &self,
+        op: impl FnOnce() -> Result<T, CliError>,
+    ) -> Result<T, CliError> {
+        let mut op = Some(op);
+        let mut outcome = None;
+        let undone = self.tools().undo_on_failure(&mut || {
+            let Some(op) = op.take() else {
+                return Ok(());
+            };
+            let result = op();
+            let failed = result.is_err();
+            outcome = Some(result);
+            if failed {
+                Err(BlockError::Resize("the operation failed".into()))
+            } else {
+                Ok(())
+            }
+        });
+        match (outcome, undone) {
+            (Some(result), _) => result,
+            (None, Err(e)) => Err(CliError::Write {
+                offset: 0,
+                source: e,
+            }),
+            (None, Ok(())) => Err(CliError::Usage("the operation did not run".into())),
+        }
     }
 
     /// Flushes, then marks the image clean. In `unsafe` mode the metadata

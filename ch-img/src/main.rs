@@ -7,8 +7,10 @@
 //! with the verb's error status (1, or 2 for `compare`).
 
 mod args;
+mod chunk_fill;
 mod chunk_pieces;
 mod cmd;
+mod convert_source;
 mod copy_pipeline;
 mod error;
 mod help;

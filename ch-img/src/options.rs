@@ -1,6 +1,8 @@
 //! Option values shared by several verbs: `-f` formats, `-o key=value`
 //! creation options, `-t`/`-T` cache modes, and opening an image
-//! read-only or read-write in a cache mode.
+//! read-only or read-write in a cache mode, locked as qemu-img locks it:
+//! a reader refuses an image someone writes unless `-U` (force-share), a
+//! writer refuses an image anyone else uses.
 //!
 //! Words from the command line enter; block-crate option structs leave.
 
@@ -65,8 +67,33 @@ pub fn open_image_cached(
     readonly: bool,
     cache: CacheMode,
 ) -> Result<ImageIo, CliError> {
+    open_with(path, fmt, readonly, false, cache)
+}
+
+/// Opens an image read-only for a verb that only reads it; `force_share`
+/// (`-U`) lets it open an image that another process writes.
+pub fn open_reader(
+    path: &str,
+    fmt: ImageType,
+    cache: CacheMode,
+    force_share: bool,
+) -> Result<ImageIo, CliError> {
+    open_with(path, fmt, true, force_share, cache)
+}
+
+/// [`open_image_cached`]; with `force_share` the read-only files (the
+/// image itself when `readonly`, its backing chain always) let other
+/// processes write them.
+pub fn open_with(
+    path: &str,
+    fmt: ImageType,
+    readonly: bool,
+    force_share: bool,
+    cache: CacheMode,
+) -> Result<ImageIo, CliError> {
     let mut opts = DiskOptions::new(path);
     opts.readonly = readonly;
+    opts.force_share = force_share;
     opts.image_type = fmt;
     opts.direct = cache.direct();
     ImageIo::open(&opts, cache).map_err(|source| open_error(path, cache, source))
@@ -88,10 +115,47 @@ pub fn open_image_keeping_bitmaps(
     ImageIo::open(&opts, cache).map_err(|source| open_error(path, cache, source))
 }
 
+/// Opens an image read-write *without* its backing chain, for a verb that
+/// only edits its header (`rebase -u`): a missing or broken backing file
+/// does not stop it, and the image refuses guest writes.
+pub fn open_header_only(path: &str, fmt: ImageType, cache: CacheMode) -> Result<ImageIo, CliError> {
+    let mut opts = DiskOptions::new(path);
+    opts.no_backing = true;
+    opts.image_type = fmt;
+    opts.direct = cache.direct();
+    ImageIo::open(&opts, cache).map_err(|source| open_error(path, cache, source))
+}
+
+/// qemu-img's refusal of `-U` where the verb writes the image.
+pub fn refuse_force_share(path: &str, force_share: bool) -> Result<(), CliError> {
+    if force_share {
+        return Err(CliError::ForceShareWritable { path: path.into() });
+    }
+    Ok(())
+}
+
+/// `-U` or `--force-share` on the command line.
+pub fn force_share(p: &crate::args::Parsed) -> bool {
+    p.flag("U") || p.flag("force-share")
+}
+
 /// `Open`, or `DirectRefused` when O_DIRECT was asked for and the open
-/// failed with EINVAL (what file systems without O_DIRECT answer).
+/// failed with EINVAL (what file systems without O_DIRECT answer), or
+/// qemu-img's words when the file itself does not open (missing, no
+/// permission).
 pub fn open_error(path: &str, cache: CacheMode, source: BlockError) -> CliError {
     match &source {
+        BlockError::Open {
+            path: failed,
+            source: io,
+        } if failed.as_os_str() == path
+            && !(cache.direct() && io.raw_os_error() == Some(libc::EINVAL)) =>
+        {
+            CliError::OpenFile {
+                path: path.into(),
+                reason: crate::error::os_message(io),
+            }
+        }
         BlockError::Open { source: io, .. }
             if cache.direct() && io.raw_os_error() == Some(libc::EINVAL) =>
         {
@@ -206,8 +270,12 @@ mod tests {
             text.contains("'/mnt/img'") && text.contains("directsync") && text.contains("O_DIRECT"),
             "{text}"
         );
-        // Without O_DIRECT the same errno is an ordinary open error.
+        // Without O_DIRECT the same errno is an ordinary open error, in
+        // qemu-img's words.
         let e = open_error("/mnt/img", CacheMode::Writeback, refused());
-        assert!(matches!(e, CliError::Open { .. }), "{e:?}");
+        assert_eq!(
+            crate::error::chain(&e),
+            "Could not open '/mnt/img': Could not open '/mnt/img': Invalid argument"
+        );
     }
 }

@@ -45,8 +45,8 @@ pub use dirty_bits::{BitmapAction, DirtyBits};
 pub use open::open_format;
 pub use qcow2::compress_write::compress_cluster;
 pub use tools::{
-    open_image_tools, Amendable, BackingEdits, CompressedWrites, ImageTools, PersistentBitmaps,
-    Resizable, Snapshots,
+    open_image_tools, Amendable, BackingEdits, CompressedWrites, FailureUndo, ImageTools,
+    PersistentBitmaps, Resizable, Snapshots,
 };
 
 /// Index into [`Format::files`].

@@ -32,9 +32,15 @@ pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, Bloc
         given => (given, false),
     };
     match image_type {
+        ImageType::Raw | ImageType::Auto if opts.snapshot.is_some() => {
+            Err(BlockError::Unsupported {
+                path: opts.path.clone(),
+                feature: "internal snapshots in raw images".into(),
+            })
+        }
         ImageType::Raw | ImageType::Auto => {
             let lock = (opts.lock)
-                .then(|| crate::lock::lock_image(&file, &opts.path, !opts.readonly))
+                .then(|| crate::lock::lock_image(&file, &opts.path, opts.lock_mode()))
                 .transpose()?;
             Ok(Arc::new(
                 RawImage::new(&opts.path, Arc::new(file), opts.readonly, probed)?.with_lock(lock),

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use super::amendment::{AmendProgress, Amendment};
 use super::dirty_bits::{BitmapAction, DirtyBits};
 use super::tools::{
-    unsupported, Amendable, BackingEdits, CompressedWrites, PersistentBitmaps, Resizable, Snapshots,
+    unsupported, Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps,
+    Resizable, Snapshots,
 };
 use super::{
     BlockStatus, Compression, FileId, Format, HostWrite, ImageInfo, ReadPiece, ReadPlan,
@@ -244,6 +245,30 @@ impl Resizable for RawImage {
 
     fn backing_size(&self) -> Option<u64> {
         None
+    }
+}
+
+impl FailureUndo for RawImage {
+    /// A raw tool operation only changes the file's length (resizing,
+    /// preallocating the grown area): a failed one gets its old length
+    /// back.
+    fn undo_on_failure(
+        &self,
+        op: &mut dyn FnMut() -> Result<(), BlockError>,
+    ) -> Result<(), BlockError> {
+        let old = self.size.load(Ordering::Acquire);
+        let result = op();
+        if result.is_err() && !self.readonly && self.size.load(Ordering::Acquire) != old {
+            if let Err(e) = self.files[0].set_len(old) {
+                log::error!(
+                    "{}: could not undo a failed resize: {e}",
+                    self.path.display()
+                );
+            } else {
+                self.size.store(old, Ordering::Release);
+            }
+        }
+        result
     }
 }
 

@@ -21,6 +21,7 @@
 //! | [`Resizable`] | `resize`, `backing_size` | `qcow2/resize.rs` | `raw.rs` |
 //! | [`Amendable`] | `check_amendment`, `amend` | `qcow2/amend.rs` | unsupported |
 //! | [`PersistentBitmaps`] | `read_bitmap`, `change_bitmap` | `qcow2/bitmap_write.rs` | unsupported |
+//! | [`FailureUndo`] | `undo_on_failure` | `qcow2/undo.rs` | `raw.rs` |
 //!
 //! Resizing a disk whose queues are running is the one capability an
 //! owner may lend out: [`crate::Resizer`] (see its docs for why it is
@@ -125,11 +126,31 @@ pub trait PersistentBitmaps {
     fn change_bitmap(&self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError>;
 }
 
+/// Running a tool operation so that its failure leaves the file as it was
+/// (`ch-img`'s verbs: a failed command changes nothing).
+pub trait FailureUndo {
+    /// Runs `op` (tool calls and requests on this image); if it fails,
+    /// puts the image file back as it was before and returns the error.
+    /// No request may be in flight when it is called, and only `op`'s
+    /// while it runs: an undo would drop what others wrote meanwhile.
+    fn undo_on_failure(
+        &self,
+        op: &mut dyn FnMut() -> Result<(), BlockError>,
+    ) -> Result<(), BlockError>;
+}
+
 /// An opened image with every capability: the queue-facing [`Format`]
 /// and all the tool traits above. Only the owner of an exclusive open
 /// holds one.
 pub trait ImageTools:
-    Format + Snapshots + BackingEdits + CompressedWrites + Resizable + Amendable + PersistentBitmaps
+    Format
+    + Snapshots
+    + BackingEdits
+    + CompressedWrites
+    + Resizable
+    + Amendable
+    + PersistentBitmaps
+    + FailureUndo
 {
 }
 
@@ -141,6 +162,7 @@ impl<T> ImageTools for T where
         + Resizable
         + Amendable
         + PersistentBitmaps
+        + FailureUndo
 {
 }
 

@@ -112,9 +112,11 @@ pub struct DiskOptions {
     /// way qemu does, so two writers cannot open one image.
     pub lock: bool,
     /// Do not open the backing chain: unallocated ranges read as zeroes.
-    /// Read-only opens only (a write would copy zeroes instead of the
-    /// backing data); for tools that read just what the image allocates
-    /// while they write its backing file (`ch-img commit`).
+    /// For tools that read just what the image allocates while they write
+    /// its backing file (`ch-img commit`), read the header of an image
+    /// whose chain is broken (`info`), or only rewrite the header
+    /// (`rebase -u`): a writable open refuses guest writes and resizing,
+    /// which would copy zeroes instead of the backing data.
     pub no_backing: bool,
     /// A read-write open keeps the image's persistent dirty bitmaps
     /// valid (qcow2's "bitmaps" autoclear bit stays set) and refuses
@@ -122,6 +124,13 @@ pub struct DiskOptions {
     /// change the bitmaps or the format's options but never the disk's
     /// contents (`ch-img bitmap`, `ch-img amend`).
     pub keep_persistent_bitmaps: bool,
+    /// qemu's `force-share` (`ch-img -U`): the read-only files of the
+    /// image (all of them on a read-only open, the backing chain on a
+    /// writable one) are locked so that others may still write them.
+    pub force_share: bool,
+    /// Read this internal snapshot instead of the active disk (read-only
+    /// qcow2 opens; `ch-img convert -l`).
+    pub snapshot: Option<crate::formats::qcow2::snapshot_view::SnapshotRef>,
 }
 
 impl DiskOptions {
@@ -130,6 +139,14 @@ impl DiskOptions {
             path: path.into(),
             lock: true,
             ..Default::default()
+        }
+    }
+
+    /// How the image's own files are locked (when `lock` is set).
+    pub fn lock_mode(&self) -> crate::lock::LockMode {
+        match (self.readonly, self.force_share) {
+            (true, true) => crate::lock::LockMode::ForceShare,
+            (readonly, _) => crate::lock::LockMode::of(!readonly),
         }
     }
 }

@@ -73,6 +73,10 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let mut opts = DiskOptions::new(path);
     opts.image_type = parse_format(p.value("f"))?;
     opts.readonly = params.read_percent == 100;
+    opts.force_share = crate::options::force_share(&p);
+    if !opts.readonly {
+        crate::options::refuse_force_share(path, opts.force_share)?;
+    }
     opts.direct = params.direct;
     opts.engine = params.engine;
     let disk = Disk::open(&opts).map_err(|source| open_error(path, params.cache, source))?;

@@ -8,6 +8,12 @@
 //! with O_DIRECT first opens the image that way (so a file system that
 //! refuses O_DIRECT is reported); the check itself reads the metadata
 //! through the block crate's checker, on a buffered descriptor.
+//!
+//! Locks, as qemu-img takes them, held for the whole check: the image's
+//! reader lock (an image another process writes is refused unless `-U`),
+//! or with `-r` its writer lock (refused while anyone else has it open;
+//! `-U` with `-r` is refused as qemu-img refuses it); and a reader lock on
+//! the backing chain, which qemu-img opens too.
 
 use block::check::{check_image, CheckReport, Repair};
 use block::{BlockError, ImageType};
@@ -18,7 +24,15 @@ use crate::cmd::{print_json, OutputFormat};
 use crate::error::CliError;
 use block::options::CacheMode;
 
-use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
+use std::path::Path;
+
+use block::lock::{lock_path, ImageLock, LockMode};
+use block::DiskOptions;
+
+use crate::image_io::ImageIo;
+use crate::options::{
+    force_share, open_reader, parse_cache, parse_format, refuse_force_share, CacheFlag,
+};
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "frT",
@@ -46,9 +60,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     };
     let cache = parse_cache(p.value("T"), CacheMode::Writeback, CacheFlag::Source)?;
     let fmt = parse_format(p.value("f"))?;
-    if cache.direct() {
-        drop(open_image_cached(path, fmt, true, cache)?);
+    let shared = force_share(&p);
+    if repair.is_some() {
+        refuse_force_share(path, shared)?;
     }
+    if cache.direct() {
+        drop(open_reader(path, fmt, cache, shared)?);
+    }
+    let _locks = lock_for_check(path, fmt, repair.is_some(), shared)?;
     if fmt == ImageType::Raw {
         eprintln!("ch-img: This image format does not support checks");
         return Ok(63);
@@ -64,18 +83,61 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             return Ok(1);
         }
     };
+    // The findings go to stderr whatever the output format, as qemu-img
+    // prints them.
+    for m in &report.messages {
+        eprintln!("{m}");
+    }
     match output {
         OutputFormat::Json => print_json(&json_report(&report))?,
-        OutputFormat::Human => {
-            for m in &report.messages {
-                eprintln!("{m}");
-            }
-            if !quiet {
-                print!("{}", human_report(&report));
-            }
-        }
+        OutputFormat::Human if !quiet => print!("{}", human_report(&report)),
+        OutputFormat::Human => {}
     }
     Ok(exit_status(&report))
+}
+
+/// The locks a check holds (see the module docs): the image's own, and
+/// its backing chain opened read-only. An image whose header cannot be
+/// read gets only its own lock; the check then reports what is wrong.
+fn lock_for_check(
+    path: &str,
+    fmt: ImageType,
+    repair: bool,
+    shared: bool,
+) -> Result<(ImageLock, Option<ImageIo>), CliError> {
+    let mode = match (repair, shared) {
+        (true, _) => LockMode::Writer,
+        (false, true) => LockMode::ForceShare,
+        (false, false) => LockMode::Reader,
+    };
+    let own = lock_path(Path::new(path), mode).map_err(|source| CliError::Open {
+        path: path.into(),
+        source,
+    })?;
+    let mut opts = DiskOptions::new(path);
+    opts.readonly = true;
+    opts.no_backing = true;
+    opts.lock = false;
+    opts.image_type = fmt;
+    let Ok(header) = ImageIo::open(&opts, CacheMode::Writeback) else {
+        return Ok((own, None));
+    };
+    let info = header.format().info();
+    let chain = match info.full_backing_filename {
+        Some(backing) => {
+            let backing_fmt = parse_format(info.backing_filename_format.as_deref())?;
+            let opened = open_reader(&backing, backing_fmt, CacheMode::Writeback, shared);
+            Some(opened.map_err(|e| match e {
+                CliError::Open { source, .. } => CliError::Open {
+                    path: path.into(),
+                    source,
+                },
+                other => other,
+            })?)
+        }
+        None => None,
+    };
+    Ok((own, chain))
 }
 
 /// qemu-img check's exit status for a completed check.

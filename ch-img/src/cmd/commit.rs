@@ -21,6 +21,7 @@
 //! `-t` (default writeback, as qemu-img's) is the cache mode of every
 //! image the commit opens.
 
+use block::lock::{lock_path, LockMode};
 use block::options::CacheMode;
 use block::{DiskOptions, ImageType};
 
@@ -58,12 +59,25 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     };
     let fmt = parse_format(p.value("f"))?;
     let cache = parse_cache(p.value("t"), CacheMode::Writeback, CacheFlag::Target)?;
+    // qemu-img opens the image read-write first: refuse one another
+    // process uses in qemu-img's words before anything else.
+    drop(
+        lock_path(std::path::Path::new(path), LockMode::Writer).map_err(|source| {
+            CliError::Open {
+                path: path.into(),
+                source,
+            }
+        })?,
+    );
     let (layers, base_path, base_fmt) = chain_above_base(path, fmt, p.value("b"))?;
     let base = open_image_cached(&base_path, base_fmt, false, cache)?;
     // The layers are open only inside: released (with their locks) before
     // the image is reopened read-write with its chain.
     let mut progress = Progress::new(p.flag("p") && !p.flag("q"), 0);
-    let copied = commit_layers(&layers, &base, cache, &mut progress);
+    // A failure undoes what it can of the base: its metadata and what it
+    // appended (clusters it already had are overwritten in place, as
+    // qemu-img overwrites them).
+    let copied = base.undo_on_failure(|| commit_layers(&layers, &base, cache, &mut progress));
     let closed = base.close().map_err(CliError::Close);
     drop(base);
     copied.and(closed)?;
@@ -72,10 +86,10 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // data to stay valid.
     if !p.flag("d") && p.value("b").is_none() {
         let top = open_image_cached(path, fmt, false, cache)?;
-        let emptied = top
-            .tools()
-            .make_empty()
-            .map_err(|source| CliError::Write { offset: 0, source });
+        let emptied = top.undo_on_failure(|| {
+            let emptied = top.tools().make_empty();
+            emptied.map_err(|source| CliError::Write { offset: 0, source })
+        });
         let closed = top.close().map_err(CliError::Close);
         emptied.and(closed)?;
     }
@@ -179,7 +193,7 @@ fn commit_layers(
         // The base itself reads zeroes past its old end (it was grown).
         let below = opened.get(i + 1).map_or(visible[i], ImageIo::size);
         if below < visible[i] {
-            base.write_zeroes(below, visible[i] - below)
+            base.write_zeroes(below, visible[i] - below, false)
                 .map_err(|source| CliError::Write {
                     offset: below,
                     source,
@@ -213,7 +227,7 @@ fn copy_allocated(
             continue;
         }
         if status.zero {
-            base.write_zeroes(pos, end - pos)
+            base.write_zeroes(pos, end - pos, false)
                 .map_err(|source| CliError::Write {
                     offset: pos,
                     source,

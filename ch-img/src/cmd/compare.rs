@@ -23,7 +23,7 @@ use crate::image_io::ImageIo;
 use crate::progress::StepProgress;
 use block::options::CacheMode;
 
-use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
+use crate::options::{force_share, open_reader, parse_cache, parse_format, CacheFlag};
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fFT",
@@ -54,7 +54,9 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // qemu-img starts the report before it opens the images, so a
     // failure still ends it with its newline.
     let mut progress = StepProgress::new(p.flag("p") && !quiet, 2.0);
-    let verdict = open_and_compare(a, b, (fmt1, fmt2), cache, quiet, p.flag("s"), &mut progress);
+    let shared = force_share(&p);
+    let opened = (fmt1, fmt2, cache, shared);
+    let verdict = open_and_compare(a, b, opened, quiet, p.flag("s"), &mut progress);
     progress.end();
     match verdict? {
         Verdict::Identical => Ok(0),
@@ -65,14 +67,13 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
 fn open_and_compare(
     a: &str,
     b: &str,
-    (fmt1, fmt2): (block::ImageType, block::ImageType),
-    cache: CacheMode,
+    (fmt1, fmt2, cache, shared): (block::ImageType, block::ImageType, CacheMode, bool),
     quiet: bool,
     strict: bool,
     progress: &mut StepProgress,
 ) -> Result<Verdict, CliError> {
-    let img1 = open_image_cached(a, fmt1, true, cache)?;
-    let img2 = open_image_cached(b, fmt2, true, cache)?;
+    let img1 = open_reader(a, fmt1, cache, shared)?;
+    let img2 = open_reader(b, fmt2, cache, shared)?;
     let say = |text: String| {
         if !quiet {
             println!("{text}");

@@ -1,17 +1,30 @@
-//! `ch-img convert [-c] [-f fmt] [-O raw|qcow2] [-o opts] [-q] [-p]
-//! [-S size] [-t cache] [-T src_cache] [-m N] [-W] SRC DST`
+//! `ch-img convert [-c] [-f fmt] [-O raw|qcow2] [-o opts] [-B backing [-F
+//! backing_fmt]] [-n] [-l snapshot] [-q] [-p] [-S size] [-t cache] [-T
+//! src_cache] [-m N] [-W] [-U] SRC [SRC2...] DST`
 //!
-//! Creates the output, then copies the source into it
-//! ([`crate::copy_pipeline`]): `-m` workers (1..16, default 8) read the
-//! source through the block read path and, with `-c`, compress; ranges
-//! that read as zeroes are skipped, and so are zero blocks (4 KiB, or
-//! `-S`) inside data, so the output stays sparse. With `-c` (qcow2 only)
-//! every cluster with data is written compressed, or normally when
-//! compression does not shrink it; the last cluster is zero-padded, as
-//! qemu-img does. The output is written in disk order (a `-c` output is
-//! laid out as a serial run's) unless `-W`; qemu-img 7.2 accepts `-W` with
-//! `-c`, and so does ch-img, but compressed clusters are still written in
-//! order.
+//! Opens the sources (several are read one after another as one disk;
+//! `-l` reads an internal snapshot of a single source) and keeps them
+//! open, locked as a reader, while it creates the output (unless `-n`,
+//! which writes into an existing image): the output is locked like a
+//! writer before it is truncated, and refused when it is one of the files
+//! the sources read (by device and inode: the same path, `./X`, a link,
+//! a backing file), so a mistake never truncates a source. Then it copies
+//! the source into it ([`crate::copy_pipeline`]): `-m` workers (1..16,
+//! default 8) read the source through the block read path and, with
+//! `-c`, compress; ranges that read as zeroes are skipped, and so are
+//! zero blocks (4 KiB, or `-S`) inside data, so the output stays sparse.
+//! With `-c` (qcow2 only) every cluster with data is written compressed,
+//! or normally when compression does not shrink it; the last cluster is
+//! zero-padded, as qemu-img does. The output is written in disk order (a
+//! `-c` output is laid out as a serial run's) unless `-W`; qemu-img 7.2
+//! accepts `-W` with `-c`, and so does ch-img, but compressed clusters
+//! are still written in order.
+//!
+//! With a backing file for the output (`-B`, or `-o backing_file=`; its
+//! format must be given, `-F` or `-o backing_fmt=`) only what the
+//! source's top image allocates is written, as qemu-img does; with `-n`
+//! or a backing file, ranges that read as zeroes are written as zeroes
+//! ([`crate::chunk_fill`]).
 //!
 //! `-t` is the output's cache mode (default `unsafe`, as qemu-img's: no
 //! flushes), `-T` the source's (default `writeback`). With `none` or
@@ -25,24 +38,29 @@
 
 use std::fs::OpenOptions;
 
-use block::create::{create_image, CreateOptions};
+use block::create::{create_image, CreateOptions, FileIdentity};
+use block::formats::qcow2::snapshot_view::SnapshotRef;
 use block::formats::Compression;
 use block::options::CacheMode;
-use block::prealloc::{preallocate_range, Preallocation};
+use block::prealloc::Preallocation;
 use block::ImageType;
 
-use crate::args::{parse, OptSpec};
+use crate::args::{parse, OptSpec, Parsed};
+use crate::chunk_fill::Fill;
+use crate::convert_source::{ConvertSource, SourceSpec};
 use crate::copy_pipeline::{self, Job, Mode};
 use crate::error::CliError;
+use crate::image_io::ImageIo;
 use crate::option_help::{create_help, wants_help};
 use crate::options::{
-    apply_create_options, open_image_cached, option_items, parse_cache, parse_format, CacheFlag,
+    apply_create_options, force_share, open_image_cached, option_items, parse_cache, parse_format,
+    CacheFlag,
 };
 use crate::progress::Progress;
 use crate::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
-    short_with_value: "fOoStTBm",
+    short_with_value: "fOoStTBFml",
     short_flags: "qpnUcWh",
     long_with_value: &["compressed-cache"],
     long_flags: &["force-share"],
@@ -56,18 +74,12 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         return Ok(0);
     }
     let compress = p.flag("c");
-    if p.value("B").is_some() || p.flag("n") {
-        return Err(CliError::Usage(
-            "ch-img convert supports neither -B nor -n".into(),
-        ));
-    }
+    let skip_create = p.flag("n");
     let workers = parse_workers(p.value("m"))?;
     let dst_cache = parse_cache(p.value("t"), CacheMode::Unsafe, CacheFlag::Target)?;
     let src_cache = parse_cache(p.value("T"), CacheMode::Writeback, CacheFlag::Source)?;
-    let [src, dst] = p.operands.as_slice() else {
-        return Err(CliError::Usage(
-            "Expecting one source and one destination file name".into(),
-        ));
+    let Some((dst, sources)) = p.operands.split_last().filter(|(_, s)| !s.is_empty()) else {
+        return Err(CliError::Usage("Must specify image file name".into()));
     };
     let block = match p.value("S") {
         Some(s) => parse_size(s).filter(|&b| b % 512 == 0).ok_or_else(|| {
@@ -84,10 +96,51 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "Compression not supported for this file format".into(),
         ));
     }
-    let src_fmt = parse_format(p.value("f"))?;
-    let size = open_image_cached(src, src_fmt, true, src_cache)?.size();
-    create_output(dst, out_fmt, size, &p.values("o"), compress)?;
+    let snapshot = parse_snapshot(p.value("l"));
+    if snapshot.is_some() && sources.len() > 1 {
+        return Err(CliError::Usage(
+            "No support for concatenating multiple snapshot".into(),
+        ));
+    }
+    let o = p.values("o");
+    if skip_create && !o.is_empty() {
+        return Err(CliError::Usage(
+            "-o has no effect when skipping image creation".into(),
+        ));
+    }
+    let backing = output_backing(&p, out_fmt, &o)?;
+    let spec = SourceSpec {
+        paths: sources.to_vec(),
+        format: parse_format(p.value("f"))?,
+        cache: src_cache,
+        force_share: force_share(&p),
+        snapshot,
+    };
+    // Held (with its reader locks) until the copy ends: a source cannot
+    // become the output meanwhile.
+    let source = ConvertSource::open(&spec)?;
+    let size = source.size();
+    let identities = source.identities();
+    if !skip_create {
+        let output = NewOutput {
+            path: dst,
+            format: out_fmt,
+            size,
+            options: &o,
+            compress,
+            backing: backing.clone(),
+        };
+        output.create(identities.clone())?;
+    }
     let output = open_image_cached(dst, out_fmt, false, dst_cache)?;
+    if skip_create {
+        refuse_a_source(dst, &output, &identities)?;
+        if output.size() < size {
+            return Err(CliError::Usage(
+                "output file is smaller than input file".into(),
+            ));
+        }
+    }
     if let Some(n) = p.value("compressed-cache") {
         let n = n.parse().map_err(|_| {
             CliError::Usage(format!(
@@ -104,13 +157,21 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     } else {
         Mode::Sparse { block }
     };
-    let open_source = || open_image_cached(src, src_fmt, true, src_cache);
+    let fill = Fill {
+        zeroes: skip_create || backing.is_some(),
+        // Without an opened backing file nothing is past its end.
+        backing: backing
+            .as_ref()
+            .map(|_| output.tools().backing_size().unwrap_or(u64::MAX)),
+    };
+    let open_source = || ConvertSource::open(&spec);
     let job = Job {
         open_source: &open_source,
         output: &output,
         output_path: dst,
         size,
         mode,
+        fill,
         workers,
         in_order: compress || !p.flag("W"),
     };
@@ -122,7 +183,8 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         source,
     })?;
     drop(output);
-    if out_fmt == ImageType::Raw {
+    drop(source);
+    if out_fmt == ImageType::Raw && !skip_create {
         // O_DIRECT pads the last partial block of the disk: cut the file
         // back to the disk's size.
         OpenOptions::new()
@@ -152,86 +214,127 @@ fn parse_workers(value: Option<&str>) -> Result<usize, CliError> {
     }
 }
 
-/// Creates the output image: a qcow2 with the `-o` options, or a raw file
-/// of the source's size (sparse, or preallocated with `-o
-/// preallocation=falloc|full`). Preallocation with `-c` is refused, as
-/// qemu-img refuses it; a preallocation that fails removes the file.
-fn create_output(
-    dst: &str,
-    fmt: ImageType,
-    size: u64,
-    o: &[&str],
-    compress: bool,
-) -> Result<(), CliError> {
-    let create_error = |source| CliError::Create {
-        path: dst.into(),
-        source,
-    };
-    if fmt == ImageType::Qcow2 {
-        let mut opts = CreateOptions {
-            format: ImageType::Qcow2,
-            size,
-            ..Default::default()
-        };
-        apply_create_options(&mut opts, o)?;
-        refuse_compressed_preallocation(compress, opts.preallocation)?;
-        opts.path = dst.into();
-        opts.size = size;
-        return create_image(&opts).map_err(create_error);
+/// `-l`: `snapshot.id=ID[,snapshot.name=NAME]` (either field), or a
+/// snapshot id or name.
+fn parse_snapshot(value: Option<&str>) -> Option<SnapshotRef> {
+    let value = value?;
+    if !value.starts_with("snapshot.") {
+        return Some(SnapshotRef::IdOrName(value.to_string()));
     }
-    let mut preallocation = Preallocation::Off;
-    for (key, val) in option_items(o) {
-        if key != "preallocation" {
-            return Err(CliError::Usage(
-                "raw output takes no -o options but preallocation".into(),
-            ));
+    let (mut id, mut name) = (None, None);
+    for (key, val) in option_items(&[value]) {
+        match key {
+            "snapshot.id" => id = Some(val.to_string()),
+            "snapshot.name" => name = Some(val.to_string()),
+            _ => {}
         }
-        preallocation = val.parse().map_err(CliError::Usage)?;
     }
-    let f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(dst)
-        .and_then(|f| f.set_len(size).map(|()| f))
-        .map_err(|source| CliError::OutputFile {
-            path: dst.into(),
-            source,
-        })?;
-    if preallocation != Preallocation::Off {
-        let path = std::path::Path::new(dst);
-        preallocate_raw(&f, path, preallocation, size).map_err(|source| {
-            let _ = std::fs::remove_file(path);
-            create_error(source)
-        })?;
-    }
-    Ok(())
+    Some(SnapshotRef::Fields { id, name })
 }
 
-/// qemu-img convert refuses `-c` with any preallocation but off.
-fn refuse_compressed_preallocation(compress: bool, p: Preallocation) -> Result<(), CliError> {
-    if compress && p != Preallocation::Off {
+/// The output's backing file and its format, from `-B`/`-F` or `-o
+/// backing_file=`/`backing_fmt=` (`-B` wins), refused as qemu-img
+/// refuses it: not for a raw output, not without a format.
+fn output_backing(
+    p: &Parsed,
+    out_fmt: ImageType,
+    o: &[&str],
+) -> Result<Option<(String, ImageType)>, CliError> {
+    let mut name = p.value("B").map(String::from);
+    let mut fmt = p.value("F").map(String::from);
+    for (key, val) in option_items(o) {
+        match key {
+            "backing_file" if name.is_none() => name = Some(val.to_string()),
+            "backing_fmt" if fmt.is_none() => fmt = Some(val.to_string()),
+            _ => {}
+        }
+    }
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    if out_fmt == ImageType::Raw {
         return Err(CliError::Usage(
-            "Compression and preallocation not supported at the same time".into(),
+            "Backing file not supported for file format 'raw'".into(),
         ));
     }
-    Ok(())
+    let Some(fmt) = fmt else {
+        return Err(CliError::Usage(
+            "Use of backing file requires explicit backing format".into(),
+        ));
+    };
+    Ok(Some((name, parse_format(Some(&fmt))?)))
 }
 
-/// Preallocates a raw output: `falloc` or `full` (`metadata` is qcow2's).
-fn preallocate_raw(
-    f: &std::fs::File,
-    path: &std::path::Path,
-    p: Preallocation,
-    size: u64,
-) -> Result<(), block::BlockError> {
-    if p == Preallocation::Metadata {
-        return Err(block::BlockError::InvalidImage {
-            path: path.into(),
-            reason:
-                "option preallocation: metadata is for qcow2; raw images take off, falloc or full"
-                    .into(),
-        });
+/// With `-n`: the existing output must not be one of the files the
+/// sources read (`-U` lets the open pass the locks).
+fn refuse_a_source(dst: &str, output: &ImageIo, sources: &[FileIdentity]) -> Result<(), CliError> {
+    let own = output.format().files().first().map(|f| FileIdentity::of(f));
+    match own {
+        Some(Ok(id)) if sources.contains(&id) => Err(CliError::Create {
+            path: dst.into(),
+            source: block::BlockError::OverwritesSource { path: dst.into() },
+        }),
+        _ => Ok(()),
     }
-    preallocate_range(f, path, p, 0, size)
+}
+
+/// The output `convert` creates.
+struct NewOutput<'a> {
+    path: &'a str,
+    format: ImageType,
+    size: u64,
+    /// `-o` option strings.
+    options: &'a [&'a str],
+    compress: bool,
+    /// The backing file and its format (see [`output_backing`]).
+    backing: Option<(String, ImageType)>,
+}
+
+impl NewOutput<'_> {
+    /// Creates the output: a qcow2 image with the `-o` options and the
+    /// backing file, or a raw file of the source's size (sparse, or
+    /// preallocated with `-o preallocation=falloc|full`). It must not be
+    /// one of `sources`; it is locked before it is truncated
+    /// ([`block::create`]). Preallocation with `-c` is refused, as
+    /// qemu-img refuses it; a preallocation that fails removes the file.
+    fn create(&self, sources: Vec<FileIdentity>) -> Result<(), CliError> {
+        let mut opts = CreateOptions {
+            format: self.format,
+            size: self.size,
+            ..Default::default()
+        };
+        if self.format == ImageType::Qcow2 {
+            apply_create_options(&mut opts, self.options)?;
+            if let Some((name, fmt)) = &self.backing {
+                opts.backing_file = Some(name.clone());
+                opts.backing_fmt = Some(*fmt);
+            }
+        } else {
+            for (key, val) in option_items(self.options) {
+                if key != "preallocation" {
+                    return Err(CliError::Usage(
+                        "raw output takes no -o options but preallocation".into(),
+                    ));
+                }
+                opts.preallocation = val.parse().map_err(CliError::Usage)?;
+            }
+        }
+        if self.compress && opts.preallocation != Preallocation::Off {
+            return Err(CliError::Usage(
+                "Compression and preallocation not supported at the same time".into(),
+            ));
+        }
+        opts.path = self.path.into();
+        opts.size = self.size;
+        opts.sources = sources;
+        create_image(&opts).map_err(|source| CliError::ConvertCreate {
+            path: self.path.into(),
+            format: if self.format == ImageType::Qcow2 {
+                "qcow2"
+            } else {
+                "raw"
+            },
+            source,
+        })
+    }
 }

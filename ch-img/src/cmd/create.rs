@@ -3,16 +3,21 @@
 //! `-o preallocation=off|metadata|falloc|full` (raw: off, falloc, full)
 //! lays the image out as qemu-img does ([`block::prealloc`]).
 //!
-//! Builds a [`CreateOptions`] from qemu-img's options, prints qemu-img's
-//! "Formatting ..." line and calls [`block::create::create_image`].
+//! Builds a [`CreateOptions`] from qemu-img's options, checks the backing
+//! file as qemu-img does (not the new image itself; opened for its size
+//! and format, or with `-u` not opened at all, the size then required),
+//! prints qemu-img's "Formatting ..." line and calls
+//! [`block::create::create_image`], which locks the file before it
+//! truncates it.
 
-use block::create::{create_image, CreateOptions};
+use block::create::{create_image, CreateOptions, FileIdentity};
+use block::options::CacheMode;
 use block::ImageType;
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::option_help::{create_help, wants_help};
-use crate::options::{apply_create_options, option_items, parse_format};
+use crate::options::{apply_create_options, open_reader, option_items, parse_format};
 use crate::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
@@ -63,7 +68,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
                 "Invalid image size specified. You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.".into(),
             )
         })?;
-    } else if opts.backing_file.is_none() && opts.size == 0 {
+    } else if (opts.backing_file.is_none() || p.flag("u")) && opts.size == 0 {
         return Err(CliError::Usage(format!(
             "{path}: Image creation needs a size parameter"
         )));
@@ -73,20 +78,8 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "raw images do not support backing files".into(),
         ));
     }
-    if let (Some(backing), None) = (&opts.backing_file, opts.backing_fmt) {
-        // qemu-img (since 6.1) refuses to guess the backing format.
-        let detected = backing_image(&opts.path, backing, None)
-            .map(|img| img.format().name())
-            .unwrap_or("unknown");
-        return Err(CliError::Usage(format!(
-            "{}: Backing file specified without backing format\nDetected format of {detected}.",
-            opts.path.display()
-        )));
-    }
-    if opts.size == 0 {
-        if let Some(backing) = &opts.backing_file {
-            opts.size = backing_size(&opts.path, backing, opts.backing_fmt)?;
-        }
+    if opts.backing_file.is_some() {
+        check_backing(&mut opts, p.flag("u"))?;
     }
     if !p.flag("q") {
         println!("{}", formatting_line(&opts));
@@ -137,26 +130,73 @@ fn formatting_line(o: &CreateOptions) -> String {
     s
 }
 
-/// The virtual size of the backing file (qemu-img takes the size from it).
-fn backing_size(
-    image: &std::path::Path,
-    backing: &str,
-    fmt: Option<ImageType>,
-) -> Result<u64, CliError> {
-    Ok(backing_image(image, backing, fmt)?.size())
+/// Checks the backing file as qemu-img does before anything is written:
+/// it is not the new image itself (by device and inode, so `./X` and links
+/// count too); without `-u` (`unsafe_backing`) it opens (its size is the
+/// default size) and its format must be given, with `-u` it is not opened
+/// at all (it may be missing; the size is then required) but its format
+/// must still be given.
+fn check_backing(opts: &mut CreateOptions, unsafe_backing: bool) -> Result<(), CliError> {
+    let Some(backing) = opts.backing_file.clone() else {
+        return Ok(());
+    };
+    let image = opts.path.display().to_string();
+    let resolved = backing_path(&opts.path, &backing);
+    let same = |a: &std::path::Path, b: &std::path::Path| matches!((FileIdentity::of_path(a), FileIdentity::of_path(b)), (Ok(x), Ok(y)) if x == y);
+    if backing == image || same(&opts.path, std::path::Path::new(&resolved)) {
+        return Err(CliError::Usage(format!(
+            "{image}: Error: Trying to create an image with the same filename as the backing file"
+        )));
+    }
+    opts.unsafe_backing = unsafe_backing;
+    if unsafe_backing {
+        if opts.backing_fmt.is_none() {
+            return Err(CliError::Usage(format!(
+                "{image}: Backing file specified without backing format"
+            )));
+        }
+        return Ok(());
+    }
+    let fmt = opts.backing_fmt.unwrap_or(ImageType::Auto);
+    let opened = open_reader(&resolved, fmt, CacheMode::Writeback, true).map_err(|e| {
+        let why = match e {
+            CliError::OpenFile { path, reason } => format!("Could not open '{path}': {reason}"),
+            CliError::Open { source, .. } => backing_open_error(&resolved, &source),
+            other => crate::error::chain(&other),
+        };
+        CliError::Usage(format!("{image}: {why}\nCould not open backing image."))
+    })?;
+    if opts.backing_fmt.is_none() {
+        // qemu-img (since 6.1) refuses to guess the backing format.
+        return Err(CliError::Usage(format!(
+            "{image}: Backing file specified without backing format\nDetected format of {}.",
+            opened.format().name()
+        )));
+    }
+    if opts.size == 0 {
+        opts.size = opened.size();
+    }
+    Ok(())
 }
 
-/// Opens the backing file, resolved against the new image's folder as the
-/// image will resolve it.
-fn backing_image(
-    image: &std::path::Path,
-    backing: &str,
-    fmt: Option<ImageType>,
-) -> Result<crate::image_io::ImageIo, CliError> {
+/// The backing file's path, resolved against the new image's folder as
+/// the image will resolve it.
+fn backing_path(image: &std::path::Path, backing: &str) -> String {
     let path = match image.parent() {
         Some(dir) if !std::path::Path::new(backing).is_absolute() => dir.join(backing),
         _ => backing.into(),
     };
-    let path = path.to_string_lossy().into_owned();
-    crate::options::open_image(&path, fmt.unwrap_or(ImageType::Auto), true)
+    path.to_string_lossy().into_owned()
+}
+
+/// Why the backing file did not open, in qemu-img's words where it has
+/// them ("Could not open 'B': No such file or directory").
+fn backing_open_error(path: &str, e: &block::BlockError) -> String {
+    match e {
+        block::BlockError::Open { source, .. } => format!(
+            "Could not open '{path}': {}",
+            crate::error::os_message(source)
+        ),
+        other => crate::error::chain(other),
+    }
 }

@@ -1,23 +1,38 @@
 //! `ch-img info [-f fmt] [--output=human|json] [--backing-chain] [-U] FILE`
 //!
-//! Opens the image read-only, takes [`block::formats::ImageInfo`] and the
-//! file's allocated size, and prints them as qemu-img does (human text, or
-//! JSON with qemu-img's key names and order). With `--backing-chain` it
-//! does the same for every backing image in turn (opened by its full
-//! backing file name and `backing_fmt`): human reports separated by a
-//! blank line, or a JSON list.
+//! Opens the image read-only *without* its backing chain (as qemu-img
+//! does, so an overlay whose backing file is missing, locked or part of a
+//! loop still shows, with its `backing file:` line), takes
+//! [`block::formats::ImageInfo`] and the file's allocated size, and
+//! prints them as qemu-img does (human text, or JSON with qemu-img's key
+//! names and order). With `--backing-chain` it does the same for every
+//! backing image in turn (opened by its full backing file name and
+//! `backing_fmt`, also without its chain): human reports separated by a
+//! blank line, or a JSON list. As in qemu-img, the whole chain is opened
+//! before anything is printed, so a chain that breaks (a missing file, a
+//! loop) prints only the error.
 
+use std::collections::HashSet;
+
+use block::create::FileIdentity;
 use block::formats::qcow2::bitmap_directory::BitmapEntry;
 use block::formats::ImageInfo;
 use block::info_json::{data_file_raw, json_info};
+use block::options::CacheMode;
+use block::{DiskOptions, ImageType};
 use serde_json::Value;
 
 use crate::args::{parse, OptSpec};
 use crate::cmd::snapshot::snapshot_list;
 use crate::cmd::{print_json, OutputFormat};
 use crate::error::CliError;
-use crate::options::{open_image, parse_format};
+use crate::image_io::ImageIo;
+use crate::options::{force_share, open_error, parse_format};
 use crate::size::human_size;
+
+/// Most images `--backing-chain` follows (a chain of distinct files
+/// longer than this is refused rather than followed).
+const MAX_CHAIN: usize = 1024;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "f",
@@ -33,16 +48,36 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         return Err(CliError::Usage("Expecting one image file name".into()));
     };
     let chain = p.flag("backing-chain");
-    let mut layers = Vec::new();
+    let shared = force_share(&p);
+    let mut layers: Vec<(String, ImageInfo, Option<u64>)> = Vec::new();
+    let mut seen = HashSet::new();
     let mut next = Some((path.clone(), parse_format(p.value("f"))?));
     while let Some((path, format)) = next.take() {
-        let image = open_image(&path, format, true)?;
+        let image = open_layer(&path, format, shared)?;
+        // A file met twice: the chain loops (qemu-img's words).
+        let ids: Vec<FileIdentity> = image
+            .format()
+            .files()
+            .iter()
+            .filter_map(|f| FileIdentity::of(f).ok())
+            .collect();
+        let met_before = ids.iter().filter(|id| !seen.insert(**id)).count();
+        if met_before > 0 {
+            return Err(CliError::Usage(format!(
+                "Backing file '{path}' creates an infinite loop."
+            )));
+        }
         let info = image.format().info();
+        drop(image);
         let actual = block::info_json::allocated_bytes(path.as_ref());
         if chain {
             if let Some(backing) = &info.full_backing_filename {
-                // Opening the top image already bounded the chain's depth
-                // and refused cycles.
+                if layers.len() >= MAX_CHAIN {
+                    return Err(CliError::Usage(format!(
+                        "backing chain of '{}' is longer than {MAX_CHAIN} images",
+                        layers[0].0
+                    )));
+                }
                 let fmt = parse_format(info.backing_filename_format.as_deref())?;
                 next = Some((backing.clone(), fmt));
             }
@@ -69,6 +104,17 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         }
     }
     Ok(0)
+}
+
+/// Opens one image of the chain read-only, without its backing files.
+fn open_layer(path: &str, format: ImageType, force_share: bool) -> Result<ImageIo, CliError> {
+    let mut opts = DiskOptions::new(path);
+    opts.readonly = true;
+    opts.no_backing = true;
+    opts.force_share = force_share;
+    opts.image_type = format;
+    ImageIo::open(&opts, CacheMode::Writeback)
+        .map_err(|source| open_error(path, CacheMode::Writeback, source))
 }
 
 /// qemu-img's human-readable report.

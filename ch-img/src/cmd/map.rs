@@ -14,8 +14,9 @@ use crate::args::{parse, OptSpec};
 use crate::cmd::OutputFormat;
 use crate::error::CliError;
 use crate::image_io::ImageIo;
-use crate::options::{open_image, parse_format};
+use crate::options::{force_share, open_reader, parse_format};
 use crate::size::parse_size;
+use block::options::CacheMode;
 
 const SUFFIX_HINT: &str = "You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.";
 
@@ -50,7 +51,13 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     };
     let start = range_value("start-offset", "start offset")?.unwrap_or(0);
     let max_len = range_value("max-length", "max length")?;
-    let image = open_image(path, parse_format(p.value("f"))?, true)?;
+    let shared = force_share(&p);
+    let image = open_reader(
+        path,
+        parse_format(p.value("f"))?,
+        CacheMode::Writeback,
+        shared,
+    )?;
     let end = max_len.map_or(u64::MAX, |l| start.saturating_add(l));
     let end = end.min(image.size());
     let mut entries = map_range(&image, start, end)?;
@@ -189,7 +196,7 @@ fn chain_names(path: &str, image: &ImageIo) -> Vec<String> {
             break;
         }
         names.push(next.clone());
-        match open_image(&next, block::ImageType::Auto, true) {
+        match open_reader(&next, block::ImageType::Auto, CacheMode::Writeback, true) {
             Ok(img) => info = img.format().info(),
             Err(_) => break,
         }

@@ -21,9 +21,10 @@ use crate::args::{parse, OptSpec, Parsed};
 use crate::cmd::{print_json, OutputFormat};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
-use crate::options::{open_image, option_items, parse_format, set_create_option};
+use crate::options::{force_share, open_reader, option_items, parse_format, set_create_option};
 use crate::qcow2_space::{bitmaps_size, Qcow2Layout, MAX_L1_BYTES};
 use crate::size::parse_size;
+use block::options::CacheMode;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fOols",
@@ -103,7 +104,12 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let input = match path {
         Some(path) => Some(Input {
             path,
-            image: open_image(path, parse_format(p.value("f"))?, true)?,
+            image: open_reader(
+                path,
+                parse_format(p.value("f"))?,
+                CacheMode::Writeback,
+                force_share(&p),
+            )?,
         }),
         None => None,
     };

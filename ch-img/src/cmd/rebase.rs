@@ -8,8 +8,10 @@
 //! differ the old data is written into the image, a cluster at a time;
 //! then the header names the new backing file
 //! ([`block::formats::BackingEdits::set_backing_file`]). `-u` only changes the
-//! header. As in qemu-img 7.2, a non-empty `-b` needs `-F`, and a
-//! relative `-b` is relative to the image's folder.
+//! header and never opens the old backing chain (so it repairs an image
+//! whose backing file moved). As in qemu-img 7.2, a non-empty `-b` needs
+//! `-F`, and a relative `-b` is relative to the image's folder; `-U`
+//! reads the old and new chains while others may write them.
 //!
 //! `-t` is the cache mode of the image and its old chain, `-T` that of
 //! the new backing file (both default writeback, as qemu-img's).
@@ -21,7 +23,9 @@ use crate::error::CliError;
 use crate::image_io::ImageIo;
 use block::options::CacheMode;
 
-use crate::options::{open_image_cached, parse_cache, parse_format, CacheFlag};
+use crate::options::{
+    force_share, open_header_only, open_reader, open_with, parse_cache, parse_format, CacheFlag,
+};
 use crate::progress::Progress;
 
 pub const SPEC: OptSpec = OptSpec {
@@ -59,8 +63,17 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     }
     let cache = parse_cache(p.value("t"), CacheMode::Writeback, CacheFlag::Target)?;
     let src_cache = parse_cache(p.value("T"), CacheMode::Writeback, CacheFlag::Source)?;
-    let image = open_image_cached(path, parse_format(p.value("f"))?, false, cache)?;
-    let result = (|| {
+    let fmt = parse_format(p.value("f"))?;
+    let shared = force_share(&p);
+    // `-u` never opens the old backing chain (it may be missing); `-U`
+    // lets the chains be read while others write them, as in qemu-img.
+    let image = if unsafe_mode {
+        open_header_only(path, fmt, cache)?
+    } else {
+        open_with(path, fmt, false, shared, cache)?
+    };
+    // A failure (ENOSPC, EIO) puts the image back as it was.
+    let result = image.undo_on_failure(|| {
         if !unsafe_mode {
             let new = if backing.is_empty() {
                 None
@@ -72,13 +85,17 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
                     .unwrap_or_else(|| backing.into());
                 let resolved = resolved.to_string_lossy().into_owned();
                 Some(
-                    open_image_cached(&resolved, parse_format(backing_fmt)?, true, src_cache)
-                        .map_err(|e| match e {
+                    open_reader(&resolved, parse_format(backing_fmt)?, src_cache, shared).map_err(
+                        |e| match e {
                             CliError::Open { source, .. } => CliError::Usage(format!(
                                 "Could not open new backing file '{backing}': {source}"
                             )),
+                            CliError::OpenFile { path, reason } => CliError::Usage(format!(
+                                "Could not open new backing file '{backing}': Could not open '{path}': {reason}"
+                            )),
                             other => other,
-                        })?,
+                        },
+                    )?,
                 )
             };
             let mut progress = Progress::new(p.flag("p") && !p.flag("q"), image.size());
@@ -90,7 +107,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             .tools()
             .set_backing_file(name, name.and(backing_fmt))
             .map_err(|source| CliError::Write { offset: 0, source })
-    })();
+    });
     let closed = image.close().map_err(CliError::Close);
     result.and(closed)?;
     Ok(0)

@@ -5,7 +5,9 @@
 //! zeroes the new area where a longer backing file would show through,
 //! [`crate::image_io::ImageIo::resize`]). `--preallocation` (off, metadata
 //! for qcow2, falloc, full) then allocates the grown area
-//! ([`block::prealloc::preallocate_grown`]).
+//! ([`block::prealloc::preallocate_grown`]). A resize that fails (ENOSPC
+//! while preallocating, EIO) leaves the image as it was
+//! ([`crate::image_io::ImageIo::undo_on_failure`]).
 
 use block::prealloc::{preallocate_grown, Preallocation};
 
@@ -58,19 +60,23 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         eprintln!("ch-img: warning: Shrinking an image will delete all data beyond the shrunken image's end. Before performing such an operation, make sure there is no important data there.");
         return Ok(1);
     }
-    if new_size > current {
+    // The new size reaches the header only with the grown area: a
+    // failure (ENOSPC while preallocating, EIO) puts the image back as it
+    // was, header, tables and length.
+    image.undo_on_failure(|| {
         image.resize(new_size)?;
-        preallocate_grown(
-            image.format().as_ref(),
-            std::path::Path::new(path),
-            preallocation,
-            current,
-            new_size,
-        )
-        .map_err(CliError::Resize)?;
-    } else {
-        image.resize(new_size)?;
-    }
+        if new_size > current {
+            preallocate_grown(
+                image.format().as_ref(),
+                std::path::Path::new(path),
+                preallocation,
+                current,
+                new_size,
+            )
+            .map_err(CliError::Resize)?;
+        }
+        Ok(())
+    })?;
     image.close().map_err(CliError::Close)?;
     if !p.flag("q") {
         println!("Image resized.");

@@ -7,14 +7,16 @@
 //! `-c` creates a snapshot, `-a` reverts the disk to the one with that id
 //! or name, `-d` deletes the first one with that name
 //! ([`block::formats::Snapshots::snapshot_create`], `snapshot_apply`,
-//! `snapshot_delete`).
+//! `snapshot_delete`). A change that fails (ENOSPC, EIO) leaves the image
+//! as it was ([`crate::image_io::ImageIo::undo_on_failure`]).
 
 use block::formats::qcow2::snapshot_table::SnapshotInfo;
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
-use crate::options::{open_image, parse_format};
+use crate::options::{force_share, open_image, open_reader, parse_format, refuse_force_share};
 use crate::size::human_size;
+use block::options::CacheMode;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "facd",
@@ -36,15 +38,30 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let [path] = p.operands.as_slice() else {
         return Err(CliError::Usage("Expecting one image file name".into()));
     };
-    let image = open_image(path, parse_format(p.value("f"))?, changes == 0)?;
+    let fmt = parse_format(p.value("f"))?;
+    let shared = force_share(&p);
+    let image = if changes == 0 {
+        open_reader(path, fmt, CacheMode::Writeback, shared)?
+    } else {
+        refuse_force_share(path, shared)?;
+        open_image(path, fmt, false)?
+    };
     if let Some(name) = p.value("c") {
-        let result = image.tools().snapshot_create(name, now());
+        let what = || format!("create snapshot '{name}'");
+        // A failure puts the image back as it was.
+        let result = image.undo_on_failure(|| {
+            let created = image.tools().snapshot_create(name, now());
+            created.map_err(|source| CliError::Snapshot {
+                what: what(),
+                source,
+            })
+        });
         // Close (flush, clean) whatever happened; report the first error.
-        let closed = image.close();
-        result.and(closed).map_err(|source| CliError::Snapshot {
-            what: format!("create snapshot '{name}'"),
+        let closed = image.close().map_err(|source| CliError::Snapshot {
+            what: what(),
             source,
-        })?;
+        });
+        result.and(closed)?;
         return Ok(0);
     }
     for (opt, verb, missing) in [
@@ -56,18 +73,19 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         ),
     ] {
         let Some(name) = p.value(opt) else { continue };
-        let result = if opt == "d" {
-            image.tools().snapshot_delete(name)
-        } else {
-            image.tools().snapshot_apply(name)
+        let failed = |source| CliError::Snapshot {
+            what: format!("{verb} snapshot '{name}'"),
+            source,
         };
-        let closed = image.close();
-        let found = result
-            .and_then(|found| closed.map(|()| found))
-            .map_err(|source| CliError::Snapshot {
-                what: format!("{verb} snapshot '{name}'"),
-                source,
-            })?;
+        let result = image.undo_on_failure(|| {
+            if opt == "d" {
+                image.tools().snapshot_delete(name).map_err(failed)
+            } else {
+                image.tools().snapshot_apply(name).map_err(failed)
+            }
+        });
+        let closed = image.close().map_err(failed);
+        let found = result.and_then(|found| closed.map(|()| found))?;
         if !found {
             return Err(CliError::Usage(format!(
                 "Could not {verb} snapshot '{name}': {missing}"

@@ -27,7 +27,6 @@ pub(crate) struct Backing {
     pub cow_files: Vec<Arc<File>>,
     /// Images in this backing chain (1 for a raw or a qcow2 without backing).
     pub layers: u32,
-    pub path: PathBuf,
 }
 
 impl Backing {
@@ -114,6 +113,8 @@ pub(crate) fn open_backing(
         lock: opts.lock,
         no_backing: false,
         keep_persistent_bitmaps: false,
+        force_share: opts.force_share,
+        snapshot: None,
     };
     let file = open_file(&bopts)?;
     let buffered = File::open(&path).map_err(|source| BlockError::Open {
@@ -145,17 +146,15 @@ pub(crate) fn open_backing(
             image: Arc::new(img),
             cow_files,
             layers,
-            path,
         });
     }
     let lock = (bopts.lock)
-        .then(|| crate::lock::lock_image(&file, &path, false))
+        .then(|| crate::lock::lock_image(&file, &path, bopts.lock_mode()))
         .transpose()?;
     let img = RawImage::new(&path, Arc::new(file), true, fmt.is_none())?.with_lock(lock);
     Ok(Backing {
         image: Arc::new(img),
         cow_files: vec![Arc::new(buffered)],
         layers: 1,
-        path,
     })
 }

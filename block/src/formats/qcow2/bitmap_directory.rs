@@ -1,35 +1,65 @@
 //! The persistent dirty bitmaps a qcow2 v3 image lists: the bitmaps
-//! header extension and the bitmap directory it points at.
+//! header extension and the bitmap directory it points at, validated as
+//! qemu validates them when it opens an image.
 //!
-//! The image's first cluster enters [`find_extension`] (where the
-//! directory is); the directory's bytes enter [`parse_directory`] (one
-//! [`BitmapEntry`] per bitmap). `check` follows the entries' tables to
-//! count references; `ch-img measure` sizes a copy of them
-//! ([`persistent_bitmaps`]). The block layer itself does not maintain
-//! bitmaps: like qemu, a bitmap only counts while the header's "bitmaps"
-//! autoclear bit says the extension is consistent, and a read-write open
-//! clears that bit.
+//! The extension's bytes enter [`parse_extension`] while the header is
+//! parsed (its length, and while the "bitmaps" autoclear bit says the
+//! bitmaps are consistent: the count, the directory's alignment and size,
+//! as qemu's `qcow2_read_extensions`); the directory's bytes enter
+//! [`load_directory`] when the image is opened or checked (every entry
+//! against qemu's constraints, every bitmap table's entries, as qemu's
+//! `qcow2_load_dirty_bitmaps`). One [`BitmapEntry`] per bitmap leaves.
+//! Errors are qemu's words, so `ch-img` refuses what `qemu-img` refuses.
+//!
+//! Everything read is bounded by the file, not by the counts the image
+//! claims: the directory (at most 64 MiB, qemu's limit) and every table
+//! must lie inside the file, and the tables together may not be larger
+//! than the file (tables of a real image never overlap), so a hostile
+//! image costs at most a few reads of its own size.
+//!
+//! `check` counts the entries' references; `ch-img measure` sizes a copy
+//! of them ([`persistent_bitmaps`]). The block layer itself does not
+//! maintain bitmaps: like qemu, a bitmap only counts while the autoclear
+//! bit is set, and a read-write open clears that bit.
 
 use std::fs::File;
 use std::path::Path;
 
-use super::features::AUTOCLEAR_BITMAPS;
 use super::header::Header;
 use super::image::read_header;
-use super::meta_io::{read_at, MetaKind};
+use super::meta_io::{be64_at, read_at, MetaIo, MetaKind};
 use crate::error::BlockError;
 
 /// The bitmaps header extension's type.
 pub const EXT_BITMAPS: u32 = 0x2385_2875;
 /// qemu's limits for the bitmaps extension.
 pub const MAX_BITMAPS: u32 = 65535;
-pub const MAX_DIRECTORY: u64 = 64 << 20;
+pub const MAX_DIRECTORY: u64 = 1024 * MAX_BITMAPS as u64;
 /// Fixed fields of a directory entry, before its extra data and name.
 const ENTRY_HEADER: usize = 24;
+/// qemu's constraints on one directory entry (`qcow2-bitmap.c`).
+const MAX_TABLE_ENTRIES: u32 = 0x800_0000;
+const MAX_PHYS_BYTES: u64 = 0x2000_0000;
+const GRANULARITY_BITS: std::ops::RangeInclusive<u8> = 9..=31;
+const MAX_NAME: u16 = 1023;
+const TYPE_DIRTY_TRACKING: u8 = 1;
+const RESERVED_FLAGS: u32 = 0xffff_fffc;
+/// Bitmap table entries: reserved bits, the data cluster's offset.
+const TABLE_RESERVED: u64 = 0xff00_0000_0000_01fe;
+pub(crate) const TABLE_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
+const TABLE_ALL_ONES: u64 = 1;
 
 /// Flag bits of a directory entry.
 pub const FLAG_IN_USE: u32 = 1;
 pub const FLAG_AUTO: u32 = 2;
+
+/// Where the directory is, from a consistent bitmaps extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BitmapsExtension {
+    pub count: u32,
+    pub dir_size: u64,
+    pub dir_offset: u64,
+}
 
 /// One bitmap of the directory (the fields the tools use).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,9 +74,9 @@ pub struct BitmapEntry {
     pub granularity_bits: u8,
     /// Bytes of the bitmap's name.
     pub name_len: u16,
-    /// The bitmap's type (1: dirty tracking, the only one defined).
+    /// The bitmap's type (1: dirty tracking, the only one qemu knows).
     pub bitmap_type: u8,
-    /// Bytes of extra data before the name.
+    /// Bytes of extra data before the name (0: qemu refuses others).
     pub extra_data_size: u32,
     /// The name (invalid UTF-8 replaced).
     pub name: String,
@@ -66,96 +96,206 @@ impl BitmapEntry {
     }
 }
 
-/// Where the directory is: (bitmaps, directory size, directory offset)
-/// from the extension area of the image's first cluster, which starts at
-/// `header_length`. `None` without a (complete) bitmaps extension.
-pub fn find_extension(first: &[u8], header_length: usize) -> Option<(u32, u64, u64)> {
-    let mut at = header_length;
-    loop {
-        let (kind, len) = (be32(first, at)?, be32(first, at + 4)? as usize);
-        let data = at + 8;
-        match kind {
-            0 => return None,
-            EXT_BITMAPS => {
-                let ext = first.get(data..data + len)?;
-                return Some((be32(ext, 0)?, be64(ext, 8)?, be64(ext, 16)?));
-            }
-            _ => at = data + len.next_multiple_of(8),
-        }
+/// The bitmaps extension's bytes, checked as qemu checks them while it
+/// reads the header; `consistent`: the "bitmaps" autoclear bit is set
+/// (without it qemu ignores the extension, as we do: `None`).
+pub(crate) fn parse_extension(
+    bytes: &[u8],
+    consistent: bool,
+    cluster_size: u64,
+) -> Result<Option<BitmapsExtension>, String> {
+    if bytes.len() != 24 {
+        return Err("bitmaps_ext: Invalid extension length".into());
     }
-}
-
-/// Where the directory is, (bitmaps, size, offset), when `header` says the
-/// bitmaps extension is consistent and the image's first cluster holds
-/// one; `None` for a v2 image, a cleared autoclear bit or no extension.
-pub(crate) fn locate_directory(
-    file: &File,
-    header: &Header,
-    file_size: u64,
-) -> Result<Option<(u32, u64, u64)>, BlockError> {
-    if header.version < 3 || header.autoclear & AUTOCLEAR_BITMAPS == 0 {
+    if !consistent {
         return Ok(None);
     }
-    let mut first = vec![0u8; header.cluster_size().min(file_size) as usize];
-    read_at(file, MetaKind::Header, 0, &mut first)?;
-    Ok(find_extension(&first, header.header_length as usize))
+    let (count, reserved) = (be32(bytes, 0), be32(bytes, 4));
+    let (dir_size, dir_offset) = (be64_at(bytes, 1), be64_at(bytes, 2));
+    if reserved != 0 {
+        return Err("bitmaps_ext: Reserved field is not zero".into());
+    }
+    if count > MAX_BITMAPS {
+        return Err(format!(
+            "bitmaps_ext: Image has {count} bitmaps, exceeding the QEMU supported maximum of {MAX_BITMAPS}"
+        ));
+    }
+    if count == 0 {
+        return Err("found bitmaps extension with zero bitmaps".into());
+    }
+    if !dir_offset.is_multiple_of(cluster_size) {
+        return Err("bitmaps_ext: invalid bitmap directory offset".into());
+    }
+    if dir_size > MAX_DIRECTORY {
+        return Err(format!(
+            "bitmaps_ext: bitmap directory size ({dir_size}) exceeds the maximum supported size ({MAX_DIRECTORY})"
+        ));
+    }
+    Ok(Some(BitmapsExtension {
+        count,
+        dir_size,
+        dir_offset,
+    }))
 }
 
-/// The first `count` entries of a directory, and the index of the entry
-/// that runs past its end, if one does (the entries before it are
-/// returned).
-pub fn parse_directory(dir: &[u8], count: u32) -> (Vec<BitmapEntry>, Option<u32>) {
+/// What [`load_directory`] needs to know about the image.
+pub(crate) struct ImageFacts {
+    pub cluster_size: u64,
+    pub disk_size: u64,
+    pub file_size: u64,
+}
+
+/// Reads the directory `ext` points at and checks it as qemu does when
+/// it loads the bitmaps: every entry's fields, the entry count, and the
+/// tables of the bitmaps not marked in use (each entry's reserved bits
+/// and alignment, and the table's size for the disk). The error names
+/// the problem in qemu's words.
+pub(crate) fn load_directory(
+    io: &dyn MetaIo,
+    ext: &BitmapsExtension,
+    image: &ImageFacts,
+) -> Result<Vec<BitmapEntry>, String> {
+    if ext.dir_size == 0 {
+        return Err("Requested bitmap directory size is zero".into());
+    }
+    if ext
+        .dir_offset
+        .checked_add(ext.dir_size)
+        .is_none_or(|end| end > image.file_size)
+    {
+        return Err("bitmap directory lies outside the file".into());
+    }
+    let mut dir = vec![0u8; ext.dir_size as usize];
+    read_at(io, MetaKind::BitmapDirectory, ext.dir_offset, &mut dir)
+        .map_err(|e| format!("Failed to read bitmap directory: {e}"))?;
+    let entries = parse_entries(&dir, ext.count, image)?;
+    let table_bytes: u64 = entries.iter().map(|e| u64::from(e.table_entries) * 8).sum();
+    if table_bytes > image.file_size {
+        return Err("the bitmap tables together are larger than the file".into());
+    }
+    for e in entries.iter().filter(|e| e.flags & FLAG_IN_USE == 0) {
+        check_table(io, e, image)?;
+    }
+    Ok(entries)
+}
+
+/// The directory's entries, each checked (qemu's `bitmap_list_load` and
+/// `check_dir_entry`).
+pub(crate) fn parse_entries(
+    dir: &[u8],
+    count: u32,
+    image: &ImageFacts,
+) -> Result<Vec<BitmapEntry>, String> {
+    const BROKEN: &str = "Broken bitmap directory";
     let mut out = Vec::new();
     let mut at = 0usize;
-    for n in 0..count {
-        let fields = (
-            be64(dir, at),
-            be32(dir, at + 8),
-            be32(dir, at + 12),
-            dir.get(at + 16).copied(),
-            dir.get(at + 17).copied(),
-            be16(dir, at + 18),
-            be32(dir, at + 20),
-        );
-        let (
-            Some(table_offset),
-            Some(table_entries),
-            Some(flags),
-            Some(bitmap_type),
-            Some(granularity_bits),
-            Some(name_len),
-            Some(extra),
-        ) = fields
-        else {
-            return (out, Some(n));
+    while at < dir.len() {
+        let Some(fixed) = dir.get(at..at + ENTRY_HEADER) else {
+            return Err(BROKEN.into());
         };
-        let name_at = at + ENTRY_HEADER + extra as usize;
-        let len = (ENTRY_HEADER + extra as usize + usize::from(name_len)).next_multiple_of(8);
-        let Some(name) = dir.get(name_at..name_at + usize::from(name_len)) else {
-            return (out, Some(n));
-        };
-        if dir.len() < at + len {
-            return (out, Some(n));
+        if out.len() as u32 >= count {
+            return Err("More bitmaps found than specified in header extension".into());
         }
-        out.push(BitmapEntry {
-            table_offset,
-            table_entries,
-            flags,
-            granularity_bits,
+        let (name_len, extra) = (be16(fixed, 18), be32(fixed, 20));
+        let len =
+            (ENTRY_HEADER as u64 + u64::from(extra) + u64::from(name_len)).next_multiple_of(8);
+        if at as u64 + len > dir.len() as u64 {
+            return Err(BROKEN.into());
+        }
+        if extra != 0 {
+            return Err("Bitmap extra data is not supported".into());
+        }
+        let name = &dir[at + ENTRY_HEADER..at + ENTRY_HEADER + usize::from(name_len)];
+        let entry = BitmapEntry {
+            table_offset: be64_at(fixed, 0),
+            table_entries: be32(fixed, 8),
+            flags: be32(fixed, 12),
+            granularity_bits: fixed[17],
             name_len,
-            bitmap_type,
+            bitmap_type: fixed[16],
             extra_data_size: extra,
             name: String::from_utf8_lossy(name).into_owned(),
-        });
-        at += len;
+        };
+        if !satisfies_constraints(&entry, fixed[16], image) {
+            return Err(format!(
+                "Bitmap '{}' doesn't satisfy the constraints",
+                entry.name
+            ));
+        }
+        out.push(entry);
+        at += len as usize;
     }
-    (out, None)
+    if out.len() as u32 != count {
+        return Err("Less bitmaps found than specified in header extension".into());
+    }
+    Ok(out)
+}
+
+/// qemu's `check_dir_entry`, plus: the table lies inside the file.
+fn satisfies_constraints(e: &BitmapEntry, kind: u8, image: &ImageFacts) -> bool {
+    let cs = image.cluster_size;
+    let table_end = e.table_offset.checked_add(u64::from(e.table_entries) * 8);
+    let basic = e.table_entries != 0
+        && e.table_offset != 0
+        && e.table_offset.is_multiple_of(cs)
+        && e.table_entries <= MAX_TABLE_ENTRIES
+        && GRANULARITY_BITS.contains(&e.granularity_bits)
+        && e.flags & RESERVED_FLAGS == 0
+        && e.name_len <= MAX_NAME
+        && kind == TYPE_DIRTY_TRACKING
+        && table_end.is_some_and(|end| end <= image.file_size);
+    if !basic {
+        return false;
+    }
+    let phys = u64::from(e.table_entries) * cs;
+    if phys > MAX_PHYS_BYTES {
+        return false;
+    }
+    // A consistent bitmap's table must cover the whole disk.
+    let covered = (phys * 8).saturating_mul(1 << e.granularity_bits);
+    e.flags & FLAG_IN_USE != 0 || image.disk_size <= covered
+}
+
+/// Reads a bitmap's table and checks it as qemu does before it loads the
+/// bitmap: no reserved bit, data clusters aligned, and as many entries as
+/// the disk needs at the bitmap's granularity.
+fn check_table(io: &dyn MetaIo, e: &BitmapEntry, image: &ImageFacts) -> Result<(), String> {
+    let cs = image.cluster_size;
+    let mut table = vec![0u8; e.table_entries as usize * 8];
+    read_at(io, MetaKind::BitmapDirectory, e.table_offset, &mut table).map_err(|err| {
+        format!(
+            "Could not read bitmap_table table from image for bitmap '{}': {err}",
+            e.name
+        )
+    })?;
+    let bad_entry = (0..e.table_entries as usize).any(|i| {
+        let entry = be64_at(&table, i);
+        let offset = entry & TABLE_OFFSET_MASK;
+        entry & TABLE_RESERVED != 0
+            || (offset != 0 && (entry & TABLE_ALL_ONES != 0 || !offset.is_multiple_of(cs)))
+    });
+    if bad_entry {
+        return Err(format!(
+            "Could not read bitmap_table table from image for bitmap '{}': Invalid argument",
+            e.name
+        ));
+    }
+    // qemu serializes a bitmap in 64-bit words.
+    let bits = image.disk_size.div_ceil(1 << e.granularity_bits);
+    let needed = bits.div_ceil(64).saturating_mul(8).div_ceil(cs);
+    if needed != u64::from(e.table_entries) {
+        return Err(format!(
+            "Could not read bitmap '{}' from image: Invalid argument",
+            e.name
+        ));
+    }
+    Ok(())
 }
 
 /// The persistent bitmaps of the qcow2 image at `path`, in directory
 /// order: none for a v2 image, one without the extension or one whose
 /// autoclear bit says the bitmaps are inconsistent; an error for a
-/// directory beyond qemu's limits or one that is cut short.
+/// directory qemu would refuse.
 pub fn persistent_bitmaps(path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
     let file = File::open(path).map_err(|source| BlockError::Open {
         path: path.to_owned(),
@@ -169,103 +309,108 @@ pub fn persistent_bitmaps(path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
 /// autoclear bit after the header was parsed.
 pub(crate) fn bitmaps_in(file: &File, path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
     let (header, file_size) = read_header(file, path)?;
-    let Some((count, dir_size, dir_offset)) = locate_directory(file, &header, file_size)? else {
-        return Ok(Vec::new());
-    };
-    let corrupt = |reason: String| BlockError::InvalidImage {
+    bitmaps_of(file, &header, file_size).map_err(|reason| BlockError::InvalidImage {
         path: path.to_owned(),
         reason,
+    })
+}
+
+/// The validated bitmaps of an image whose header is `header` (none
+/// while its extension is absent or inconsistent).
+pub(crate) fn bitmaps_of(
+    io: &dyn MetaIo,
+    header: &Header,
+    file_size: u64,
+) -> Result<Vec<BitmapEntry>, String> {
+    let Some(ext) = &header.bitmaps else {
+        return Ok(Vec::new());
     };
-    if count > MAX_BITMAPS || dir_size > MAX_DIRECTORY {
-        return Err(corrupt(format!(
-            "bitmap directory of {count} bitmaps and {dir_size} bytes is beyond the limits"
-        )));
-    }
-    let mut dir = vec![0u8; dir_size as usize];
-    read_at(file, MetaKind::BitmapDirectory, dir_offset, &mut dir)?;
-    match parse_directory(&dir, count) {
-        (entries, None) => Ok(entries),
-        (_, Some(n)) => Err(corrupt(format!("bitmap directory entry {n} is truncated"))),
-    }
+    let facts = ImageFacts {
+        cluster_size: header.cluster_size(),
+        disk_size: header.size,
+        file_size,
+    };
+    load_directory(io, ext, &facts)
 }
 
-fn be16(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_be_bytes(b.get(at..at + 2)?.try_into().ok()?))
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
 }
 
-fn be32(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn be64(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn entry(name: &str, granularity_bits: u8, extra: usize) -> Vec<u8> {
+    const CS: u64 = 65536;
+
+    fn entry(name: &str, granularity_bits: u8, table_offset: u64) -> Vec<u8> {
         let mut e = vec![0u8; ENTRY_HEADER];
-        e[0..8].copy_from_slice(&0x5_0000u64.to_be_bytes());
-        e[8..12].copy_from_slice(&3u32.to_be_bytes());
+        e[0..8].copy_from_slice(&table_offset.to_be_bytes());
+        e[8..12].copy_from_slice(&1u32.to_be_bytes());
         e[12..16].copy_from_slice(&FLAG_AUTO.to_be_bytes());
-        e[16] = 1;
+        e[16] = TYPE_DIRTY_TRACKING;
         e[17] = granularity_bits;
         e[18..20].copy_from_slice(&(name.len() as u16).to_be_bytes());
-        e[20..24].copy_from_slice(&(extra as u32).to_be_bytes());
-        e.extend(std::iter::repeat_n(0, extra));
         e.extend_from_slice(name.as_bytes());
         e.resize(e.len().next_multiple_of(8), 0);
         e
     }
 
-    #[test]
-    fn directory_entries_and_where_one_is_cut_short() {
-        let mut dir = entry("b1", 16, 0);
-        dir.extend(entry("a-longer-name", 9, 4));
-        let want = |name: &str, granularity_bits, extra_data_size| BitmapEntry {
-            table_offset: 0x5_0000,
-            table_entries: 3,
-            flags: FLAG_AUTO,
-            granularity_bits,
-            name_len: name.len() as u16,
-            bitmap_type: 1,
-            extra_data_size,
-            name: name.into(),
-        };
-        let (b1, long) = (want("b1", 16, 0), want("a-longer-name", 9, 4));
-        assert_eq!(parse_directory(&dir, 2), (vec![b1.clone(), long], None));
-        assert_eq!(b1.flag_names(), ["auto"]);
-        // The second entry's name runs past a directory shorter than the
-        // count says: the first is still returned.
-        assert_eq!(
-            parse_directory(&dir[..dir.len() - 8], 2),
-            (vec![b1], Some(1))
-        );
-        assert_eq!(parse_directory(&dir[..10], 1), (vec![], Some(0)));
+    fn facts() -> ImageFacts {
+        ImageFacts {
+            cluster_size: CS,
+            disk_size: 64 << 20,
+            file_size: 1 << 20,
+        }
     }
 
     #[test]
-    fn extension_is_found_after_others_and_not_after_the_end() {
-        let mut first = vec![0u8; 16];
-        // An unknown 5-byte extension, padded to 8.
-        first.extend_from_slice(&0x1234_5678u32.to_be_bytes());
-        first.extend_from_slice(&5u32.to_be_bytes());
-        first.extend_from_slice(&[0; 8]);
-        first.extend_from_slice(&EXT_BITMAPS.to_be_bytes());
-        first.extend_from_slice(&24u32.to_be_bytes());
-        first.extend_from_slice(&3u32.to_be_bytes());
-        first.extend_from_slice(&[0; 4]);
-        first.extend_from_slice(&96u64.to_be_bytes());
-        first.extend_from_slice(&0x30000u64.to_be_bytes());
-        assert_eq!(find_extension(&first, 16), Some((3, 96, 0x30000)));
-        let mut ended = vec![0u8; 24];
-        ended.extend_from_slice(&first[16..]);
-        assert_eq!(find_extension(&ended, 16), None);
-        // A length running past the cluster: no extension, no panic.
-        let mut long = first.clone();
-        long[36..40].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert_eq!(find_extension(&long, 16), None);
+    fn entries_are_checked_like_qemu() {
+        let mut dir = entry("b1", 16, CS);
+        dir.extend(entry("a-longer-name", 16, 2 * CS));
+        let got = parse_entries(&dir, 2, &facts()).unwrap();
+        assert_eq!(got[1].name, "a-longer-name");
+        assert_eq!(got[0].flag_names(), ["auto"]);
+        let err = |dir: &[u8], n: u32| parse_entries(dir, n, &facts()).unwrap_err();
+        assert_eq!(
+            err(&dir, 1),
+            "More bitmaps found than specified in header extension"
+        );
+        assert_eq!(
+            err(&dir, 3),
+            "Less bitmaps found than specified in header extension"
+        );
+        assert_eq!(err(&dir[..dir.len() - 8], 2), "Broken bitmap directory");
+        // Granularity under 512 bytes, and a table outside the file.
+        let small = entry("g", 8, CS);
+        assert!(err(&small, 1).contains("'g' doesn't satisfy"));
+        let far = entry("f", 16, 1 << 40);
+        assert!(err(&far, 1).contains("'f' doesn't satisfy"));
+    }
+
+    #[test]
+    fn the_extension_is_refused_as_qemu_refuses_it() {
+        let ext = |count: u32, reserved: u32, size: u64, offset: u64| {
+            let mut b = Vec::new();
+            b.extend_from_slice(&count.to_be_bytes());
+            b.extend_from_slice(&reserved.to_be_bytes());
+            b.extend_from_slice(&size.to_be_bytes());
+            b.extend_from_slice(&offset.to_be_bytes());
+            b
+        };
+        let ok = parse_extension(&ext(1, 0, 32, CS), true, CS).unwrap();
+        assert_eq!(ok.map(|e| e.dir_offset), Some(CS));
+        assert_eq!(parse_extension(&ext(70000, 0, 32, CS), false, CS), Ok(None));
+        let err = |b: &[u8]| parse_extension(b, true, CS).unwrap_err();
+        assert!(err(&ext(70000, 0, 32, CS)).contains("70000 bitmaps"));
+        assert!(err(&ext(0, 0, 32, CS)).contains("zero bitmaps"));
+        assert!(err(&ext(1, 1, 32, CS)).contains("Reserved"));
+        assert!(err(&ext(1, 0, 32, CS + 8)).contains("directory offset"));
+        assert!(err(&ext(1, 0, 1 << 62, CS)).contains("exceeds the maximum"));
+        assert!(err(&ext(1, 0, 32, CS)[..16]).contains("extension length"));
     }
 }

@@ -10,9 +10,7 @@
 //! beyond the limits is refused, never followed). [`bitmap_clusters`]
 //! lists the clusters to free.
 
-use super::bitmap_directory::{
-    locate_directory, parse_directory, BitmapEntry, MAX_BITMAPS, MAX_DIRECTORY,
-};
+use super::bitmap_directory::{bitmaps_of, BitmapEntry};
 use super::header::Header;
 use super::meta::MetaState;
 use super::meta_io::{be64_at, MetaKind};
@@ -46,29 +44,14 @@ impl BitmapStore {
     /// Loads the bitmaps `header` names (none unless it is version 3 with
     /// the bitmaps autoclear bit set).
     pub fn load(meta: &MetaState, header: &Header) -> Result<BitmapStore, BlockError> {
-        let Some((count, dir_size, dir_offset)) =
-            locate_directory(&meta.file, header, meta.file_size)?
-        else {
+        // The extension was checked with the header, the directory and
+        // its entries are checked here as qemu checks them at open.
+        let Some(ext) = header.bitmaps else {
             return Ok(BitmapStore::default());
         };
-        let cs = meta.g.cluster_size;
-        if count > MAX_BITMAPS
-            || dir_size > MAX_DIRECTORY
-            || !dir_offset.is_multiple_of(cs)
-            || dir_offset
-                .checked_add(dir_size)
-                .is_none_or(|e| e > meta.file_size)
-        {
-            return Err(meta.invalid(format!(
-                "bitmap directory ({count} bitmaps, {dir_size} bytes at {dir_offset:#x}) is invalid"
-            )));
-        }
-        let mut dir = vec![0u8; dir_size as usize];
-        meta.read(MetaKind::BitmapDirectory, dir_offset, &mut dir)?;
-        let (entries, cut) = parse_directory(&dir, count);
-        if let Some(n) = cut {
-            return Err(meta.invalid(format!("bitmap directory entry {n} is truncated")));
-        }
+        let entries =
+            bitmaps_of(meta.io.as_ref(), header, meta.file_size).map_err(|r| meta.invalid(r))?;
+        let (dir_offset, dir_size) = (ext.dir_offset, ext.dir_size);
         let mut bitmaps = Vec::with_capacity(entries.len());
         for entry in entries {
             let table = read_table(meta, &entry)?;

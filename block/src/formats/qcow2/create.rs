@@ -33,6 +33,8 @@ pub struct Qcow2Params {
     pub backing_file: Option<String>,
     pub backing_format: Option<String>,
     pub preallocation: Preallocation,
+    /// Files the new image must not be (see [`crate::create::FileIdentity`]).
+    pub sources: Vec<crate::create::FileIdentity>,
 }
 
 /// Where everything goes, in clusters from the start of the file.
@@ -142,6 +144,7 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         backing_file: None,
         backing_format: None,
         data_file: None,
+        bitmaps: None,
     };
     let mut exts = Vec::new();
     if let Some(f) = &p.backing_format {
@@ -176,7 +179,7 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         let off = rb_off + i * cs;
         rt[(i * 8) as usize..(i * 8 + 8) as usize].copy_from_slice(&off.to_be_bytes());
     }
-    let (file, _lock) = crate::create::open_for_create(path)?;
+    let (file, _lock) = crate::create::open_for_create(path, &p.sources)?;
     write_at(&file, MetaKind::Header, 0, &hdr)?;
     write_at(&file, MetaKind::RefcountTable, rt_off, &rt)?;
     // Refcount blocks one at a time (a large preallocated image has many).

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use super::cow::CowJob;
 use super::features::INCOMPAT_CORRUPT;
-use super::header::OFF_INCOMPAT;
+use super::header::{MAX_L1_BYTES, OFF_INCOMPAT};
 use super::l2_entry::decode_l1;
 use super::meta::MetaState;
 use super::meta_io::{read_at, sync, write_at, MetaKind};
@@ -142,8 +142,22 @@ impl MetaState {
         // here it only means there is less to protect.
         if let Ok((entries, len)) = read_snapshot_table(&*self.io, self.snapshots, self.file_size) {
             m.add(MetaKind::SnapshotTable, self.snapshots.offset, len);
+            // Only L1 tables that can be real (inside the file, within
+            // qemu's size), and no more of them than the file holds
+            // (real ones never overlap): a hostile table costs at most
+            // the file's size here, whatever it claims.
+            let mut budget = self.file_size;
             for e in entries {
-                m.add(MetaKind::SnapshotL1, e.l1_offset, u64::from(e.l1_size) * 8);
+                let bytes = u64::from(e.l1_size) * 8;
+                let inside = e
+                    .l1_offset
+                    .checked_add(bytes)
+                    .is_some_and(|end| end <= self.file_size);
+                if !inside || bytes > MAX_L1_BYTES || bytes > budget {
+                    continue;
+                }
+                budget -= bytes;
+                m.add(MetaKind::SnapshotL1, e.l1_offset, bytes);
             }
         }
         if let Some((offset, bytes)) = self.bitmap_directory {

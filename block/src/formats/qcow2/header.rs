@@ -7,6 +7,8 @@
 //! `BlockError::InvalidImage` / `BlockError::Unsupported`. `check` reuses
 //! [`Header::parse`].
 
+use super::bitmap_directory::{parse_extension, BitmapsExtension, EXT_BITMAPS};
+use super::features::AUTOCLEAR_BITMAPS;
 use super::features::{
     COMPRESSION_DEFLATE, COMPRESSION_ZSTD, INCOMPAT_COMPRESSION, INCOMPAT_CORRUPT,
     INCOMPAT_DATA_FILE, INCOMPAT_DIRTY, INCOMPAT_EXTL2, INCOMPAT_KNOWN,
@@ -79,6 +81,9 @@ pub(crate) struct Header {
     pub backing_file: Option<String>,
     pub backing_format: Option<String>,
     pub data_file: Option<String>,
+    /// The bitmaps extension, while the autoclear bit says it is
+    /// consistent (checked as qemu checks it; see `bitmap_directory`).
+    pub bitmaps: Option<BitmapsExtension>,
 }
 
 fn be32(b: &[u8], off: usize) -> u32 {
@@ -187,6 +192,7 @@ impl Header {
             backing_file: None,
             backing_format: None,
             data_file: None,
+            bitmaps: None,
         };
         if version == 3 {
             if buf.len() < V3_MIN_HEADER_LEN as usize {
@@ -339,6 +345,11 @@ impl Header {
                     self.backing_format = Some(ext_string(bytes, "backing format")?)
                 }
                 EXT_DATA_FILE => self.data_file = Some(ext_string(bytes, "data file name")?),
+                EXT_BITMAPS => {
+                    let consistent = self.version >= 3 && self.autoclear & AUTOCLEAR_BITMAPS != 0;
+                    self.bitmaps = parse_extension(bytes, consistent, self.cluster_size())
+                        .map_err(HeaderError::Invalid)?;
+                }
                 EXT_ENCRYPTION => {
                     return Err(HeaderError::Unsupported(
                         "encryption header extension".into(),
@@ -440,6 +451,7 @@ pub(crate) mod tests {
             backing_file: None,
             backing_format: None,
             data_file: None,
+            bitmaps: None,
         };
         let mut b = h.encode_fixed();
         b.resize(1 << 16, 0);

@@ -20,6 +20,7 @@ use super::header::{Header, HeaderError, OFF_AUTOCLEAR, OFF_INCOMPAT};
 use super::inflight::InFlight;
 use super::meta::MetaState;
 use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
+use super::snapshot_table::{read_snapshot_table, TableLocation};
 use crate::error::BlockError;
 use crate::formats::FileId;
 use crate::lock::ImageLock;
@@ -59,9 +60,15 @@ pub struct Qcow2Image {
     /// Whether `State::compressed` may hold data (read without the lock
     /// on every read and write plan).
     pub(crate) compressed_cached: AtomicBool,
-    /// This file's locks, released when the image is dropped (after the
-    /// `Drop` below has written what it must; see [`crate::lock`]).
+    /// This file's locks and its data file's, released when the image is
+    /// dropped (after the `Drop` below has written what it must; see
+    /// [`crate::lock`]).
     pub(crate) _lock: Option<ImageLock>,
+    pub(crate) _data_file_lock: Option<ImageLock>,
+    /// Opened writable without its backing chain (`DiskOptions::no_backing`,
+    /// for header edits such as `rebase -u`): guest writes and resizing
+    /// are refused, since they would need the backing data.
+    pub(crate) backing_unopened: bool,
 }
 
 fn header_error(path: &Path, e: HeaderError) -> BlockError {
@@ -176,14 +183,8 @@ impl Qcow2Image {
         chain: &mut Vec<PathBuf>,
     ) -> Result<Self, BlockError> {
         let path = opts.path.clone();
-        if opts.no_backing && !opts.readonly {
-            return Err(BlockError::Unsupported {
-                path,
-                feature: "a writable open without the backing chain".into(),
-            });
-        }
         let lock = (opts.lock)
-            .then(|| crate::lock::lock_image(&file, &path, !opts.readonly))
+            .then(|| crate::lock::lock_image(&file, &path, opts.lock_mode()))
             .transpose()?;
         let meta_file = OpenOptions::new()
             .read(true)
@@ -194,6 +195,21 @@ impl Qcow2Image {
                 source,
             })?;
         let (mut header, mut file_size) = read_header(&meta_file, &path)?;
+        // As qemu, refuse a bitmap directory it would refuse to load.
+        super::bitmap_directory::bitmaps_of(&meta_file, &header, file_size).map_err(|reason| {
+            BlockError::InvalidImage {
+                path: path.clone(),
+                reason,
+            }
+        })?;
+        // As qemu, refuse a snapshot table beyond its limits (the count,
+        // the table's size, each entry's extra data).
+        read_snapshot_table(&meta_file, TableLocation::of(&header), file_size).map_err(
+            |reason| BlockError::InvalidImage {
+                path: path.clone(),
+                reason,
+            },
+        )?;
         if !opts.readonly {
             Self::check_writable_open(&path, &header)?;
             Self::check_direct_writes(opts, &header)?;
@@ -235,6 +251,7 @@ impl Qcow2Image {
         let meta_file = Arc::new(meta_file);
         let mut cow_files = vec![Arc::clone(&meta_file)];
         let mut data_file = FileId(0);
+        let mut data_file_lock = None;
         if let Some(name) = header.data_file.clone() {
             let dpath = resolve(&path, &name);
             let mut o = OpenOptions::new();
@@ -250,6 +267,9 @@ impl Qcow2Image {
                 path: dpath.clone(),
                 source,
             })?;
+            data_file_lock = (opts.lock)
+                .then(|| crate::lock::lock_image(&f, &dpath, opts.lock_mode()))
+                .transpose()?;
             data_file = FileId(files.len() as u16);
             files.push(Arc::new(f));
             cow_files.push(Arc::new(b));
@@ -275,12 +295,13 @@ impl Qcow2Image {
             files.extend(b.image.files().iter().cloned());
             cow_files.extend(b.cow_files.iter().cloned());
         }
+        let backing_unopened = opts.no_backing && !opts.readonly && header.backing_file.is_some();
         let mut meta = MetaState::load(&header, meta_file, path.clone(), file_size)?;
         // cache=unsafe skips every flush, the ordering barriers between
         // dependent metadata writes and at close included, as QEMU's
         // BDRV_O_NO_FLUSH does: a crash may then leave anything.
         meta.barriers = opts.cache.flushes();
-        Ok(Qcow2Image {
+        let image = Qcow2Image {
             size: AtomicU64::new(header.size),
             compressed_cached: AtomicBool::new(false),
             state: Mutex::new(State {
@@ -300,7 +321,13 @@ impl Qcow2Image {
             readonly: opts.readonly,
             keeps_bitmaps: opts.keep_persistent_bitmaps,
             _lock: lock,
-        })
+            _data_file_lock: data_file_lock,
+            backing_unopened,
+        };
+        if let Some(which) = &opts.snapshot {
+            image.view_snapshot(which)?;
+        }
+        Ok(image)
     }
 
     /// Read-write opens refuse images whose metadata cannot be trusted.
@@ -431,13 +458,27 @@ impl Qcow2Image {
         }
     }
 
-    /// Writes are refused on read-only opens, and on opens that keep the
-    /// persistent bitmaps (nothing would record the write in them).
+    /// Writes are refused on read-only opens, on opens that keep the
+    /// persistent bitmaps (nothing would record the write in them), and on
+    /// writable opens without the backing chain (a partial write would copy
+    /// zeroes where the backing data belongs).
     pub(crate) fn check_writable(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         if self.readonly || self.keeps_bitmaps {
             return Err(BlockError::ReadOnly);
         }
+        self.check_backing_opened()?;
         self.check_range(offset, len)
+    }
+
+    /// Refuses what needs the backing chain on an image opened without it.
+    pub(crate) fn check_backing_opened(&self) -> Result<(), BlockError> {
+        if self.backing_unopened {
+            return Err(BlockError::Unsupported {
+                path: self.path.clone(),
+                feature: "changing the disk of an image opened without its backing chain".into(),
+            });
+        }
+        Ok(())
     }
 }
 

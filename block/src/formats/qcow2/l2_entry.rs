@@ -106,6 +106,10 @@ pub(crate) fn decode_l2_in(
             "data cluster offset {host:#x} is not cluster aligned"
         ));
     }
+    if !extended && version < 3 && raw & OFLAG_ZERO != 0 {
+        // Version 2 has no zero flag: qemu treats the entry as corruption.
+        return Err("zero cluster entry found in a version 2 image".into());
+    }
     let zero = !extended && version >= 3 && raw & OFLAG_ZERO != 0;
     if data_file && host == 0 && copied {
         return Ok(if zero {
@@ -183,8 +187,11 @@ mod tests {
                 copied: true
             }
         );
-        // v2 has no zero flag.
-        assert_eq!(decode_l2(1, 16, 2, false).unwrap(), L2Entry::Unallocated);
+        // v2 has no zero flag: an entry with it is refused, as in qemu.
+        assert!(decode_l2(1, 16, 2, false)
+            .unwrap_err()
+            .contains("version 2"));
+        assert!(decode_l2(normal_entry(0x50000) | 1, 16, 2, false).is_err());
         assert!(decode_l2(0x50200, 16, 3, false)
             .unwrap_err()
             .contains("aligned"));

@@ -159,10 +159,7 @@ impl MetaState {
         let rt: Vec<u64> = (0..rt_len).map(|i| be64_at(&rt_bytes, i)).collect();
         let cs = g.cluster_size;
         let tables = |bytes: u64| (bytes / cs).max(MIN_CACHED_TABLES) as usize;
-        let bitmap_directory = super::bitmap_directory::locate_directory(&file, h, file_size)
-            .ok()
-            .flatten()
-            .map(|(_, bytes, offset)| (offset, bytes));
+        let bitmap_directory = h.bitmaps.map(|e| (e.dir_offset, e.dir_size));
         let mut meta = MetaState {
             l2_cache: TableCache::new(tables(L2_CACHE_BYTES)),
             rb_cache: TableCache::new(tables(RB_CACHE_BYTES)),

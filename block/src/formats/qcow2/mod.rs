@@ -26,7 +26,9 @@
 //!   `resize` (grow and shrink), `amend` (version, refcount width and
 //!   feature changes, with `zero_expand`, `refcount_layout` and
 //!   `header_cluster`), persistent bitmaps (`bitmap_store` reads them,
-//!   `bitmap_write` changes them);
+//!   `bitmap_write` changes them), `undo` (a failed tool operation puts
+//!   the file back); `snapshot_view` reads an internal snapshot in place
+//!   of the active disk (`convert -l`);
 //! - `create`: new images with qemu-img's defaults;
 //! - `plan_exec`: executing a read plan inline (COW sources, tests).
 //!
@@ -71,7 +73,9 @@ pub(crate) mod reserve;
 pub(crate) mod resize;
 pub(crate) mod snapshot_ops;
 pub mod snapshot_table;
+pub mod snapshot_view;
 pub(crate) mod status;
+pub(crate) mod undo;
 pub(crate) mod write;
 pub(crate) mod zero;
 pub(crate) mod zero_expand;

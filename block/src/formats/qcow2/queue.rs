@@ -262,7 +262,11 @@ impl Format for Qcow2Image {
                 Compression::Zstd => "zstd",
             }),
             backing_filename: h.backing_file.clone(),
-            full_backing_filename: self.backing.as_ref().map(|b| b.path.display().to_string()),
+            full_backing_filename: h.backing_file.as_ref().map(|name| {
+                super::backing::resolve(&self.path, name)
+                    .display()
+                    .to_string()
+            }),
             backing_filename_format: h.backing_format.clone(),
             data_file: h.data_file.clone(),
             dirty: Some(incompatible & INCOMPAT_DIRTY != 0),

@@ -175,6 +175,7 @@ impl Resizable for Qcow2Image {
         if self.readonly {
             return Err(BlockError::ReadOnly);
         }
+        self.check_backing_opened()?;
         self.write_out_compressed()?;
         let mut st = self.lock();
         let old = self.size.load(Ordering::Acquire);

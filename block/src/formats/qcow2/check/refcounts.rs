@@ -13,6 +13,7 @@ use std::path::Path;
 use super::references::{Findings, References, Walker};
 use super::{CheckReport, Repair};
 use crate::error::BlockError;
+use crate::formats::qcow2::bitmap_directory::bitmaps_of;
 use crate::formats::qcow2::features::{INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 use crate::formats::qcow2::header::{Header, OFF_INCOMPAT};
 use crate::formats::qcow2::image::read_header_with;
@@ -92,6 +93,13 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
             source,
         })?;
     let (header, file_size) = read_header_with(&file, path, false)?;
+    // A bitmap directory qemu refuses to load fails the check, as it
+    // fails `qemu-img check` (the image does not open).
+    let bitmaps =
+        bitmaps_of(&file, &header, file_size).map_err(|reason| BlockError::InvalidImage {
+            path: path.to_owned(),
+            reason,
+        })?;
     let cs = header.cluster_size();
     let nb_clusters = file_size.div_ceil(cs);
     if nb_clusters > MAX_CHECKED_CLUSTERS {
@@ -112,7 +120,7 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
     walker.refs.add(0, cs, &mut walker.findings);
     walker.walk_l1(header.l1_table_offset, header.l1_size, true)?;
     walker.walk_snapshots()?;
-    super::bitmaps::walk_bitmaps(&mut walker)?;
+    super::bitmaps::walk_bitmaps(&mut walker, &bitmaps)?;
     // What the image references apart from its refcount structures: the
     // refcounts a rebuild stores.
     let references = walker.refs.refs.clone();

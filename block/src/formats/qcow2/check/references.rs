@@ -10,7 +10,7 @@ use std::fs::File;
 use crate::error::BlockError;
 use crate::formats::qcow2::header::{Header, MAX_L1_BYTES};
 use crate::formats::qcow2::l2_entry::{
-    decode_l1, decode_l2, L2Entry, OFLAG_COMPRESSED, OFLAG_COPIED,
+    decode_l1, decode_l2, L2Entry, OFLAG_COMPRESSED, OFLAG_COPIED, OFLAG_ZERO,
 };
 use crate::formats::qcow2::meta_io::{be64_at, read_at, MetaKind};
 use crate::formats::qcow2::snapshot_table::{read_snapshot_table, TableLocation, MAX_SNAPSHOTS};
@@ -181,16 +181,40 @@ impl Walker<'_> {
         let mut l2 = vec![0u8; cs as usize];
         read_at(self.file, MetaKind::L2Table, l2_offset, &mut l2)?;
         let mut next_contiguous = 0u64;
+        let words = entry_size as usize / 8;
         for i in 0..(cs / entry_size) as usize {
-            let raw = be64_at(&l2, i * (entry_size as usize / 8));
-            let reserved = L2_RESERVED | u64::from(h.extended_l2());
-            if raw & OFLAG_COMPRESSED == 0 && raw & reserved != 0 {
+            let raw = be64_at(&l2, i * words);
+            let bitmap = if words == 2 {
+                be64_at(&l2, i * 2 + 1)
+            } else {
+                0
+            };
+            let compressed = raw & OFLAG_COMPRESSED != 0;
+            // A compressed entry's bits 56-61 are its sector count.
+            let reserved = if compressed {
+                0
+            } else {
+                L2_RESERVED | u64::from(h.extended_l2())
+            };
+            if raw & reserved != 0 {
                 self.findings.corrupt(format!(
                     "ERROR found l2 entry with reserved bits set: {raw:x}"
                 ));
             }
-            let entry = match decode_l2(raw & !reserved, h.cluster_bits, h.version, h.extended_l2())
-            {
+            // The version 2 zero flag is refused by reads (qemu marks the
+            // image corrupt there); qemu-img check counts such an entry
+            // as allocated and says nothing, and so do we.
+            let v2_zero = if h.version < 3 && !compressed {
+                OFLAG_ZERO
+            } else {
+                0
+            };
+            let entry = match decode_l2(
+                raw & !reserved & !v2_zero,
+                h.cluster_bits,
+                h.version,
+                h.extended_l2(),
+            ) {
                 Ok(e) => e,
                 Err(_) if raw & OFLAG_COMPRESSED != 0 => {
                     self.findings.corrupt(format!(
@@ -223,6 +247,9 @@ impl Walker<'_> {
                 }
                 e => e,
             };
+            if !self.subcluster_bitmap_ok(i, raw, bitmap, &entry) {
+                continue;
+            }
             match entry {
                 L2Entry::Unallocated | L2Entry::Zero { host: None, .. } => {}
                 L2Entry::Zero {
@@ -268,13 +295,46 @@ impl Walker<'_> {
                         self.findings.compressed += 1;
                         self.findings.fragmented += 1;
                     }
-                    let start = d.host_offset & !511;
-                    let len = d.max_len + (d.host_offset & 511);
-                    self.refs.add(start, len, &mut self.findings);
+                    // qemu's range: from the data's first byte to the end
+                    // of its last sector.
+                    self.refs.add(d.host_offset, d.max_len, &mut self.findings);
                 }
             }
         }
         Ok(())
+    }
+
+    /// qemu-img check's findings about an extended entry's subcluster
+    /// bitmap; `false` when the entry is not to be counted further.
+    fn subcluster_bitmap_ok(&mut self, i: usize, raw: u64, bitmap: u64, entry: &L2Entry) -> bool {
+        const ALL_ALLOC: u64 = 0xffff_ffff;
+        if !self.header.extended_l2() {
+            return true;
+        }
+        match entry {
+            L2Entry::Compressed(_) if bitmap != 0 => {
+                self.findings.corrupt(format!(
+                    "ERROR compressed cluster {i} with non-zero subcluster allocation bitmap, entry=0x{raw:x}"
+                ));
+                false
+            }
+            L2Entry::Normal { host, .. }
+            | L2Entry::Zero {
+                host: Some(host), ..
+            } if (bitmap >> 32) & bitmap != 0 => {
+                self.findings.corrupt(format!(
+                    "ERROR offset={host:x}: Allocated cluster has corrupted subcluster allocation bitmap"
+                ));
+                true
+            }
+            L2Entry::Unallocated | L2Entry::Zero { host: None, .. } if bitmap & ALL_ALLOC != 0 => {
+                self.findings.corrupt(
+                    "ERROR: Unallocated cluster has non-zero subcluster allocation map".into(),
+                );
+                true
+            }
+            _ => true,
+        }
     }
 
     /// Counts the snapshot table and every snapshot's L1 tree.
@@ -291,7 +351,7 @@ impl Walker<'_> {
             match read_snapshot_table(self.file, TableLocation::of(h), self.file_size) {
                 Ok(t) => t,
                 Err(reason) => {
-                    self.findings.corrupt(reason);
+                    self.findings.corrupt(format!("ERROR: {reason}"));
                     self.findings.bad_snapshot_table = true;
                     // As qemu-img: the first entry's fixed part is still
                     // counted (a corruption of its own past the file's end).
@@ -319,17 +379,23 @@ impl Walker<'_> {
             .enumerate()
             .map(|(n, e)| (n, e.l1_offset, e.l1_size))
             .collect();
+        // Real snapshots' L1 tables never overlap, so together they fit
+        // in the file: a table claiming more than is left is not walked
+        // (the walk stays bounded by the file's size).
+        let mut budget = self.file_size;
         for (n, off, size) in l1s {
             let bytes = u64::from(size) * 8;
             if !off.is_multiple_of(self.cs())
                 || bytes > MAX_L1_BYTES
                 || off.checked_add(bytes).is_none_or(|e| e > self.file_size)
+                || bytes > budget
             {
                 self.findings.corrupt(format!(
                     "ERROR: snapshot {n} has an invalid L1 table (offset {off:#x}, {size} entries)"
                 ));
                 continue;
             }
+            budget -= bytes;
             self.walk_l1(off, size, false)?;
         }
         Ok(())

@@ -1,0 +1,164 @@
+//! Undoing an image-tool operation that failed half-way (`ch-img
+//! snapshot`, `rebase`, `commit`, `resize`), so a failed command leaves
+//! the image file as it was: qcow2's [`FailureUndo`].
+//!
+//! Everything the image still caches is written first. Then the
+//! operation runs with an [`UndoIo`] in front of the image's metadata-I/O
+//! seam: before each write lands on bytes the file held when the
+//! operation began, those bytes are read and kept. If the operation fails
+//! (ENOSPC, EIO at any write or barrier), the kept bytes are written back
+//! newest first, the file is cut back to its old length (which drops
+//! every cluster the operation appended) and made durable, and the
+//! image's tables are loaded again from the file. If that fails too, the
+//! open image refuses every later write. Bytes written outside the seam
+//! are not kept: guest data an operation writes into a free cluster
+//! inside the file (never read back: after the undo no table points at
+//! it) is the one difference that can remain.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::{fs, io};
+
+use super::image::{read_header, Qcow2Image};
+use super::meta::MetaState;
+use super::meta_io::{MetaIo, MetaKind};
+use crate::error::BlockError;
+use crate::formats::FailureUndo;
+
+/// The bytes the operation overwrote, oldest first.
+struct Saved {
+    /// The file's length when the operation began.
+    old_len: u64,
+    writes: Mutex<Vec<(u64, MetaKind, Vec<u8>)>>,
+}
+
+/// A [`MetaIo`] that keeps what each write overwrites.
+struct UndoIo {
+    inner: Arc<dyn MetaIo>,
+    saved: Arc<Saved>,
+}
+
+impl MetaIo for UndoIo {
+    fn read_at(&self, kind: MetaKind, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(kind, buf, offset)
+    }
+
+    fn write_at(&self, kind: MetaKind, buf: &[u8], offset: u64) -> io::Result<usize> {
+        if offset < self.saved.old_len {
+            let kept = (self.saved.old_len - offset).min(buf.len() as u64) as usize;
+            let mut old = vec![0u8; kept];
+            super::meta_io::read_at(&*self.inner, kind, offset, &mut old)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            self.saved
+                .writes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((offset, kind, old));
+        }
+        self.inner.write_at(kind, buf, offset)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+}
+
+impl FailureUndo for Qcow2Image {
+    fn undo_on_failure(
+        &self,
+        op: &mut dyn FnMut() -> Result<(), BlockError>,
+    ) -> Result<(), BlockError> {
+        if self.readonly {
+            return op();
+        }
+        self.write_out_compressed()?;
+        let (file, inner) = {
+            let mut st = self.lock();
+            st.meta.flush_dirty()?;
+            st.meta.barrier()?;
+            (st.meta.file.clone(), Arc::clone(&st.meta.io))
+        };
+        let saved = Arc::new(Saved {
+            old_len: file_len(&file, &self.path)?,
+            writes: Mutex::new(Vec::new()),
+        });
+        self.wrap_meta_io(|inner| {
+            Arc::new(UndoIo {
+                inner,
+                saved: Arc::clone(&saved),
+            })
+        });
+        let result = op();
+        let mut st = self.lock();
+        st.meta.io = Arc::clone(&inner);
+        let Err(e) = result else {
+            return Ok(());
+        };
+        let reloaded = restore(&*inner, &file, &saved, &self.path).and_then(|()| {
+            let (header, file_size) = read_header(&file, &self.path)?;
+            let mut meta =
+                MetaState::load(&header, Arc::clone(&file), self.path.clone(), file_size)?;
+            meta.io = Arc::clone(&inner);
+            meta.barriers = st.meta.barriers;
+            meta.overlap_checks = st.meta.overlap_checks;
+            meta.l2_write_through = st.meta.l2_write_through;
+            Ok((meta, header.size, header.incompatible))
+        });
+        match reloaded {
+            Ok((meta, size, incompatible)) => {
+                st.meta = meta;
+                st.incompatible = incompatible;
+                self.size.store(size, Ordering::Release);
+            }
+            Err(undo) => {
+                log::error!(
+                    "{}: could not undo a failed operation ({undo}); refusing further writes",
+                    self.path.display()
+                );
+                st.meta.corrupt.set(true);
+                st.meta.reserved_end = st.meta.file_size;
+            }
+        }
+        Err(e)
+    }
+}
+
+/// Writes the kept bytes back (newest first), cuts the file to its old
+/// length and syncs it. Only the bytes that differ now are written: an
+/// undo on a full file system must not need space (a write of zeroes
+/// into a hole would).
+fn restore(
+    io: &dyn MetaIo,
+    file: &fs::File,
+    saved: &Saved,
+    path: &std::path::Path,
+) -> Result<(), BlockError> {
+    let writes = std::mem::take(&mut *saved.writes.lock().unwrap_or_else(|p| p.into_inner()));
+    for (offset, kind, old) in writes.iter().rev() {
+        let mut now = vec![0u8; old.len()];
+        super::meta_io::read_at(io, *kind, *offset, &mut now)?;
+        let mut at = 0;
+        while let Some(from) = (at..old.len()).find(|&i| old[i] != now[i]) {
+            let to = (from..old.len())
+                .find(|&i| old[i] == now[i])
+                .unwrap_or(old.len());
+            super::meta_io::write_at(io, *kind, offset + from as u64, &old[from..to])?;
+            at = to;
+        }
+    }
+    if file_len(file, path)? != saved.old_len {
+        file.set_len(saved.old_len)
+            .map_err(|source| BlockError::MetadataWrite {
+                what: "image size (undoing a failed operation)".into(),
+                source,
+            })?;
+    }
+    super::meta_io::sync(io)
+}
+
+fn file_len(file: &fs::File, path: &std::path::Path) -> Result<u64, BlockError> {
+    crate::formats::raw::file_size(file).map_err(|source| BlockError::Open {
+        path: path.to_owned(),
+        source,
+    })
+}
