@@ -42,6 +42,15 @@ every request, flushes and closes the image clean.
   logical_block_size=N     512 or more, a power of two (default 512)
   serial=S                 the GET_ID answer (up to 20 characters)
 
+--export type=nbd keys:
+  addr=unix:PATH|tcp:HOST:PORT   where to listen (a unix socket must not exist;
+                           the TCP port defaults to 10809)
+  name=NAME                the export name (default: empty, the default export)
+  description=TEXT         what NBD_OPT_LIST and NBD_INFO_DESCRIPTION show
+  writable=on|off          allow writes (default off)
+  max_connections=N        clients at once, 0 for no limit (default 0);
+                           multi-conn is advertised unless N is 1
+
 Other options:
   -v                       more logging (repeat for more)
   -h, --help               this text
@@ -163,7 +172,13 @@ mod tests {
 
     #[test]
     fn export_needs_a_known_type() {
-        for (arg, needle) in [("mountpoint=/x", "type"), ("type=nbd", "nbd")] {
+        for (arg, needle) in [
+            ("mountpoint=/x", "type"),
+            ("type=nbd", "addr"),
+            ("type=nbd,addr=udp:x", "unix:PATH or tcp:HOST:PORT"),
+            ("type=nbd,addr=tcp:h:1,writable=maybe", "writable"),
+            ("type=nfs", "nbd"),
+        ] {
             let err = run(&["--image", "path=a.raw", "--export", arg])
                 .unwrap_err()
                 .to_string();
