@@ -11,6 +11,8 @@
 
 use std::path::Path;
 
+pub mod nbd_server;
+
 /// The environment variable that turns every skip into a failure.
 pub const REQUIRE_ALL: &str = "CH_REQUIRE_ALL";
 
