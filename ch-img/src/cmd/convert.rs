@@ -78,6 +78,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "Compression not supported for this file format".into(),
         ));
     }
+    if block::nbd::is_nbd_path(std::path::Path::new(dst)) {
+        return Err(CliError::Usage(format!(
+            "ch-img convert cannot write to an NBD export ({dst}): that needs -n, which ch-img does not support"
+        )));
+    }
     let src_fmt = parse_format(p.value("f"))?;
     let size = open_image_cached(src, src_fmt, true, src_cache)?.size();
     create_output(dst, out_fmt, size, &p.values("o"), compress)?;
