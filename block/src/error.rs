@@ -113,7 +113,7 @@ pub enum BlockError {
     NbdConnect {
         uri: String,
         #[source]
-        source: nbd::client::ConnectError,
+        source: Box<nbd::client::ConnectError>,
     },
     /// An NBD export that cannot be used as asked; the reason says why.
     #[error("NBD export {uri}: {reason}")]

@@ -191,7 +191,10 @@ impl Drop for Connection {
             st.shutdown = true;
             if let Link::Up(stream) = &st.link {
                 let mut out = Outbox::new();
-                out.push_with(|b| nbd::wire::RequestHeader::new(nbd::wire::consts::cmd::DISC, 0, 0, 0, 0).encode(b));
+                out.push_with(|b| {
+                    nbd::wire::RequestHeader::new(nbd::wire::consts::cmd::DISC, 0, 0, 0, 0)
+                        .encode(b)
+                });
                 let _ = out.flush(stream.as_fd());
             }
             st.out.clear();

@@ -50,9 +50,9 @@ impl std::fmt::Debug for NbdFile {
 impl NbdFile {
     pub(crate) fn open(target: Target) -> Result<Arc<NbdFile>, BlockError> {
         let uri = target.uri.to_string();
-        let first = Connection::open(target.clone()).map_err(|source| BlockError::NbdConnect {
+        let first = Connection::open(target.clone()).map_err(|e| BlockError::NbdConnect {
             uri: uri.clone(),
-            source,
+            source: Box::new(e),
         })?;
         let info = first.info();
         let (connector, connector_thread) = if info.has(flag::CAN_MULTI_CONN) {
