@@ -8,7 +8,8 @@
 # qemu-system-x86 (the vhost-user-blk front end of the export tests),
 # util-linux (fincore: page-cache residency; losetup/fallocate for the
 # FUSE export's loop-device test), strace (counting flushes), fdisk and
-# e2fsprogs (the FUSE export's ext4 test).
+# e2fsprogs (the FUSE export's ext4 test), nbdkit and libnbd-bin (the NBD
+# export's and client's peers).
 #
 # CH_REQUIRE_ALL=1 (the default here) makes every test that needs a tool
 # from outside the project fail instead of skipping when the tool is
@@ -31,6 +32,11 @@ command -v strace >/dev/null 2>&1 || need_apt+=(strace)
 command -v sfdisk >/dev/null 2>&1 || need_apt+=(fdisk)
 command -v mkfs.ext4 >/dev/null 2>&1 || need_apt+=(e2fsprogs)
 command -v losetup >/dev/null 2>&1 || need_apt+=(util-linux)
+# The NBD tests' peers: nbdkit (file and memory plugins), libnbd's
+# nbdinfo/nbdcopy (and fio's nbd engine, which links libnbd).
+command -v nbdkit >/dev/null 2>&1 || need_apt+=(nbdkit)
+command -v nbdinfo >/dev/null 2>&1 || need_apt+=(libnbd-bin)
+command -v nbdcopy >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "run-tests: installing ${need_apt[*]}"
     sudo_cmd=()

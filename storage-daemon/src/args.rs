@@ -17,7 +17,10 @@ Exports one disk image (raw or qcow2) until SIGTERM or SIGINT, then drains
 every request, flushes and closes the image clean.
 
 --image keys (as cloud-hypervisor's --disk):
-  path=IMG                 the image file (required)
+  path=IMG                 the image file (required), or an NBD export:
+                           nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=PATH
+  reconnect_delay=N        NBD: seconds requests wait for the server to come
+                           back (default 0: they fail at once)
   readonly=on|off          open read-only (default off)
   direct=on|off            O_DIRECT on every file of the image (default off)
   cache=none|writeback|writethrough|directsync|unsafe   QEMU's cache modes

@@ -363,3 +363,47 @@ fn start_refuses_what_cannot_work() {
         "an existing file is never replaced"
     );
 }
+
+#[test]
+fn the_daemon_exports_an_image_it_reads_from_an_nbd_server() {
+    use testkit::nbd_server::{Kind, NbdServer};
+    if !have(&["qemu-img", "qemu-io", "nbdkit"]) {
+        return;
+    }
+    let dir = scratch("chain");
+    let img = make_qcow2(&dir);
+    let raw = dir.join("base.raw");
+    run(Command::new("qemu-img")
+        .args(["convert", "-O", "raw", &img])
+        .arg(&raw));
+    let server = NbdServer::start(Kind::NbdkitFile, &raw, "raw", &dir.join("up.sock"), true);
+    let sock = dir.join("down.sock");
+    let d = Daemon::start(
+        &dir,
+        &format!("path={},reconnect_delay=5", server.uri),
+        &format!("addr=unix:{},writable=on", sock.display()),
+    );
+    let uri = unix_uri(&sock, "");
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x77 10M 1M",
+        "-c",
+        "read -P 0x77 10M 1M",
+        &uri,
+    ]));
+    let out = dir.join("out.raw");
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", &uri])
+        .arg(&out));
+    d.stop();
+    drop(server);
+    run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&out)
+        .arg(&raw));
+    run(Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "read -P 0x77 10M 1M"])
+        .arg(&raw));
+}
