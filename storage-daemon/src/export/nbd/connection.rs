@@ -6,7 +6,8 @@
 //!    requests and hands them to [`Commands`], which fills one batch of
 //!    block requests, submitted with one `submit_batch_requests`;
 //! 2. drains the queue's completions into replies (FUA flushes join the
-//!    next batch);
+//!    next batch), right after a submission too: requests often complete
+//!    while they are submitted;
 //! 3. sends every reply queued, with one `sendmsg` per batch (leftovers
 //!    wait for the socket to become writable).
 //!
@@ -184,10 +185,14 @@ impl Transmission {
             if fds[0].revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && take {
                 self.receive();
             }
-            if !self.batch.is_empty() {
+            let submitted = !self.batch.is_empty();
+            if submitted {
                 self.queue.submit_batch_requests(self.batch.drain(..));
             }
-            if fds[1].revents != 0 {
+            // Requests often complete during their submission (buffered
+            // reads, inline work): answer them now rather than after one
+            // more trip through poll.
+            if fds[1].revents != 0 || submitted {
                 self.complete();
             }
             self.send();
