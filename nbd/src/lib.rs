@@ -13,7 +13,8 @@
 //!   and the reply parser ([`client::ReplyParser`], bytes in, events per
 //!   request cookie out).
 //! - [`outbox`]: the send queue both sides use: owned buffers written
-//!   with one `sendmsg` per batch, without blocking.
+//!   with one `sendmsg` per batch, without blocking; [`stream`]: a Unix
+//!   or TCP socket.
 //!
 //! Who drives the sockets lives elsewhere: the storage daemon's NBD export
 //! (one thread per connection over a block queue) and the block crate's
@@ -27,4 +28,5 @@
 pub mod client;
 pub mod outbox;
 pub mod server;
+pub mod stream;
 pub mod wire;

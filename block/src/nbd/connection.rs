@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nbd::client::{connect, ClientConfig, ConnectError, ExportInfo, NbdUri, ReplyParser, Stream};
+use nbd::client::{connect, ClientConfig, ConnectError, ExportInfo, NbdUri, ReplyParser};
 use nbd::outbox::{Flushed, Outbox};
+use nbd::stream::Stream;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::inflight::{Inflight, OpRequest};

@@ -2,9 +2,8 @@
 //! the handshake under read and write timeouts, so a server that accepts
 //! and then says nothing cannot hold the caller forever.
 
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::io;
+use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -12,13 +11,7 @@ use thiserror::Error;
 
 use super::negotiate::{negotiate, ClientConfig, ExportInfo, NegotiateError};
 use super::uri::{NbdAddr, NbdUri};
-
-/// A connected socket.
-#[derive(Debug)]
-pub enum Stream {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
+use crate::stream::Stream;
 
 #[derive(Debug, Error)]
 pub enum ConnectError {
@@ -34,74 +27,6 @@ pub enum ConnectError {
         #[source]
         source: NegotiateError,
     },
-}
-
-impl Stream {
-    pub fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => {
-                s.set_read_timeout(t)?;
-                s.set_write_timeout(t)
-            }
-            Stream::Tcp(s) => {
-                s.set_read_timeout(t)?;
-                s.set_write_timeout(t)
-            }
-        }
-    }
-
-    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => s.set_nonblocking(on),
-            Stream::Tcp(s) => s.set_nonblocking(on),
-        }
-    }
-
-    /// Shuts both directions down (wakes a thread blocked on it).
-    pub fn shutdown(&self) {
-        let _ = match self {
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-
-    pub fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-        })
-    }
-}
-
-impl AsFd for Stream {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Stream::Unix(s) => s.as_fd(),
-            Stream::Tcp(s) => s.as_fd(),
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.read(buf),
-            Stream::Tcp(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
 }
 
 /// Connects to `addr`; a TCP connect gives up after `timeout` per

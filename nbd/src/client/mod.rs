@@ -13,7 +13,7 @@ mod negotiate;
 mod reply_parser;
 mod uri;
 
-pub use connect::{connect, connect_socket, ConnectError, Stream};
+pub use connect::{connect, connect_socket, ConnectError};
 pub use negotiate::{list_exports, negotiate, ClientConfig, ExportInfo, NegotiateError};
 pub use reply_parser::{Expect, Extent, ReplyError, ReplyEvent, ReplyParser};
 pub use uri::{NbdAddr, NbdUri, UriError};

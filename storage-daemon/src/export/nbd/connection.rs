@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use block::{BlockRequest, Completion, DiskQueue};
-use nbd::client::Stream;
 use nbd::outbox::{Flushed, Outbox};
 use nbd::server::{negotiate, Negotiated, Parsed, RequestParser, Rules};
+use nbd::stream::Stream;
 use nbd::wire::consts::MAX_PAYLOAD;
 use vmm_sys_util::eventfd::EventFd;
 

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use nbd::client::Stream;
+use nbd::stream::Stream;
 use nbd::wire::consts::DEFAULT_PORT;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
