@@ -166,16 +166,6 @@ impl NbdFile {
         waiter.wait()
     }
 
-    fn error(&self, what: &str, offset: u64, e: std::io::Error) -> BlockError {
-        match what {
-            "read" => BlockError::Read { offset, source: e },
-            _ => BlockError::MetadataRead {
-                what: format!("block status of {} at {offset}", self.target.uri),
-                source: e,
-            },
-        }
-    }
-
     /// Reads `buf.len()` bytes at `offset` (inline copy-on-write reads).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
         let iov = [libc::iovec {
@@ -192,14 +182,17 @@ impl NbdFile {
         self.blocking(OpKind::Read, offset, buf.len() as u64, list)
             .result
             .map(|_| ())
-            .map_err(|e| self.error("read", offset, e))
+            .map_err(|source| BlockError::Read { offset, source })
     }
 
     /// `base:allocation` extents from `offset` (at least one, covering at
     /// most `len` bytes as the server chose).
     pub fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, BlockError> {
         let o = self.blocking(OpKind::BlockStatus, offset, len, IovList::empty());
-        o.result.map_err(|e| self.error("status", offset, e))?;
+        o.result.map_err(|source| BlockError::MetadataRead {
+            what: format!("block status of {} at {offset}", self.target.uri),
+            source,
+        })?;
         Ok(o.extents)
     }
 }
