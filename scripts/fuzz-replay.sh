@@ -6,6 +6,7 @@
 #
 #   fuzz/                  open_read, open_write  (seeds: fuzz/make-seeds.sh, qemu-img)
 #   virtio-devices/fuzz/   request_parser         (seeds in git)
+#   nbd/fuzz/              server_request_parser, client_reply_parser (seeds in git)
 #
 # Uses $FUZZ_TARGET_DIR (default target/fuzz) for both builds.
 set -euo pipefail
@@ -16,6 +17,7 @@ target_dir=${FUZZ_TARGET_DIR:-$root/target/fuzz}
 sh fuzz/make-seeds.sh >/dev/null
 ( cd fuzz && CARGO_TARGET_DIR="$target_dir" cargo build -q --bins )
 ( cd virtio-devices/fuzz && CARGO_TARGET_DIR="$target_dir" cargo build -q --bins )
+( cd nbd/fuzz && CARGO_TARGET_DIR="$target_dir" cargo build -q --bins )
 
 replay() { # target, seed files...
     local name=$1 log
@@ -35,3 +37,5 @@ seeds=(fuzz/corpus/open_read/*)
 replay open_read "${seeds[@]}"
 replay open_write "${seeds[@]}"
 replay request_parser virtio-devices/fuzz/seeds/request_parser/*
+replay server_request_parser nbd/fuzz/seeds/request_parser/*
+replay client_reply_parser nbd/fuzz/seeds/reply_parser/*

@@ -9,7 +9,8 @@
 # util-linux (fincore: page-cache residency; losetup/fallocate for the
 # FUSE export's loop-device test), strace (counting flushes), fdisk and
 # e2fsprogs (the FUSE export's ext4 test), curl (the API tests' client),
-# libnbd-bin (nbdinfo, which reads the dirty bitmaps qemu-nbd exports).
+# nbdkit and libnbd-bin (the NBD export's and client's peers; nbdinfo
+# also reads the dirty bitmaps qemu-nbd exports).
 #
 # CH_REQUIRE_ALL=1 (the default here) makes every test that needs a tool
 # from outside the project fail instead of skipping when the tool is
@@ -36,10 +37,14 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v sfdisk >/dev/null 2>&1 || need_apt+=(fdisk)
 command -v mkfs.ext4 >/dev/null 2>&1 || need_apt+=(e2fsprogs)
 command -v losetup >/dev/null 2>&1 || need_apt+=(util-linux)
-# QEMU's reading of persistent dirty bitmaps (ch_img_bitmap, ch_img_amend):
-# qemu-nbd exports a bitmap, nbdinfo --map reads it.
+# The NBD tests' peers: qemu-nbd, nbdkit (file and memory plugins),
+# libnbd's nbdinfo/nbdcopy (and fio's nbd engine, which links libnbd);
+# nbdinfo --map also reads the dirty bitmaps qemu-nbd exports
+# (ch_img_bitmap, ch_img_amend).
 command -v qemu-nbd >/dev/null 2>&1 || need_apt+=(qemu-utils)
+command -v nbdkit >/dev/null 2>&1 || need_apt+=(nbdkit)
 command -v nbdinfo >/dev/null 2>&1 || need_apt+=(libnbd-bin)
+command -v nbdcopy >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "run-tests: installing ${need_apt[*]}"
     sudo_cmd=()

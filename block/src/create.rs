@@ -90,6 +90,13 @@ fn bad(opts: &CreateOptions, option: &str, why: impl std::fmt::Display) -> Block
 /// names the option). When writing the new file fails (say, ENOSPC while
 /// preallocating), the partial file is removed.
 pub fn create_image(opts: &CreateOptions) -> Result<(), BlockError> {
+    if crate::nbd::is_nbd_path(&opts.path) {
+        // As qemu-img: the nbd protocol driver does not create images.
+        return Err(BlockError::Unsupported {
+            path: opts.path.clone(),
+            feature: "creating an image on an NBD export (its server owns it)".into(),
+        });
+    }
     let r = match opts.format {
         ImageType::Raw => create_raw(opts),
         ImageType::Qcow2 => create_qcow2_image(opts),

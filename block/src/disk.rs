@@ -143,6 +143,12 @@ impl Disk {
 
     /// A queue on a given engine (`Auto` means sync here).
     pub fn queue_with_engine(&self, kind: EngineKind) -> Result<DiskQueue, BlockError> {
+        // An image with no local file (an NBD export) needs no file engine.
+        let kind = if self.format.files().is_empty() {
+            EngineKind::Sync
+        } else {
+            kind
+        };
         let eventfd = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?);
         let engine: Box<dyn Engine> = if kind == EngineKind::Threads {
             let pool = self
@@ -156,6 +162,8 @@ impl Disk {
         } else {
             crate::io::new_engine(kind, self.format.files(), eventfd)?
         };
+        // Ops on NBD files go to their own engines (crate::nbd).
+        let engine = crate::nbd::queue_engine(engine, self.format.as_ref());
         Ok(self.queue_on(engine))
     }
 

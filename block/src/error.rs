@@ -135,6 +135,15 @@ pub enum BlockError {
     BufferAlloc(usize),
     #[error("a request ended without a completion")]
     LostCompletion,
+    #[error("cannot open NBD export {uri}")]
+    NbdConnect {
+        uri: String,
+        #[source]
+        source: Box<nbd::client::ConnectError>,
+    },
+    /// An NBD export that cannot be used as asked; the reason says why.
+    #[error("NBD export {uri}: {reason}")]
+    Nbd { uri: String, reason: String },
 }
 
 /// What an error means for the one who asked, from the asker's side.
@@ -189,7 +198,9 @@ impl BlockError {
             | AioWait(_)
             | EventFd(_)
             | NoSuchFile(_)
-            | LostCompletion => Consequence::Setup,
+            | LostCompletion
+            | NbdConnect { .. }
+            | Nbd { .. } => Consequence::Setup,
         }
     }
 

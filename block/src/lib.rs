@@ -18,6 +18,9 @@
 //!   opened image; [`disk::DiskQueue`] is the per-queue handle a virtio queue
 //!   worker (or `ch-img`) submits [`request::BlockRequest`]s to and drains
 //!   [`request::Completion`]s from. Both hold only a [`formats::Format`].
+//! - [`nbd`]: the NBD client, a protocol layer below the formats: an
+//!   export opens as a raw disk or serves as a qcow2 overlay's backing
+//!   file, and its ops run on the queue's engine like a file's.
 //! - [`exclusive`]: the owner's open, [`ExclusiveImage`]: a `Disk` for I/O
 //!   plus the tool capabilities ([`formats::ImageTools`]), which no `Disk`
 //!   or `DiskQueue` can reach; and [`Resizer`], the one capability an owner
@@ -42,6 +45,7 @@ pub mod formats;
 pub mod info_json;
 pub mod io;
 pub mod lock;
+pub mod nbd;
 pub mod options;
 pub mod prealloc;
 pub mod request;

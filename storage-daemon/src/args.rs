@@ -17,7 +17,10 @@ Exports one disk image (raw or qcow2) until SIGTERM or SIGINT, then drains
 every request, flushes and closes the image clean.
 
 --image keys (as cloud-hypervisor's --disk):
-  path=IMG                 the image file (required)
+  path=IMG                 the image file (required), or an NBD export:
+                           nbd://HOST[:PORT]/NAME, nbd+unix:///NAME?socket=PATH
+  reconnect_delay=N        NBD: seconds requests wait for the server to come
+                           back (default 0: they fail at once)
   readonly=on|off          open read-only (default off)
   direct=on|off            O_DIRECT on every file of the image (default off)
   cache=none|writeback|writethrough|directsync|unsafe   QEMU's cache modes
@@ -41,6 +44,15 @@ every request, flushes and closes the image clean.
   writable=on|off          allow writes (default off)
   logical_block_size=N     512 or more, a power of two (default 512)
   serial=S                 the GET_ID answer (up to 20 characters)
+
+--export type=nbd keys:
+  addr=unix:PATH|tcp:HOST:PORT   where to listen (a unix socket must not exist;
+                           the TCP port defaults to 10809)
+  name=NAME                the export name (default: empty, the default export)
+  description=TEXT         what NBD_OPT_LIST and NBD_INFO_DESCRIPTION show
+  writable=on|off          allow writes (default off)
+  max_connections=N        clients at once, 0 for no limit (default 0);
+                           multi-conn is advertised unless N is 1
 
 Other options:
   -v                       more logging (repeat for more)
@@ -163,7 +175,13 @@ mod tests {
 
     #[test]
     fn export_needs_a_known_type() {
-        for (arg, needle) in [("mountpoint=/x", "type"), ("type=nbd", "nbd")] {
+        for (arg, needle) in [
+            ("mountpoint=/x", "type"),
+            ("type=nbd", "addr"),
+            ("type=nbd,addr=udp:x", "unix:PATH or tcp:HOST:PORT"),
+            ("type=nbd,addr=tcp:h:1,writable=maybe", "writable"),
+            ("type=nfs", "nbd"),
+        ] {
             let err = run(&["--image", "path=a.raw", "--export", arg])
                 .unwrap_err()
                 .to_string();

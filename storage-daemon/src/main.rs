@@ -4,7 +4,8 @@
 //! ```text
 //! ch-storage-daemon --image path=IMG[,readonly=on][,direct=on][,engine=..] \
 //!     --export type=fuse,mountpoint=FILE[,writable=on]... \
-//!     --export type=vhost-user-blk,socket=PATH[,num_queues=N]...
+//!     --export type=vhost-user-blk,socket=PATH[,num_queues=N]... \
+//!     --export type=nbd,addr=unix:PATH|tcp:HOST:PORT[,name=NAME][,writable=on]...
 //! ```
 //!
 //! A thin front end: [`args`] parses the command line, [`daemon`] opens

@@ -14,6 +14,7 @@ use std::path::Path;
 
 pub mod deadline;
 pub use deadline::{output_within, wait_within, with_deadline, COMMAND_LIMIT};
+pub mod nbd_server;
 
 /// The environment variable that turns every skip into a failure.
 pub const REQUIRE_ALL: &str = "CH_REQUIRE_ALL";

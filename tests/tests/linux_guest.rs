@@ -8,10 +8,11 @@
 //! by `qemu-img compare`, a reference image that qemu-io builds from the
 //! same zero and pattern ranges the guest wrote last.
 //!
-//! Four boots, each its own test: qcow2 with 2 queues (the whole fio
+//! Five boots, each its own test: qcow2 with 2 queues (the whole fio
 //! matrix, ext4, discard, a read-only second disk), qcow2 with 4 queues
-//! and 4 vCPUs, raw, and a qcow2 overlay over a backing file. See
-//! docs/linux-guests.md for how long each takes.
+//! and 4 vCPUs, raw, a qcow2 overlay over a backing file, and raw read
+//! by our daemon from an NBD server. See docs/linux-guests.md for how
+//! long each takes.
 
 mod linux_guest_support;
 
@@ -371,4 +372,59 @@ fn linux_guest_qcow2_overlay() {
     // The backing file is untouched.
     let out = qemu_img_status(&["check", "-f", "qcow2", &base]);
     assert!(out.status.success(), "qemu-img check {base}");
+}
+
+/// Our daemon reads and writes its image from an NBD server
+/// (qemu-storage-daemon's NBD export, multi-conn: one connection per
+/// queue): the raw boot's checks, whatever `CH_LINUX_BACKEND` says.
+#[test]
+fn linux_guest_raw_over_nbd() {
+    use testkit::nbd_server::{Kind, NbdServer};
+    let backend = Backend::Ours;
+    if !ready(backend) || !testkit::has_command(NbdServer::tool(Kind::QemuStorageDaemon)) {
+        return;
+    }
+    let dir = TempDir::new("linux-nbd");
+    let file = dir.file("disk.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &file, &DISK_SIZE.to_string()]);
+    let server = NbdServer::start(
+        Kind::QemuStorageDaemon,
+        std::path::Path::new(&file),
+        "raw",
+        &dir.path().join("nbd.sock"),
+        true,
+    );
+    let spec = BootSpec {
+        dir: &dir,
+        backend,
+        cpus: 2,
+        disks: vec![DiskSpec {
+            image: server.uri.clone(),
+            format: "raw",
+            queues: 2,
+            writable: true,
+        }],
+        chtest: chtest(
+            "info,ext4,fio,irqs,discard,zero,pattern,expect",
+            &[],
+            "chtest.fio_engines=io_uring chtest.fio_qds=32 chtest.fio_jobs=2",
+        ),
+    };
+    let boot = boot(&spec);
+    print_fio(&boot);
+    let finals = final_checks(&[]);
+    let fixed = [
+        "info",
+        "ext4-fsck",
+        "ext4-readback",
+        "irqs",
+        "discard",
+        "write-zeroes",
+        "fio-io_uring-qd32-j2",
+        "fio-reverify",
+    ];
+    boot.assert_ok(&names(&fixed, &finals));
+    assert_queues(&boot, 2);
+    drop(server);
+    assert_image(&file, "raw", &reference(&dir, None));
 }

@@ -2,7 +2,8 @@
 //! image format.
 //!
 //! A path enters; a [`CheckReport`] leaves with qemu-img's counters and
-//! messages. Raw images have nothing to check ([`check_image`] answers
+//! messages. Raw images (and NBD exports, which open as raw) have nothing
+//! to check ([`check_image`] answers
 //! `Unsupported { feature: "checks" }`, which `ch-img` prints as qemu-img
 //! does); qcow2 images are checked by `formats::qcow2::check`.
 
@@ -14,6 +15,13 @@ pub use crate::formats::qcow2::check::{CheckReport, Repair};
 /// Checks the image at `path` (and repairs it when asked).
 pub fn check_image(path: &Path, repair: Option<Repair>) -> Result<CheckReport, BlockError> {
     use std::os::unix::fs::FileExt;
+    if crate::nbd::is_nbd_path(path) {
+        // An NBD export opens as raw, which has nothing to check.
+        return Err(BlockError::Unsupported {
+            path: path.to_owned(),
+            feature: "checks".into(),
+        });
+    }
     let file = std::fs::File::open(path).map_err(|source| BlockError::Open {
         path: path.to_owned(),
         source,

@@ -258,6 +258,13 @@ pub trait Format: Send + Sync {
     /// queue. Index 0 is the image's own file.
     fn files(&self) -> &[Arc<File>];
 
+    /// Files served over NBD, numbered after the local ones:
+    /// `FileId(files().len() + i)` is `remote_files()[i]`. Their ops go
+    /// to the queue's NBD engine (see [`crate::nbd`]).
+    fn remote_files(&self) -> &[Arc<crate::nbd::NbdFile>] {
+        &[]
+    }
+
     /// Files a flush must fdatasync (the writable ones).
     fn flush_files(&self) -> Vec<FileId>;
 

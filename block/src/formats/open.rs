@@ -1,6 +1,8 @@
 //! Opening an image: the file (O_DIRECT, read-only), the lock, the format
 //! probe, and the format's own open (which opens its backing chain).
 //!
+//! An NBD URI opens as a raw disk over the export ([`crate::nbd`]).
+//!
 //! Options enter; an opened image leaves, its files locked the way qemu
 //! locks them when `opts.lock` is set (see [`crate::lock`]): as the
 //! queue-facing [`Format`] ([`open_format`], what a [`crate::Disk`] holds)
@@ -26,6 +28,9 @@ pub fn open_format(opts: &DiskOptions) -> Result<Arc<dyn Format>, BlockError> {
 
 /// Opens `opts.path` with every capability (the owner's open).
 pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, BlockError> {
+    if crate::nbd::is_nbd_path(&opts.path) {
+        return Ok(crate::nbd::open_image(opts)?);
+    }
     let file = open_file(opts)?;
     let (image_type, probed) = match opts.image_type {
         ImageType::Auto => (probe_file(&file, opts)?, true),

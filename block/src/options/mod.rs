@@ -131,6 +131,10 @@ pub struct DiskOptions {
     /// Read this internal snapshot instead of the active disk (read-only
     /// qcow2 opens; `ch-img convert -l`).
     pub snapshot: Option<crate::formats::qcow2::snapshot_view::SnapshotRef>,
+    /// NBD exports (the image, or a backing file): seconds requests wait
+    /// for a reconnection after the server went away, QEMU's
+    /// `reconnect-delay` (0: they fail at once).
+    pub reconnect_delay: u64,
 }
 
 impl DiskOptions {
@@ -151,9 +155,13 @@ impl DiskOptions {
     }
 }
 
+/// Longest `reconnect_delay` accepted (an hour).
+pub const MAX_RECONNECT_DELAY: u64 = 3600;
+
 /// Takes the image keys shared by `--disk` and `--image` from `kv`:
-/// `path` (required), `readonly`, `direct`, `cache`, `image_type` and
-/// `engine`. Other keys stay in `kv` for the caller.
+/// `path` (required), `readonly`, `direct`, `cache`, `image_type`,
+/// `engine` and `reconnect_delay` (NBD paths only). Other keys stay in
+/// `kv` for the caller.
 ///
 /// Refused: a `direct` that disagrees with `cache` (naming both), and
 /// `engine=aio` without O_DIRECT (QEMU's aio=native needs
@@ -198,6 +206,20 @@ pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
     }
     if let Some(v) = kv.take_parsed("engine", |s| s.parse::<EngineKind>())? {
         options.engine = v;
+    }
+    if let Some(v) = kv.take_parsed("reconnect_delay", |s| match s.parse::<u64>() {
+        Ok(n) if n <= MAX_RECONNECT_DELAY => Ok(n),
+        _ => Err(format!("expected seconds from 0 to {MAX_RECONNECT_DELAY}")),
+    })? {
+        if !crate::nbd::is_nbd_path(&options.path) {
+            return Err(KvError::BadValue {
+                option,
+                key: "reconnect_delay".into(),
+                value: v.to_string(),
+                reason: "only NBD exports (nbd:// or nbd+unix:// paths) reconnect".into(),
+            });
+        }
+        options.reconnect_delay = v;
     }
     if options.engine == EngineKind::Aio && !options.direct {
         let buffered = match (direct, cache) {

@@ -96,6 +96,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "Compression not supported for this file format".into(),
         ));
     }
+    if block::nbd::is_nbd_path(std::path::Path::new(dst)) && !skip_create {
+        return Err(CliError::Usage(format!(
+            "ch-img convert cannot create an image on an NBD export ({dst}); use -n to write into it"
+        )));
+    }
     let snapshot = parse_snapshot(p.value("l"));
     if snapshot.is_some() && sources.len() > 1 {
         return Err(CliError::Usage(

@@ -1,6 +1,7 @@
 //! The exports: each turns the image the daemon owns ([`ExclusiveImage`])
 //! into something another program uses (a file over FUSE, a
-//! vhost-user-blk socket) through queues of its [`block::Disk`].
+//! vhost-user-blk socket, an NBD server) through queues of its
+//! [`block::Disk`].
 //!
 //! An export's configuration comes from its own `--export` keys
 //! ([`ExportConfig::from_kv`]); [`start`] opens its queues on the disk and
@@ -9,6 +10,7 @@
 //! threads, so the daemon can then close the image clean.
 
 pub mod fuse;
+pub mod nbd;
 pub mod vhost_user_blk;
 
 use block::options::kv::{KvError, KvList};
@@ -20,6 +22,7 @@ use thiserror::Error;
 pub enum ExportConfig {
     Fuse(fuse::FuseConfig),
     VhostUserBlk(vhost_user_blk::VhostUserBlkConfig),
+    Nbd(nbd::NbdConfig),
 }
 
 impl ExportConfig {
@@ -32,11 +35,12 @@ impl ExportConfig {
             "vhost-user-blk" => Ok(ExportConfig::VhostUserBlk(
                 vhost_user_blk::VhostUserBlkConfig::from_kv(kv)?,
             )),
+            "nbd" => Ok(ExportConfig::Nbd(nbd::NbdConfig::from_kv(kv)?)),
             _ => Err(KvError::BadValue {
                 option,
                 key: "type".into(),
                 value: kind,
-                reason: "expected fuse or vhost-user-blk".into(),
+                reason: "expected fuse, vhost-user-blk or nbd".into(),
             }),
         }
     }
@@ -58,6 +62,8 @@ pub enum ExportError {
     Fuse { mountpoint: String, reason: String },
     #[error("vhost-user-blk export on {socket}: {reason}")]
     VhostUserBlk { socket: String, reason: String },
+    #[error("nbd export on {addr}: {reason}")]
+    Nbd { addr: String, reason: String },
     #[error("{what}")]
     Io {
         what: String,
@@ -75,5 +81,6 @@ pub fn start(image: &ExclusiveImage, config: ExportConfig) -> Result<Box<dyn Exp
     match config {
         ExportConfig::Fuse(c) => fuse::start(image, c),
         ExportConfig::VhostUserBlk(c) => vhost_user_blk::start(image.disk(), c),
+        ExportConfig::Nbd(c) => nbd::start(image.disk(), c),
     }
 }

@@ -36,7 +36,9 @@ Options:
                            shared=on puts it in a memfd mapped shared
                            (needed by vhost_user disks)
   --disk KEY=VALUE,...   a virtio-blk disk (repeatable); keys:
-                           path=PATH (required), readonly=on|off,
+                           path=PATH|nbd://HOST[:PORT]/NAME|
+                           nbd+unix:///NAME?socket=SOCK (required),
+                           reconnect_delay=SECONDS (NBD), readonly=on|off,
                            direct=on|off, cache=none|writeback|writethrough|
                            directsync|unsafe, num_queues=N, queue_size=N,
                            image_type=auto|raw|qcow2,

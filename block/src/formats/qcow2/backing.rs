@@ -2,6 +2,9 @@
 //! folder, choosing its format, refusing cycles, over-deep chains and
 //! directories, and keeping buffered descriptors for copy-on-write reads.
 //!
+//! A backing name that is an NBD URI opens the export as a raw backing
+//! image ([`crate::nbd`]), with the overlay's `reconnect_delay`.
+//!
 //! A backing name (untrusted, from the overlay's header) and the overlay's
 //! options enter; an opened read-only [`Backing`] leaves, whose files the
 //! overlay appends to its own `files()` table.
@@ -40,7 +43,8 @@ impl Backing {
         }
         let mut plan = ReadPlan::new();
         self.image.plan_read(offset, avail as u64, &mut plan)?;
-        super::plan_exec::execute_read(&self.cow_files, &plan, &mut buf[..avail])
+        let remote = self.image.remote_files();
+        super::plan_exec::execute_read(&self.cow_files, remote, &plan, &mut buf[..avail])
     }
 }
 
@@ -51,9 +55,13 @@ fn refuse(path: &Path, reason: impl Into<String>) -> BlockError {
     }
 }
 
-/// Where a backing name points, relative to the overlay's folder.
+/// Where a backing name points, relative to the overlay's folder (an NBD
+/// URI is taken as it is).
 pub(crate) fn resolve(overlay: &Path, name: &str) -> PathBuf {
     let p = Path::new(name);
+    if crate::nbd::is_nbd_path(p) {
+        return p.to_owned();
+    }
     if p.is_absolute() {
         p.to_owned()
     } else {
@@ -70,6 +78,14 @@ pub(crate) fn open_backing(
     opts: &DiskOptions,
     chain: &mut Vec<PathBuf>,
 ) -> Result<Backing, BlockError> {
+    if crate::nbd::is_nbd_path(Path::new(name)) {
+        let image = crate::nbd::open_backing(name, fmt, opts)?;
+        return Ok(Backing {
+            image,
+            cow_files: Vec::new(),
+            layers: 1,
+        });
+    }
     if name.contains("://") || name.starts_with("json:") {
         return Err(BlockError::Unsupported {
             path: overlay.to_owned(),
@@ -115,6 +131,7 @@ pub(crate) fn open_backing(
         keep_persistent_bitmaps: false,
         force_share: opts.force_share,
         snapshot: None,
+        reconnect_delay: opts.reconnect_delay,
     };
     let file = open_file(&bopts)?;
     let buffered = File::open(&path).map_err(|source| BlockError::Open {

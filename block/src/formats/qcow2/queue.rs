@@ -34,6 +34,13 @@ impl Format for Qcow2Image {
         &self.files
     }
 
+    /// The backing chain's NBD exports (a qcow2 file itself is local).
+    fn remote_files(&self) -> &[Arc<crate::nbd::NbdFile>] {
+        self.backing
+            .as_ref()
+            .map_or(&[], |b| b.image.remote_files())
+    }
+
     fn flush_files(&self) -> Vec<FileId> {
         if self.readonly {
             Vec::new()

@@ -99,7 +99,13 @@ impl OpBuilder {
             std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u8; ZERO_PAGE]>())
         });
         let files = format.files().to_vec();
-        let align = files.iter().map(|f| file_alignment(f)).collect();
+        // NBD files (numbered after the local ones) have no alignment.
+        let remote = std::iter::repeat_n(DioAlign::NONE, format.remote_files().len());
+        let align = files
+            .iter()
+            .map(|f| file_alignment(f))
+            .chain(remote)
+            .collect();
         OpBuilder {
             format,
             files,

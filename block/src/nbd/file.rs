@@ -1,0 +1,212 @@
+//! [`NbdFile`]: an NBD export as a file of an image chain. It holds the
+//! export's first connection (opened at open, where errors can still be
+//! reported), hands each queue an [`NbdEngine`], and serves the blocking
+//! reads and block status the formats need inline.
+//!
+//! Queues share the first connection, unless the server advertises
+//! multi-conn: then each queue gets a connection of its own (a FLUSH on
+//! any of them covers writes completed on all, which is what multi-conn
+//! promises). Those connections are opened by a connector thread started
+//! at open: the thread that creates a queue may run under a seccomp
+//! filter that allows no `socket` or `connect` (the VMM's vCPU and queue
+//! threads), and a connection's own thread, which reconnects, inherits
+//! its creator's filter. A queue whose own connection cannot be opened
+//! shares the first one.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use nbd::client::{ConnectError, ExportInfo, Extent, NbdUri};
+use nbd::wire::consts::flag;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::connection::{Connection, Target};
+use super::engine::NbdEngine;
+use super::inflight::{OpKind, OpRequest};
+use super::iov::IovList;
+use super::sink::{Sink, Waiter};
+use crate::error::BlockError;
+use crate::io::RawIovecs;
+
+type ConnectReply = Sender<Result<Connection, ConnectError>>;
+
+pub struct NbdFile {
+    target: Target,
+    first: Arc<Connection>,
+    info: ExportInfo,
+    /// Opens per-queue connections (multi-conn servers only).
+    connector: Mutex<Option<Sender<ConnectReply>>>,
+    connector_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for NbdFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NbdFile({})", self.target.uri)
+    }
+}
+
+impl NbdFile {
+    pub(crate) fn open(target: Target) -> Result<Arc<NbdFile>, BlockError> {
+        let uri = target.uri.to_string();
+        let first = Connection::open(target.clone()).map_err(|e| BlockError::NbdConnect {
+            uri: uri.clone(),
+            source: Box::new(e),
+        })?;
+        let info = first.info();
+        let (connector, connector_thread) = if info.has(flag::CAN_MULTI_CONN) {
+            let (tx, rx) = channel::<ConnectReply>();
+            let t = target.clone();
+            let thread = std::thread::Builder::new()
+                .name("nbd-connector".into())
+                .spawn(move || {
+                    for reply in rx {
+                        let _ = reply.send(Connection::open(t.clone()));
+                    }
+                })
+                .map_err(|e| BlockError::Nbd {
+                    uri: uri.clone(),
+                    reason: format!("cannot start the connector thread: {e}"),
+                })?;
+            (Some(tx), Some(thread))
+        } else {
+            (None, None)
+        };
+        log::info!(
+            "nbd: {uri}: {} bytes, {}{}",
+            info.size,
+            if info.read_only() {
+                "read-only"
+            } else {
+                "writable"
+            },
+            if connector.is_some() {
+                ", multi-conn: one connection per queue"
+            } else {
+                ""
+            }
+        );
+        Ok(Arc::new(NbdFile {
+            target,
+            first: Arc::new(first),
+            info,
+            connector: Mutex::new(connector),
+            connector_thread: Mutex::new(connector_thread),
+        }))
+    }
+
+    pub fn uri(&self) -> &NbdUri {
+        &self.target.uri
+    }
+
+    /// The URI as a path (what images name their files by).
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(self.target.uri.to_string())
+    }
+
+    pub fn size(&self) -> u64 {
+        self.info.size
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.info.read_only()
+    }
+
+    pub fn has_block_status(&self) -> bool {
+        self.info.base_allocation.is_some()
+    }
+
+    /// An engine for one queue, completing to `eventfd`.
+    pub(crate) fn queue_engine(&self, eventfd: Arc<EventFd>) -> NbdEngine {
+        NbdEngine::new(self.queue_connection(), eventfd)
+    }
+
+    fn queue_connection(&self) -> Arc<Connection> {
+        let connector = self
+            .connector
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some(connector) = connector else {
+            return self.first.clone();
+        };
+        let (tx, rx) = channel();
+        if connector.send(tx).is_err() {
+            return self.first.clone();
+        }
+        match rx.recv() {
+            Ok(Ok(c)) => Arc::new(c),
+            Ok(Err(e)) => {
+                let cause = std::error::Error::source(&e)
+                    .map(|s| format!(": {s}"))
+                    .unwrap_or_default();
+                log::warn!(
+                    "nbd: {}: no connection of its own for a queue ({e}{cause}); it shares the first",
+                    self.target.uri
+                );
+                self.first.clone()
+            }
+            Err(_) => self.first.clone(),
+        }
+    }
+
+    /// Runs one operation on the first connection and waits for it.
+    fn blocking(&self, kind: OpKind, offset: u64, len: u64, iov: IovList) -> super::sink::Outcome {
+        let waiter = Arc::new(Waiter::default());
+        self.first.submit(OpRequest {
+            sink: Sink::Waiter(waiter.clone()),
+            token: 0,
+            kind,
+            offset,
+            len,
+            iov,
+        });
+        self.first.flush();
+        waiter.wait()
+    }
+
+    /// Reads `buf.len()` bytes at `offset` (inline copy-on-write reads).
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
+        let iov = [libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        }];
+        let raw = RawIovecs {
+            ptr: iov.as_ptr(),
+            count: 1,
+        };
+        // SAFETY: `iov` names `buf`, which this call borrows mutably until
+        // the operation has completed (`blocking` waits for it).
+        let list = unsafe { IovList::from_raw(&raw) };
+        self.blocking(OpKind::Read, offset, buf.len() as u64, list)
+            .result
+            .map(|_| ())
+            .map_err(|source| BlockError::Read { offset, source })
+    }
+
+    /// `base:allocation` extents from `offset` (at least one, covering at
+    /// most `len` bytes as the server chose).
+    pub fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, BlockError> {
+        let o = self.blocking(OpKind::BlockStatus, offset, len, IovList::empty());
+        o.result.map_err(|source| BlockError::MetadataRead {
+            what: format!("block status of {} at {offset}", self.target.uri),
+            source,
+        })?;
+        Ok(o.extents)
+    }
+}
+
+impl Drop for NbdFile {
+    fn drop(&mut self) {
+        *self.connector.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Some(t) = self
+            .connector_thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! [`NbdImage`]: a raw disk whose bytes are an NBD export (the guest
+//! view a qemu-nbd, qemu-storage-daemon or nbdkit serves).
+//!
+//! It plans like a raw file, but its one file is remote: it has no local
+//! [`Format::files`], and [`Format::remote_files`] names the export, so
+//! every planned op is file id 0 of the remote files and goes to the
+//! queue's [`super::engine::NbdEngine`]. Discards become TRIM (a hint),
+//! write-zeroes WRITE_ZEROES (the server may punch holes: NBD's NO_HOLE
+//! is not sent, as the block layer's plan does not carry the guest's
+//! "keep allocated"), flushes FLUSH. Block status is the export's
+//! `base:allocation`, asked inline (as `qemu-img map` over NBD does).
+//! The tool capabilities (snapshots, backing edits, compressed writes,
+//! resize, amend, persistent bitmaps) are refused: an export's shape is
+//! its server's business; a failed tool operation has nothing to undo.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use super::file::NbdFile;
+use crate::error::BlockError;
+use crate::formats::amendment::{AmendProgress, Amendment};
+use crate::formats::dirty_bits::{BitmapAction, DirtyBits};
+use crate::formats::tools::{
+    unsupported, Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps,
+    Resizable, Snapshots,
+};
+use crate::formats::{
+    BlockStatus, Compression, FileId, Format, HostWrite, ImageInfo, ReadPiece, ReadPlan,
+    ReadSource, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan,
+};
+use nbd::wire::consts::state;
+
+/// The export: the first (and only) remote file.
+const EXPORT: FileId = FileId(0);
+const NAME: &str = "raw (over NBD)";
+
+pub struct NbdImage {
+    file: [Arc<NbdFile>; 1],
+    readonly: bool,
+}
+
+impl NbdImage {
+    pub(crate) fn new(file: Arc<NbdFile>, readonly: bool) -> Self {
+        NbdImage {
+            file: [file],
+            readonly,
+        }
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        let size = self.size();
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(BlockError::OutOfRange { offset, len, size }),
+        }
+    }
+
+    fn check_writable(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        self.check_range(offset, len)
+    }
+
+    fn plan(op: HostWrite) -> WriteOutcome {
+        WriteOutcome::Ready(WritePlan {
+            ops: vec![op],
+            commit: None,
+            frees_clusters: false,
+        })
+    }
+}
+
+impl Format for NbdImage {
+    fn size(&self) -> u64 {
+        self.file[0].size()
+    }
+
+    fn files(&self) -> &[Arc<File>] {
+        &[]
+    }
+
+    fn remote_files(&self) -> &[Arc<NbdFile>] {
+        &self.file
+    }
+
+    fn flush_files(&self) -> Vec<FileId> {
+        if self.readonly {
+            Vec::new()
+        } else {
+            vec![EXPORT]
+        }
+    }
+
+    fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
+        self.check_range(offset, len)?;
+        plan.push(ReadPiece {
+            len,
+            source: ReadSource::Host {
+                file: EXPORT,
+                offset,
+            },
+        });
+        Ok(())
+    }
+
+    fn plan_write(
+        &self,
+        offset: u64,
+        len: u64,
+        _waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
+        self.check_writable(offset, len)?;
+        Ok(Self::plan(HostWrite::Data {
+            file: EXPORT,
+            offset,
+            parts: vec![WriteData::Request { offset: 0, len }],
+        }))
+    }
+
+    fn plan_discard(
+        &self,
+        offset: u64,
+        len: u64,
+        _waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
+        self.check_writable(offset, len)?;
+        Ok(Self::plan(HostWrite::PunchHole {
+            file: EXPORT,
+            offset,
+            len,
+        }))
+    }
+
+    fn plan_write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        _may_unmap: bool,
+        _waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
+        self.check_writable(offset, len)?;
+        Ok(Self::plan(HostWrite::ZeroRange {
+            file: EXPORT,
+            offset,
+            len,
+        }))
+    }
+
+    fn commit(&self, _commit: WriteCommit) -> Result<(), BlockError> {
+        Ok(())
+    }
+
+    fn abort(&self, _commit: WriteCommit) {}
+
+    fn flush_metadata(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
+        self.check_range(offset, len)?;
+        let (len, flags) = if self.file[0].has_block_status() && len > 0 {
+            let e = self.file[0].block_status(offset, len)?;
+            let first = e[0];
+            (u64::from(first.len).clamp(1, len), first.flags)
+        } else {
+            (len, 0)
+        };
+        let zero = flags & state::ZERO != 0;
+        let data = flags & state::HOLE == 0;
+        Ok(BlockStatus {
+            len,
+            depth: 0,
+            present: data || zero,
+            zero,
+            data,
+            compressed: false,
+            offset: Some(offset),
+            file: Some(EXPORT),
+        })
+    }
+
+    fn info(&self) -> ImageInfo {
+        ImageInfo {
+            format: "raw",
+            virtual_size: self.size(),
+            ..Default::default()
+        }
+    }
+
+    fn close(&self) -> Result<(), BlockError> {
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        "raw"
+    }
+}
+
+impl Resizable for NbdImage {
+    fn resize(&self, _new_size: u64) -> Result<(), BlockError> {
+        Err(unsupported(NAME, "resizing"))
+    }
+
+    fn backing_size(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl Snapshots for NbdImage {
+    fn snapshot_create(&self, _name: &str, _date: (u32, u32)) -> Result<(), BlockError> {
+        Err(unsupported(NAME, "internal snapshots"))
+    }
+
+    fn snapshot_delete(&self, _name: &str) -> Result<bool, BlockError> {
+        Err(unsupported(NAME, "internal snapshots"))
+    }
+
+    fn snapshot_apply(&self, _name: &str) -> Result<bool, BlockError> {
+        Err(unsupported(NAME, "internal snapshots"))
+    }
+}
+
+impl BackingEdits for NbdImage {
+    fn set_backing_file(&self, _name: Option<&str>, _fmt: Option<&str>) -> Result<(), BlockError> {
+        Err(unsupported(NAME, "backing files"))
+    }
+
+    fn make_empty(&self) -> Result<(), BlockError> {
+        Err(unsupported(NAME, "emptying"))
+    }
+}
+
+impl CompressedWrites for NbdImage {
+    fn compression(&self) -> Option<Compression> {
+        None
+    }
+
+    fn write_compressed(&self, _offset: u64, _data: &[u8]) -> Result<bool, BlockError> {
+        Err(unsupported(NAME, "compressed writes"))
+    }
+
+    fn write_compressed_packed(&self, _offset: u64, _packed: &[u8]) -> Result<(), BlockError> {
+        Err(unsupported(NAME, "compressed writes"))
+    }
+
+    fn set_compressed_cache(&self, _host_clusters: usize) {}
+}
+
+impl Amendable for NbdImage {
+    fn check_amendment(&self, _amendment: &Amendment) -> Result<(), BlockError> {
+        Err(unsupported(NAME, "option amendment"))
+    }
+
+    fn amend(&self, amendment: &Amendment, _progress: AmendProgress<'_>) -> Result<(), BlockError> {
+        self.check_amendment(amendment)
+    }
+}
+
+impl PersistentBitmaps for NbdImage {
+    fn read_bitmap(&self, _name: &str) -> Result<DirtyBits, BlockError> {
+        Err(unsupported(NAME, "persistent bitmaps"))
+    }
+
+    fn change_bitmap(&self, _name: &str, _actions: &[BitmapAction]) -> Result<(), BlockError> {
+        Err(unsupported(NAME, "persistent bitmaps"))
+    }
+}
+
+impl FailureUndo for NbdImage {
+    /// Every tool operation on an export is refused before it changes
+    /// anything, so there is nothing to put back.
+    fn undo_on_failure(
+        &self,
+        op: &mut dyn FnMut() -> Result<(), BlockError>,
+    ) -> Result<(), BlockError> {
+        op()
+    }
+}
