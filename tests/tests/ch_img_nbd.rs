@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use integration_tests::{ch_img, json, qemu_img, run, TempDir};
+use integration_tests::{ch_img, json, qemu_img, qemu_io, run, TempDir};
 use testkit::nbd_server::{Kind, NbdServer};
 
 /// Runs `program ARGS` with a two-minute deadline.
@@ -148,7 +148,28 @@ fn bench_writes_and_what_an_export_cannot_do_is_refused() {
     qemu_img(&["create", "-q", "-f", "raw", &local, "1M"]);
     let convert = timed(ch_img(), &["convert", &local, uri]);
     assert!(!convert.status.success());
-    assert!(String::from_utf8_lossy(&convert.stderr).contains("cannot write to an NBD export"));
+    let err = String::from_utf8_lossy(&convert.stderr);
+    assert!(
+        err.contains("cannot create an image on an NBD export") && err.contains("-n"),
+        "{err}"
+    );
+    // With -n the export is written like any existing output.
+    qemu_io("raw", &local, &["write -P 0x5c 64k 128k"]);
+    let into = timed(
+        ch_img(),
+        &["convert", "-n", "-f", "raw", "-O", "raw", &local, uri],
+    );
+    assert!(into.status.success(), "{into:?}");
+    // The export's first MiB now holds the local image (bench wrote past it).
+    qemu_io(
+        "raw",
+        uri,
+        &[
+            "read -P 0 0 64k",
+            "read -P 0x5c 64k 128k",
+            "read -P 0 192k 832k",
+        ],
+    );
     let missing = dir.path().join("none.sock");
     let gone = timed(
         ch_img(),

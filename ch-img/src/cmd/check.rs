@@ -67,7 +67,12 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     if cache.direct() {
         drop(open_reader(path, fmt, cache, shared)?);
     }
-    let _locks = lock_for_check(path, fmt, repair.is_some(), shared)?;
+    // An NBD export has no local file to lock (its server has the image).
+    let _locks = if block::nbd::is_nbd_path(Path::new(path)) {
+        None
+    } else {
+        Some(lock_for_check(path, fmt, repair.is_some(), shared)?)
+    };
     if fmt == ImageType::Raw {
         eprintln!("ch-img: This image format does not support checks");
         return Ok(63);

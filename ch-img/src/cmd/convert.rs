@@ -169,6 +169,19 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             .as_ref()
             .map(|_| output.tools().backing_size().unwrap_or(u64::MAX)),
     };
+    // An NBD source has no local file the output could be, and its server
+    // may serve one client at a time (qemu-nbd's default): the workers'
+    // connections must not wait behind the one held here.
+    let held = if spec
+        .paths
+        .iter()
+        .any(|p| block::nbd::is_nbd_path(std::path::Path::new(p)))
+    {
+        drop(source);
+        None
+    } else {
+        Some(source)
+    };
     let open_source = || ConvertSource::open(&spec);
     let job = Job {
         open_source: &open_source,
@@ -188,7 +201,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         source,
     })?;
     drop(output);
-    drop(source);
+    drop(held);
     if out_fmt == ImageType::Raw && !skip_create {
         // O_DIRECT pads the last partial block of the disk: cut the file
         // back to the disk's size.
