@@ -37,6 +37,7 @@ pub mod formats;
 pub mod io;
 pub mod lock;
 pub mod options;
+pub mod padded;
 pub mod prealloc;
 pub mod request;
 

@@ -381,7 +381,10 @@ impl BlockDevice {
             queue,
             kick,
             control: Arc::clone(&control),
-            mem: Arc::clone(mem),
+            // A map of its own (the same regions): every request holds the
+            // worker's `Arc` until it completes, and one `Arc` for all
+            // queues would make that count a line every queue writes.
+            mem: Arc::new(GuestMemoryMmap::clone(mem)),
             interrupt: Arc::clone(interrupt),
             disk,
             limits,
