@@ -33,12 +33,14 @@ use crate::error::BlockError;
 
 pub mod holes;
 pub mod open;
+pub mod plan_cache;
 pub mod probe;
 pub mod qcow2;
 pub mod raw;
 pub mod tools;
 
 pub use open::open_format;
+pub use plan_cache::PlanCache;
 pub use qcow2::compress_write::compress_cluster;
 pub use tools::{
     open_image_tools, BackingEdits, CompressedWrites, ImageTools, Resizable, Snapshots,
@@ -258,6 +260,21 @@ pub trait Format: Send + Sync {
 
     /// Appends to `plan` the pieces covering `offset..offset+len`.
     fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError>;
+
+    /// [`Format::plan_read`] for a queue that keeps `cache` from one read
+    /// to the next: the format may keep per-queue state there so that
+    /// reads of allocated data take no lock and write nothing shared
+    /// (qcow2: snapshots of its tables). The plan is the same either way.
+    fn plan_read_cached(
+        &self,
+        cache: &mut PlanCache,
+        offset: u64,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), BlockError> {
+        let _ = cache;
+        self.plan_read(offset, len, plan)
+    }
 
     /// Plans a write of `len` bytes of request data at `offset`. May
     /// allocate (refcounts written before this returns).
