@@ -47,7 +47,7 @@ use super::abi::{
 };
 use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, Pending, Reply};
-use super::poll::{AdaptivePoll, WaitKind};
+use virtio_devices::adaptive_poll::{AdaptivePoll, WaitKind};
 use super::uring_payload::{PayloadArea, PAYLOAD_SIZE};
 use super::uring_setup::{
     build_ring, fuse_cmd, possible_cpus, register_sqe, served_queues, RingError, SERVERS_PER_QUEUE,

@@ -13,8 +13,10 @@
 //! every wake-up the worker also looks at the avail index (a guest-memory
 //! read), so chains posted while it was completing others are taken
 //! without waiting for a kick.
-//! The kick eventfd is edge-triggered and never read. Optional busy poll:
-//! [`QueueWorker::poll`]. Optional throttling ([`super::rate_limit`]): a
+//! The kick eventfd is edge-triggered and never read. Before it sleeps
+//! the worker looks for work without sleeping for an adaptive time
+//! ([`WorkerState::poll_before_sleep`], [`crate::adaptive_poll`]; the
+//! ceiling is [`QueueWorker::poll`]). Optional throttling ([`super::rate_limit`]): a
 //! chain the buckets cannot pay for yet goes back on the ring, and the
 //! worker takes no more until a timer (a fourth epoll source) says the
 //! buckets have refilled. With the sync engine each request is submitted
@@ -47,6 +49,7 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::affinity::pin_current_thread;
+use crate::adaptive_poll::{yield_cpu, AdaptivePoll, WaitKind};
 use super::rate_limit::RateLimiter;
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
@@ -92,8 +95,8 @@ pub struct QueueWorker {
     pub device_id: [u8; DEVICE_ID_LEN],
     /// False in writethrough mode (config space `writeback` = 0).
     pub writeback: Arc<AtomicBool>,
-    /// Busy-poll budget before sleeping (zero: never poll; capped at
-    /// [`MAX_POLL`]).
+    /// The longest the worker spins for work before it sleeps (zero:
+    /// never; capped at [`MAX_POLL`]); the spin itself adapts below it.
     pub poll: Duration,
     /// Submit and complete each request on its own instead of the whole
     /// batch at once: set for the sync engine, which runs a submission's
@@ -145,6 +148,8 @@ struct WorkerState {
     /// The last pass over the ring stopped at its bound with chains still
     /// available: the next epoll wait must not sleep.
     more_available: bool,
+    /// How long to spin before the next sleep, per kind of wait.
+    poll: AdaptivePoll,
 }
 
 impl QueueWorker {
@@ -160,6 +165,7 @@ impl QueueWorker {
             }
         }
         let limiter = self.limiter.take();
+        let poll = AdaptivePoll::new(self.poll.min(MAX_POLL));
         let mut state = WorkerState {
             w: self,
             pending: HashMap::new(),
@@ -174,10 +180,15 @@ impl QueueWorker {
             throttle_timer: None,
             throttled: false,
             more_available: false,
+            poll,
         };
         if let Err(e) = state.event_loop() {
             error!("virtio-blk queue {}: worker stopped: {e}", state.w.index);
         }
+        debug!(
+            "virtio-blk queue {}: {} waits, {} ended by the spin",
+            state.w.index, state.poll.waits, state.poll.caught
+        );
         WorkerExit {
             kick: state.w.kick,
             queue: state.w.queue,
@@ -225,21 +236,22 @@ impl WorkerState {
             if stopping && self.pending.is_empty() && self.w.disk.in_flight() == 0 {
                 return Ok(());
             }
-            if !stopping && self.poll_before_sleep() {
-                continue;
-            }
             // Chains left on the ring by a bounded pass: look at the
             // other sources without sleeping, then take them.
-            let timeout = if self.more_available && !stopping {
-                0
-            } else {
-                -1
-            };
-            let n = match epoll.wait(timeout, &mut events) {
+            let sleeps = !(self.more_available && !stopping);
+            let wait = self.wait_kind();
+            let wait_start = Instant::now();
+            if sleeps && !stopping && self.poll_before_sleep(wait, wait_start) {
+                continue;
+            }
+            let n = match epoll.wait(if sleeps { -1 } else { 0 }, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
+            if sleeps {
+                self.poll.record(wait, wait_start.elapsed(), false);
+            }
             // Taken: the pass below sets it again if it stops at its bound
             // (a guest that moves the avail index back cannot make this
             // loop spin).
@@ -294,35 +306,65 @@ impl WorkerState {
         }
     }
 
-    /// The optional busy poll (`BlockDeviceConfig::poll_us`): before
-    /// sleeping in epoll, spin for up to the budget on the avail ring and
-    /// the disk's completions. The ring is polled with nothing in flight
-    /// too: at queue depth 1 the driver posts its next chain right after
-    /// taking a completion, and catching it here saves the wake-up its
-    /// kick would cost (as QEMU's iothread polls its virtqueues). The
-    /// spin is bounded, so an idle queue costs one budget per wake-up.
+    /// What the worker waits for now: completions of requests in flight,
+    /// or (nothing in flight) the driver's next request.
+    fn wait_kind(&self) -> WaitKind {
+        if self.pending.is_empty() && self.w.disk.in_flight() == 0 {
+            WaitKind::Request
+        } else {
+            WaitKind::Completion
+        }
+    }
+
+    /// The adaptive spin before a sleep (`BlockDeviceConfig::poll_us` is
+    /// its ceiling): for up to the budget of this kind of wait, look at
+    /// the disk's completions and the avail ring without sleeping,
+    /// yielding the CPU between looks. The ring is polled with nothing in
+    /// flight too: at queue depth 1 the driver posts its next chain right
+    /// after taking a completion, and catching it here saves the wake-up
+    /// its kick would cost (as QEMU's iothread polls its virtqueues). The
+    /// budget grows while waits end within the ceiling and shrinks (to
+    /// zero) while they do not, so an idle queue does not spin at all.
     /// Returns true when it found work (and did it).
-    fn poll_before_sleep(&mut self) -> bool {
-        if self.w.poll.is_zero() {
+    fn poll_before_sleep(&mut self, wait: WaitKind, start: Instant) -> bool {
+        let budget = self.poll.budget(wait);
+        if budget.is_zero() {
             return false;
         }
-        let deadline = Instant::now() + self.w.poll.min(MAX_POLL);
         loop {
-            if self.process_completions() > 0 {
-                if !self.throttled && self.avail_pending() {
-                    self.process_available();
-                }
+            if self.found_work() {
+                self.poll.record(wait, start.elapsed(), true);
                 return true;
             }
-            if !self.throttled && self.avail_pending() {
-                self.process_available();
-                return true;
-            }
-            if Instant::now() >= deadline {
+            if start.elapsed() >= budget {
                 return false;
             }
-            std::hint::spin_loop();
+            yield_cpu();
         }
+    }
+
+    /// One look of the spin: completions (reaped without a system call
+    /// unless some are there) and chains the driver posted.
+    fn found_work(&mut self) -> bool {
+        let mut found = false;
+        if self.w.disk.in_flight() > 0 {
+            let mut early = std::mem::take(&mut self.completions);
+            self.w.disk.reap_completions(&mut early);
+            if !early.is_empty() {
+                // Clear the eventfd (and take what came meanwhile), so the
+                // next sleep does not wake at once for these.
+                self.completions = early;
+                self.process_completions();
+                found = true;
+            } else {
+                self.completions = early;
+            }
+        }
+        if !self.throttled && self.avail_pending() {
+            self.process_available();
+            found = true;
+        }
+        found
     }
 
     /// Pops and parses the available chains and hands them to the disk.
