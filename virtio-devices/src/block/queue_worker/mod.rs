@@ -546,13 +546,16 @@ impl WorkerState {
                 let memory = if segments.is_empty() {
                     IoMemory::None
                 } else {
-                    match IoMemory::guest(Arc::clone(mem), segments) {
-                        Ok(m) => m,
-                        Err(e) => {
-                            debug!("virtio-blk queue {}: chain {head}: {e}", self.w.index);
-                            self.complete(head, status, VIRTIO_BLK_S_IOERR as u8, 1);
-                            return;
-                        }
+                    // Not `IoMemory::guest`, which checks every segment
+                    // against the memory map: the parser has placed each
+                    // inside one region, and the executor translates them
+                    // (checking again) before any host pointer exists; a
+                    // segment that fails there completes with an error
+                    // status like any failed request. One lookup per
+                    // segment instead of two.
+                    IoMemory::Guest {
+                        mem: Arc::clone(mem),
+                        segments,
                     }
                 };
                 let flush_after =
