@@ -150,6 +150,10 @@ struct WorkerState {
     more_available: bool,
     /// How long to spin before the next sleep, per kind of wait.
     poll: AdaptivePoll,
+    /// The spin reaped completions without clearing the completion
+    /// eventfd: clear it (and reap again) before sleeping, or the sleep
+    /// would end at once.
+    signal_stale: bool,
 }
 
 impl QueueWorker {
@@ -181,6 +185,7 @@ impl QueueWorker {
             throttled: false,
             more_available: false,
             poll,
+            signal_stale: false,
         };
         if let Err(e) = state.event_loop() {
             error!("virtio-blk queue {}: worker stopped: {e}", state.w.index);
@@ -242,6 +247,9 @@ impl WorkerState {
             let wait = self.wait_kind();
             let wait_start = Instant::now();
             if sleeps && !stopping && self.poll_before_sleep(wait, wait_start) {
+                continue;
+            }
+            if sleeps && self.signal_stale && self.process_completions() > 0 {
                 continue;
             }
             let n = match epoll.wait(if sleeps { -1 } else { 0 }, &mut events) {
@@ -346,20 +354,7 @@ impl WorkerState {
     /// One look of the spin: completions (reaped without a system call
     /// unless some are there) and chains the driver posted.
     fn found_work(&mut self) -> bool {
-        let mut found = false;
-        if self.w.disk.in_flight() > 0 {
-            let mut early = std::mem::take(&mut self.completions);
-            self.w.disk.reap_completions(&mut early);
-            if !early.is_empty() {
-                // Clear the eventfd (and take what came meanwhile), so the
-                // next sleep does not wake at once for these.
-                self.completions = early;
-                self.process_completions();
-                found = true;
-            } else {
-                self.completions = early;
-            }
-        }
+        let mut found = self.w.disk.in_flight() > 0 && self.reap_finished() > 0;
         if !self.throttled && self.avail_pending() {
             self.process_available();
             found = true;
