@@ -46,7 +46,7 @@ fn an_idle_queue_does_not_spin_with_the_default_polling() {
         ..Default::default()
     };
     assert_eq!(config.poll_us, DEFAULT_POLL_US);
-    assert!(DEFAULT_POLL_US > 0, "polling is on by default");
+    const { assert!(DEFAULT_POLL_US > 0, "polling is on by default") };
     let opts = DriverOptions {
         slots: 1,
         slot_data: 512,

@@ -304,7 +304,7 @@ impl DriverQueue {
         let len = u32::from_le_bytes([raw[4], raw[5], raw[6], raw[7]]);
         let head = u16::try_from(id).ok()?;
         if let Some(mut descs) = self.chains.remove(&head) {
-            self.free.extend(descs.drain(..));
+            self.free.append(&mut descs);
             self.spare.push(descs);
         }
         Some((head, len))

@@ -112,9 +112,7 @@ fn push(ns: u32, entries: usize) {
             local.samples.clear();
         }
         if local.samples.len() < MAX_SAMPLES {
-            local
-                .samples
-                .push(u64::from(entries) << 32 | u64::from(ns));
+            local.samples.push(u64::from(entries) << 32 | u64::from(ns));
         }
     });
 }

@@ -428,7 +428,10 @@ mod tests {
         irq.trigger(InterruptKind::Queue(0)).unwrap();
         assert!(!fired(&m, 0), "MSI-X off: nothing");
         m.set_message_control(1 << 15);
-        assert!(fired(&m, 0), "the one raised while masked fires once enabled");
+        assert!(
+            fired(&m, 0),
+            "the one raised while masked fires once enabled"
+        );
         assert_eq!(m.take_isr(), 1);
         irq.trigger(InterruptKind::Queue(0)).unwrap();
         assert_eq!(m.take_isr(), 1, "the ISR bit is raised again after a read");

@@ -72,7 +72,11 @@ enum Found {
     /// No L2 table maps it.
     Unmapped,
     /// The raw L2 entry, its subcluster bitmap, and the file-size bound.
-    Entry { raw: u64, bitmap: u64, file_size: u64 },
+    Entry {
+        raw: u64,
+        bitmap: u64,
+        file_size: u64,
+    },
 }
 
 impl QueueView {
@@ -266,8 +270,15 @@ mod tests {
     }
 
     fn is_host(p: &ReadPlan) -> bool {
-        p.iter()
-            .all(|x| matches!(x.source, ReadSource::Host { file: FileId(0), .. }))
+        p.iter().all(|x| {
+            matches!(
+                x.source,
+                ReadSource::Host {
+                    file: FileId(0),
+                    ..
+                }
+            )
+        })
     }
 
     #[test]

@@ -15,11 +15,11 @@
 use std::io;
 use std::sync::Arc;
 
+use super::barrier::WriteLane;
 use super::compressed::CompressedReads;
 use super::spares::Spares;
 use super::table::RequestTable;
 use super::table::{split_token, token, AfterRead, InFlight, OpBuffer, OpKind, OpSlot};
-use super::barrier::WriteLane;
 use super::DiskShared;
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;

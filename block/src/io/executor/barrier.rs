@@ -151,8 +151,9 @@ impl WriteTracker {
     fn wake_passed(&self) {
         let woken: Vec<Waker> = {
             let mut waiters = lock(&self.waiters);
-            let (ready, still): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut *waiters).into_iter().partition(|(b, _)| b.passed());
+            let (ready, still): (Vec<_>, Vec<_>) = std::mem::take(&mut *waiters)
+                .into_iter()
+                .partition(|(b, _)| b.passed());
             *waiters = still;
             self.waiting.store(waiters.len(), Ordering::SeqCst);
             ready.into_iter().map(|(_, w)| w).collect()

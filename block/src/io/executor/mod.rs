@@ -239,11 +239,8 @@ impl Drop for Executor {
                 log::error!(
                     "block queue: cannot reap in-flight I/O on drop ({e}); leaking its buffers"
                 );
-                self.acct.abandon_all(
-                    self.builder.format.as_ref(),
-                    &self.shared,
-                    &mut self.writes,
-                );
+                self.acct
+                    .abandon_all(self.builder.format.as_ref(), &self.shared, &mut self.writes);
                 return;
             }
             for c in reaped.drain(..) {
@@ -251,10 +248,7 @@ impl Drop for Executor {
             }
             self.submit_engine();
         }
-        self.acct.abandon_deferred(
-            self.builder.format.as_ref(),
-            &self.shared,
-            &mut self.writes,
-        );
+        self.acct
+            .abandon_deferred(self.builder.format.as_ref(), &self.shared, &mut self.writes);
     }
 }

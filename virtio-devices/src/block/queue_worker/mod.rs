@@ -49,11 +49,11 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::affinity::pin_current_thread;
-use crate::adaptive_poll::{yield_cpu, AdaptivePoll, WaitKind};
 use super::rate_limit::RateLimiter;
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
 };
+use crate::adaptive_poll::{yield_cpu, AdaptivePoll, WaitKind};
 use crate::device::VirtioInterrupt;
 
 mod completion;
@@ -243,7 +243,7 @@ impl WorkerState {
             }
             // Chains left on the ring by a bounded pass: look at the
             // other sources without sleeping, then take them.
-            let sleeps = !(self.more_available && !stopping);
+            let sleeps = !self.more_available || stopping;
             let wait = self.wait_kind();
             let wait_start = Instant::now();
             if sleeps && !stopping && self.poll_before_sleep(wait, wait_start) {
