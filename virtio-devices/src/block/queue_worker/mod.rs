@@ -336,7 +336,8 @@ impl WorkerState {
     /// Returns true when it found work (and did it).
     fn poll_before_sleep(&mut self, wait: WaitKind, start: Instant) -> bool {
         let budget = self.poll.budget(wait);
-        if budget.is_zero() {
+        // A throttled queue with nothing in flight waits for its timer.
+        if budget.is_zero() || (self.throttled && wait == WaitKind::Request) {
             return false;
         }
         loop {
