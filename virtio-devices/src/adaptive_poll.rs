@@ -16,7 +16,10 @@
 //! it to 0 by default; we halve it, down to 0 below 4 us); a wait the
 //! spin caught leaves it alone. So a thread spins only where spinning
 //! keeps paying off, a device slower than `max` is never spun for, and an
-//! idle thread, whose waits are all long, does not spin at all.
+//! idle thread, whose waits are all long, does not spin at all. A spin
+//! whose yield took longer than its whole budget (other threads wanted
+//! the CPU) shrinks the budget too ([`AdaptivePoll::contended`]): polling
+//! pays only on a CPU nobody else is waiting for.
 //!
 //! Enters as the time each wait took and whether the spin caught the
 //! event ([`AdaptivePoll::record`]); leaves as the spin budget of the next
@@ -103,12 +106,35 @@ impl AdaptivePoll {
                 if start.elapsed() >= budget {
                     break;
                 }
+                let before_yield = Instant::now();
                 yield_cpu();
+                if before_yield.elapsed() > budget {
+                    self.contended(kind);
+                    return check(true);
+                }
             }
         }
         let found = check(true)?;
         self.record(kind, start.elapsed(), false);
         Ok(found)
+    }
+
+    /// A spin of `kind` was cut short because the CPU was wanted by
+    /// other threads (a yield took longer than the whole budget): polling
+    /// does not pay on a CPU others need, so the budget halves as for a
+    /// wait longer than `max`. The caller does not also `record` the sleep
+    /// that follows.
+    pub fn contended(&mut self, kind: WaitKind) {
+        self.waits += 1;
+        self.shrink(kind);
+    }
+
+    fn shrink(&mut self, kind: WaitKind) {
+        let budget = &mut self.budgets[slot(kind)];
+        *budget /= 2;
+        if *budget < START {
+            *budget = Duration::ZERO;
+        }
     }
 
     /// Folds in one wait of `kind` that took `waited` (spin and sleep);
@@ -119,13 +145,12 @@ impl AdaptivePoll {
             self.caught += 1;
             return;
         }
-        let budget = &mut self.budgets[slot(kind)];
         if waited > self.max {
-            *budget /= 2;
-            if *budget < START {
-                *budget = Duration::ZERO;
-            }
-        } else if *budget < self.max {
+            self.shrink(kind);
+            return;
+        }
+        let budget = &mut self.budgets[slot(kind)];
+        if *budget < self.max {
             *budget = (*budget * 2).max(START).min(self.max);
         }
     }
@@ -167,6 +192,21 @@ mod tests {
         }
         assert_eq!(p.budget(WaitKind::Completion), Duration::ZERO);
         assert_eq!((p.waits, p.caught), (9, 1));
+    }
+
+    #[test]
+    fn a_contended_spin_shrinks_the_budget() {
+        let mut p = AdaptivePoll::new(32 * US);
+        for _ in 0..4 {
+            p.record(WaitKind::Completion, 10 * US, false);
+        }
+        assert_eq!(p.budget(WaitKind::Completion), 32 * US);
+        p.contended(WaitKind::Completion);
+        assert_eq!(p.budget(WaitKind::Completion), 16 * US);
+        for _ in 0..3 {
+            p.contended(WaitKind::Completion);
+        }
+        assert_eq!(p.budget(WaitKind::Completion), Duration::ZERO);
     }
 
     #[test]

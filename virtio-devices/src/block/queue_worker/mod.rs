@@ -70,6 +70,17 @@ pub const MAX_POLL: Duration = Duration::from_millis(1);
 /// (see [`WorkerState::process_available`]); smaller ones go whole.
 pub const MIN_SLICE: usize = 16;
 
+/// How a spin before a sleep ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Spin {
+    /// It found work (and did it).
+    Caught,
+    /// Its budget ran out (or it had none).
+    Expired,
+    /// Other threads wanted the CPU (see `poll_before_sleep`).
+    Contended,
+}
+
 /// A chain handed to the disk and not yet completed.
 #[derive(Clone, Copy, Debug)]
 struct PendingChain {
@@ -246,8 +257,12 @@ impl WorkerState {
             let sleeps = !self.more_available || stopping;
             let wait = self.wait_kind();
             let wait_start = Instant::now();
-            if sleeps && !stopping && self.poll_before_sleep(wait, wait_start) {
-                continue;
+            let mut spin = Spin::Expired;
+            if sleeps && !stopping {
+                spin = self.poll_before_sleep(wait, wait_start);
+                if spin == Spin::Caught {
+                    continue;
+                }
             }
             if sleeps && self.signal_stale && self.process_completions() > 0 {
                 continue;
@@ -257,7 +272,7 @@ impl WorkerState {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
-            if sleeps {
+            if sleeps && spin != Spin::Contended {
                 self.poll.record(wait, wait_start.elapsed(), false);
             }
             // Taken: the pass below sets it again if it stops at its bound
@@ -333,22 +348,29 @@ impl WorkerState {
     /// its kick would cost (as QEMU's iothread polls its virtqueues). The
     /// budget grows while waits end within the ceiling and shrinks (to
     /// zero) while they do not, so an idle queue does not spin at all.
-    /// Returns true when it found work (and did it).
-    fn poll_before_sleep(&mut self, wait: WaitKind, start: Instant) -> bool {
+    /// A yield that takes longer than the whole budget means other
+    /// threads wanted this CPU: the spin stops and the budget shrinks
+    /// (`AdaptivePoll::contended`). Says how the spin ended.
+    fn poll_before_sleep(&mut self, wait: WaitKind, start: Instant) -> Spin {
         let budget = self.poll.budget(wait);
         // A throttled queue with nothing in flight waits for its timer.
         if budget.is_zero() || (self.throttled && wait == WaitKind::Request) {
-            return false;
+            return Spin::Expired;
         }
         loop {
             if self.found_work() {
                 self.poll.record(wait, start.elapsed(), true);
-                return true;
+                return Spin::Caught;
             }
             if start.elapsed() >= budget {
-                return false;
+                return Spin::Expired;
             }
+            let before_yield = Instant::now();
             yield_cpu();
+            if before_yield.elapsed() > budget {
+                self.poll.contended(wait);
+                return Spin::Contended;
+            }
         }
     }
 
