@@ -15,7 +15,7 @@
 //! without waiting for a kick.
 //! The kick eventfd is edge-triggered and never read. Before it sleeps
 //! the worker looks for work without sleeping for an adaptive time
-//! ([`WorkerState::poll_before_sleep`], [`crate::adaptive_poll`]; the
+//! (`spin.rs`, [`crate::adaptive_poll`]; the
 //! ceiling is [`QueueWorker::poll`]). Optional throttling ([`super::rate_limit`]): a
 //! chain the buckets cannot pay for yet goes back on the ring, and the
 //! worker takes no more until a timer (a fourth epoll source) says the
@@ -53,10 +53,13 @@ use super::rate_limit::RateLimiter;
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
 };
-use crate::adaptive_poll::{yield_cpu, AdaptivePoll, WaitKind};
+use crate::adaptive_poll::AdaptivePoll;
 use crate::device::VirtioInterrupt;
 
 mod completion;
+mod spin;
+
+use spin::Spin;
 
 const KICK: u64 = 0;
 const COMPLETION: u64 = 1;
@@ -69,17 +72,6 @@ pub const MAX_POLL: Duration = Duration::from_millis(1);
 /// Batches of at least twice this many chains are submitted in slices
 /// (see [`WorkerState::process_available`]); smaller ones go whole.
 pub const MIN_SLICE: usize = 16;
-
-/// How a spin before a sleep ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Spin {
-    /// It found work (and did it).
-    Caught,
-    /// Its budget ran out (or it had none).
-    Expired,
-    /// Other threads wanted the CPU (see `poll_before_sleep`).
-    Contended,
-}
 
 /// A chain handed to the disk and not yet completed.
 #[derive(Clone, Copy, Debug)]
@@ -327,62 +319,6 @@ impl WorkerState {
             Ok(idx) => idx.0 != self.w.queue.next_avail(),
             Err(_) => false,
         }
-    }
-
-    /// What the worker waits for now: completions of requests in flight,
-    /// or (nothing in flight) the driver's next request.
-    fn wait_kind(&self) -> WaitKind {
-        if self.pending.is_empty() && self.w.disk.in_flight() == 0 {
-            WaitKind::Request
-        } else {
-            WaitKind::Completion
-        }
-    }
-
-    /// The adaptive spin before a sleep (`BlockDeviceConfig::poll_us` is
-    /// its ceiling): for up to the budget of this kind of wait, look at
-    /// the disk's completions and the avail ring without sleeping,
-    /// yielding the CPU between looks. The ring is polled with nothing in
-    /// flight too: at queue depth 1 the driver posts its next chain right
-    /// after taking a completion, and catching it here saves the wake-up
-    /// its kick would cost (as QEMU's iothread polls its virtqueues). The
-    /// budget grows while waits end within the ceiling and shrinks (to
-    /// zero) while they do not, so an idle queue does not spin at all.
-    /// A yield that takes longer than the whole budget means other
-    /// threads wanted this CPU: the spin stops and the budget shrinks
-    /// (`AdaptivePoll::contended`). Says how the spin ended.
-    fn poll_before_sleep(&mut self, wait: WaitKind, start: Instant) -> Spin {
-        let budget = self.poll.budget(wait);
-        // A throttled queue with nothing in flight waits for its timer.
-        if budget.is_zero() || (self.throttled && wait == WaitKind::Request) {
-            return Spin::Expired;
-        }
-        loop {
-            if self.found_work() {
-                self.poll.record(wait, start.elapsed(), true);
-                return Spin::Caught;
-            }
-            if start.elapsed() >= budget {
-                return Spin::Expired;
-            }
-            let before_yield = Instant::now();
-            yield_cpu();
-            if before_yield.elapsed() > budget {
-                self.poll.contended(wait);
-                return Spin::Contended;
-            }
-        }
-    }
-
-    /// One look of the spin: completions (reaped without a system call
-    /// unless some are there) and chains the driver posted.
-    fn found_work(&mut self) -> bool {
-        let mut found = self.w.disk.in_flight() > 0 && self.reap_finished() > 0;
-        if !self.throttled && self.avail_pending() {
-            self.process_available();
-            found = true;
-        }
-        found
     }
 
     /// Pops and parses the available chains and hands them to the disk.
