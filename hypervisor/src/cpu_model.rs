@@ -52,7 +52,8 @@ const fn f(name: &'static str, leaf: u32, subleaf: u32, reg: Reg, bit: u8) -> Fe
 use Reg::{Eax, Ebx, Ecx, Edx};
 
 /// The features `hide=` knows: the instruction-set extensions after the
-/// x86-64 baseline, and a few platform features.
+/// x86-64 baseline, a few platform features, and KVM's paravirtual
+/// features (which a host may implement badly, docs/linux-guests.md).
 pub const FEATURES: &[Feature] = &[
     f("pni", 1, 0, Ecx, 0),
     f("pclmulqdq", 1, 0, Ecx, 1),
@@ -134,7 +135,20 @@ pub const FEATURES: &[Feature] = &[
     f("rdtscp", 0x8000_0001, 0, Edx, 27),
     f("3dnowext", 0x8000_0001, 0, Edx, 30),
     f("3dnow", 0x8000_0001, 0, Edx, 31),
+    // KVM's paravirtual features (CPUID 0x40000001 EAX, Linux's
+    // KVM_FEATURE_* names in lower case).
+    f("kvm_async_pf", KVM_FEATURES, 0, Eax, 4),
+    f("kvm_steal_time", KVM_FEATURES, 0, Eax, 5),
+    f("kvm_pv_eoi", KVM_FEATURES, 0, Eax, 6),
+    f("kvm_pv_unhalt", KVM_FEATURES, 0, Eax, 7),
+    f("kvm_pv_tlb_flush", KVM_FEATURES, 0, Eax, 9),
+    f("kvm_pv_send_ipi", KVM_FEATURES, 0, Eax, 11),
+    f("kvm_poll_control", KVM_FEATURES, 0, Eax, 12),
+    f("kvm_pv_sched_yield", KVM_FEATURES, 0, Eax, 13),
 ];
+
+/// KVM's feature leaf (the VMM offers KVM's leaves at 0x40000000).
+const KVM_FEATURES: u32 = 0x4000_0001;
 
 impl Feature {
     pub fn by_name(name: &str) -> Option<Feature> {
@@ -243,8 +257,10 @@ impl CpuModel {
                 let keep = match (feature.leaf, feature.reg) {
                     (1, Reg::Ecx) => V1_LEAF1_ECX,
                     (1, Reg::Edx) => V1_LEAF1_EDX,
+                    (0x8000_0001, Reg::Ecx) | (7, _) | (0xd, _) => 0,
                     (0x8000_0001, Reg::Edx) => V1_EXT1_EDX,
-                    _ => 0,
+                    // KVM's leaves are not the instruction set: kept.
+                    _ => !0,
                 };
                 keep & feature.mask() == 0
             }
@@ -370,7 +386,11 @@ mod tests {
             .filter(|f| f.is_set_in(&c))
             .map(|f| f.name)
             .collect();
-        assert_eq!(visible, ["x2apic", "tsc_deadline_timer"]);
+        assert_eq!(&visible[..2], ["x2apic", "tsc_deadline_timer"]);
+        assert!(
+            visible[2..].iter().all(|n| n.starts_with("kvm_")),
+            "{visible:?}"
+        );
     }
 
     #[test]

@@ -13,16 +13,13 @@ use hypervisor::{BaseModel, CpuModel, InternalErrorOutcome, Vcpu, VcpuExit};
 
 mod support;
 
-use support::{vm_or_skip, with_deadline, Ram, MEM_SIZE};
+use support::{
+    vm_or_skip, with_deadline, write_long_mode_tables, Ram, GDT, GDT_LIMIT, MEM_SIZE, PML4,
+};
 
 const CODE: usize = 0x1000;
-const GDT: usize = 0x500;
-const IDTR: usize = 0x528;
-const IDT: usize = 0x600;
-const HANDLERS: usize = 0x2000;
 const FX_PENDING: usize = 0x3000;
 const FX_CLEAN: usize = 0x3200;
-const PML4: usize = 0x9000;
 
 /// What a vCPU did next, as the test sees it.
 #[derive(Debug, PartialEq, Eq)]
@@ -54,31 +51,10 @@ fn next_event(vcpu: &mut Vcpu) -> Event {
     }
 }
 
-/// 64-bit long mode as Linux runs: a GDT (64-bit code 0x10, data 0x18),
-/// page tables mapping the first 2 MiB one to one, an IDT whose 32 gates
-/// lead to one handler each, and two FXSAVE images.
+/// Long mode with one handler per exception vector, and two FXSAVE
+/// images.
 fn write_tables(ram: &mut Ram) {
-    let gdt: [u64; 4] = [0, 0, 0x00af_9b00_0000_ffff, 0x00cf_9300_0000_ffff];
-    for (i, d) in gdt.iter().enumerate() {
-        ram.write(GDT + i * 8, &d.to_le_bytes());
-    }
-    ram.write(PML4, &((PML4 as u64 + 0x1000) | 3).to_le_bytes());
-    ram.write(PML4 + 0x1000, &((PML4 as u64 + 0x2000) | 3).to_le_bytes());
-    ram.write(PML4 + 0x2000, &0x83u64.to_le_bytes()); // 2 MiB page at 0
-                                                      // The IDT's pseudo-descriptor: limit (16 bits), base (64 bits).
-    let mut idtr = vec![0xff, 0x01];
-    idtr.extend((IDT as u64).to_le_bytes());
-    ram.write(IDTR, &idtr);
-    for vector in 0..32u8 {
-        let handler = (HANDLERS + usize::from(vector) * 0x20) as u64;
-        // 64-bit interrupt gate, selector 0x10, present, DPL 0.
-        let low =
-            (handler & 0xffff) | (0x10 << 16) | (0x8e00 << 32) | (((handler >> 16) & 0xffff) << 48);
-        ram.write(IDT + usize::from(vector) * 16, &low.to_le_bytes());
-        ram.write(
-            IDT + usize::from(vector) * 16 + 8,
-            &(handler >> 32).to_le_bytes(),
-        );
+    write_long_mode_tables(ram, 31, |vector| {
         // push rax; mov al, VECTOR; out 0x81, al; mov rax, [rsp+8] (the
         // pushed RIP); out 0x82, eax; clts; fxrstor [FX_CLEAN]; pop rax;
         // iretq
@@ -86,8 +62,8 @@ fn write_tables(ram: &mut Ram) {
         code.extend([0xe7, 0x82, 0x0f, 0x06, 0x0f, 0xae, 0x0c, 0x25]);
         code.extend((FX_CLEAN as u32).to_le_bytes());
         code.extend([0x58, 0x48, 0xcf]);
-        ram.write(handler as usize, &code);
-    }
+        code
+    });
     // FXSAVE images: FCW at 0, FSW at 2, MXCSR at 24. The first has a
     // zero-divide flagged (ZE, and ES) and unmasked; the second is clean.
     let mut pending = [0u8; 512];
@@ -108,7 +84,7 @@ fn int3_and_fwait_behave_as_on_hardware() {
     write_tables(&mut ram);
     #[rustfmt::skip]
     let code: &[u8] = &[
-        0x0f, 0x01, 0x1c, 0x25, 0x28, 0x05, 0x00, 0x00, // 00: lidt [0x528]
+        0x0f, 0x01, 0x1c, 0x25, 0xf0, 0x05, 0x00, 0x00, // 00: lidt [0x5f0]
         0x66, 0xb8, 0x18, 0x00,                   // 08: mov ax, 0x18
         0x8e, 0xd8, 0x8e, 0xc0, 0x8e, 0xd0,       // 0c: mov ds/es/ss, ax
         0xbc, 0x00, 0x80, 0x00, 0x00,             // 12: mov esp, 0x8000
@@ -150,7 +126,7 @@ fn int3_and_fwait_behave_as_on_hardware() {
     with_deadline(Duration::from_secs(60), move || {
         let ram = ram;
         let (mut vcpu, _) = vm.create_vcpu(0, 1, &CpuModel::default()).unwrap();
-        vcpu.enter_long_mode(CODE as u64, 0, PML4 as u64, GDT as u64, 0x1f)
+        vcpu.enter_long_mode(CODE as u64, 0, PML4 as u64, GDT as u64, GDT_LIMIT)
             .unwrap();
         for want in expected {
             let got = next_event(&mut vcpu);
