@@ -94,6 +94,9 @@ mod tests {
         assert_eq!(names, ["xsave", "popcnt"]);
         let c = parse_cpus("hide=cx16").unwrap();
         assert_eq!((c.boot, c.model.hidden.len()), (1, 1));
+        let c = parse_cpus("boot=2,hide=[kvm_pv_send_ipi,kvm_pv_unhalt]").unwrap();
+        assert_eq!(c.model.base, BaseModel::Host);
+        assert_eq!(c.model.hidden.len(), 2);
     }
 
     #[test]
