@@ -74,6 +74,21 @@ elif [ "$CH_REQUIRE_ALL" = 1 ]; then
     exit 1
 fi
 
+# The small Linux kernel and the SSE-free /init that boot under our own
+# cloud-hypervisor here (tests/tests/e2e_linux_own_vmm.rs): built once from
+# Debian's linux-source and cached under target/linux-kernel/ (a few
+# minutes on 2 cores the first time), /init with make.
+if own_kernel=$(scripts/build-linux-kernel.sh); then
+    CH_OWN_LINUX_KERNEL=$(sed -n 's/^CH_OWN_LINUX_KERNEL=//p' <<<"$own_kernel")
+    export CH_OWN_LINUX_KERNEL
+    echo "run-tests: own Linux kernel at $CH_OWN_LINUX_KERNEL"
+elif [ "$CH_REQUIRE_ALL" = 1 ]; then
+    echo "run-tests: scripts/build-linux-kernel.sh failed" >&2
+    exit 1
+fi
+make -C tests/linux-init --no-print-directory >&2
+export CH_LINUX_INIT_CPIO="$PWD/tests/linux-init/build/initramfs.cpio"
+
 # Binaries first: the integration tests run ch-img and cloud-hypervisor.
 cargo build --workspace --bins
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')

@@ -47,6 +47,7 @@ pub mod io;
 pub mod lock;
 pub mod nbd;
 pub mod options;
+pub mod padded;
 pub mod prealloc;
 pub mod request;
 

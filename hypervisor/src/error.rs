@@ -70,6 +70,18 @@ pub enum HypervisorError {
         #[source]
         source: errno::Error,
     },
+    #[error("cannot read back the CPUID of vCPU {id}")]
+    GetCpuid {
+        id: u8,
+        #[source]
+        source: errno::Error,
+    },
+    #[error("cannot get or set the pending events of vCPU {id}")]
+    Events {
+        id: u8,
+        #[source]
+        source: errno::Error,
+    },
     #[error("cannot set MSRs on vCPU {id} ({set} of {wanted} accepted)")]
     SetMsrs { id: u8, set: usize, wanted: usize },
     #[error("cannot build the MSR list")]
@@ -92,7 +104,7 @@ pub enum HypervisorError {
         #[source]
         source: errno::Error,
     },
-    #[error("cannot set the FPU state of vCPU {id}")]
+    #[error("cannot get or set the FPU state of vCPU {id}")]
     Fpu {
         id: u8,
         #[source]

@@ -9,7 +9,9 @@
 //!   Linux boot protocol).
 //!
 //! [`Vcpu::run`] returns a [`VcpuExit`]: port and MMIO accesses the VMM must
-//! emulate, or the events that end the VM.
+//! emulate, or the events that end the VM. After
+//! [`VcpuExit::InternalError`], [`Vcpu::handle_internal_error`] reads
+//! KVM's report and completes the instructions `emulation` knows.
 
 use kvm_bindings::{
     kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs, KVM_SYSTEM_EVENT_CRASH,
@@ -17,6 +19,7 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{VcpuExit as KvmExit, VcpuFd};
 
+use crate::emulation::{self, InternalError, InternalErrorOutcome};
 use crate::error::{HypervisorError, Result};
 
 /// Why a `KVM_EXIT_SYSTEM_EVENT` happened.
@@ -47,6 +50,9 @@ pub enum VcpuExit<'a> {
     SystemEvent(SystemEvent),
     /// `KVM_RUN` was interrupted by a signal or `immediate_exit`.
     Interrupted,
+    /// `KVM_EXIT_INTERNAL_ERROR`: call [`Vcpu::handle_internal_error`]
+    /// before running the vCPU again.
+    InternalError,
     /// Anything else; the string says what, for the fatal error message.
     Unhandled(String),
 }
@@ -96,6 +102,16 @@ impl Vcpu {
         self.fd
             .set_cpuid2(cpuid)
             .map_err(|source| HypervisorError::SetCpuid {
+                id: self.id,
+                source,
+            })
+    }
+
+    /// The CPUID table KVM holds for this vCPU (`KVM_GET_CPUID2`).
+    pub(crate) fn cpuid(&self) -> Result<kvm_bindings::CpuId> {
+        self.fd
+            .get_cpuid2(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+            .map_err(|source| HypervisorError::GetCpuid {
                 id: self.id,
                 source,
             })
@@ -274,9 +290,7 @@ impl Vcpu {
                 KvmExit::FailEntry(reason, cpu) => VcpuExit::Unhandled(format!(
                     "VM entry failed (hardware reason {reason:#x}, cpu {cpu})"
                 )),
-                KvmExit::InternalError => {
-                    VcpuExit::Unhandled("KVM internal error (emulation failure)".into())
-                }
+                KvmExit::InternalError => VcpuExit::InternalError,
                 other => VcpuExit::Unhandled(format!("{other:?}")),
             }),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
@@ -284,6 +298,135 @@ impl Vcpu {
             }
             Err(source) => Err(HypervisorError::Run { id, source }),
         }
+    }
+}
+
+impl Vcpu {
+    /// After [`VcpuExit::InternalError`]: reads KVM's report (suberror,
+    /// instruction bytes, data) and RIP, then completes INT3 and FWAIT as
+    /// the hardware would (see `emulation`); anything else comes back as
+    /// [`InternalErrorOutcome::Fatal`] with the report.
+    pub fn handle_internal_error(&mut self) -> Result<InternalErrorOutcome> {
+        let run = self.fd.get_kvm_run();
+        // SAFETY: KVM_RUN just returned KVM_EXIT_INTERNAL_ERROR, for which
+        // KVM fills the `internal` member of the exit union; its fields are
+        // plain integers, valid for any bit pattern.
+        let internal = unsafe { run.__bindgen_anon_1.internal };
+        let ndata = (internal.ndata as usize).min(internal.data.len());
+        let mut error = InternalError::decode(internal.suberror, &internal.data[..ndata]);
+        error.rip = self.fd.get_regs().ok().map(|r| r.rip);
+        emulation::complete(self, error)
+    }
+
+    /// Moves RIP past an instruction of `len` bytes, wrapping as the
+    /// current code segment's operand size does.
+    pub(crate) fn advance_rip(&self, len: u64) -> Result<()> {
+        let sregs = self.fd.get_sregs().map_err(self.reg_err())?;
+        let mut regs = self.fd.get_regs().map_err(self.reg_err())?;
+        let next = regs.rip.wrapping_add(len);
+        regs.rip = if sregs.efer & EFER_LMA != 0 && sregs.cs.l != 0 {
+            next
+        } else if sregs.cs.db != 0 {
+            next & 0xffff_ffff
+        } else {
+            next & 0xffff
+        };
+        self.fd.set_regs(&regs).map_err(self.reg_err())
+    }
+
+    /// Injects exception `vector` (no error code) for the next entry;
+    /// false, and nothing changed, if an exception is already pending or
+    /// being injected.
+    pub(crate) fn inject_exception(&self, vector: u8) -> Result<bool> {
+        let err = |source| HypervisorError::Events {
+            id: self.id,
+            source,
+        };
+        let mut events = self.fd.get_vcpu_events().map_err(err)?;
+        if events.exception.injected != 0 || events.exception.pending != 0 {
+            return Ok(false);
+        }
+        events.exception.injected = 1;
+        events.exception.nr = vector;
+        events.exception.has_error_code = 0;
+        events.exception.error_code = 0;
+        events.exception_has_payload = 0;
+        events.exception_payload = 0;
+        self.fd.set_vcpu_events(&events).map_err(err)?;
+        Ok(true)
+    }
+
+    pub(crate) fn cr0(&self) -> Result<u64> {
+        Ok(self.fd.get_sregs().map_err(self.reg_err())?.cr0)
+    }
+
+    /// The x87 status word and control word, from the legacy region of
+    /// `KVM_GET_XSAVE` (FCW in bytes 0-1, FSW in bytes 2-3). Not
+    /// `KVM_GET_FPU`: on a host whose KVM emulates guest code it returned
+    /// a stale status word once the guest had changed it again
+    /// (hypervisor/tests/guest_instructions.rs catches that).
+    pub(crate) fn x87_status_and_control(&self) -> Result<(u16, u16)> {
+        let xsave = self.fd.get_xsave().map_err(|source| HypervisorError::Fpu {
+            id: self.id,
+            source,
+        })?;
+        let word = xsave.region[0];
+        Ok(((word >> 16) as u16, word as u16))
+    }
+
+    /// The general, control and segment registers, one line each group,
+    /// for a fatal exit's log.
+    pub fn register_dump(&self) -> String {
+        let (regs, sregs) = match (self.fd.get_regs(), self.fd.get_sregs()) {
+            (Ok(r), Ok(s)) => (r, s),
+            (Err(e), _) | (_, Err(e)) => return format!("registers unreadable: {e}"),
+        };
+        let seg = |name: &str, s: &kvm_segment| {
+            format!(
+                "{name}={:#x} base={:#x} limit={:#x} type={:#x} l={} db={} dpl={}",
+                s.selector, s.base, s.limit, s.type_, s.l, s.db, s.dpl
+            )
+        };
+        format!(
+            "rax={:#x} rbx={:#x} rcx={:#x} rdx={:#x} rsi={:#x} rdi={:#x} rbp={:#x} rsp={:#x}\n\
+             r8={:#x} r9={:#x} r10={:#x} r11={:#x} r12={:#x} r13={:#x} r14={:#x} r15={:#x}\n\
+             rip={:#x} rflags={:#x}\n\
+             cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} cr8={:#x} efer={:#x} apic_base={:#x}\n\
+             {}\n{}\n{}\n\
+             gdt base={:#x} limit={:#x}, idt base={:#x} limit={:#x}",
+            regs.rax,
+            regs.rbx,
+            regs.rcx,
+            regs.rdx,
+            regs.rsi,
+            regs.rdi,
+            regs.rbp,
+            regs.rsp,
+            regs.r8,
+            regs.r9,
+            regs.r10,
+            regs.r11,
+            regs.r12,
+            regs.r13,
+            regs.r14,
+            regs.r15,
+            regs.rip,
+            regs.rflags,
+            sregs.cr0,
+            sregs.cr2,
+            sregs.cr3,
+            sregs.cr4,
+            sregs.cr8,
+            sregs.efer,
+            sregs.apic_base,
+            seg("cs", &sregs.cs),
+            seg("ss", &sregs.ss),
+            seg("tr", &sregs.tr),
+            sregs.gdt.base,
+            sregs.gdt.limit,
+            sregs.idt.base,
+            sregs.idt.limit,
+        )
     }
 }
 

@@ -20,6 +20,7 @@ use kvm_bindings::{
 use kvm_ioctls::{Cap, Kvm, NoDatamatch, VmFd};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::cpu_model::CpuModel;
 use crate::error::{HypervisorError, Result};
 use crate::vcpu::Vcpu;
 
@@ -277,18 +278,29 @@ impl Vm {
             .map_err(|source| HypervisorError::SetIrqLine { irq, source })
     }
 
-    /// Creates vCPU `id` of `count` with CPUID, MSRs, FPU and LAPIC set up.
-    pub fn create_vcpu(&self, id: u8, count: u8) -> Result<Vcpu> {
+    /// Creates vCPU `id` of `count` with CPUID (KVM's supported table as
+    /// `model` hides it), MSRs, FPU and LAPIC set up. Returns the named
+    /// features the model hides that the vCPU still reports after
+    /// `KVM_SET_CPUID2` (some hosts' KVM puts features back).
+    pub fn create_vcpu(
+        &self,
+        id: u8,
+        count: u8,
+        model: &CpuModel,
+    ) -> Result<(Vcpu, Vec<&'static str>)> {
         let fd = self
             .fd
             .create_vcpu(u64::from(id))
             .map_err(|source| HypervisorError::CreateVcpu { id, source })?;
         let vcpu = Vcpu::new(fd, id);
-        let cpuid = crate::cpuid::for_vcpu(&self.supported_cpuid, id, count);
+        let mut table = self.supported_cpuid.clone();
+        model.apply(&mut table);
+        let cpuid = crate::cpuid::for_vcpu(&table, id, count);
         vcpu.set_cpuid(&cpuid)?;
+        let still_visible = model.still_visible(&vcpu.cpuid()?);
         vcpu.setup_msrs()?;
         vcpu.setup_fpu()?;
         vcpu.setup_lapic()?;
-        Ok(vcpu)
+        Ok((vcpu, still_visible))
     }
 }

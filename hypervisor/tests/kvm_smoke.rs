@@ -6,51 +6,11 @@
 use hypervisor::{IoEventAddress, MsiMessage, VcpuExit, Vm};
 use vmm_sys_util::eventfd::EventFd;
 
-const MEM_SIZE: usize = 1 << 20;
+mod support;
 
-/// Anonymous guest RAM that unmaps on drop.
-struct Ram(*mut u8);
+use std::time::Duration;
 
-impl Ram {
-    fn new() -> Ram {
-        // SAFETY: anonymous private mapping; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                MEM_SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        Ram(p.cast())
-    }
-
-    fn write(&mut self, at: usize, bytes: &[u8]) {
-        assert!(at + bytes.len() <= MEM_SIZE);
-        // SAFETY: in bounds of our mapping (checked above).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.0.add(at), bytes.len()) };
-    }
-}
-
-impl Drop for Ram {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the mapping made in `new`.
-        unsafe { libc::munmap(self.0.cast(), MEM_SIZE) };
-    }
-}
-
-fn vm_or_skip() -> Option<std::sync::Arc<Vm>> {
-    match Vm::new() {
-        Ok(vm) => Some(vm),
-        Err(e) => {
-            testkit::available("KVM", Err(e.to_string()));
-            None
-        }
-    }
-}
+use support::{vm_or_skip, with_deadline, Ram, MEM_SIZE};
 
 #[test]
 fn protected_mode_guest_exits_on_pio_and_mmio() {
@@ -63,24 +23,30 @@ fn protected_mode_guest_exits_on_pio_and_mmio() {
             0xb0, 0x42, 0xe6, 0x80, 0xa1, 0x00, 0x00, 0x00, 0xd0, 0xeb, 0xfe,
         ],
     );
-    // SAFETY: `ram` stays mapped until after the VM (and its vCPU) is
-    // dropped at the end of this test: locals drop in reverse order.
+    // SAFETY: `ram` moves into the closure with the VM and is dropped
+    // last there, after the vCPU and the VM.
     unsafe { vm.map_memory(0, 0, MEM_SIZE as u64, ram.0 as u64) }.unwrap();
-    let mut vcpu = vm.create_vcpu(0, 1).unwrap();
-    vcpu.enter_protected_mode(0x1000, 0x6000).unwrap();
-    match vcpu.run().unwrap() {
-        VcpuExit::IoOut(port, data) => assert_eq!((port, data.to_vec()), (0x80, vec![0x42])),
-        other => panic!("expected a port write, got {other:?}"),
-    }
-    match vcpu.run().unwrap() {
-        VcpuExit::MmioRead(addr, data) => {
-            assert_eq!((addr, data.len()), (0xd000_0000, 4));
-            data.copy_from_slice(&[1, 2, 3, 4]);
+    with_deadline(Duration::from_secs(60), move || {
+        let ram = ram;
+        let (mut vcpu, _) = vm.create_vcpu(0, 1, &Default::default()).unwrap();
+        vcpu.enter_protected_mode(0x1000, 0x6000).unwrap();
+        match vcpu.run().unwrap() {
+            VcpuExit::IoOut(port, data) => {
+                assert_eq!((port, data.to_vec()), (0x80, vec![0x42]))
+            }
+            other => panic!("expected a port write, got {other:?}"),
         }
-        other => panic!("expected an MMIO read, got {other:?}"),
-    }
-    drop(vcpu);
-    drop(vm);
+        match vcpu.run().unwrap() {
+            VcpuExit::MmioRead(addr, data) => {
+                assert_eq!((addr, data.len()), (0xd000_0000, 4));
+                data.copy_from_slice(&[1, 2, 3, 4]);
+            }
+            other => panic!("expected an MMIO read, got {other:?}"),
+        }
+        drop(vcpu);
+        drop(vm);
+        drop(ram);
+    });
 }
 
 #[test]

@@ -204,3 +204,33 @@ fn unhandled_vcpu_exit_is_fatal_with_a_message() {
         b.stderr
     );
 }
+
+#[test]
+fn an_instruction_kvm_cannot_emulate_stops_the_vm_with_its_bytes() {
+    let dir = TempDir::new("e2e-emulation");
+    // popcnt eax, ebx, then an i8042 reset. Where KVM emulates guest code
+    // (the development machines) POPCNT fails emulation: the VMM must stop
+    // with the bytes, RIP and (with -v) the registers, which needs the
+    // vCPU thread's seccomp filter to allow KVM_GET_REGS/SREGS. Where it
+    // runs natively the guest resets and the VMM exits 0.
+    let mut code = hello_then(&[0xf3, 0x0f, 0xb8, 0xc3]);
+    let popcnt_at = 0x10_0000 + code.len() as u64 - 4;
+    code.extend_from_slice(I8042_RESET);
+    let k = dir.file("popcnt.elf");
+    std::fs::write(&k, pvh_elf(&code)).unwrap();
+    let b = boot(&dir, Path::new(&k), &[]);
+    eprintln!("VMM stderr: {}", b.stderr);
+    assert_eq!(b.serial, "Hi\n");
+    if b.status.success() {
+        return;
+    }
+    assert_eq!(b.status.code(), Some(1), "{}", b.stderr);
+    for want in [
+        "fatal: vCPU 0: KVM internal error".to_string(),
+        "instruction bytes f3 0f b8 c3".to_string(),
+        format!("at RIP {popcnt_at:#x}"),
+        format!("rip={popcnt_at:#x}"),
+    ] {
+        assert!(b.stderr.contains(&want), "no '{want}' in {}", b.stderr);
+    }
+}

@@ -2,6 +2,11 @@
 //! MMIO exits to the device buses; events that end the VM (reset, power
 //! off, an exit we cannot handle) leave through the [`ExitSignal`].
 //!
+//! A `KVM_EXIT_INTERNAL_ERROR` goes to the hypervisor crate, which
+//! completes an INT3 or FWAIT that KVM's instruction emulator gave up on
+//! (as the hardware would) or returns KVM's report: the VM then stops with
+//! it, and `-v` logs the vCPU's registers.
+//!
 //! The main thread stops a vCPU by setting its stop flag and sending it
 //! [`kick_signal`], which interrupts `KVM_RUN` with EINTR.
 
@@ -9,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use hypervisor::{SystemEvent, Vcpu, VcpuExit};
+use hypervisor::{InternalErrorOutcome, SystemEvent, Vcpu, VcpuExit};
 
 use crate::devices::bus::Bus;
 use crate::vcpu_pause::PauseGate;
@@ -69,6 +74,7 @@ pub fn run_vcpu(mut vcpu: Vcpu, ctx: VcpuContext) {
                 None
             }
             VcpuExit::Interrupted => None,
+            VcpuExit::InternalError => internal_error(&mut vcpu),
             VcpuExit::Hlt => {
                 log::info!("vCPU {id} halted");
                 Some(ExitReason::PowerOff)
@@ -90,6 +96,27 @@ pub fn run_vcpu(mut vcpu: Vcpu, ctx: VcpuContext) {
             ctx.exit.request(reason);
             return;
         }
+    }
+}
+
+/// Completes the instruction KVM could not, or says why the VM must stop.
+fn internal_error(vcpu: &mut Vcpu) -> Option<ExitReason> {
+    let id = vcpu.id();
+    match vcpu.handle_internal_error() {
+        Ok(InternalErrorOutcome::Completed(done)) => {
+            log::debug!("vCPU {id}: {done}");
+            None
+        }
+        Ok(InternalErrorOutcome::Fatal(report)) => {
+            log::info!("vCPU {id} registers:\n{}", vcpu.register_dump());
+            Some(ExitReason::Fatal(format!("vCPU {id}: {report}")))
+        }
+        Err(e) => Some(ExitReason::Fatal(format!(
+            "vCPU {id}: cannot complete an instruction KVM failed to emulate: {e}{}",
+            std::error::Error::source(&e)
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default()
+        ))),
     }
 }
 

@@ -165,7 +165,7 @@ fn run_vm(
         DeviceManager::new(&vm, &mem, config, disks, exit.clone()).map_err(VmError::Devices)?;
 
     let gate = Arc::new(PauseGate::default());
-    let vcpus = create_vcpus(&vm, config.cpus, entry)?;
+    let vcpus = create_vcpus(&vm, config.cpus, &config.cpu_model, entry)?;
     let handles = match start_vcpus(vcpus, &devices, exit, config.seccomp, &gate) {
         Ok(h) => h,
         Err(e) => {
@@ -196,12 +196,28 @@ fn run_vm(
     result
 }
 
-/// Creates `count` vCPUs; the first gets the boot protocol's entry state.
-fn create_vcpus(vm: &Vm, count: u8, entry: BootEntry) -> Result<Vec<Vcpu>, VmError> {
+/// Creates `count` vCPUs of `model`; the first gets the boot protocol's
+/// entry state. Warns once if KVM shows features the model hides.
+fn create_vcpus(
+    vm: &Vm,
+    count: u8,
+    model: &hypervisor::CpuModel,
+    entry: BootEntry,
+) -> Result<Vec<Vcpu>, VmError> {
     let mut vcpus = Vec::with_capacity(usize::from(count));
     for id in 0..count {
-        let vcpu = vm.create_vcpu(id, count).map_err(VmError::CreateVcpu)?;
+        let (vcpu, still_visible) = vm
+            .create_vcpu(id, count, model)
+            .map_err(VmError::CreateVcpu)?;
         if id == 0 {
+            if !still_visible.is_empty() {
+                let list = still_visible.join(",");
+                log::warn!(
+                    "this host's KVM shows the guest CPU features the CPU model hides \
+                     (it ignored them in KVM_SET_CPUID2): {list}; a Linux guest can \
+                     be told not to use them with clearcpuid={list}"
+                );
+            }
             match entry {
                 BootEntry::Pvh { entry, start_info } => {
                     vcpu.enter_protected_mode(entry, start_info)

@@ -35,6 +35,7 @@ pub mod amendment;
 pub mod dirty_bits;
 pub mod holes;
 pub mod open;
+pub mod plan_cache;
 pub mod probe;
 pub mod qcow2;
 pub mod raw;
@@ -43,6 +44,7 @@ pub mod tools;
 pub use amendment::{AmendProgress, AmendStep, Amendment};
 pub use dirty_bits::{BitmapAction, DirtyBits};
 pub use open::open_format;
+pub use plan_cache::PlanCache;
 pub use qcow2::compress_write::compress_cluster;
 pub use tools::{
     open_image_tools, Amendable, BackingEdits, CompressedWrites, FailureUndo, ImageTools,
@@ -270,6 +272,21 @@ pub trait Format: Send + Sync {
 
     /// Appends to `plan` the pieces covering `offset..offset+len`.
     fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError>;
+
+    /// [`Format::plan_read`] for a queue that keeps `cache` from one read
+    /// to the next: the format may keep per-queue state there so that
+    /// reads of allocated data take no lock and write nothing shared
+    /// (qcow2: snapshots of its tables). The plan is the same either way.
+    fn plan_read_cached(
+        &self,
+        cache: &mut PlanCache,
+        offset: u64,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), BlockError> {
+        let _ = cache;
+        self.plan_read(offset, len, plan)
+    }
 
     /// Plans a write of `len` bytes of request data at `offset`. May
     /// allocate (refcounts written before this returns).

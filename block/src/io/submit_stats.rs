@@ -10,18 +10,60 @@
 //! of the wall time per call and, by batch size ([`SizeClass`]), the same
 //! for each size class, so a slow p99 can be traced to the calls that
 //! carried many entries or to calls that blocked with few.
+//!
+//! Each thread records into its own buffer (a thread-local), handed to the
+//! shared list only when the thread ends or calls [`take`]: queue threads
+//! measuring their submissions write nothing that another queue writes
+//! (a shared list behind one lock, locked on every submit call, made the
+//! benchmark itself a point where the queues met).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
-/// One sample per call: nanoseconds in the low 32 bits, entries in the
-/// high 32.
+/// Bumped by [`enable`]: a thread's buffer from an earlier recording is
+/// dropped instead of being merged into this one.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// Samples handed over by threads that ended: one per call, nanoseconds in
+/// the low 32 bits, entries in the high 32.
 static SAMPLES: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
 /// At most this many samples are kept (32 MiB); later calls are dropped.
 const MAX_SAMPLES: usize = 4 << 20;
+
+/// One thread's samples, handed to [`SAMPLES`] when the thread ends.
+struct LocalSamples {
+    generation: u64,
+    samples: Vec<u64>,
+}
+
+impl LocalSamples {
+    /// Moves this thread's samples to the shared list (if they belong to
+    /// the recording in progress).
+    fn hand_over(&mut self) {
+        let samples = std::mem::take(&mut self.samples);
+        if samples.is_empty() || self.generation != GENERATION.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut shared = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
+        let room = MAX_SAMPLES.saturating_sub(shared.len());
+        shared.extend(samples.into_iter().take(room));
+    }
+}
+
+impl Drop for LocalSamples {
+    fn drop(&mut self) {
+        self.hand_over();
+    }
+}
+
+thread_local! {
+    static LOCAL: RefCell<LocalSamples> = const {
+        RefCell::new(LocalSamples { generation: 0, samples: Vec::new() })
+    };
+}
 
 /// Upper bounds (inclusive) of the batch-size classes of [`SubmitTimes::by_size`].
 const SIZE_BOUNDS: [u32; 6] = [1, 4, 8, 16, 32, 64];
@@ -30,6 +72,7 @@ const SIZE_BOUNDS: [u32; 6] = [1, 4, 8, 16, 32, 64];
 pub fn enable() {
     let mut s = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
     s.clear();
+    GENERATION.fetch_add(1, Ordering::Relaxed);
     ENABLED.store(true, Ordering::Relaxed);
 }
 
@@ -60,10 +103,18 @@ pub fn record_duration(took: Duration, entries: usize) {
 
 fn push(ns: u32, entries: usize) {
     let entries = u32::try_from(entries).unwrap_or(u32::MAX);
-    let mut s = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
-    if s.len() < MAX_SAMPLES {
-        s.push(u64::from(entries) << 32 | u64::from(ns));
-    }
+    let generation = GENERATION.load(Ordering::Relaxed);
+    // A thread being torn down has no buffer left: its sample is dropped.
+    let _ = LOCAL.try_with(|local| {
+        let mut local = local.borrow_mut();
+        if local.generation != generation {
+            local.generation = generation;
+            local.samples.clear();
+        }
+        if local.samples.len() < MAX_SAMPLES {
+            local.samples.push(u64::from(entries) << 32 | u64::from(ns));
+        }
+    });
 }
 
 /// Percentiles of the wall time of a set of calls.
@@ -117,9 +168,12 @@ pub struct SubmitTimes {
     pub by_size: Vec<SizeClass>,
 }
 
-/// Stops recording and returns the percentiles of what was recorded.
+/// Stops recording and returns the percentiles of what was recorded by
+/// the calling thread and by the threads that have ended since
+/// [`enable`] (a thread still running keeps its samples).
 pub fn take() -> SubmitTimes {
     ENABLED.store(false, Ordering::Relaxed);
+    let _ = LOCAL.try_with(|local| local.borrow_mut().hand_over());
     let s = std::mem::take(&mut *SAMPLES.lock().unwrap_or_else(|p| p.into_inner()));
     summarize(&s)
 }
@@ -166,8 +220,12 @@ fn summarize(samples: &[u64]) -> SubmitTimes {
 mod tests {
     use super::*;
 
+    /// The recording is process-wide: tests that enable it take turns.
+    static TURN: Mutex<()> = Mutex::new(());
+
     #[test]
     fn records_only_while_enabled() {
+        let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
         record(start(), 1);
         enable();
         for i in 0..10 {
@@ -177,6 +235,22 @@ mod tests {
         assert!(t.calls >= 10, "{t:?}");
         assert!(t.p50 <= t.p99 && t.p99 <= t.max);
         assert!(start().is_none());
+    }
+
+    #[test]
+    fn samples_of_ended_threads_are_taken() {
+        let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+        enable();
+        std::thread::spawn(|| {
+            for i in 0..5 {
+                record_duration(Duration::from_micros(7), i);
+            }
+        })
+        .join()
+        .unwrap();
+        let t = take();
+        assert!(t.calls >= 5, "{t:?}");
+        assert!(t.entries_max >= 4, "{t:?}");
     }
 
     #[test]

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use block::formats::{
-    Format, HostWrite, ImageTools, ReadPlan, ReadSource, Waker, WriteData, WriteOutcome, WritePlan,
+    Format, HostWrite, ImageTools, PlanCache, ReadPlan, ReadSource, Waker, WriteData, WriteOutcome,
+    WritePlan,
 };
 use block::options::{DiskOptions, ImageType};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -37,9 +38,26 @@ pub fn waker() -> Waker {
     Arc::new(EventFd::new(EFD_NONBLOCK).unwrap())
 }
 
+thread_local! {
+    /// The plan cache of this test thread's "queue": kept from read to
+    /// read (across writes, discards, snapshots and reopens), so every
+    /// read also checks that qcow2's table snapshots give the plan the
+    /// locked lookups give.
+    static PLAN_CACHE: std::cell::RefCell<PlanCache> = Default::default();
+}
+
 pub fn read(f: &dyn Format, offset: u64, len: usize) -> Vec<u8> {
     let mut plan = ReadPlan::new();
     f.plan_read(offset, len as u64, &mut plan).unwrap();
+    let mut cached = ReadPlan::new();
+    PLAN_CACHE.with(|c| {
+        f.plan_read_cached(&mut c.borrow_mut(), offset, len as u64, &mut cached)
+            .unwrap()
+    });
+    assert_eq!(
+        cached, plan,
+        "plan through the queue's table snapshots at {offset}+{len}"
+    );
     let files = f.files();
     let mut out = vec![0u8; len];
     let mut pos = 0usize;

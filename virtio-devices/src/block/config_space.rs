@@ -53,9 +53,10 @@ pub struct BlockDeviceConfig {
     pub optimal_io_size: u32,
     /// Most data segments per request; `None` means `queue_size - 2`.
     pub seg_max: Option<u32>,
-    /// Busy-poll budget in microseconds before a queue worker sleeps (0,
-    /// the default: never poll; at most 1000). See docs/virtio-blk.md for
-    /// when it helps.
+    /// The longest a queue worker spins for work before it sleeps, in
+    /// microseconds (0: never; at most 1000; default [`DEFAULT_POLL_US`]).
+    /// The spin adapts below it and stops on an idle queue (see
+    /// `crate::adaptive_poll`, docs/disk-options.md "Polling").
     pub poll_us: u32,
     /// I/O throttling per queue (none by default).
     pub rate_limit: super::rate_limit::RateLimitConfig,
@@ -67,6 +68,10 @@ pub struct BlockDeviceConfig {
     pub readonly: bool,
 }
 
+/// Default ceiling of a queue worker's adaptive spin: QEMU's iothread
+/// default `poll-max-ns` (32768 ns), rounded.
+pub const DEFAULT_POLL_US: u32 = 32;
+
 impl Default for BlockDeviceConfig {
     fn default() -> Self {
         Self {
@@ -77,7 +82,7 @@ impl Default for BlockDeviceConfig {
             physical_block_size: 512,
             optimal_io_size: 0,
             seg_max: None,
-            poll_us: 0,
+            poll_us: DEFAULT_POLL_US,
             rate_limit: Default::default(),
             queue_affinity: Vec::new(),
             readonly: false,

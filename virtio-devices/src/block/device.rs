@@ -422,7 +422,10 @@ impl BlockDevice {
             control: Arc::clone(&control),
             commands,
             counters,
-            mem: Arc::clone(mem),
+            // A map of its own (the same regions): every request holds the
+            // worker's `Arc` until it completes, and one `Arc` for all
+            // queues would make that count a line every queue writes.
+            mem: Arc::new(GuestMemoryMmap::clone(mem)),
             interrupt: Arc::clone(interrupt),
             disk,
             limits,

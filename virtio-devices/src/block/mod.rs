@@ -32,6 +32,6 @@ pub mod queue_worker;
 pub mod rate_limit;
 pub mod request_parser;
 
-pub use config_space::BlockDeviceConfig;
+pub use config_space::{BlockDeviceConfig, DEFAULT_POLL_US};
 pub use control::{ControlError, SharedBlockDevice};
 pub use device::{BlockDevice, BlockDeviceError, StoppedQueue, VIRTIO_ID_BLOCK};

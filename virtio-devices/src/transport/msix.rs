@@ -7,9 +7,17 @@
 //! leaves as MSI routes handed to an [`MsiRouter`] (the VMM programs KVM)
 //! and as writes to one irqfd per vector. A masked vector does not fire:
 //! its pending bit is set instead, and it fires when unmasked.
+//!
+//! The request path writes nothing the queues share: a worker's
+//! interrupt reads the "deliverable" bit of its vector (kept under the
+//! lock whenever the guest changes the enable, function-mask or vector
+//! mask bits) and writes the irqfd; only a vector that is masked (or
+//! MSI-X off) takes the lock, to set its pending bit. The ISR byte is
+//! written only when its bit is not yet set (drivers using MSI-X never
+//! read it, so it stays set).
 
 use std::io;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use vmm_sys_util::eventfd::EventFd;
@@ -89,6 +97,10 @@ pub struct Msix {
     /// Config changes the device signalled; added to the common config's
     /// `config_generation` so a driver sees the change.
     config_changes: std::sync::atomic::AtomicU8,
+    /// Per 64 vectors, the ones that fire at once (MSI-X enabled, function
+    /// not masked, vector not masked): written under `state`'s lock,
+    /// read without it by [`Msix::signal`].
+    deliverable: Vec<AtomicU64>,
 }
 
 impl Msix {
@@ -108,6 +120,31 @@ impl Msix {
             queue_vectors: (0..num_queues).map(|_| AtomicU16::new(NO_VECTOR)).collect(),
             isr: std::sync::atomic::AtomicU8::new(0),
             config_changes: std::sync::atomic::AtomicU8::new(0),
+            deliverable: (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Recomputes the deliverable bits from `s` (called with the lock held,
+    /// after every change of the bits they depend on).
+    fn publish_deliverable(&self, s: &State) {
+        for (w, word) in self.deliverable.iter().enumerate() {
+            let mut bits = 0u64;
+            if s.enabled && !s.function_masked {
+                for (i, e) in s.entries.iter().enumerate().skip(w * 64).take(64) {
+                    if !e.masked() {
+                        bits |= 1 << (i % 64);
+                    }
+                }
+            }
+            word.store(bits, Ordering::Release);
+        }
+    }
+
+    /// Sets `bit` of the ISR byte unless it is set already (a read, not a
+    /// write, on the request path once it is).
+    fn raise_isr(&self, bit: u8) {
+        if self.isr.load(Ordering::Acquire) & bit == 0 {
+            self.isr.fetch_or(bit, Ordering::AcqRel);
         }
     }
 
@@ -183,6 +220,7 @@ impl Msix {
         let mut s = self.lock();
         s.enabled = mc & (1 << 15) != 0;
         s.function_masked = mc & (1 << 14) != 0;
+        self.publish_deliverable(&s);
         self.fire_unmasked_pending(&mut s);
     }
 
@@ -236,6 +274,7 @@ impl Msix {
             if let Err(e) = self.router.set_route(vector, Some(msg)) {
                 log::error!("cannot route MSI-X vector {vector}: {e}");
             }
+            self.publish_deliverable(&s);
             self.fire_unmasked_pending(&mut s);
         }
     }
@@ -273,6 +312,15 @@ impl Msix {
         if v >= self.irqfds.len() {
             return Ok(());
         }
+        let deliverable = self
+            .deliverable
+            .get(v / 64)
+            .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (v % 64)) != 0);
+        if deliverable {
+            // A mask the guest sets right now may let this one through,
+            // as an interrupt already in flight would on hardware.
+            return self.irqfds[v].write(1);
+        }
         let mut s = self.lock();
         if !s.enabled {
             // No INTx on this transport: a driver without MSI-X gets no
@@ -300,7 +348,7 @@ impl VirtioInterrupt for MsixInterrupt {
             }
             InterruptKind::Queue(q) => (self.0.queue_vector(usize::from(q)), 1),
         };
-        self.0.isr.fetch_or(isr_bit, Ordering::AcqRel);
+        self.0.raise_isr(isr_bit);
         if vector == NO_VECTOR {
             return Ok(());
         }
@@ -373,6 +421,32 @@ mod tests {
         assert_eq!(u64::from_le_bytes(pba), 0);
         irq.trigger(InterruptKind::Queue(0)).unwrap();
         assert!(fired(&m, 1));
+    }
+
+    #[test]
+    fn masking_again_stops_the_lock_free_path() {
+        let (m, _) = msix(2);
+        m.set_message_control(1 << 15);
+        m.set_queue_vector(0, 0);
+        let irq = MsixInterrupt(m.clone());
+        m.table_write(12, &0u32.to_le_bytes());
+        irq.trigger(InterruptKind::Queue(0)).unwrap();
+        assert!(fired(&m, 0), "unmasked: fires");
+        m.table_write(12, &1u32.to_le_bytes());
+        irq.trigger(InterruptKind::Queue(0)).unwrap();
+        assert!(!fired(&m, 0), "masked again: pending only");
+        m.set_message_control(0);
+        m.table_write(12, &0u32.to_le_bytes());
+        irq.trigger(InterruptKind::Queue(0)).unwrap();
+        assert!(!fired(&m, 0), "MSI-X off: nothing");
+        m.set_message_control(1 << 15);
+        assert!(
+            fired(&m, 0),
+            "the one raised while masked fires once enabled"
+        );
+        assert_eq!(m.take_isr(), 1);
+        irq.trigger(InterruptKind::Queue(0)).unwrap();
+        assert_eq!(m.take_isr(), 1, "the ISR bit is raised again after a read");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::api_socket::{parse_api_socket, ApiSocketConfig};
-use super::cpus::parse_cpus;
+use super::cpus::{parse_cpus, CpusConfig};
 use super::disk::parse_disk;
 use super::memory::{parse_memory, MemoryConfig};
 use super::serial::{parse_serial, SerialMode};
@@ -30,7 +30,10 @@ Options:
   --kernel PATH          ELF vmlinux with a PVH note, or a bzImage
   --initramfs PATH       initial ramdisk
   --cmdline STRING       kernel command line
-  --cpus boot=N          number of vCPUs (default 1)
+  --cpus boot=N[,model=host|x86-64-v1][,hide=[FEATURE,...]]
+                         number of vCPUs (default 1); the CPU model: KVM's
+                           CPUID (host, default) or the x86-64 baseline,
+                           minus the hidden features (/proc/cpuinfo names)
   --memory size=SIZE[,shared=on|off]
                          guest RAM, K/M/G suffixes (default 512M);
                            shared=on puts it in a memfd mapped shared
@@ -68,7 +71,7 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
     let mut kernel: Option<PathBuf> = None;
     let mut initramfs: Option<PathBuf> = None;
     let mut cmdline: Option<String> = None;
-    let mut cpus: Option<u8> = None;
+    let mut cpus: Option<CpusConfig> = None;
     let mut memory: Option<MemoryConfig> = None;
     let mut serial: Option<SerialMode> = None;
     let mut seccomp: Option<SeccompMode> = None;
@@ -178,11 +181,13 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
             *id = Some(super::next_free_disk_id(&mut next, &taken));
         }
     }
+    let cpus = cpus.unwrap_or_default();
     Ok(Command::Run(Box::new(VmConfig {
         kernel,
         initramfs,
         cmdline: cmdline.unwrap_or_default(),
-        cpus: cpus.unwrap_or(1),
+        cpus: cpus.boot,
+        cpu_model: cpus.model,
         memory: memory.size,
         shared_memory: memory.shared,
         disks,

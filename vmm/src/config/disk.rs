@@ -4,9 +4,10 @@
 //! Cloud Hypervisor's throttling keys `bw_size`, `bw_one_time_burst`,
 //! `bw_refill_time`, `ops_size`, `ops_one_time_burst`, `ops_refill_time`,
 //! and `queue_affinity=[QUEUE@[CPUS],...]` (CPUS: numbers and ranges).
-//! Our own key `poll_us=N` (0 to 1000, default 0) lets each queue worker
-//! busy-poll for up to N microseconds before it sleeps (docs/virtio-blk.md,
-//! "Busy poll"; QEMU's iothread `poll-max-ns` plays this part).
+//! Our own key `poll_us=N` (0 to 1000, default 32) is the ceiling of each
+//! queue worker's adaptive spin before it sleeps; 0 turns it off
+//! (docs/disk-options.md, "Polling"; QEMU's iothread `poll-max-ns` plays
+//! this part).
 //!
 //! `vhost_user=on` makes the disk a vhost-user one, parsed by
 //! [`super::vhost_user_disk`] instead; `vhost_user=off` is accepted here.
@@ -19,6 +20,7 @@ use block::options::kv::KvError;
 use block::options::take_image_options;
 use block::DiskOptions;
 use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
+use virtio_devices::block::DEFAULT_POLL_US;
 
 use super::ConfigError;
 use block::options::kv::{parse_on_off, split_top_level, KvList};
@@ -42,7 +44,7 @@ pub struct DiskConfig {
     pub rate_limit: RateLimitConfig,
     /// Host CPUs per queue index (`None`: not pinned).
     pub queue_affinity: Vec<Option<Vec<usize>>>,
-    /// Queue workers' busy-poll budget in microseconds (0: none).
+    /// Ceiling of the queue workers' adaptive spin in microseconds (0: none).
     pub poll_us: u32,
 }
 
@@ -228,7 +230,7 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
             Ok(n) if n <= MAX_POLL_US => Ok(n),
             _ => Err(format!("expected a number from 0 to {MAX_POLL_US}")),
         })?
-        .unwrap_or(0);
+        .unwrap_or(DEFAULT_POLL_US);
     kv.finish()?;
     Ok(DiskConfig {
         options,
@@ -333,7 +335,8 @@ mod tests {
 
     #[test]
     fn poll_us() {
-        assert_eq!(parse_disk("path=x").unwrap().poll_us, 0);
+        assert_eq!(parse_disk("path=x").unwrap().poll_us, DEFAULT_POLL_US);
+        assert_eq!(parse_disk("path=x,poll_us=0").unwrap().poll_us, 0);
         assert_eq!(parse_disk("path=x,poll_us=50").unwrap().poll_us, 50);
         for bad in [
             "path=x,poll_us=1001",

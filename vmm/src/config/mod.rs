@@ -46,6 +46,8 @@ pub struct VmConfig {
     pub initramfs: Option<PathBuf>,
     pub cmdline: String,
     pub cpus: u8,
+    /// `--cpus model=,hide=`: what CPUID shows the guest.
+    pub cpu_model: hypervisor::CpuModel,
     pub memory: u64,
     /// Guest RAM in a memfd mapped shared (`--memory shared=on`).
     pub shared_memory: bool,

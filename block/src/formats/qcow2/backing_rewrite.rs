@@ -59,7 +59,7 @@ impl BackingEdits for Qcow2Image {
         let mut st = self.begin_snapshot_op()?;
         let meta = &mut st.meta;
         let entries = meta.l1.len();
-        let old = std::mem::replace(&mut meta.l1, vec![0; entries]);
+        let old = std::mem::replace(&mut *meta.l1, vec![0; entries]);
         write_l1(meta)?;
         meta.barrier()?;
         self.tree_references(meta, &old, TreeOp::Drop)?;

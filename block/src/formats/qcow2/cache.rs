@@ -6,6 +6,11 @@
 //! tables with changes not yet on disk are pinned by the caller and never
 //! evicted until unpinned. Memory is bounded by `capacity` tables plus the
 //! pinned ones (which the caller bounds).
+//!
+//! Each table is [`Published`]: a queue may hold a [`Snapshot`] of it and
+//! read it without the image lock; changing a table some queue holds
+//! copies it first, and a table that leaves the cache is retired (see
+//! `published`).
 
 use std::collections::BTreeMap;
 
@@ -14,10 +19,12 @@ use std::collections::BTreeMap;
 // collisions, and hashing was a visible part of every lookup.
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
+use super::published::{Published, Snapshot};
+
 pub(crate) struct TableCache {
     capacity: usize,
     tick: u64,
-    tables: HashMap<u64, (u64, Vec<u8>)>,
+    tables: HashMap<u64, (u64, Published<Vec<u8>>)>,
     /// last-use tick -> key, oldest first.
     order: BTreeMap<u64, u64>,
     pinned: HashSet<u64>,
@@ -37,7 +44,7 @@ impl TableCache {
     /// Marks `key` used now and returns its table: one hash lookup, and
     /// none of the order's bookkeeping when it already is the most
     /// recently used (a run of lookups in one table, the common case).
-    fn touch(&mut self, key: u64) -> Option<&mut Vec<u8>> {
+    fn touch(&mut self, key: u64) -> Option<&mut Published<Vec<u8>>> {
         let (t, table) = self.tables.get_mut(&key)?;
         if *t != self.tick {
             self.order.remove(t);
@@ -52,8 +59,19 @@ impl TableCache {
         self.touch(key).map(|t| t.as_slice())
     }
 
+    /// The table for changing (copied first if a queue holds a snapshot).
     pub fn get_mut(&mut self, key: u64) -> Option<&mut Vec<u8>> {
-        self.touch(key)
+        self.touch(key).map(Published::make_mut)
+    }
+
+    /// A snapshot of the table for a queue's lock-free lookups.
+    pub fn snapshot(&mut self, key: u64) -> Option<Snapshot<Vec<u8>>> {
+        self.touch(key).map(|t| t.snapshot())
+    }
+
+    /// How many unpinned tables the cache keeps.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     pub fn contains(&self, key: u64) -> bool {
@@ -74,7 +92,7 @@ impl TableCache {
         }
         self.tick += 1;
         self.order.insert(self.tick, key);
-        self.tables.insert(key, (self.tick, table));
+        self.tables.insert(key, (self.tick, Published::new(table)));
     }
 
     /// Keeps `key` cached until [`TableCache::unpin`].

@@ -133,7 +133,7 @@ impl MetaState {
         for off in &self.refblocks {
             m.add(MetaKind::RefcountBlock, *off, cs);
         }
-        for raw in &self.l1 {
+        for raw in self.l1.iter() {
             if let Ok(Some((l2, _))) = decode_l1(*raw, cs) {
                 m.add(MetaKind::L2Table, l2, cs);
             }

@@ -40,6 +40,8 @@ pub(crate) struct State {
 }
 
 pub struct Qcow2Image {
+    /// Tells this open image from any other (queue views are bound to it).
+    pub(crate) id: u64,
     pub(crate) path: PathBuf,
     /// This image, its data file (if any), then the backing chain's files.
     pub(crate) files: Vec<Arc<File>>,
@@ -302,6 +304,7 @@ impl Qcow2Image {
         // BDRV_O_NO_FLUSH does: a crash may then leave anything.
         meta.barriers = opts.cache.flushes();
         let image = Qcow2Image {
+            id: super::queue_view::new_image_id(),
             size: AtomicU64::new(header.size),
             compressed_cached: AtomicBool::new(false),
             state: Mutex::new(State {

@@ -13,7 +13,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::cache::TableCache;
@@ -21,6 +21,7 @@ use super::header::{within, Header};
 use super::l2_entry::{decode_l1, decode_l2_in, L2Entry, OFLAG_COPIED};
 use super::meta_io::{be64_at, read_at, MetaIo, MetaKind};
 use super::overlap::MetadataMap;
+use super::published::Published;
 use super::refcount::entries_per_block;
 use super::snapshot_table::TableLocation;
 use crate::error::BlockError;
@@ -88,7 +89,9 @@ pub(crate) struct MetaState {
     /// `reserve` added for allocating writes.
     pub reserved_end: u64,
     pub l1_offset: u64,
-    pub l1: Vec<u64>,
+    /// Queues may hold snapshots of it (see `published`): a change to an
+    /// entry copies the table first if one does.
+    pub l1: Published<Vec<u64>>,
     pub rt_offset: u64,
     pub rt: Vec<u64>,
     /// Offsets of every refcount block the table names.
@@ -135,6 +138,69 @@ pub(crate) struct MetaState {
     pub overlap_checks: bool,
 }
 
+/// Decodes the raw L2 entry (and subcluster bitmap) of the cluster holding
+/// `guest` and checks its host offsets against a file of `file_size`
+/// bytes (or, with an external data file, against the guest offset).
+pub(crate) fn checked_entry(
+    g: &Geometry,
+    path: &Path,
+    file_size: u64,
+    guest: u64,
+    raw: u64,
+    bitmap: u64,
+) -> Result<(L2Entry, u64), BlockError> {
+    let invalid = |reason: String| BlockError::InvalidImage {
+        path: path.to_owned(),
+        reason,
+    };
+    let e = decode_l2_in(raw, g.cluster_bits, g.version, g.extended_l2, g.data_file)
+        .map_err(|r| invalid(format!("guest offset {guest:#x}: {r}")))?;
+    if g.data_file {
+        return match e {
+            L2Entry::Compressed(_) => Err(invalid(
+                "compressed cluster in an image with a data file".into(),
+            )),
+            L2Entry::Normal { host, .. }
+            | L2Entry::Zero {
+                host: Some(host), ..
+            } if host != guest & !(g.cluster_size - 1) => Err(invalid(format!(
+                "guest offset {guest:#x} maps to data file offset {host:#x}"
+            ))),
+            _ => Ok((e, bitmap)),
+        };
+    }
+    // A data cluster past the file's last cluster is hostile (qemu
+    // writes a cluster's data before publishing it).
+    let limit = file_size.div_ceil(g.cluster_size) * g.cluster_size;
+    let host = match e {
+        L2Entry::Normal { host, .. }
+        | L2Entry::Zero {
+            host: Some(host), ..
+        } => Some(host),
+        L2Entry::Compressed(d) => Some(d.host_offset),
+        _ => None,
+    };
+    if let Some(h) = host.filter(|h| *h >= limit) {
+        return Err(invalid(format!(
+            "guest offset {guest:#x} maps to {h:#x}, beyond the end of the file"
+        )));
+    }
+    Ok((e, bitmap))
+}
+
+/// The raw entry and subcluster bitmap (0 unless extended L2) at index
+/// `i2` of an L2 table's bytes.
+pub(crate) fn raw_entry(g: &Geometry, table: &[u8], i2: usize) -> (u64, u64) {
+    let words = (g.l2_entry_size / 8) as usize;
+    let raw = be64_at(table, i2 * words);
+    let bitmap = if words == 2 {
+        be64_at(table, i2 * 2 + 1)
+    } else {
+        0
+    };
+    (raw, bitmap)
+}
+
 impl MetaState {
     pub fn load(
         h: &Header,
@@ -145,9 +211,11 @@ impl MetaState {
         let g = Geometry::from_header(h);
         let mut l1_bytes = vec![0u8; h.l1_size as usize * 8];
         read_at(&*file, MetaKind::L1Table, h.l1_table_offset, &mut l1_bytes)?;
-        let l1 = (0..h.l1_size as usize)
-            .map(|i| be64_at(&l1_bytes, i))
-            .collect();
+        let l1 = Published::new(
+            (0..h.l1_size as usize)
+                .map(|i| be64_at(&l1_bytes, i))
+                .collect(),
+        );
         let rt_len = (u64::from(h.refcount_table_clusters) * g.cluster_size / 8) as usize;
         let mut rt_bytes = vec![0u8; rt_len * 8];
         read_at(
@@ -257,7 +325,6 @@ impl MetaState {
             return Ok((0, 0));
         };
         self.load_l2(off)?;
-        let esize = self.g.l2_entry_size as usize;
         let path = &self.path;
         let t = self
             .l2_cache
@@ -266,14 +333,7 @@ impl MetaState {
                 path: path.clone(),
                 reason: "L2 cache lost a table".into(),
             })?;
-        let words = esize / 8;
-        let raw = be64_at(t, i2 * words);
-        let bitmap = if words == 2 {
-            be64_at(t, i2 * 2 + 1)
-        } else {
-            0
-        };
-        Ok((raw, bitmap))
+        Ok(raw_entry(&self.g, t, i2))
     }
 
     /// When no L2 table maps `guest`: the bytes from `guest` to the end of
@@ -290,45 +350,7 @@ impl MetaState {
     /// Decoded entry, with its host offsets checked against the file.
     pub fn l2_entry(&mut self, guest: u64) -> Result<(L2Entry, u64), BlockError> {
         let (raw, bitmap) = self.l2_raw(guest)?;
-        let e = decode_l2_in(
-            raw,
-            self.g.cluster_bits,
-            self.g.version,
-            self.g.extended_l2,
-            self.g.data_file,
-        )
-        .map_err(|r| self.invalid(format!("guest offset {guest:#x}: {r}")))?;
-        if self.g.data_file {
-            return match e {
-                L2Entry::Compressed(_) => {
-                    Err(self.invalid("compressed cluster in an image with a data file"))
-                }
-                L2Entry::Normal { host, .. }
-                | L2Entry::Zero {
-                    host: Some(host), ..
-                } if host != guest & !(self.g.cluster_size - 1) => Err(self.invalid(format!(
-                    "guest offset {guest:#x} maps to data file offset {host:#x}"
-                ))),
-                _ => Ok((e, bitmap)),
-            };
-        }
-        // A data cluster past the file's last cluster is hostile (qemu
-        // writes a cluster's data before publishing it).
-        let limit = self.file_size.div_ceil(self.g.cluster_size) * self.g.cluster_size;
-        let host = match e {
-            L2Entry::Normal { host, .. }
-            | L2Entry::Zero {
-                host: Some(host), ..
-            } => Some(host),
-            L2Entry::Compressed(d) => Some(d.host_offset),
-            _ => None,
-        };
-        if let Some(h) = host.filter(|h| *h >= limit) {
-            return Err(self.invalid(format!(
-                "guest offset {guest:#x} maps to {h:#x}, beyond the end of the file"
-            )));
-        }
-        Ok((e, bitmap))
+        checked_entry(&self.g, &self.path, self.file_size, guest, raw, bitmap)
     }
 
     /// Writes L2 entry (standard part) of the cluster holding `guest`,

@@ -22,7 +22,8 @@ use super::status::Kind;
 use super::write::{PlanBuilder, Source, UpdateStart};
 use crate::error::BlockError;
 use crate::formats::{
-    BlockStatus, Compression, FileId, Format, ImageInfo, ReadPlan, Waker, WriteCommit, WriteOutcome,
+    BlockStatus, Compression, FileId, Format, ImageInfo, PlanCache, ReadPlan, Waker, WriteCommit,
+    WriteOutcome,
 };
 
 impl Format for Qcow2Image {
@@ -54,6 +55,18 @@ impl Format for Qcow2Image {
     fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
         // Cached compressed clusters are read from memory (see `read`).
         self.plan_mapped_read(offset, len, plan)
+    }
+
+    /// Allocated clusters are looked up in the queue's snapshots of the
+    /// tables, without the image lock (see `queue_view`).
+    fn plan_read_cached(
+        &self,
+        cache: &mut PlanCache,
+        offset: u64,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), BlockError> {
+        self.plan_view_read(cache, offset, len, plan)
     }
 
     fn plan_write(&self, offset: u64, len: u64, waker: &Waker) -> Result<WriteOutcome, BlockError> {

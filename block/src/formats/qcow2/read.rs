@@ -16,9 +16,11 @@ use super::compressed::{compressed_read_len, inflate_cluster};
 use super::compressed_cache::CompressedCache;
 use super::image::Qcow2Image;
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
-use super::meta::MetaState;
+use super::meta::{Geometry, MetaState};
 use crate::error::BlockError;
-use crate::formats::{CompressedExtent, FileId, MemoryExtent, ReadPiece, ReadPlan, ReadSource};
+use crate::formats::{
+    CompressedExtent, FileId, MemoryExtent, PlanCache, ReadPiece, ReadPlan, ReadSource,
+};
 
 /// One step of a read, before backing ranges and cached compressed
 /// clusters are resolved.
@@ -214,19 +216,38 @@ impl Qcow2Image {
         pos: u64,
         end: u64,
     ) -> Result<(Option<ReadPiece>, u64), BlockError> {
-        let cs = meta.g.cluster_size;
+        let (entry, bitmap) = meta.l2_entry(pos)?;
+        self.piece_of(&meta.g, meta.file_size, (entry, bitmap), pos, end)
+    }
+
+    /// The piece of the cluster (or subcluster) at guest `pos` whose
+    /// checked L2 entry and bitmap are `entry`, in a file of `file_size`
+    /// bytes (see `map_cluster`); shared by the locked lookups and the
+    /// queues' table snapshots (`queue_view`).
+    pub(super) fn piece_of(
+        &self,
+        g: &Geometry,
+        file_size: u64,
+        (entry, bitmap): (L2Entry, u64),
+        pos: u64,
+        end: u64,
+    ) -> Result<(Option<ReadPiece>, u64), BlockError> {
+        let cs = g.cluster_size;
         let in_c = pos & (cs - 1);
         let mut n = (cs - in_c).min(end - pos);
-        let (entry, bitmap) = meta.l2_entry(pos)?;
+        let invalid = |reason: String| BlockError::InvalidImage {
+            path: self.path.clone(),
+            reason,
+        };
         let zero = |len| ReadPiece {
             len,
             source: ReadSource::Zero,
         };
-        let piece = if meta.g.extended_l2 && !matches!(entry, L2Entry::Compressed(_)) {
+        let piece = if g.extended_l2 && !matches!(entry, L2Entry::Compressed(_)) {
             let sub = cs / 32;
             n = n.min(sub - (in_c % sub));
             let state = subcluster_state(bitmap, (in_c / sub) as u32)
-                .map_err(|r| meta.invalid(format!("guest offset {pos:#x}: {r}")))?;
+                .map_err(|r| invalid(format!("guest offset {pos:#x}: {r}")))?;
             let host = match entry {
                 L2Entry::Normal { host, .. }
                 | L2Entry::Zero {
@@ -237,7 +258,7 @@ impl Qcow2Image {
             match (state, host) {
                 (SubclusterState::Allocated, Some(h)) => Some(self.host_piece(h + in_c, n)),
                 (SubclusterState::Allocated, None) => {
-                    return Err(meta.invalid(format!(
+                    return Err(invalid(format!(
                         "guest offset {pos:#x}: allocated subcluster without a cluster"
                     )))
                 }
@@ -251,16 +272,17 @@ impl Qcow2Image {
                 L2Entry::Unallocated => None,
                 L2Entry::Compressed(d) => {
                     if self.header.has_data_file() {
-                        return Err(meta
-                            .invalid("compressed cluster in an image with an external data file"));
+                        return Err(invalid(
+                            "compressed cluster in an image with an external data file".into(),
+                        ));
                     }
                     Some(ReadPiece {
                         len: n,
                         source: ReadSource::Compressed(CompressedExtent {
                             file: FileId(0),
                             host_offset: d.host_offset,
-                            compressed_len: compressed_read_len(&d, meta.file_size),
-                            algorithm: meta.g.compression,
+                            compressed_len: compressed_read_len(&d, file_size),
+                            algorithm: g.compression,
                             cluster_size: cs as u32,
                             offset_in_cluster: in_c as u32,
                         }),
@@ -299,6 +321,18 @@ impl Qcow2Image {
         len: u64,
         plan: &mut ReadPlan,
     ) -> Result<(), BlockError> {
+        self.plan_backing_with(None, offset, len, plan)
+    }
+
+    /// [`Qcow2Image::plan_backing`], through the backing image's
+    /// `plan_read_cached` when the queue lends a `cache` for it.
+    pub(super) fn plan_backing_with(
+        &self,
+        cache: Option<&mut PlanCache>,
+        offset: u64,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), BlockError> {
         let Some(b) = &self.backing else {
             push_piece(
                 plan,
@@ -313,7 +347,10 @@ impl Qcow2Image {
         let avail = bsize.saturating_sub(offset).min(len);
         if avail > 0 {
             let mut sub = ReadPlan::new();
-            b.image.plan_read(offset, avail, &mut sub)?;
+            match cache {
+                Some(c) => b.image.plan_read_cached(c, offset, avail, &mut sub)?,
+                None => b.image.plan_read(offset, avail, &mut sub)?,
+            }
             for mut p in sub {
                 match &mut p.source {
                     ReadSource::Host { file, .. } => file.0 += self.backing_base,

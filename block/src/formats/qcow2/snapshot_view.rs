@@ -72,7 +72,7 @@ impl Qcow2Image {
             )));
         }
         meta.l1_offset = sn.l1_offset;
-        meta.l1 = l1;
+        *meta.l1 = l1;
         self.size.store(size, Ordering::Release);
         Ok(())
     }

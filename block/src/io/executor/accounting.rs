@@ -15,6 +15,7 @@
 use std::io;
 use std::sync::Arc;
 
+use super::barrier::WriteLane;
 use super::compressed::CompressedReads;
 use super::spares::Spares;
 use super::table::RequestTable;
@@ -54,6 +55,8 @@ pub(super) enum OpEnd {
 pub(super) struct RequestEnd<'a> {
     pub format: &'a dyn Format,
     pub shared: &'a DiskShared,
+    /// This queue's write numbers.
+    pub lane: &'a mut WriteLane,
     /// Woken when a deferred commit's older writes have ended.
     pub waker: &'a Waker,
     pub spares: &'a mut Spares,
@@ -321,10 +324,10 @@ impl Accounting {
         let writes = &end.shared.writes;
         match self.table.get_mut(slot) {
             Some(e) if e.pending == 0 => {
-                if let (Some(barrier), Some(_), None) = (e.barrier, &e.commit, &e.error) {
+                if let (Some(barrier), Some(_), None) = (&e.barrier, &e.commit, &e.error) {
                     // Its own number is below its barrier: give it back.
                     if let Some(seq) = e.write_seq.take() {
-                        writes.end(seq);
+                        end.lane.end(seq, writes);
                     }
                     if !writes.passed(barrier, end.waker) {
                         if !self.deferred.contains(&slot) {
@@ -354,7 +357,7 @@ impl Accounting {
         // After the commit: a discard planned now sees this write's data
         // published (or its allocation aborted).
         if let Some(seq) = entry.write_seq.take() {
-            writes.end(seq);
+            end.lane.end(seq, writes);
         }
         let result = match entry.error.take() {
             Some(e) => Err(e),
@@ -375,7 +378,7 @@ impl Accounting {
     /// longer reap: their commits are aborted (leaking, never publishing)
     /// and their locks and write numbers released, so other queues do not
     /// wait forever; their memory is leaked, not freed under the kernel.
-    pub fn abandon_all(&mut self, format: &dyn Format, shared: &DiskShared) {
+    pub fn abandon_all(&mut self, format: &dyn Format, shared: &DiskShared, lane: &mut WriteLane) {
         let (owners, commits, seqs) = self.table.take_locks_and_commits();
         for commit in commits {
             format.abort(commit);
@@ -386,21 +389,26 @@ impl Accounting {
         // The leaked writes may still land: their clusters stay
         // referenced (aborted commits leak), so nothing waits.
         for seq in seqs {
-            shared.writes.end(seq);
+            lane.end(seq, &shared.writes);
         }
         self.table.leak();
     }
 
     /// Gives up the freeing commits still waiting for other queues'
     /// writes (the clusters leak; nothing is freed under a write).
-    pub fn abandon_deferred(&mut self, format: &dyn Format, shared: &DiskShared) {
+    pub fn abandon_deferred(
+        &mut self,
+        format: &dyn Format,
+        shared: &DiskShared,
+        lane: &mut WriteLane,
+    ) {
         for slot in std::mem::take(&mut self.deferred) {
             if let Some(mut entry) = self.table.remove(slot) {
                 if let Some(commit) = entry.commit.take() {
                     format.abort(commit);
                 }
                 if let Some(seq) = entry.write_seq.take() {
-                    shared.writes.end(seq);
+                    lane.end(seq, &shared.writes);
                 }
             }
         }
@@ -477,6 +485,7 @@ mod tests {
         let file = Arc::new(std::fs::File::open(path).unwrap());
         let format = RawImage::new(path, file, true, false).unwrap();
         let shared = DiskShared::default();
+        let mut lane = shared.writes.lane();
         let waker = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
         let zero_page = Arc::new(AlignedBuf::new(4096, 4096).unwrap());
         let mut spares = Spares::default();
@@ -504,6 +513,7 @@ mod tests {
             let end = RequestEnd {
                 format: &format,
                 shared: &shared,
+                lane: &mut lane,
                 waker: &waker,
                 spares: &mut spares,
             };

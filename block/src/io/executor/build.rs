@@ -20,7 +20,7 @@ use super::spares::Spares;
 use super::table::{OpKind, OpSlot};
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
-use crate::formats::{FileId, Format, Waker, WriteCommit, WriteOutcome, WritePlan};
+use crate::formats::{FileId, Format, PlanCache, Waker, WriteCommit, WriteOutcome, WritePlan};
 use crate::io::align::{file_alignment, DioAlign};
 use crate::io::memory::{iovecs_aligned, HostSegments, IOV_MAX};
 use crate::request::{BlockRequest, RequestOp};
@@ -53,6 +53,9 @@ pub(super) struct OpBuilder {
     pub zero_page: Arc<AlignedBuf>,
     /// Vectors recycled from finished requests.
     pub spares: Spares,
+    /// What the format keeps for this queue's read plans (qcow2: its table
+    /// snapshots, so reads of allocated clusters take no image lock).
+    pub plan_cache: PlanCache,
     /// `cache=unsafe`: flushes complete at once without touching the disk.
     ignore_flushes: bool,
 }
@@ -112,6 +115,7 @@ impl OpBuilder {
             align,
             zero_page: Arc::new(zero_page),
             spares: Spares::default(),
+            plan_cache: PlanCache::default(),
             ignore_flushes,
         }
     }

@@ -81,6 +81,7 @@ impl Executor {
         let end = RequestEnd {
             format: self.builder.format.as_ref(),
             shared: &self.shared,
+            lane: &mut self.writes,
             waker: &self.eventfd,
             spares: &mut self.builder.spares,
         };

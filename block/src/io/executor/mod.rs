@@ -9,7 +9,7 @@
 //! | [`OpBuilder`] | `build.rs`, `read_ops.rs`, `write_ops.rs` | plan one request with the format and return its ops (bounce buffers, zero page, recycled vectors); the per-request bounce budget is a value of that call |
 //! | [`Accounting`] | `accounting.rs`, `table.rs` | own each request in flight (the [`table`]) until its last op is reaped; short transfers, first error, commit/abort, deferred commits, one completion per request |
 //! | [`CompressedReads`] | `compressed.rs`, `inflate_join.rs` | read compressed clusters, inflate them (pool or this thread), join reads of a cluster already being read |
-//! | [`RmwLocks`], [`WriteTracker`] | `rmw.rs`, `barrier.rs` | shared by the disk's queues: partial-block locks of unaligned O_DIRECT writes, and write barriers for commits that free clusters |
+//! | [`RmwLocks`], [`WriteTracker`] | `rmw.rs`, `barrier.rs` | partial-block locks of unaligned O_DIRECT writes (shared by the disk's queues), and write barriers for commits that free clusters (each queue numbers its writes in its own [`WriteLane`]) |
 //!
 //! The flow: requests enter through [`Executor::submit_batch`]; `submit.rs`
 //! admits each (locks, write number), has the builder build it, hands it
@@ -50,7 +50,7 @@ pub mod table;
 mod write_ops;
 
 use accounting::Accounting;
-use barrier::WriteTracker;
+use barrier::{WriteLane, WriteTracker};
 use build::OpBuilder;
 use compressed::CompressedReads;
 use rmw::RmwLocks;
@@ -69,6 +69,8 @@ pub struct Executor {
     reaped: Vec<EngineCompletion>,
     /// Partial-block locks and write tracking (shared by the disk's queues).
     shared: Arc<DiskShared>,
+    /// This queue's writes, for the disk's discard barriers.
+    writes: WriteLane,
     /// O_DIRECT block size writes are locked in (1: buffered, no locks).
     rmw_block: u64,
 }
@@ -78,7 +80,7 @@ pub struct Executor {
 pub struct DiskShared {
     /// Partial-block locks of unaligned O_DIRECT writes.
     pub rmw: RmwLocks,
-    /// Writes in flight, for discard barriers.
+    /// Every queue's writes in flight, for discard barriers.
     pub writes: WriteTracker,
     /// Recently inflated compressed clusters, for every queue.
     pub inflated: Mutex<InflateCache>,
@@ -102,6 +104,7 @@ impl Executor {
             acct: Accounting::default(),
             parked: VecDeque::new(),
             reaped: Vec::new(),
+            writes: shared.writes.lane(),
             shared,
             rmw_block,
         }
@@ -237,7 +240,7 @@ impl Drop for Executor {
                     "block queue: cannot reap in-flight I/O on drop ({e}); leaking its buffers"
                 );
                 self.acct
-                    .abandon_all(self.builder.format.as_ref(), &self.shared);
+                    .abandon_all(self.builder.format.as_ref(), &self.shared, &mut self.writes);
                 return;
             }
             for c in reaped.drain(..) {
@@ -246,6 +249,6 @@ impl Drop for Executor {
             self.submit_engine();
         }
         self.acct
-            .abandon_deferred(self.builder.format.as_ref(), &self.shared);
+            .abandon_deferred(self.builder.format.as_ref(), &self.shared, &mut self.writes);
     }
 }

@@ -46,7 +46,8 @@ impl OpBuilder {
         compressed: &CompressedReads,
     ) -> Result<Vec<OpSlot>, BlockError> {
         let len = segs.len();
-        self.format.plan_read(req.offset, len, plan)?;
+        self.format
+            .plan_read_cached(&mut self.plan_cache, req.offset, len, plan)?;
         let planned: u64 = plan.iter().map(|p| p.len).fold(0, u64::saturating_add);
         if planned != len {
             return Err(BlockError::Read {

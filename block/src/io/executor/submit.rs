@@ -30,14 +30,14 @@ impl Executor {
         );
         let write_seq = match req.op {
             RequestOp::Read | RequestOp::Flush => None,
-            _ => Some(self.shared.writes.begin()),
+            _ => Some(self.writes.begin()),
         };
         let release = |this: &mut Self| {
             if let Some(owner) = rmw_owner {
                 this.shared.rmw.unlock(owner);
             }
             if let Some(seq) = write_seq {
-                this.shared.writes.end(seq);
+                this.writes.end(seq, &this.shared.writes);
             }
         };
         let mut segs = self.builder.spares.segs();

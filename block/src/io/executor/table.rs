@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use super::barrier::Barrier;
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::formats::{CompressedExtent, FileId, WriteCommit};
@@ -159,7 +160,7 @@ pub struct InFlight {
     pub write_seq: Option<u64>,
     /// The commit may free clusters: it waits until every write numbered
     /// below this has ended (see `barrier`).
-    pub barrier: Option<u64>,
+    pub barrier: Option<Barrier>,
 }
 
 impl InFlight {

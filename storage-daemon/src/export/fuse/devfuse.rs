@@ -32,8 +32,8 @@ use super::attr::ExportState;
 use super::handler::{dispatch, Action, FuseRequest, ParseError, Pending, Reply};
 use super::helper_cpu::HelperCpu;
 use super::init::DEV_BUFFER_SIZE;
-use super::poll::{AdaptivePoll, WaitKind};
 use super::reader_gate::{QuietSince, ReaderGate};
+use virtio_devices::adaptive_poll::{AdaptivePoll, WaitKind};
 
 const FUSE_EVENT: u64 = 0;
 const COMPLETION_EVENT: u64 = 1;

@@ -25,7 +25,6 @@ mod helper_cpu;
 mod init;
 mod io;
 mod mount;
-mod poll;
 mod reader_gate;
 mod uring;
 mod uring_payload;
@@ -66,7 +65,7 @@ pub struct FuseConfig {
     pub io_uring: bool,
     pub num_queues: u16,
     /// The longest a queue thread spins for an event before it sleeps
-    /// ([`poll`]); zero: never.
+    /// ([`virtio_devices::adaptive_poll`]); zero: never.
     pub poll_max: Duration,
 }
 

@@ -23,10 +23,30 @@ use crate::block::error_status::failed_request_status;
 use crate::device::InterruptKind;
 
 impl WorkerState {
-    /// Drains the disk queue's completions; returns how many there were.
+    /// Drains the disk queue's completions (clearing its eventfd first);
+    /// returns how many there were.
     pub(super) fn process_completions(&mut self) -> usize {
+        self.signal_stale = false;
+        self.complete_finished(true)
+    }
+
+    /// Completes what the disk queue has finished without clearing its
+    /// eventfd (no system call unless there is something), for the spin
+    /// before a sleep; the eventfd is cleared before the worker sleeps
+    /// (`signal_stale`). Returns how many there were.
+    pub(super) fn reap_finished(&mut self) -> usize {
+        let n = self.complete_finished(false);
+        self.signal_stale |= n > 0;
+        n
+    }
+
+    fn complete_finished(&mut self, clear_eventfd: bool) -> usize {
         let mut completions = std::mem::take(&mut self.completions);
-        self.w.disk.drain_completions(&mut completions);
+        if clear_eventfd {
+            self.w.disk.drain_completions(&mut completions);
+        } else {
+            self.w.disk.reap_completions(&mut completions);
+        }
         let drained = completions.len();
         let now = if drained > 0 {
             Instant::now()

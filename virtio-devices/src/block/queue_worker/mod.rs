@@ -13,8 +13,10 @@
 //! every wake-up the worker also looks at the avail index (a guest-memory
 //! read), so chains posted while it was completing others are taken
 //! without waiting for a kick.
-//! The kick eventfd is edge-triggered and never read. Optional busy poll:
-//! [`QueueWorker::poll`]. Optional throttling ([`super::rate_limit`]): a
+//! The kick eventfd is edge-triggered and never read. Before it sleeps
+//! the worker looks for work without sleeping for an adaptive time
+//! (`spin.rs`, [`crate::adaptive_poll`]; the
+//! ceiling is [`QueueWorker::poll`]). Optional throttling ([`super::rate_limit`]): a
 //! chain the buckets cannot pay for yet goes back on the ring, and the
 //! worker takes no more until a timer (a fourth epoll source) says the
 //! buckets have refilled. With the sync engine each request is submitted
@@ -57,6 +59,7 @@ use super::rate_limit::RateLimiter;
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
 };
+use crate::adaptive_poll::AdaptivePoll;
 use crate::device::VirtioInterrupt;
 
 mod completion;
@@ -64,6 +67,9 @@ mod control;
 
 use control::ControlOutcome;
 pub use control::{WorkerCommand, WorkerControl};
+mod spin;
+
+use spin::Spin;
 
 const KICK: u64 = 0;
 const COMPLETION: u64 = 1;
@@ -108,8 +114,8 @@ pub struct QueueWorker {
     pub device_id: [u8; DEVICE_ID_LEN],
     /// False in writethrough mode (config space `writeback` = 0).
     pub writeback: Arc<AtomicBool>,
-    /// Busy-poll budget before sleeping (zero: never poll; capped at
-    /// [`MAX_POLL`]).
+    /// The longest the worker spins for work before it sleeps (zero:
+    /// never; capped at [`MAX_POLL`]); the spin itself adapts below it.
     pub poll: Duration,
     /// Submit and complete each request on its own instead of the whole
     /// batch at once: set for the sync engine, which runs a submission's
@@ -166,6 +172,12 @@ struct WorkerState {
     /// When the current pass over the ring started (the submission time
     /// of the requests it takes; one clock read per pass).
     pass_started: Instant,
+    /// How long to spin before the next sleep, per kind of wait.
+    poll: AdaptivePoll,
+    /// The spin reaped completions without clearing the completion
+    /// eventfd: clear it (and reap again) before sleeping, or the sleep
+    /// would end at once.
+    signal_stale: bool,
 }
 
 impl QueueWorker {
@@ -181,6 +193,7 @@ impl QueueWorker {
             }
         }
         let limiter = self.limiter.take();
+        let poll = AdaptivePoll::new(self.poll.min(MAX_POLL));
         let mut state = WorkerState {
             w: self,
             pending: HashMap::new(),
@@ -197,10 +210,16 @@ impl QueueWorker {
             more_available: false,
             pause_ack: None,
             pass_started: Instant::now(),
+            poll,
+            signal_stale: false,
         };
         if let Err(e) = state.event_loop() {
             error!("virtio-blk queue {}: worker stopped: {e}", state.w.index);
         }
+        debug!(
+            "virtio-blk queue {}: {} waits, {} ended by the spin",
+            state.w.index, state.poll.waits, state.poll.caught
+        );
         WorkerExit {
             kick: state.w.kick,
             queue: state.w.queue,
@@ -254,22 +273,32 @@ impl WorkerState {
                 }
                 continue;
             }
+            // A worker asked to pause takes no new chains, so it does not
+            // spin either (the spin takes chains off the ring).
             let taking = !stopping && self.pause_ack.is_none();
-            if taking && self.poll_before_sleep() {
-                continue;
-            }
             // Chains left on the ring by a bounded pass: look at the
             // other sources without sleeping, then take them.
-            let timeout = if self.more_available && !stopping {
-                0
-            } else {
-                -1
-            };
-            let n = match epoll.wait(timeout, &mut events) {
+            let sleeps = !self.more_available || stopping;
+            let wait = self.wait_kind();
+            let wait_start = Instant::now();
+            let mut spin = Spin::Expired;
+            if sleeps && taking {
+                spin = self.poll_before_sleep(wait, wait_start);
+                if spin == Spin::Caught {
+                    continue;
+                }
+            }
+            if sleeps && self.signal_stale && self.process_completions() > 0 {
+                continue;
+            }
+            let n = match epoll.wait(if sleeps { -1 } else { 0 }, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
+            if sleeps && spin != Spin::Contended {
+                self.poll.record(wait, wait_start.elapsed(), false);
+            }
             // Taken: the pass below sets it again if it stops at its bound
             // (a guest that moves the avail index back cannot make this
             // loop spin).
@@ -319,37 +348,6 @@ impl WorkerState {
         match self.w.queue.avail_idx(&*self.w.mem, Ordering::Acquire) {
             Ok(idx) => idx.0 != self.w.queue.next_avail(),
             Err(_) => false,
-        }
-    }
-
-    /// The optional busy poll (`BlockDeviceConfig::poll_us`): before
-    /// sleeping in epoll, spin for up to the budget on the avail ring and
-    /// the disk's completions. The ring is polled with nothing in flight
-    /// too: at queue depth 1 the driver posts its next chain right after
-    /// taking a completion, and catching it here saves the wake-up its
-    /// kick would cost (as QEMU's iothread polls its virtqueues). The
-    /// spin is bounded, so an idle queue costs one budget per wake-up.
-    /// Returns true when it found work (and did it).
-    fn poll_before_sleep(&mut self) -> bool {
-        if self.w.poll.is_zero() {
-            return false;
-        }
-        let deadline = Instant::now() + self.w.poll.min(MAX_POLL);
-        loop {
-            if self.process_completions() > 0 {
-                if !self.throttled && self.avail_pending() {
-                    self.process_available();
-                }
-                return true;
-            }
-            if !self.throttled && self.avail_pending() {
-                self.process_available();
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::hint::spin_loop();
         }
     }
 
@@ -534,13 +532,16 @@ impl WorkerState {
                 let memory = if segments.is_empty() {
                     IoMemory::None
                 } else {
-                    match IoMemory::guest(Arc::clone(mem), segments) {
-                        Ok(m) => m,
-                        Err(e) => {
-                            debug!("virtio-blk queue {}: chain {head}: {e}", self.w.index);
-                            self.complete(head, status, VIRTIO_BLK_S_IOERR as u8, 1);
-                            return;
-                        }
+                    // Not `IoMemory::guest`, which checks every segment
+                    // against the memory map: the parser has placed each
+                    // inside one region, and the executor translates them
+                    // (checking again) before any host pointer exists; a
+                    // segment that fails there completes with an error
+                    // status like any failed request. One lookup per
+                    // segment instead of two.
+                    IoMemory::Guest {
+                        mem: Arc::clone(mem),
+                        segments,
                     }
                 };
                 let flush_after =

@@ -28,8 +28,9 @@ Usage: blk-bench --image PATH [options]
   --batch N              requests posted per batch in think mode
                          (default: qd)
   --queue-size N         virtqueue size (default 256)
-  --poll-us N            device worker busy-poll budget before sleeping
-                         (default 0: off; at most 1000; --disk poll_us)
+  --poll-us N            ceiling of the device workers' adaptive spin
+                         before they sleep (default 32, the device's
+                         default; 0: off; at most 1000; --disk poll_us)
   --halt-poll-us N       driver spin for a pending interrupt before it
                          sleeps, as KVM halt-polls a halted vCPU (its
                          default halt_poll_ns is 200000; default 0: off;
@@ -142,7 +143,7 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
         think_us: 0,
         batch: 0,
         queue_size: 256,
-        poll_us: 0,
+        poll_us: virtio_devices::block::DEFAULT_POLL_US,
         halt_poll_us: 0,
         json: false,
         compare_fio: false,

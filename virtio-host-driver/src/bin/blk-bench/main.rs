@@ -32,6 +32,8 @@ fn config_json(o: &Options) -> serde_json::Value {
         "io_size": o.io_size,
         "think_us": o.think_us,
         "batch": o.batch,
+        "poll_us": o.poll_us,
+        "halt_poll_us": o.halt_poll_us,
     })
 }
 
