@@ -175,7 +175,7 @@ fail() {
     exit 1
 }
 [ "$rc" -eq 0 ] || fail "cloud-hypervisor exited with $rc (124: timeout after $timeout_s s)"
-grep -aq 'VM exit: PowerOff' "$work/vmm.log" || fail "the VM did not end with a power-off"
+grep -aq 'clean exit (PowerOff)' "$work/vmm.log" || fail "the VM did not end with a power-off"
 results=$(grep -ac '^CHTEST result ' "$serial" || true)
 [ "$results" -eq $((6 + queues)) ] || fail "$results result lines, expected $((6 + queues))"
 ! grep -a '^CHTEST result ' "$serial" | grep -qv ' status=ok' || fail "a check failed"
