@@ -11,8 +11,7 @@
 //! be.
 
 use block::create::FileIdentity;
-use block::formats::qcow2::snapshot_view::SnapshotRef;
-use block::formats::BlockStatus;
+use block::formats::{BlockStatus, SnapshotRef};
 use block::options::CacheMode;
 use block::{BlockError, DiskOptions, ImageType};
 

@@ -15,8 +15,7 @@
 use std::collections::HashSet;
 
 use block::create::FileIdentity;
-use block::formats::qcow2::bitmap_directory::BitmapEntry;
-use block::formats::ImageInfo;
+use block::formats::{BitmapEntry, ImageInfo};
 use block::info_json::{data_file_raw, json_info};
 use block::options::CacheMode;
 use block::{DiskOptions, ImageType};
