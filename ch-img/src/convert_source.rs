@@ -74,8 +74,7 @@ impl ConvertSource {
     pub fn identities(&self) -> Vec<FileIdentity> {
         self.parts
             .iter()
-            .flat_map(|(_, io)| io.format().files().to_vec())
-            .filter_map(|f| FileIdentity::of(&f).ok())
+            .flat_map(|(_, io)| io.file_identities())
             .collect()
     }
 
