@@ -3,7 +3,9 @@
 //!
 //! [`output_within`] runs a command with its output captured (as
 //! `Command::output` does) and kills it when it overruns, [`wait_within`]
-//! does the same for a child already started; [`with_deadline`]
+//! does the same for a child already started; [`try_output_within`] is
+//! [`output_within`] for a caller that must not panic (a `Drop` that
+//! unmounts, a probe whose failure means "not available"); [`with_deadline`]
 //! runs a closure on its own thread and gives up on it when it overruns
 //! (its thread is left behind; the failing test ends the process soon).
 
@@ -22,20 +24,31 @@ pub const COMMAND_LIMIT: Duration = Duration::from_secs(300);
 /// than `limit`: then it is killed and the panic shows what it printed.
 #[track_caller]
 pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    try_output_within(cmd, limit).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`output_within`] that returns, instead of panicking, why there is no
+/// output: the command could not start, or it overran `limit` (then it
+/// was killed; the error holds what it printed).
+pub fn try_output_within(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    wait_within(child, &format!("{cmd:?}"), limit)
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    try_wait_within(child, &format!("{cmd:?}"), limit)
 }
 
 /// Waits for a started `child` (named `what` in a failure) and returns its
 /// output, as `Child::wait_with_output` does; a child still running after
 /// `limit` is killed and fails the test with what it printed.
 #[track_caller]
-pub fn wait_within(mut child: Child, what: &str, limit: Duration) -> Output {
+pub fn wait_within(child: Child, what: &str, limit: Duration) -> Output {
+    try_wait_within(child, what, limit).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn try_wait_within(mut child: Child, what: &str, limit: Duration) -> Result<Output, String> {
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
     let start = Instant::now();
@@ -49,20 +62,20 @@ pub fn wait_within(mut child: Child, what: &str, limit: Duration) -> Output {
                 let _ = child.kill();
                 let _ = child.wait();
                 let (out, err) = (stdout.join(), stderr.join());
-                panic!(
+                return Err(format!(
                     "{what} still running after {limit:?} (a hang?); killed.\nstdout:\n{}\nstderr:\n{}",
                     String::from_utf8_lossy(&out.unwrap_or_default()),
                     String::from_utf8_lossy(&err.unwrap_or_default())
-                );
+                ));
             }
-            Err(e) => panic!("waiting for {what}: {e}"),
+            Err(e) => return Err(format!("waiting for {what}: {e}")),
         }
     };
-    Output {
+    Ok(Output {
         status,
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
-    }
+    })
 }
 
 /// Reads a child's pipe to its end on a thread of its own (a full pipe
@@ -135,6 +148,27 @@ mod tests {
         assert!(msg.contains("still running after"), "{msg}");
         assert!(msg.contains("begun"), "{msg}");
         assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_command_that_overruns_or_cannot_start_is_an_error_not_a_panic() {
+        let err = try_output_within(
+            Command::new("sh").args(["-c", "echo begun; exec sleep 30"]),
+            Duration::from_millis(300),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("still running after") && err.contains("begun"),
+            "{err}"
+        );
+        let err = try_output_within(
+            &mut Command::new("no-such-command-here"),
+            Duration::from_secs(5),
+        )
+        .unwrap_err();
+        assert!(err.contains("cannot run"), "{err}");
+        let out = try_output_within(&mut Command::new("true"), Duration::from_secs(20)).unwrap();
+        assert!(out.status.success());
     }
 
     #[test]
