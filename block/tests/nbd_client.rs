@@ -22,7 +22,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 }
 
 fn qemu(args: &[&str]) -> String {
-    let out = Command::new("qemu-img").args(args).output().unwrap();
+    let out = testkit::output_within(Command::new("qemu-img").args(args), testkit::COMMAND_LIMIT);
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "qemu-img {args:?}: {text}");

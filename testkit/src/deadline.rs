@@ -3,14 +3,18 @@
 //!
 //! [`output_within`] runs a command with its output captured (as
 //! `Command::output` does) and kills it when it overruns, [`wait_within`]
-//! does the same for a child already started; [`try_output_within`] is
+//! does the same for a child already started ([`exit_within`] for one
+//! whose output goes elsewhere); [`try_output_within`] is
 //! [`output_within`] for a caller that must not panic (a `Drop` that
-//! unmounts, a probe whose failure means "not available"); [`with_deadline`]
+//! unmounts, a probe whose failure means "not available"); [`signal`]
+//! sends a child a signal with `kill(1)` under a deadline, and a
+//! [`ChildGuard`] kills its child when a test fails before it does;
+//! [`with_deadline`]
 //! runs a closure on its own thread and gives up on it when it overruns
 //! (its thread is left behind; the failing test ends the process soon).
 
 use std::io::Read;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -48,6 +52,28 @@ pub fn wait_within(child: Child, what: &str, limit: Duration) -> Output {
     try_wait_within(child, what, limit).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Waits for `child` (named `what` in a failure) to exit and returns its
+/// status, leaving its pipes alone; a child still running after `limit`
+/// is killed and fails the test.
+#[track_caller]
+pub fn exit_within(child: &mut Child, what: &str, limit: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status,
+            Ok(None) if start.elapsed() < limit => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what} still running after {limit:?} (a hang?); killed");
+            }
+            Err(e) => panic!("waiting for {what}: {e}"),
+        }
+    }
+}
+
 fn try_wait_within(mut child: Child, what: &str, limit: Duration) -> Result<Output, String> {
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
@@ -76,6 +102,52 @@ fn try_wait_within(mut child: Child, what: &str, limit: Duration) -> Result<Outp
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
     })
+}
+
+/// A started child that is killed (SIGKILL) and reaped when this is
+/// dropped, unless it has exited: a test that fails half way (a panic
+/// before its own kill) leaves no process running. Derefs to the
+/// [`Child`].
+pub struct ChildGuard(pub Child);
+
+impl std::ops::Deref for ChildGuard {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Sends signal `name` (`TERM`, `USR1`, ...) to process `pid` with
+/// `kill(1)`, under a deadline; `Err` says why it was not delivered (the
+/// process is gone, `kill` overran).
+pub fn signal(pid: u32, name: &str) -> Result<(), String> {
+    let out = try_output_within(
+        Command::new("kill").args([&format!("-{name}"), &pid.to_string()]),
+        Duration::from_secs(30),
+    )?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "kill -{name} {pid}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }
 
 /// Reads a child's pipe to its end on a thread of its own (a full pipe
@@ -169,6 +241,48 @@ mod tests {
         assert!(err.contains("cannot run"), "{err}");
         let out = try_output_within(&mut Command::new("true"), Duration::from_secs(20)).unwrap();
         assert!(out.status.success());
+    }
+
+    #[test]
+    fn exit_within_returns_the_status_or_kills_an_overrunning_child() {
+        let mut quick = Command::new("sh").args(["-c", "exit 4"]).spawn().unwrap();
+        let status = exit_within(&mut quick, "sh", Duration::from_secs(20));
+        assert_eq!(status.code(), Some(4));
+        let mut slow = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = slow.id();
+        let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            exit_within(&mut slow, "sleep", Duration::from_millis(200))
+        }))
+        .unwrap_err();
+        let msg = panic.downcast_ref::<String>().unwrap();
+        assert!(msg.contains("sleep still running"), "{msg}");
+        assert!(
+            signal(pid, "0").is_err(),
+            "the overrunning child was killed"
+        );
+    }
+
+    #[test]
+    fn a_guarded_child_is_killed_when_the_guard_drops() {
+        let guard = ChildGuard(Command::new("sleep").arg("30").spawn().unwrap());
+        let pid = guard.id();
+        assert!(signal(pid, "0").is_ok(), "the child runs");
+        drop(guard);
+        assert!(signal(pid, "0").is_err(), "the child is gone");
+    }
+
+    #[test]
+    fn signals_reach_a_child_and_a_gone_process_is_an_error() {
+        let child = Command::new("sleep")
+            .arg("30")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        signal(pid, "TERM").unwrap();
+        let out = wait_within(child, "sleep after SIGTERM", Duration::from_secs(20));
+        assert!(!out.status.success());
+        assert!(signal(pid, "TERM").is_err());
     }
 
     #[test]

@@ -14,7 +14,10 @@
 use std::path::Path;
 
 pub mod deadline;
-pub use deadline::{output_within, try_output_within, wait_within, with_deadline, COMMAND_LIMIT};
+pub use deadline::{
+    exit_within, output_within, signal, try_output_within, wait_within, with_deadline, ChildGuard,
+    COMMAND_LIMIT,
+};
 pub mod mount;
 pub mod nbd_server;
 

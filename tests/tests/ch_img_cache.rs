@@ -492,11 +492,10 @@ fn sigusr1_prints_the_progress_once() {
         .unwrap();
     // Long enough for the handler to be installed (it is, before the copy).
     std::thread::sleep(std::time::Duration::from_millis(700));
-    let pid = child.id().to_string();
-    let killed = Command::new("kill").args(["-USR1", &pid]).status().unwrap();
+    let sent = testkit::signal(child.id(), "USR1");
     assert!(
-        killed.success(),
-        "the convert ended before SIGUSR1 was sent"
+        sent.is_ok(),
+        "the convert ended before SIGUSR1 was sent: {sent:?}"
     );
     let o = testkit::wait_within(
         child,

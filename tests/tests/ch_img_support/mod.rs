@@ -2,7 +2,8 @@
 //! qemu-img's (one file per verb): running the same command line through
 //! qemu-img and ch-img and comparing what each prints, its exit status
 //! and the image it leaves; a sample image; the facts of an image
-//! (info, check, map) that do not depend on where its clusters lie.
+//! (info, check, map, a bitmap's dirty map) that do not depend on where
+//! its clusters lie.
 #![allow(dead_code)]
 
 use std::process::Output;
@@ -143,4 +144,23 @@ pub fn assert_clean(img: &str) {
 /// Asserts both images read the same (`qemu-img compare`).
 pub fn assert_same_contents(a: &str, b: &str) {
     qemu_img(&["compare", a, b]);
+}
+
+/// `nbdinfo --map` of bitmap `name` as qemu-nbd exports it: what QEMU
+/// reads of it. coreutils' `timeout` ends nbdinfo, which ends the
+/// qemu-nbd it started.
+pub fn dirty_map(img: &str, name: &str) -> String {
+    let map = format!("--map=qemu:dirty-bitmap:{name}");
+    let out = testkit::output_within(
+        std::process::Command::new("timeout").args([
+            "30", "nbdinfo", &map, "--", "[", "qemu-nbd", "-r", "-f", "qcow2", "-B", name, img, "]",
+        ]),
+        testkit::COMMAND_LIMIT,
+    );
+    assert!(
+        out.status.success(),
+        "nbdinfo {img} {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

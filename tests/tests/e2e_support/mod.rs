@@ -8,7 +8,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use integration_tests::{qemu_img, TempDir};
 
@@ -52,19 +52,9 @@ pub fn test_guest() -> &'static Path {
 }
 
 /// Waits for `child` with a deadline; kills it (and fails) on timeout.
+#[track_caller]
 pub fn wait_with_timeout(child: &mut Child, timeout: Duration) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("cloud-hypervisor did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    testkit::exit_within(child, "the child process", timeout)
 }
 
 pub struct Boot {
