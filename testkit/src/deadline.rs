@@ -163,7 +163,8 @@ fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Ve
 }
 
 /// Runs `case` on its own thread and returns what it returns; panics
-/// naming `what` if it takes longer than `limit` or panics itself.
+/// naming `what` if it takes longer than `limit`, and with the case's
+/// own panic if it panics.
 #[track_caller]
 pub fn with_deadline<T: Send + 'static>(
     what: &str,
@@ -174,19 +175,19 @@ pub fn with_deadline<T: Send + 'static>(
     let thread = std::thread::Builder::new()
         .name(what.chars().take(15).collect())
         .spawn(move || {
-            let _ = tx.send(case());
+            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)));
         })
         .expect("spawn the case's thread");
     match rx.recv_timeout(limit) {
-        Ok(value) => {
+        Ok(answer) => {
             let _ = thread.join();
-            value
+            answer.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         }
         Err(mpsc::RecvTimeoutError::Timeout) => {
             panic!("{what}: still running after {limit:?} (a hang)")
         }
         Err(mpsc::RecvTimeoutError::Disconnected) => {
-            panic!("{what}: the case panicked (see its message above)")
+            panic!("{what}: the case's thread ended without an answer")
         }
     }
 }
@@ -296,5 +297,13 @@ mod tests {
         let msg = panic.downcast_ref::<String>().unwrap();
         assert!(msg.contains("sleeper: still running"), "{msg}");
         assert_eq!(with_deadline("quick", Duration::from_secs(5), || 7), 7);
+        // A case that panics fails with its own message.
+        let panic = std::panic::catch_unwind(|| {
+            with_deadline("panicker", Duration::from_secs(5), || -> u8 {
+                panic!("the case's own words")
+            })
+        })
+        .unwrap_err();
+        assert_eq!(panic.downcast_ref::<&str>(), Some(&"the case's own words"));
     }
 }
