@@ -211,7 +211,7 @@ fn worker(disk: Disk, tid: u64, mut model: Vec<u8>) -> Vec<u8> {
         q.submit_batch_requests(reqs);
         let mut out = Vec::new();
         while out.len() < n {
-            q.wait_completions(&mut out).unwrap();
+            support::wait_completions_within(&mut q, &mut out, support::QUEUE_LIMIT);
         }
         assert_eq!(out.len(), n);
         assert!(by_ud.len() == n);

@@ -12,8 +12,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use block::{BlockError, Disk, DiskOptions, EngineKind, ImageType};
 use support::*;
@@ -21,42 +20,6 @@ use support::*;
 const CLUSTER: u64 = 65536;
 const DISK: u64 = 64 << 20;
 const CHUNK: usize = 64 << 10;
-
-/// A tmpfs mounted on a fresh folder, unmounted on drop.
-struct Tmpfs {
-    _dir: TempDir,
-    mount: PathBuf,
-}
-
-impl Tmpfs {
-    fn new(name: &str, size: &str) -> Self {
-        let dir = TempDir::new(name);
-        let mount = dir.join("fs");
-        std::fs::create_dir(&mount).unwrap();
-        let out = testkit::output_within(
-            Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-                .arg(&mount),
-            testkit::COMMAND_LIMIT,
-        );
-        assert!(
-            out.status.success(),
-            "this test mounts a small tmpfs and needs root: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs { _dir: dir, mount }
-    }
-
-    fn join(&self, name: &str) -> PathBuf {
-        self.mount.join(name)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-    }
-}
 
 /// Opens without image locks: the tests of this binary run as threads of
 /// one process and spawn qemu-img, and a child caught between fork and
@@ -162,9 +125,10 @@ fn is_enospc(e: &(dyn std::error::Error + 'static)) -> bool {
 
 fn run_one(engine: EngineKind, cluster_size: &str, free_pages: u64) {
     eprintln!("{engine:?}, {cluster_size} clusters, {free_pages} pages free:");
-    let fs = Tmpfs::new("full-disk", "4m");
-    let img = fs.join("img.qcow2");
-    let ballast = fs.join("ballast");
+    // A small tmpfs (the test run has root).
+    let fs = testkit::mount::Mount::tmpfs("4m").unwrap_or_else(|e| panic!("{e}"));
+    let img = fs.path().join("img.qcow2");
+    let ballast = fs.path().join("ballast");
     let opts = format!("cluster_size={cluster_size}");
     qemu_img(&["create", "-q", "-f", "qcow2", "-o", &opts, s(&img), "64M"]);
     leave_free(&ballast, free_pages);

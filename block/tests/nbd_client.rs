@@ -5,8 +5,8 @@
 //! reconnection with QEMU's reconnect-delay semantics.
 
 mod nbd_support;
+mod support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use block::{BlockRequest, Completion, Disk, DiskOptions, DiskQueue, IoMemory, RequestOp};
@@ -21,12 +21,9 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// qemu-img `args`, which must succeed; its stdout and stderr.
 fn qemu(args: &[&str]) -> String {
-    let out = Command::new("qemu-img").args(args).output().unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "qemu-img {args:?}: {text}");
-    text
+    support::run("qemu-img", args)
 }
 
 fn open(uri: &str, extra: &str) -> Disk {
@@ -43,7 +40,7 @@ fn run_batch(q: &mut DiskQueue, reqs: Vec<BlockRequest>) -> Vec<Completion> {
     q.submit_batch_requests(reqs);
     let mut out = Vec::new();
     while out.len() < n {
-        q.wait_completions(&mut out).unwrap();
+        support::wait_completions_within(q, &mut out, support::QUEUE_LIMIT);
     }
     out.sort_by_key(|c| c.user_data);
     out

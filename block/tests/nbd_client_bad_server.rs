@@ -7,6 +7,7 @@
 //! panic or a hang.
 
 mod nbd_support;
+mod support;
 
 use std::sync::atomic::Ordering;
 
@@ -47,7 +48,7 @@ fn read(disk: &Disk, offset: u64) -> Result<Vec<u8>, block::BlockError> {
     }]);
     let mut out = Vec::new();
     while out.is_empty() {
-        q.wait_completions(&mut out).unwrap();
+        support::wait_completions_within(&mut q, &mut out, support::QUEUE_LIMIT);
     }
     let c = out.remove(0);
     c.result.map(|_| c.memory.into_owned().unwrap())

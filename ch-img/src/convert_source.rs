@@ -11,8 +11,7 @@
 //! be.
 
 use block::create::FileIdentity;
-use block::formats::qcow2::snapshot_view::SnapshotRef;
-use block::formats::BlockStatus;
+use block::formats::{BlockStatus, SnapshotRef};
 use block::options::CacheMode;
 use block::{BlockError, DiskOptions, ImageType};
 
@@ -75,8 +74,7 @@ impl ConvertSource {
     pub fn identities(&self) -> Vec<FileIdentity> {
         self.parts
             .iter()
-            .flat_map(|(_, io)| io.format().files().to_vec())
-            .filter_map(|f| FileIdentity::of(&f).ok())
+            .flat_map(|(_, io)| io.file_identities())
             .collect()
     }
 

@@ -51,6 +51,13 @@ pub enum CliError {
         #[source]
         source: BlockError,
     },
+    /// `dd` could not create its output (qemu-img's words).
+    #[error("{}: error while creating output image", path.display())]
+    CreateOutput {
+        path: PathBuf,
+        #[source]
+        source: BlockError,
+    },
     #[error("error while reading at byte {offset}")]
     Read {
         offset: u64,

@@ -22,6 +22,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use block::aligned::AlignedBuf;
+use block::create::FileIdentity;
 use block::formats::{BlockStatus, Format, ImageTools};
 
 use crate::error::CliError;
@@ -58,6 +59,18 @@ impl ImageIo {
     /// flight when it calls them.
     pub fn tools(&self) -> &dyn ImageTools {
         self.image.tools()
+    }
+
+    /// Every file the image reads (its own, its data file, its backing
+    /// chain's), by device and inode: what a new output must not be
+    /// ([`block::create::CreateOptions::sources`]), and how `info` finds
+    /// a chain that loops.
+    pub fn file_identities(&self) -> Vec<FileIdentity> {
+        self.format()
+            .files()
+            .iter()
+            .filter_map(|f| FileIdentity::of(f).ok())
+            .collect()
     }
 
     /// The opened disk (convert's write-behind queue is another queue on it).

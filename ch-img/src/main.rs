@@ -19,7 +19,6 @@ mod json_style;
 mod option_help;
 mod options;
 mod progress;
-mod qcow2_space;
 mod size;
 mod write_behind;
 

@@ -215,6 +215,8 @@ fn handshake_refuses_what_it_does_not_know_and_closes_on_garbage() {
     // A client that never finishes its handshake is dropped after the
     // handshake timeout; meanwhile others are served.
     let mut slow = UnixStream::connect(&sock).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     slow.read_exact(&mut hello).unwrap();
     let mut c = RawClient::connect(&sock, "x", false);
     read_ok(&mut c, 1, 4096);

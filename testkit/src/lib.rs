@@ -1,5 +1,6 @@
-//! When a test may skip, in one place; and deadlines for tests that
-//! start processes or wait ([`deadline`]).
+//! When a test may skip, in one place; deadlines for tests that start
+//! processes or wait ([`deadline`]); a file system mounted for one test
+//! ([`mount`]); NBD servers nobody here wrote ([`nbd_server`]).
 //!
 //! A test that needs something from outside the project (qemu-img, fio,
 //! io_uring, FUSE, QEMU) asks [`available`] before it starts. When the
@@ -13,7 +14,11 @@
 use std::path::Path;
 
 pub mod deadline;
-pub use deadline::{output_within, wait_within, with_deadline, COMMAND_LIMIT};
+pub use deadline::{
+    exit_within, output_within, signal, try_output_within, wait_within, with_deadline, ChildGuard,
+    COMMAND_LIMIT,
+};
+pub mod mount;
 pub mod nbd_server;
 
 /// The environment variable that turns every skip into a failure.

@@ -60,6 +60,10 @@ pub fn ch_img() -> &'static Path {
     PATH.get_or_init(|| project_bin("ch-img", "ch-img"))
 }
 
+/// The longest a test waits for cargo to build a binary it runs (a cold
+/// build on a loaded 2-core machine takes minutes).
+pub const BUILD_LIMIT: std::time::Duration = std::time::Duration::from_secs(1800);
+
 /// Path of binary `bin` of workspace package `package`: `$CH_BIN_DIR/bin`
 /// when the test script built the binaries first (scripts/run-tests.sh
 /// exports it), else built by the cargo that runs the tests into the same
@@ -94,10 +98,11 @@ pub fn project_bin(package: &str, bin: &str) -> PathBuf {
     if dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
     }
-    let status = cmd.status().expect("run cargo build");
+    let out = testkit::output_within(&mut cmd, BUILD_LIMIT);
     assert!(
-        status.success(),
-        "cargo build -p {package} --bin {bin} failed"
+        out.status.success(),
+        "cargo build -p {package} --bin {bin} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     let path = dir.join(bin);
     assert!(path.exists(), "{} missing after build", path.display());
@@ -106,10 +111,11 @@ pub fn project_bin(package: &str, bin: &str) -> PathBuf {
 
 /// Panics with a clear message when a qemu tool is missing.
 fn require(tool: &str) {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let ok = testkit::try_output_within(
+        Command::new(tool).arg("--version"),
+        std::time::Duration::from_secs(60),
+    )
+    .is_ok_and(|o| o.status.success());
     assert!(
         ok,
         "{tool} is not installed: these tests compare against it (apt-get install qemu-utils)"

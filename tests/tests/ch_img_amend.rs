@@ -5,7 +5,7 @@
 
 mod ch_img_support;
 
-use ch_img_support::{assert_clean, ch_run, info_facts, qemu_run, Run, Tool};
+use ch_img_support::{assert_clean, ch_run, dirty_map, info_facts, qemu_run, Run, Tool};
 use integration_tests::{qemu_img, qemu_io, TempDir};
 
 /// Runs `amend ARGS` on a copy of `base` with each tool; returns both
@@ -201,23 +201,6 @@ fn downgrade_of_zstd_and_lazy_images() {
     );
     assert_same_amend(&dir, &lazy, &["-o", "compat=0.10"]);
     assert_same_amend(&dir, &lazy, &["-o", "lazy_refcounts=off"]);
-}
-
-/// `nbdinfo --map` of bitmap `name` through qemu-nbd: what QEMU reads.
-fn dirty_map(img: &str, name: &str) -> String {
-    let map = format!("--map=qemu:dirty-bitmap:{name}");
-    let out = std::process::Command::new("timeout")
-        .args([
-            "30", "nbdinfo", &map, "--", "[", "qemu-nbd", "-r", "-f", "qcow2", "-B", name, img, "]",
-        ])
-        .output()
-        .expect("run nbdinfo");
-    assert!(
-        out.status.success(),
-        "nbdinfo: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod ch_img_support;
 
-use ch_img_support::{assert_clean, ch_run, info_facts, qemu_run, Run, Tool};
+use ch_img_support::{assert_clean, ch_run, dirty_map, info_facts, qemu_run, Run, Tool};
 use integration_tests::{qemu_img, qemu_io, TempDir};
 
 /// Node names (`'#block117'`) and file names where qemu-img names the
@@ -25,23 +25,6 @@ fn neutral(mut r: Run) -> Run {
         }
     }
     r
-}
-
-/// `nbdinfo --map` of bitmap `name`, as qemu-nbd exports it.
-fn dirty_map(img: &str, name: &str) -> String {
-    let map = format!("--map=qemu:dirty-bitmap:{name}");
-    let out = std::process::Command::new("timeout")
-        .args([
-            "30", "nbdinfo", &map, "--", "[", "qemu-nbd", "-r", "-f", "qcow2", "-B", name, img, "]",
-        ])
-        .output()
-        .expect("run nbdinfo");
-    assert!(
-        out.status.success(),
-        "nbdinfo {img} {name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn bitmap_names(img: &str) -> Vec<String> {

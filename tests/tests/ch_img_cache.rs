@@ -492,11 +492,10 @@ fn sigusr1_prints_the_progress_once() {
         .unwrap();
     // Long enough for the handler to be installed (it is, before the copy).
     std::thread::sleep(std::time::Duration::from_millis(700));
-    let pid = child.id().to_string();
-    let killed = Command::new("kill").args(["-USR1", &pid]).status().unwrap();
+    let sent = testkit::signal(child.id(), "USR1");
     assert!(
-        killed.success(),
-        "the convert ended before SIGUSR1 was sent"
+        sent.is_ok(),
+        "the convert ended before SIGUSR1 was sent: {sent:?}"
     );
     let o = testkit::wait_within(
         child,
@@ -531,48 +530,18 @@ fn help_prints_each_verbs_synopsis() {
     assert_eq!(o.status.code(), Some(1));
 }
 
-/// A tmpfs of `size` mounted on a fresh folder, unmounted on drop.
-struct SmallFs {
-    dir: TempDir,
-}
-
-impl SmallFs {
-    fn mount(size: &str) -> Option<SmallFs> {
-        let dir = TempDir::new("enospc");
-        let ok = testkit::output_within(
-            Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-                .arg(dir.path()),
-            testkit::COMMAND_LIMIT,
-        )
-        .status
-        .success();
-        if ok {
-            return Some(SmallFs { dir });
-        }
-        testkit::available(
-            "a tmpfs mount",
-            Err("mount -t tmpfs failed (needs root)".into()),
-        );
-        None
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
-
 #[test]
 fn enospc_names_the_output_and_leaves_it() {
     let dir = TempDir::new("cache");
     let src = mixed_source(&dir, 24);
-    let Some(fs) = SmallFs::mount("4M") else {
+    let fs = testkit::mount::Mount::tmpfs("4M");
+    let check = fs.as_ref().map(|_| ()).map_err(Clone::clone);
+    if !testkit::available("a tmpfs mount", check) {
         return;
-    };
+    }
+    let fs = fs.unwrap();
     for (mode, compress) in [("unsafe", false), ("none", true), ("writeback", true)] {
-        let out = fs.dir.file("out.qcow2");
+        let out = fs.file("out.qcow2");
         let mut args = vec!["convert", "-O", "qcow2", "-t", mode];
         if compress {
             args.push("-c");

@@ -4,8 +4,8 @@
 
 mod ch_img_support;
 
-use ch_img_support::{ch_run, qemu_run};
-use integration_tests::{qemu_img, qemu_io, TempDir};
+use ch_img_support::{ch_run, code, qemu_run, sample_qcow2, stdout};
+use integration_tests::{ch_status, qemu_img, qemu_img_status, qemu_io, TempDir};
 
 #[test]
 fn compare_progress_matches_qemu_img() {
@@ -74,4 +74,26 @@ fn compare_progress_matches_qemu_img() {
     let ch = ch_run(&args, &names);
     assert_eq!((ch.code, ch.stdout.as_str()), (2, "\n"), "{ch:?}");
     assert_eq!(qemu_run(&args, &names).stdout, "\n");
+}
+
+#[test]
+fn compare_exit_codes_and_messages() {
+    let dir = TempDir::new("cli");
+    let a = sample_qcow2(&dir, "a.qcow2");
+    let b = dir.file("b.raw");
+    qemu_img(&["convert", "-O", "raw", &a, &b]);
+    let q = qemu_img_status(&["compare", &a, &b]);
+    let c = ch_status(&["compare", &a, &b]);
+    assert_eq!((code(&q), stdout(&q)), (code(&c), stdout(&c)));
+    assert_eq!(code(&c), 0);
+    qemu_io("raw", &b, &["write -P 0x1 5M 1"]);
+    let q = qemu_img_status(&["compare", &a, &b]);
+    let c = ch_status(&["compare", &a, &b]);
+    assert_eq!((code(&q), stdout(&q)), (code(&c), stdout(&c)));
+    assert_eq!(
+        stdout(&c),
+        format!("Content mismatch at offset {}!\n", 5 << 20)
+    );
+    let missing = dir.file("missing.qcow2");
+    assert_eq!(code(&ch_status(&["compare", &a, &missing])), 2);
 }

@@ -3,8 +3,10 @@
 
 mod ch_img_support;
 
-use ch_img_support::{assert_clean, assert_same_contents, ch_run, info_facts, qemu_run, Run, Tool};
-use integration_tests::{json, qemu_img, qemu_io, TempDir};
+use ch_img_support::{
+    assert_clean, assert_same_contents, ch_run, info_facts, layout, qemu_run, Run, Tool,
+};
+use integration_tests::{qemu_img, qemu_io, TempDir};
 
 /// A 10 MiB qcow2 input with data at 0-3 MiB and 4-5 MiB.
 fn input(dir: &TempDir) -> String {
@@ -21,15 +23,6 @@ fn input(dir: &TempDir) -> String {
         ],
     );
     img
-}
-
-/// `qemu-img map --output=json` without host offsets.
-fn layout(img: &str) -> serde_json::Value {
-    let mut j = json(&qemu_img(&["map", "--output=json", img]));
-    for e in j.as_array_mut().unwrap() {
-        e.as_object_mut().unwrap().remove("offset");
-    }
-    j
 }
 
 /// Runs `dd ARGS if=INPUT of=OUT` with both tools, each to its own output.

@@ -27,7 +27,7 @@ fn fill(fs: &Mount) {
 /// ENOSPC (or "No space left") and leave `files` as they were.
 fn fails_and_leaves(fs: &Mount, args: &[&str], files: &[&str]) {
     let before: Vec<Vec<u8>> = files.iter().map(|f| bytes(&fs.file(f))).collect();
-    let out = ch_in(&fs.path, args);
+    let out = ch_in(fs.path(), args);
     assert!(
         !out.status.success(),
         "ch-img {args:?} succeeded on a full disk"
@@ -53,7 +53,7 @@ fn fails_and_leaves(fs: &Mount, args: &[&str], files: &[&str]) {
 
 #[test]
 fn resize_with_preallocation_on_a_full_disk_changes_nothing() {
-    let fs = Mount::tmpfs("fail-resize", "4M");
+    let fs = tmpfs("4M");
     let x = fs.file("X.qcow2");
     qemu_img(&["create", "-q", "-f", "qcow2", &x, "64M"]);
     qemu_io("qcow2", &x, &["write -P 0x44 0 1M"]);
@@ -76,7 +76,7 @@ fn resize_with_preallocation_on_a_full_disk_changes_nothing() {
 
 #[test]
 fn snapshot_rebase_and_commit_on_a_full_disk_change_nothing() {
-    let fs = Mount::tmpfs("fail-tools", "8M");
+    let fs = tmpfs("8M");
     let base = fs.file("base.qcow2");
     qemu_img(&["create", "-q", "-f", "qcow2", &base, "64M"]);
     qemu_io("qcow2", &base, &["write -P 0x11 0 2M"]);

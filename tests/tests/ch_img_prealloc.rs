@@ -8,10 +8,8 @@
 //! (qemu-img 7.2 calls posix_fallocate there, which glibc emulates by
 //! writing a byte per block; we follow issue 12 and fail instead.)
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use integration_tests::{ch, ch_status, json, qemu_img, qemu_img_status, qemu_io, TempDir};
+use testkit::mount::Mount;
 
 const MODES: [&str; 4] = ["off", "metadata", "falloc", "full"];
 
@@ -185,45 +183,14 @@ fn convert_takes_preallocation_and_refuses_it_with_compression() {
     );
 }
 
-/// A file system mounted for one test, unmounted on drop.
-struct Mount {
-    _dir: TempDir,
-    path: PathBuf,
-}
-
-impl Mount {
-    fn new(fstype: &str, opts: &str) -> Mount {
-        let dir = TempDir::new(&format!("prealloc-{fstype}"));
-        let path = dir.path().join("fs");
-        std::fs::create_dir(&path).unwrap();
-        let out = testkit::output_within(
-            Command::new("mount")
-                .args(["-t", fstype, "-o", opts, fstype])
-                .arg(&path),
-            testkit::COMMAND_LIMIT,
-        );
-        assert!(
-            out.status.success(),
-            "mounting a {fstype} needs root: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Mount { _dir: dir, path }
-    }
-
-    fn file(&self, name: &str) -> String {
-        self.path.join(name).to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
-    }
+/// A file system mounted for one test (the test run has root).
+fn mount(fstype: &str, options: &str) -> Mount {
+    Mount::new(fstype, options).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
 fn a_full_file_system_fails_naming_enospc_and_leaves_no_file() {
-    let fs = Mount::new("tmpfs", "size=4M");
+    let fs = mount("tmpfs", "size=4M");
     for (fmt, mode) in [
         ("qcow2", "full"),
         ("qcow2", "falloc"),
@@ -259,7 +226,7 @@ fn a_full_file_system_fails_naming_enospc_and_leaves_no_file() {
 #[test]
 fn falloc_without_fallocate_fails_with_the_os_error_and_full_works() {
     // ramfs has no fallocate.
-    let fs = Mount::new("ramfs", "mode=755");
+    let fs = mount("ramfs", "mode=755");
     for fmt in ["raw", "qcow2"] {
         let img = fs.file(&format!("f.{fmt}"));
         let out = ch_status(&[

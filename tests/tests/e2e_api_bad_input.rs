@@ -215,23 +215,28 @@ fn a_socket_path_in_use_or_not_a_socket_is_refused() {
     let dir = TempDir::new("api-sock-bad");
     let file = dir.file("plain");
     std::fs::write(&file, b"x").unwrap();
-    let out = std::process::Command::new(e2e_support::vmm_binary())
-        .args([
+    let out = testkit::output_within(
+        std::process::Command::new(e2e_support::vmm_binary()).args([
             "--kernel",
             "/nonexistent",
             "--api-socket",
             &format!("path={file}"),
-        ])
-        .output()
-        .unwrap();
+        ]),
+        testkit::COMMAND_LIMIT,
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a socket"), "{err}");
     assert_eq!(std::fs::read(&file).unwrap(), b"x", "the file was changed");
-    let out = std::process::Command::new(e2e_support::vmm_binary())
-        .args(["--kernel", "k", "--api-socket", "fd=1,path=/x"])
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        std::process::Command::new(e2e_support::vmm_binary()).args([
+            "--kernel",
+            "k",
+            "--api-socket",
+            "fd=1,path=/x",
+        ]),
+        testkit::COMMAND_LIMIT,
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("api-socket"));
 }

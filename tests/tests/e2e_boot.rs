@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use e2e_support::*;
 use integration_tests::TempDir;
+use testkit::ChildGuard;
 
 #[test]
 fn tiny_pvh_guest_prints_and_resets() {
@@ -32,31 +33,26 @@ fn sigterm_stops_a_running_guest_cleanly() {
     let img = dir.file("d.qcow2");
     create_lazy_qcow2(&img, "8M");
     let serial = dir.file("serial.log");
-    let mut child = Command::new(vmm_binary())
-        .args(["--kernel", &k, "--serial", &format!("file={serial}")])
-        .args(["--disk", &format!("path={img},num_queues=2")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
+    let mut child = ChildGuard(
+        Command::new(vmm_binary())
+            .args(["--kernel", &k, "--serial", &format!("file={serial}")])
+            .args(["--disk", &format!("path={img},num_queues=2")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
     let start = Instant::now();
     while std::fs::read_to_string(&serial).unwrap_or_default() != "Hi\n" {
         assert!(start.elapsed() < BOOT_TIMEOUT, "guest never printed");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // SAFETY: signalling our own child process by its pid.
-    let rc = unsafe { libc_kill(child.id() as i32, 15) };
-    assert_eq!(rc, 0);
+    testkit::signal(child.id(), "TERM").unwrap();
     let status = wait_with_timeout(&mut child, BOOT_TIMEOUT);
     assert!(status.success(), "exit after SIGTERM: {status}");
     // The image was closed cleanly: no dirty bit, no leaks.
     assert!(!dirty_flag(&img), "dirty bit left set after SIGTERM");
     check_clean(&img);
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
 }
 
 /// The `Seccomp:` mode of every thread of `pid` (0 none, 2 filter).
@@ -86,13 +82,15 @@ fn threads_reach_seccomp_mode(extra: &[&str], want: u32) -> Vec<(String, u32)> {
     let dir = TempDir::new("e2e-seccomp");
     let k = dir.file("spin.elf");
     std::fs::write(&k, pvh_elf(&hello_then(SPIN))).unwrap();
-    let mut child = Command::new(vmm_binary())
-        .args(["--kernel", &k, "--serial", "off", "--cpus", "boot=2"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
+    let mut child = ChildGuard(
+        Command::new(vmm_binary())
+            .args(["--kernel", &k, "--serial", "off", "--cpus", "boot=2"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
     let start = Instant::now();
     let seen = loop {
         let modes = seccomp_modes(child.id());
@@ -100,14 +98,13 @@ fn threads_reach_seccomp_mode(extra: &[&str], want: u32) -> Vec<(String, u32)> {
         if modes.len() >= 3 && modes.iter().all(|m| m.1 == want) {
             break modes;
         }
-        if start.elapsed() > BOOT_TIMEOUT {
-            let _ = child.kill();
-            panic!("threads never all reached seccomp mode {want}: {modes:?}");
-        }
+        assert!(
+            start.elapsed() < BOOT_TIMEOUT,
+            "threads never all reached seccomp mode {want}: {modes:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
-    // SAFETY: signalling our own child process by its pid.
-    assert_eq!(unsafe { libc_kill(child.id() as i32, 15) }, 0);
+    testkit::signal(child.id(), "TERM").unwrap();
     let status = wait_with_timeout(&mut child, BOOT_TIMEOUT);
     assert!(status.success(), "{status}");
     seen

@@ -38,11 +38,10 @@ fn kernel() -> Result<PathBuf, String> {
             if let Some(k) = std::env::var_os("CH_OWN_LINUX_KERNEL") {
                 return Ok(PathBuf::from(k));
             }
-            let out = Command::new("bash")
-                .arg(repo().join("scripts/build-linux-kernel.sh"))
-                .stderr(Stdio::inherit())
-                .output()
-                .map_err(|e| format!("cannot run scripts/build-linux-kernel.sh: {e}"))?;
+            let out = testkit::try_output_within(
+                Command::new("bash").arg(repo().join("scripts/build-linux-kernel.sh")),
+                integration_tests::BUILD_LIMIT,
+            )?;
             let stdout = String::from_utf8_lossy(&out.stdout);
             match stdout
                 .lines()
@@ -50,8 +49,9 @@ fn kernel() -> Result<PathBuf, String> {
             {
                 Some(path) if out.status.success() => Ok(PathBuf::from(path)),
                 _ => Err(format!(
-                    "scripts/build-linux-kernel.sh failed ({})",
-                    out.status
+                    "scripts/build-linux-kernel.sh failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
                 )),
             }
         })

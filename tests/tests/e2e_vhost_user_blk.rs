@@ -57,12 +57,7 @@ impl Daemon {
 
     /// SIGTERM; asserts a clean exit (the image closed and flushed).
     fn stop(mut self) -> String {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM {pid}");
+        testkit::signal(self.child.id(), "TERM").unwrap_or_else(|e| panic!("{e}"));
         let status = e2e_support::wait_with_timeout(&mut self.child, Duration::from_secs(30));
         let log = self.log_text();
         assert!(status.success(), "daemon exit {status}: {log}");

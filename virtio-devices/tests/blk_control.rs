@@ -172,18 +172,20 @@ fn qcow2_grows_only_and_takes_snapshots_between_requests() {
     assert!(d.read_data(u.slot, 4096).iter().all(|&b| b == 5));
     use virtio_devices::VirtioDevice;
     h.device.shutdown();
-    let out = std::process::Command::new("qemu-img")
-        .args(["snapshot", "-l"])
-        .arg(&qcow2)
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        std::process::Command::new("qemu-img")
+            .args(["snapshot", "-l"])
+            .arg(&qcow2),
+        testkit::COMMAND_LIMIT,
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("first"), "{text}");
-    let out = std::process::Command::new("qemu-img")
-        .arg("check")
-        .arg(&qcow2)
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        std::process::Command::new("qemu-img")
+            .arg("check")
+            .arg(&qcow2),
+        testkit::COMMAND_LIMIT,
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -258,8 +258,12 @@ fn many_requests_in_one_batch() {
     });
 }
 
+/// The driver switches the cache to writethrough (CONFIG_WCE 0): the
+/// config space says so, writes still complete with their data, and the
+/// rest of the config space stays read-only. (The flush the worker adds
+/// after each write is not counted and not visible from here.)
 #[test]
-fn writethrough_mode_flushes_and_completes_writes() {
+fn a_guest_switch_to_writethrough_sticks_and_writes_still_complete() {
     each_format(DriverOptions::default(), |fmt, h| {
         // CONFIG_WCE: the driver switches the cache to writethrough.
         h.device.write_config(32, &[0]);

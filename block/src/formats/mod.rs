@@ -23,6 +23,12 @@
 //! still in flight gets [`WriteOutcome::Blocked`]; the format wakes the
 //! given [`Waker`] when that allocation commits or aborts, and the engine
 //! plans the write again.
+//!
+//! What an image says about itself leaves through [`Format::info`] as an
+//! [`ImageInfo`], whose internal snapshots ([`SnapshotInfo`]) and
+//! persistent bitmaps ([`BitmapEntry`]) are named here, beside the
+//! snapshot an open may read in place of the disk ([`SnapshotRef`]):
+//! front ends need no path into a format's modules for them.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -45,7 +51,10 @@ pub use amendment::{AmendProgress, AmendStep, Amendment};
 pub use dirty_bits::{BitmapAction, DirtyBits};
 pub use open::open_format;
 pub use plan_cache::PlanCache;
+pub use qcow2::bitmap_directory::BitmapEntry;
 pub use qcow2::compress_write::compress_cluster;
+pub use qcow2::snapshot_table::SnapshotInfo;
+pub use qcow2::snapshot_view::SnapshotRef;
 pub use tools::{
     open_image_tools, Amendable, BackingEdits, CompressedWrites, FailureUndo, ImageTools,
     PersistentBitmaps, Resizable, Snapshots,
@@ -240,10 +249,10 @@ pub struct ImageInfo {
     pub data_file: Option<String>,
     pub dirty: Option<bool>,
     /// Internal snapshots (qcow2), in table order.
-    pub snapshots: Vec<qcow2::snapshot_table::SnapshotInfo>,
+    pub snapshots: Vec<SnapshotInfo>,
     /// Persistent dirty bitmaps (qcow2 v3, while the header says they are
     /// consistent), in directory order.
-    pub bitmaps: Vec<qcow2::bitmap_directory::BitmapEntry>,
+    pub bitmaps: Vec<BitmapEntry>,
 }
 
 /// One opened image format (with its backing chain), as running queues

@@ -130,7 +130,7 @@ pub struct DiskOptions {
     pub force_share: bool,
     /// Read this internal snapshot instead of the active disk (read-only
     /// qcow2 opens; `ch-img convert -l`).
-    pub snapshot: Option<crate::formats::qcow2::snapshot_view::SnapshotRef>,
+    pub snapshot: Option<crate::formats::SnapshotRef>,
     /// NBD exports (the image, or a backing file): seconds requests wait
     /// for a reconnection after the server went away, QEMU's
     /// `reconnect-delay` (0: they fail at once).

@@ -23,7 +23,7 @@ pub fn run_batch(q: &mut DiskQueue, reqs: Vec<BlockRequest>) -> Vec<Completion> 
     q.submit_batch_requests(reqs);
     let mut out = Vec::new();
     while out.len() < n {
-        q.wait_completions(&mut out).unwrap();
+        wait_completions_within(q, &mut out, QUEUE_LIMIT);
         assert!(out.len() <= n, "more completions than requests");
     }
     assert_eq!(q.in_flight(), 0);
@@ -53,17 +53,7 @@ pub fn run_batch_polling(q: &mut DiskQueue, reqs: Vec<BlockRequest>) -> Vec<Comp
     out
 }
 
-/// Waits up to `ms` for the queue's completion eventfd; whether it fired.
-pub fn completion_signalled(q: &DiskQueue, ms: i32) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut pfd = libc::pollfd {
-        fd: q.completion_eventfd().as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, ms) > 0 }
-}
+pub use crate::support::{completion_signalled, wait_completions_within, QUEUE_LIMIT};
 
 pub fn read_req(user_data: u64, offset: u64, len: usize) -> BlockRequest {
     BlockRequest {

@@ -23,7 +23,10 @@ use block::{
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::record::{Event, GuestOp, Log, RecordingEngine, RecordingMetaIo};
-use super::{qemu_create, qemu_create_overlay, qemu_img, qemu_io, s, Rng};
+use super::{
+    qemu_create, qemu_create_overlay, qemu_img, qemu_io, s, wait_completions_within, Rng,
+    QUEUE_LIMIT,
+};
 
 /// One image and workload shape.
 #[derive(Clone, Copy, Debug)]
@@ -307,14 +310,14 @@ fn drive_threads(queues: &mut [DiskQueue], log: &Log, cfg: &Config, seed: u64) {
                     q.submit_batch_requests(random_batch(&mut rng, batch, log, cfg));
                     submitted += batch;
                     if q.in_flight() > 4 {
-                        q.wait_completions(&mut out).unwrap();
+                        wait_completions_within(q, &mut out, QUEUE_LIMIT);
                     } else {
                         q.drain_completions(&mut out);
                     }
                     note_done(log, &mut out, cfg, seed);
                 }
                 while q.in_flight() > 0 {
-                    q.wait_completions(&mut out).unwrap();
+                    wait_completions_within(q, &mut out, QUEUE_LIMIT);
                     note_done(log, &mut out, cfg, seed);
                 }
             });

@@ -39,8 +39,7 @@
 use std::fs::OpenOptions;
 
 use block::create::{create_image, CreateOptions, FileIdentity};
-use block::formats::qcow2::snapshot_view::SnapshotRef;
-use block::formats::Compression;
+use block::formats::{Compression, SnapshotRef};
 use block::options::CacheMode;
 use block::prealloc::Preallocation;
 use block::ImageType;

@@ -11,12 +11,15 @@
 //! read from the input and written to the output, zeroes included, as
 //! qemu-img writes them. Nothing is printed on success.
 //!
-//! An output that is a file of the input's chain (the same file, a link
-//! to it, its data file or backing file) is refused before anything is
-//! created (qemu-img refuses a qcow2 input on its lock, and copies a raw
-//! one onto itself, losing what a smaller output cuts off).
-
-use std::os::unix::fs::MetadataExt;
+//! The output is created as `convert` creates its own
+//! ([`block::create::create_image`] with the input's files as
+//! [`CreateOptions::sources`]): locked like a writer before it is
+//! truncated, and refused when it is one of the files the input reads
+//! (the same file, a link to it, its data file or backing file), so the
+//! input is never truncated (qemu-img refuses a qcow2 input on its lock,
+//! and copies a raw one onto itself, losing what a smaller output cuts
+//! off). Errors are worded as qemu-img's ("error while creating output
+//! image").
 
 use block::create::{create_image, CreateOptions};
 use block::ImageType;
@@ -120,16 +123,16 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         Ok(f) => f,
         Err(_) => return Err(CliError::Usage("Unknown file format".into())),
     };
-    refuse_output_in_chain(&source, input, output)?;
     let (end, start) = copy_range(&ops, source.size());
     let out_size = start.map_or(0, |s| end - s);
     let create = CreateOptions {
         path: output.into(),
         format: out_format,
         size: out_size.next_multiple_of(512),
+        sources: source.file_identities(),
         ..Default::default()
     };
-    create_image(&create).map_err(|source| CliError::Create {
+    create_image(&create).map_err(|source| CliError::CreateOutput {
         path: output.into(),
         source,
     })?;
@@ -168,24 +171,6 @@ fn copy(source: &ImageIo, target: &ImageIo, start: u64, end: u64, bs: u64) -> Re
                 source,
             })?;
         pos += n as u64;
-    }
-    Ok(())
-}
-
-/// Refuses an output that is one of the files the input reads (by device
-/// and inode, so also through another name or a link).
-fn refuse_output_in_chain(source: &ImageIo, input: &str, output: &str) -> Result<(), CliError> {
-    let Ok(out) = std::fs::metadata(output) else {
-        return Ok(());
-    };
-    let shared = source.format().files().iter().any(|f| {
-        f.metadata()
-            .is_ok_and(|m| (m.dev(), m.ino()) == (out.dev(), out.ino()))
-    });
-    if shared {
-        return Err(CliError::Usage(format!(
-            "{input}: error while creating output image: Failed to get \"write\" lock\nIs another process using the image [{output}]?"
-        )));
     }
     Ok(())
 }

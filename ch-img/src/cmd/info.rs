@@ -14,9 +14,7 @@
 
 use std::collections::HashSet;
 
-use block::create::FileIdentity;
-use block::formats::qcow2::bitmap_directory::BitmapEntry;
-use block::formats::ImageInfo;
+use block::formats::{BitmapEntry, ImageInfo};
 use block::info_json::{data_file_raw, json_info};
 use block::options::CacheMode;
 use block::{DiskOptions, ImageType};
@@ -55,12 +53,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     while let Some((path, format)) = next.take() {
         let image = open_layer(&path, format, shared)?;
         // A file met twice: the chain loops (qemu-img's words).
-        let ids: Vec<FileIdentity> = image
-            .format()
-            .files()
-            .iter()
-            .filter_map(|f| FileIdentity::of(f).ok())
-            .collect();
+        let ids = image.file_identities();
         let met_before = ids.iter().filter(|id| !seen.insert(**id)).count();
         if met_before > 0 {
             return Err(CliError::Usage(format!(

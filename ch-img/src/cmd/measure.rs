@@ -4,15 +4,16 @@
 //! Says how many bytes a new image of the output format would take: for
 //! a disk of `--size` bytes, or to hold a copy of FILE (what `convert`
 //! would write). The output's `-o` options give the qcow2 geometry
-//! ([`Qcow2Layout`]); FILE's extents come from `block_status` through
-//! its whole backing chain; the byte counts come from
-//! [`crate::qcow2_space`]. Printed as qemu-img prints them: "required
-//! size", "fully allocated size" and, for a qcow2 v3 output measured from
-//! a qcow2 v3 image, "bitmaps size" (its persistent bitmaps).
+//! ([`Geometry`]); FILE's extents come from `block_status` through its
+//! whole backing chain, its persistent bitmaps from its `info`; the byte
+//! counts come from block's qcow2 layout arithmetic
+//! ([`block::formats::qcow2::layout`]). Printed as qemu-img prints them:
+//! "required size", "fully allocated size" and, for a qcow2 v3 output
+//! measured from a qcow2 v3 image, "bitmaps size" (its persistent
+//! bitmaps).
 
-use std::path::Path;
-
-use block::formats::qcow2::bitmap_directory::persistent_bitmaps;
+use block::formats::qcow2::layout::{bitmaps_size, Geometry};
+use block::formats::ImageInfo;
 use block::prealloc::Preallocation;
 use block::ImageType;
 use serde_json::{json, Map, Value};
@@ -22,7 +23,6 @@ use crate::cmd::{print_json, OutputFormat};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::options::{force_share, open_reader, option_items, parse_format, set_create_option};
-use crate::qcow2_space::{bitmaps_size, Qcow2Layout, MAX_L1_BYTES};
 use crate::size::parse_size;
 use block::options::CacheMode;
 
@@ -54,16 +54,10 @@ struct Target {
     /// `-o backing_file=`: the copy shares nothing known with its backing
     /// file, so every data cluster counts.
     has_backing_file: bool,
-    /// qcow2 only.
-    layout: Qcow2Layout,
+    /// qcow2 only (qemu's defaults for another format).
+    layout: Geometry,
     /// qcow2 version 3 (compat=1.1).
     v3: bool,
-}
-
-/// The image to measure a copy of.
-struct Input<'a> {
-    path: &'a str,
-    image: ImageIo,
 }
 
 /// What qemu-img measure prints.
@@ -101,21 +95,19 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     if let Some(size) = size {
         target.size = size;
     }
+    // The image to measure a copy of.
     let input = match path {
-        Some(path) => Some(Input {
+        Some(path) => Some(open_reader(
             path,
-            image: open_reader(
-                path,
-                parse_format(p.value("f"))?,
-                CacheMode::Writeback,
-                force_share(&p),
-            )?,
-        }),
+            parse_format(p.value("f"))?,
+            CacheMode::Writeback,
+            force_share(&p),
+        )?),
         None => None,
     };
     let m = match format {
         ImageType::Qcow2 => measure_qcow2(&target, input.as_ref())?,
-        _ => measure_raw(&target, input.as_ref().map(|i| &i.image)),
+        _ => measure_raw(&target, input.as_ref()),
     };
     print_measurement(&m, output)?;
     Ok(0)
@@ -161,11 +153,8 @@ impl Target {
                 )));
             }
         }
-        let layout = Qcow2Layout {
-            cluster_size: create.cluster_size.unwrap_or(65536),
-            refcount_bits: u64::from(create.refcount_bits.unwrap_or(16)),
-            extended_l2: create.extended_l2,
-        };
+        let cluster_size = create.cluster_size.unwrap_or(65536);
+        let refcount_bits = u64::from(create.refcount_bits.unwrap_or(16));
         let v3 = match create.compat.as_deref() {
             None | Some("1.1") => true,
             Some("0.10") => false,
@@ -175,9 +164,20 @@ impl Target {
                 )))
             }
         };
-        if format == ImageType::Qcow2 {
-            check_layout(&layout, v3)?;
-        }
+        let layout = if format == ImageType::Qcow2 {
+            check_layout(cluster_size, refcount_bits, create.extended_l2, v3)?;
+            Geometry {
+                cluster_bits: cluster_size.trailing_zeros(),
+                refcount_order: refcount_bits.trailing_zeros(),
+                extended_l2: create.extended_l2,
+            }
+        } else {
+            Geometry {
+                cluster_bits: 16,
+                refcount_order: 4,
+                extended_l2: false,
+            }
+        };
         Ok(Target {
             size: create.size,
             preallocation,
@@ -191,20 +191,25 @@ impl Target {
 /// qemu's limits on the qcow2 geometry (measure does not check the
 /// options that only change feature bits, such as lazy_refcounts with
 /// compat=0.10).
-fn check_layout(l: &Qcow2Layout, v3: bool) -> Result<(), CliError> {
+fn check_layout(
+    cluster_size: u64,
+    refcount_bits: u64,
+    extended_l2: bool,
+    v3: bool,
+) -> Result<(), CliError> {
     let usage = |m: &str| Err(CliError::Usage(m.into()));
-    if !l.cluster_size.is_power_of_two() || !(512..=2 << 20).contains(&l.cluster_size) {
+    if !cluster_size.is_power_of_two() || !(512..=2 << 20).contains(&cluster_size) {
         return usage("Cluster size must be a power of two between 512 and 2048k");
     }
-    if l.extended_l2 && l.cluster_size < 16384 {
+    if extended_l2 && cluster_size < 16384 {
         return usage(
             "Extended L2 entries are only supported with cluster sizes of at least 16384 bytes",
         );
     }
-    if !l.refcount_bits.is_power_of_two() || l.refcount_bits > 64 {
+    if !refcount_bits.is_power_of_two() || refcount_bits > 64 {
         return usage("Refcount width must be a power of two and may not exceed 64 bits");
     }
-    if !v3 && l.refcount_bits != 16 {
+    if !v3 && refcount_bits != 16 {
         return usage("Different refcount widths than 16 bits require compatibility level 1.1 or above (use compat=1.1 or greater)");
     }
     Ok(())
@@ -230,22 +235,22 @@ fn too_large() -> CliError {
 /// A qcow2 copy: all metadata of a fully allocated image, plus the data
 /// clusters the input needs (or all of them with preallocation=falloc or
 /// full, or with a backing file).
-fn measure_qcow2(target: &Target, input: Option<&Input>) -> Result<Measurement, CliError> {
+fn measure_qcow2(target: &Target, input: Option<&ImageIo>) -> Result<Measurement, CliError> {
     let layout = &target.layout;
     // qemu checks the L1 table for the size option only, not for an input.
     let asked = layout.round_up(target.size).ok_or_else(too_large)?;
-    if layout.l1_bytes(asked) > MAX_L1_BYTES {
+    if !layout.l1_fits(asked) {
         return Err(too_large());
     }
     let (virtual_size, mut data) = match input {
         None => (asked, 0),
-        Some(Input { image, .. }) => {
+        Some(image) => {
             let disk = image.size().next_multiple_of(SECTOR);
             let virtual_size = layout.round_up(disk).ok_or_else(too_large)?;
             let data = if target.has_backing_file {
                 virtual_size
             } else {
-                data_clusters_bytes(image, layout.cluster_size)?
+                data_clusters_bytes(image, layout.cluster_size())?
             };
             (virtual_size, data)
         }
@@ -254,14 +259,12 @@ fn measure_qcow2(target: &Target, input: Option<&Input>) -> Result<Measurement, 
         data = virtual_size;
     }
     let fully_allocated = layout.fully_allocated(virtual_size).ok_or_else(too_large)?;
-    let bitmaps = match input {
-        Some(Input { path, image }) if target.v3 && is_qcow2_v3(image) => {
-            let bitmaps = persistent_bitmaps(Path::new(path)).map_err(|source| CliError::Open {
-                path: (*path).into(),
-                source,
-            })?;
+    // The open refused a bitmap directory qemu would refuse, so `info`
+    // lists every bitmap.
+    let bitmaps = match input.map(|image| (image, image.format().info())) {
+        Some((image, info)) if target.v3 && is_qcow2_v3(&info) => {
             let disk = image.size().next_multiple_of(SECTOR);
-            Some(bitmaps_size(&bitmaps, disk, layout.cluster_size))
+            Some(bitmaps_size(&info.bitmaps, disk, layout.cluster_size()))
         }
         _ => None,
     };
@@ -274,8 +277,7 @@ fn measure_qcow2(target: &Target, input: Option<&Input>) -> Result<Measurement, 
 
 /// Whether the input is a qcow2 v3 image: only those keep persistent
 /// bitmaps, so only then does qemu report a bitmaps size.
-fn is_qcow2_v3(image: &ImageIo) -> bool {
-    let info = image.format().info();
+fn is_qcow2_v3(info: &ImageInfo) -> bool {
     info.format == "qcow2" && info.compat.as_deref() == Some("1.1")
 }
 

@@ -1,8 +1,8 @@
 //! `ch-img snapshot [-l | -c NAME | -a NAME | -d NAME] [-f fmt] [-U] FILE`
 //!
 //! Lists a qcow2 image's internal snapshots as qemu-img does, from the
-//! snapshot table the block crate parses
-//! ([`block::formats::qcow2::snapshot_table`]); the same table is what
+//! snapshot table the block crate parses (the image's
+//! [`block::formats::ImageInfo::snapshots`]); the same table is what
 //! `info` prints under "Snapshot list:" (human) and "snapshots" (JSON).
 //! `-c` creates a snapshot, `-a` reverts the disk to the one with that id
 //! or name, `-d` deletes the first one with that name
@@ -10,7 +10,7 @@
 //! `snapshot_delete`). A change that fails (ENOSPC, EIO) leaves the image
 //! as it was ([`crate::image_io::ImageIo::undo_on_failure`]).
 
-use block::formats::qcow2::snapshot_table::SnapshotInfo;
+use block::formats::SnapshotInfo;
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;

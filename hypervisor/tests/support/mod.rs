@@ -4,7 +4,6 @@
 // Each test file uses a part of this module.
 #![allow(dead_code)]
 
-use std::sync::mpsc;
 use std::time::Duration;
 
 use hypervisor::Vm;
@@ -62,19 +61,12 @@ pub fn vm_or_skip() -> Option<std::sync::Arc<Vm>> {
 /// Runs `body` on its own thread and fails the test if it takes longer
 /// than `limit` (a guest that spins without exiting would otherwise hang
 /// the test; the stuck thread dies with the test process).
+#[track_caller]
 pub fn with_deadline<T: Send + 'static>(
     limit: Duration,
     body: impl FnOnce() -> T + Send + 'static,
 ) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)));
-    });
-    match rx.recv_timeout(limit) {
-        Ok(Ok(v)) => v,
-        Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err(_) => panic!("the guest did not finish within {limit:?}"),
-    }
+    testkit::with_deadline("the guest", limit, body)
 }
 
 /// Where [`write_long_mode_tables`] puts things (guest physical).

@@ -165,10 +165,10 @@ impl Drop for Daemon {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(&self.mountpoint)
-                .status();
+            let _ = testkit::try_output_within(
+                Command::new("umount").arg("-l").arg(&self.mountpoint),
+                Duration::from_secs(60),
+            );
         }
     }
 }

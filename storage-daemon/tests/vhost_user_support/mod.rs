@@ -150,7 +150,11 @@ impl Daemon {
         // SAFETY: kill only sends a signal to our child.
         let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         assert_eq!(rc, 0);
-        let status = self.child.wait().expect("daemon waits");
+        let status = testkit::exit_within(
+            &mut self.child,
+            "ch-storage-daemon after SIGTERM",
+            Duration::from_secs(60),
+        );
         let log = self.log_text();
         assert!(status.success(), "daemon exit {status}: {log}");
         assert!(!self.socket.exists(), "the socket was not removed");

@@ -1,11 +1,51 @@
-//! Shared by the ch_img_{amend,dd,bitmap,help}.rs test files: running
-//! the same command line through qemu-img and ch-img and comparing what
-//! each prints, its exit status and the image it leaves.
+//! Shared by the ch_img_* test files that hold ch-img's verbs against
+//! qemu-img's (one file per verb): running the same command line through
+//! qemu-img and ch-img and comparing what each prints, its exit status
+//! and the image it leaves; a sample image; the facts of an image
+//! (info, check, map, a bitmap's dirty map) that do not depend on where
+//! its clusters lie.
 #![allow(dead_code)]
 
 use std::process::Output;
 
-use integration_tests::{ch_status, json, qemu_img, qemu_img_status};
+use integration_tests::{ch_status, json, qemu_img, qemu_img_status, qemu_io, TempDir};
+
+/// What a run printed on stdout.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A run's exit status (-1 when a signal ended it).
+pub fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+/// A 16 MiB qcow2 image `name` in `dir`, made by qemu-img, with data
+/// (0..100k and a 4 KiB run at 5M), a zero cluster (1M) and holes.
+pub fn sample_qcow2(dir: &TempDir, name: &str) -> String {
+    let img = dir.file(name);
+    qemu_img(&["create", "-q", "-f", "qcow2", &img, "16M"]);
+    qemu_io(
+        "qcow2",
+        &img,
+        &[
+            "write -P 0xab 0 100k",
+            "write -z 1M 64k",
+            "write -P 0xcd 5M 4k",
+        ],
+    );
+    img
+}
+
+/// `qemu-img map --output=json` without the host offsets (which follow
+/// allocation order): the extents and their flags.
+pub fn layout(img: &str) -> serde_json::Value {
+    let mut j = json(&qemu_img(&["map", "--output=json", img]));
+    for e in j.as_array_mut().unwrap() {
+        e.as_object_mut().unwrap().remove("offset");
+    }
+    j
+}
 
 /// What one run printed and returned, with the tool's name and the
 /// given file names neutralised so two runs compare.
@@ -104,4 +144,23 @@ pub fn assert_clean(img: &str) {
 /// Asserts both images read the same (`qemu-img compare`).
 pub fn assert_same_contents(a: &str, b: &str) {
     qemu_img(&["compare", a, b]);
+}
+
+/// `nbdinfo --map` of bitmap `name` as qemu-nbd exports it: what QEMU
+/// reads of it. coreutils' `timeout` ends nbdinfo, which ends the
+/// qemu-nbd it started.
+pub fn dirty_map(img: &str, name: &str) -> String {
+    let map = format!("--map=qemu:dirty-bitmap:{name}");
+    let out = testkit::output_within(
+        std::process::Command::new("timeout").args([
+            "30", "nbdinfo", &map, "--", "[", "qemu-nbd", "-r", "-f", "qcow2", "-B", name, img, "]",
+        ]),
+        testkit::COMMAND_LIMIT,
+    );
+    assert!(
+        out.status.success(),
+        "nbdinfo {img} {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -120,11 +120,12 @@ impl ApiVm {
 
     /// `ch-remote --api-socket SOCKET args...`.
     pub fn ch_remote(&self, args: &[&str]) -> Output {
-        Command::new(project_bin("vmm", "ch-remote"))
-            .args(["--api-socket", &self.socket])
-            .args(args)
-            .output()
-            .expect("run ch-remote")
+        testkit::output_within(
+            Command::new(project_bin("vmm", "ch-remote"))
+                .args(["--api-socket", &self.socket])
+                .args(args),
+            testkit::COMMAND_LIMIT,
+        )
     }
 
     /// Whether the VMM process is still running.
@@ -184,7 +185,8 @@ pub fn curl_raw(socket: &str, method: &str, url: &str, body: Option<&str>) -> (u
     if let Some(b) = body {
         cmd.args(["-H", "Content-Type: application/json", "--data-binary", b]);
     }
-    let out = cmd.arg(url).output().expect("run curl");
+    // curl's --max-time is the deadline; this one only backs it up.
+    let out = testkit::output_within(cmd.arg(url), testkit::COMMAND_LIMIT);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
     (code.trim().parse().unwrap_or(0), body.to_string())

@@ -8,7 +8,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use integration_tests::{qemu_img, TempDir};
 
@@ -22,39 +22,10 @@ pub fn repo() -> PathBuf {
 
 /// `cloud-hypervisor`: `$CH_BIN_DIR/cloud-hypervisor` when
 /// scripts/run-tests.sh built it, else built once per test process into
-/// this test's target dir.
+/// this test's target dir ([`integration_tests::project_bin`]).
 pub fn vmm_binary() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Some(bin) = std::env::var_os("CH_BIN_DIR")
-            .map(|d| PathBuf::from(d).join("cloud-hypervisor"))
-            .filter(|p| p.exists())
-        {
-            return bin;
-        }
-        let exe = std::env::current_exe().expect("current_exe");
-        let profile = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>/deps")
-            .to_path_buf();
-        let target = profile.parent().expect("target dir").to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", "vmm", "--bin", "cloud-hypervisor"])
-            .arg("--manifest-path")
-            .arg(repo().join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target);
-        if profile.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        assert!(
-            cmd.status().expect("run cargo").success(),
-            "building cloud-hypervisor failed"
-        );
-        profile.join("cloud-hypervisor")
-    })
+    PATH.get_or_init(|| integration_tests::project_bin("vmm", "cloud-hypervisor"))
 }
 
 /// The test guest ELF: `$CH_TEST_GUEST`, else built by
@@ -81,19 +52,9 @@ pub fn test_guest() -> &'static Path {
 }
 
 /// Waits for `child` with a deadline; kills it (and fails) on timeout.
+#[track_caller]
 pub fn wait_with_timeout(child: &mut Child, timeout: Duration) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("cloud-hypervisor did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    testkit::exit_within(child, "the child process", timeout)
 }
 
 pub struct Boot {

@@ -4,11 +4,12 @@
 //! answers, and a file system mounted for one test.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
 
-use integration_tests::{ch_img, TempDir};
+use integration_tests::ch_img;
+pub use testkit::mount::Mount;
 
 /// Longest a ch-img or qemu-img command may run here: a hostile image
 /// must be refused at once, and nothing else these tests do takes long.
@@ -27,27 +28,7 @@ pub fn timed_in(
     args: &[&str],
     limit: Duration,
 ) -> Output {
-    let program = program.as_ref();
-    let mut child = Command::new(program)
-        .current_dir(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {program:?}: {e}"));
-    let start = Instant::now();
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("collect output");
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{program:?} {args:?} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    testkit::output_within(Command::new(program).current_dir(dir).args(args), limit)
 }
 
 /// `ch-img ARGS` with the deadline, whatever its exit status.
@@ -121,38 +102,8 @@ pub fn unchanged(path: &str, before: &[u8], what: &str) {
     );
 }
 
-/// A tmpfs mounted for one test (needs root, as the test run is),
-/// unmounted on drop.
-pub struct Mount {
-    _dir: TempDir,
-    pub path: PathBuf,
-}
-
-impl Mount {
-    pub fn tmpfs(tag: &str, size: &str) -> Mount {
-        let dir = TempDir::new(tag);
-        let path = dir.path().join("fs");
-        std::fs::create_dir(&path).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&path)
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success(),
-            "mounting a tmpfs needs root: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Mount { _dir: dir, path }
-    }
-
-    pub fn file(&self, name: &str) -> String {
-        self.path.join(name).to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
-    }
+/// A tmpfs of `size` for one test ([`testkit::mount::Mount`]), which
+/// must mount (the test run has root).
+pub fn tmpfs(size: &str) -> Mount {
+    Mount::tmpfs(size).unwrap_or_else(|e| panic!("{e}"))
 }

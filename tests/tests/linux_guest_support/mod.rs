@@ -71,13 +71,17 @@ pub fn guest_files() -> Option<&'static (PathBuf, PathBuf)> {
             return Ok((PathBuf::from(k), PathBuf::from(i)));
         }
         let script = repo().join("scripts/build-linux-guest.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+        let out = testkit::try_output_within(
+            Command::new("bash").arg(&script),
+            integration_tests::BUILD_LIMIT,
+        )?;
         if !out.status.success() {
-            return Err(format!("{} failed ({})", script.display(), out.status));
+            return Err(format!(
+                "{} failed ({}): {}",
+                script.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
         let text = String::from_utf8_lossy(&out.stdout);
         let value = |key: &str| {
@@ -216,9 +220,7 @@ impl Drop for Guarded {
 }
 
 fn signal_term(child: &Child) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    let _ = testkit::signal(child.id(), "TERM");
 }
 
 /// `program` under coreutils' `timeout`, so it cannot outlive `limit` even

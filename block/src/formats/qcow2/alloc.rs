@@ -11,7 +11,8 @@
 
 use std::collections::BTreeMap;
 
-use super::header::{MAX_HOST_OFFSET, MAX_REFTABLE_BYTES, OFF_REFTABLE};
+use super::header::{MAX_HOST_OFFSET, OFF_REFTABLE};
+use super::layout::MAX_REFTABLE_BYTES;
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
 use super::refcount::{max_refcount, read_refcount_entry, write_refcount_entry};

@@ -17,8 +17,9 @@
 //! than the file (tables of a real image never overlap), so a hostile
 //! image costs at most a few reads of its own size.
 //!
-//! `check` counts the entries' references; `ch-img measure` sizes a copy
-//! of them ([`persistent_bitmaps`]). The block layer itself does not
+//! `check` counts the entries' references; `info` lists them
+//! ([`bitmaps_in`]), and `ch-img measure` sizes a copy of them from that
+//! list. The block layer itself does not
 //! maintain bitmaps: like qemu, a bitmap only counts while the autoclear
 //! bit is set, and a read-write open clears that bit.
 
@@ -292,21 +293,12 @@ fn check_table(io: &dyn MetaIo, e: &BitmapEntry, image: &ImageFacts) -> Result<(
     Ok(())
 }
 
-/// The persistent bitmaps of the qcow2 image at `path`, in directory
-/// order: none for a v2 image, one without the extension or one whose
-/// autoclear bit says the bitmaps are inconsistent; an error for a
-/// directory qemu would refuse.
-pub fn persistent_bitmaps(path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
-    let file = File::open(path).map_err(|source| BlockError::Open {
-        path: path.to_owned(),
-        source,
-    })?;
-    bitmaps_in(&file, path)
-}
-
-/// [`persistent_bitmaps`] of an open image file (`path` names it in
-/// errors). The header is read again: a read-write open clears the
-/// autoclear bit after the header was parsed.
+/// The persistent bitmaps of an open qcow2 image file (`path` names it
+/// in errors), in directory order: none for a v2 image, one without the
+/// extension or one whose autoclear bit says the bitmaps are
+/// inconsistent; an error for a directory qemu would refuse. The header
+/// is read again: a read-write open clears the autoclear bit after the
+/// header was parsed.
 pub(crate) fn bitmaps_in(file: &File, path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
     let (header, file_size) = read_header(file, path)?;
     bitmaps_of(file, &header, file_size).map_err(|reason| BlockError::InvalidImage {

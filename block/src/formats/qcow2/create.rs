@@ -7,13 +7,15 @@
 //! Validated creation parameters enter; the file leaves written (every
 //! cluster refcounted once; L1 empty without preallocation). With extended
 //! L2 the preallocated clusters' subclusters stay unallocated, as in qemu,
-//! so a backing file still shows through.
+//! so a backing file still shows through. The counts (L1 and L2 tables,
+//! refcount blocks and table) come from [`super::layout`].
 
 use std::path::Path;
 
 use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_COMPRESSION, INCOMPAT_EXTL2};
 use super::header::{Header, EXT_BACKING_FORMAT, EXT_END, V2_HEADER_LEN, V3_HEADER_LEN};
 use super::l2_entry::OFLAG_COPIED;
+use super::layout::Geometry;
 use super::meta_io::{write_at, MetaKind};
 use super::refcount::{entries_per_block, write_refcount_entry};
 use crate::error::BlockError;
@@ -37,27 +39,6 @@ pub struct Qcow2Params {
     pub sources: Vec<crate::create::FileIdentity>,
 }
 
-/// Where everything goes, in clusters from the start of the file.
-struct Layout {
-    rt_clusters: u64,
-    rb_count: u64,
-    l1_clusters: u64,
-    /// L2 tables (preallocation only): one per L1 entry.
-    l2_tables: u64,
-    /// Data clusters (preallocation only): one per guest cluster.
-    data_clusters: u64,
-}
-
-impl Layout {
-    fn total(&self) -> u64 {
-        1 + self.rt_clusters
-            + self.rb_count
-            + self.l1_clusters
-            + self.l2_tables
-            + self.data_clusters
-    }
-}
-
 fn ext(buf: &mut Vec<u8>, ty: u32, data: &[u8]) {
     buf.extend_from_slice(&ty.to_be_bytes());
     buf.extend_from_slice(&(data.len() as u32).to_be_bytes());
@@ -70,44 +51,42 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         path: path.to_owned(),
         reason,
     };
-    let cs = 1u64 << p.cluster_bits;
-    let l2_entries = cs / if p.extended_l2 { 16 } else { 8 };
-    let l1_size = p.size.div_ceil(l2_entries * cs);
-    if l1_size * 8 > super::header::MAX_L1_BYTES {
+    let geometry = Geometry {
+        cluster_bits: p.cluster_bits,
+        refcount_order: p.refcount_order,
+        extended_l2: p.extended_l2,
+    };
+    let cs = geometry.cluster_size();
+    let l2_entries = geometry.l2_entries();
+    if !geometry.l1_fits(p.size) {
         return Err(invalid(format!(
             "size {} needs an L1 table larger than 32 MiB",
             p.size
         )));
     }
+    let l1_size = geometry.l2_tables(p.size);
     // A zero-size disk has an empty L1 table and, as with qemu-img, no
     // cluster for it (its offset is where it would start).
-    let l1_clusters = (l1_size * 8).div_ceil(cs);
+    let l1_clusters = geometry.l1_clusters(p.size);
     let prealloc = p.preallocation != Preallocation::Off;
-    let mut lay = Layout {
-        rt_clusters: 1,
-        rb_count: 1,
-        l1_clusters,
-        l2_tables: if prealloc { l1_size } else { 0 },
-        data_clusters: if prealloc { p.size.div_ceil(cs) } else { 0 },
+    // Preallocation: one L2 table per L1 entry, one data cluster per
+    // guest cluster.
+    let l2_tables = if prealloc { l1_size } else { 0 };
+    let data_clusters = if prealloc {
+        geometry.clusters(p.size)
+    } else {
+        0
     };
-    let rbe = entries_per_block(p.cluster_bits, p.refcount_order);
-    // Every cluster counts itself, the refcount blocks included: find the
-    // fixed point.
-    loop {
-        let rb = lay.total().div_ceil(rbe);
-        let rt = (rb * 8).div_ceil(cs);
-        if rb == lay.rb_count && rt == lay.rt_clusters {
-            break;
-        }
-        lay.rb_count = rb;
-        lay.rt_clusters = rt;
-    }
+    // Every cluster counts itself, the refcount blocks included.
+    let before_refcounts = 1 + l1_clusters + l2_tables + data_clusters;
+    let refcounts = geometry.refcount_structures(before_refcounts);
+    let (rt_clusters, rb_count) = (refcounts.table, refcounts.blocks);
+    let total = before_refcounts + refcounts.total();
     let rt_off = cs;
-    let rb_off = rt_off + lay.rt_clusters * cs;
-    let l1_off = rb_off + lay.rb_count * cs;
-    let l2_off = l1_off + lay.l1_clusters * cs;
-    let data_off = l2_off + lay.l2_tables * cs;
-    let (rt_clusters, rb_count) = (lay.rt_clusters, lay.rb_count);
+    let rb_off = rt_off + rt_clusters * cs;
+    let l1_off = rb_off + rb_count * cs;
+    let l2_off = l1_off + l1_clusters * cs;
+    let data_off = l2_off + l2_tables * cs;
 
     let mut h = Header {
         version: p.version,
@@ -183,7 +162,7 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
     write_at(&file, MetaKind::Header, 0, &hdr)?;
     write_at(&file, MetaKind::RefcountTable, rt_off, &rt)?;
     // Refcount blocks one at a time (a large preallocated image has many).
-    let total = lay.total();
+    let rbe = entries_per_block(p.cluster_bits, p.refcount_order);
     let mut block = vec![0u8; cs as usize];
     for i in 0..rb_count {
         block.fill(0);
@@ -194,17 +173,17 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         write_at(&file, MetaKind::RefcountBlock, rb_off + i * cs, &block)?;
     }
     let mut l1 = vec![0u8; (l1_clusters * cs) as usize];
-    for t in 0..lay.l2_tables {
+    for t in 0..l2_tables {
         let e = (l2_off + t * cs) | OFLAG_COPIED;
         l1[(t * 8) as usize..(t * 8 + 8) as usize].copy_from_slice(&e.to_be_bytes());
     }
     write_at(&file, MetaKind::L1Table, l1_off, &l1)?;
-    let entry_len = if p.extended_l2 { 16 } else { 8 };
-    for t in 0..lay.l2_tables {
+    let entry_len = geometry.l2_entry_size();
+    for t in 0..l2_tables {
         block.fill(0);
         for j in 0..l2_entries {
             let c = t * l2_entries + j;
-            if c >= lay.data_clusters {
+            if c >= data_clusters {
                 break;
             }
             let e = (data_off + c * cs) | OFLAG_COPIED;
@@ -213,7 +192,7 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         }
         write_at(&file, MetaKind::L2Table, l2_off + t * cs, &block)?;
     }
-    let data_len = lay.data_clusters * cs;
+    let data_len = data_clusters * cs;
     preallocate_range(&file, path, p.preallocation, data_off, data_len)?;
     file.sync_all().map_err(BlockError::Flush)
 }

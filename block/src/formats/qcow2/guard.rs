@@ -15,8 +15,9 @@ use std::path::Path;
 
 use super::cow::CowJob;
 use super::features::INCOMPAT_CORRUPT;
-use super::header::{MAX_L1_BYTES, OFF_INCOMPAT};
+use super::header::OFF_INCOMPAT;
 use super::l2_entry::decode_l1;
+use super::layout::MAX_L1_BYTES;
 use super::meta::MetaState;
 use super::meta_io::{read_at, sync, write_at, MetaKind};
 use super::overlap::MetadataMap;

@@ -13,6 +13,7 @@ use super::features::{
     COMPRESSION_DEFLATE, COMPRESSION_ZSTD, INCOMPAT_COMPRESSION, INCOMPAT_CORRUPT,
     INCOMPAT_DATA_FILE, INCOMPAT_DIRTY, INCOMPAT_EXTL2, INCOMPAT_KNOWN,
 };
+use super::layout::{MAX_L1_BYTES, MAX_REFTABLE_BYTES};
 use crate::formats::Compression;
 
 pub(crate) const MAGIC: u32 = 0x5146_49fb;
@@ -24,9 +25,6 @@ pub(crate) const V3_MIN_HEADER_LEN: u32 = 104;
 pub(crate) const V3_HEADER_LEN: u32 = 112;
 pub(crate) const MIN_CLUSTER_BITS: u32 = 9;
 pub(crate) const MAX_CLUSTER_BITS: u32 = 21;
-/// qemu's limits: larger tables are refused rather than loaded.
-pub(crate) const MAX_L1_BYTES: u64 = 32 << 20;
-pub(crate) const MAX_REFTABLE_BYTES: u64 = 8 << 20;
 /// qemu refuses backing file names longer than this.
 pub(crate) const MAX_BACKING_NAME: u32 = 1023;
 /// Host offsets in L1/L2 entries have 56 bits.

@@ -549,7 +549,7 @@ impl MetaState {
             return Ok(());
         }
         let bytes = new_len as u64 * 8;
-        if bytes > super::header::MAX_L1_BYTES {
+        if bytes > super::layout::MAX_L1_BYTES {
             return Err(BlockError::InvalidResize(format!(
                 "L1 table of {new_len} entries is too large"
             )));

@@ -2,6 +2,10 @@
 //!
 //! Layout of this folder, one job per file:
 //! - `header`, `features`: the header, its extensions and feature bits;
+//! - `layout`: the layout arithmetic (L1 and L2 tables per disk, the
+//!   refcount structures' fixed point, bytes of a fully allocated image,
+//!   qemu's table limits), pure and shared by `create`, `check`, `amend`
+//!   and `ch-img measure`;
 //! - `l2_entry`, `refcount`: decoding table entries (reused by `check`);
 //! - `cache`, `meta`, `alloc`: the metadata tables, their bounded caches,
 //!   refcounts and cluster allocation;
@@ -42,16 +46,16 @@ pub(crate) mod alloc;
 pub(crate) mod amend;
 pub(crate) mod backing;
 pub(crate) mod backing_rewrite;
-pub mod bitmap_directory;
+pub(crate) mod bitmap_directory;
 pub(crate) mod bitmap_store;
 pub(crate) mod bitmap_write;
 pub(crate) mod cache;
-pub mod check;
-pub mod compress_write;
+pub(crate) mod check;
+pub(crate) mod compress_write;
 pub(crate) mod compressed;
 pub(crate) mod compressed_cache;
 pub(crate) mod cow;
-pub mod create;
+pub(crate) mod create;
 pub(crate) mod features;
 pub(crate) mod guard;
 pub(crate) mod header;
@@ -59,6 +63,7 @@ pub(crate) mod header_cluster;
 pub mod image;
 pub(crate) mod inflight;
 pub(crate) mod l2_entry;
+pub mod layout;
 pub(crate) mod meta;
 pub mod meta_faults;
 pub mod meta_io;
@@ -74,8 +79,8 @@ pub(crate) mod refcount_layout;
 pub(crate) mod reserve;
 pub(crate) mod resize;
 pub(crate) mod snapshot_ops;
-pub mod snapshot_table;
-pub mod snapshot_view;
+pub(crate) mod snapshot_table;
+pub(crate) mod snapshot_view;
 pub(crate) mod status;
 pub(crate) mod undo;
 pub(crate) mod write;

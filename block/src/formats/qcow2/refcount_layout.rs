@@ -4,15 +4,15 @@
 //! refcount_bits=` writes in the new width.
 //!
 //! The first free cluster, the cluster size and the refcount width enter
-//! [`RefcountLayout::fit`] (how many blocks and table clusters, found as a
-//! fixed point since they count themselves); the refcount of every
-//! cluster before them enters [`RefcountLayout::write`], which writes the
+//! [`RefcountLayout::fit`] (how many blocks and table clusters: the fixed
+//! point of [`super::layout`], since they count themselves); the refcount
+//! of every cluster before them enters [`RefcountLayout::write`], which writes the
 //! blocks, then the table, through the metadata-I/O seam. Nothing points
 //! at the new structures until the caller switches the header to them
 //! (after a barrier), so a failure before that leaves the old ones in use
 //! and the new ones past the old end of the file.
 
-use super::header::MAX_REFTABLE_BYTES;
+use super::layout::{refcount_structures, MAX_REFTABLE_BYTES};
 use super::meta_io::{write_at, MetaIo, MetaKind};
 use super::refcount::{entries_per_block, write_refcount_entry};
 use crate::error::BlockError;
@@ -30,20 +30,12 @@ pub(crate) struct RefcountLayout {
 }
 
 impl RefcountLayout {
-    /// The blocks and table that count `start` clusters and themselves.
+    /// The blocks and table that count `start` clusters (at least the
+    /// header's) and themselves ([`refcount_structures`]).
     pub fn fit(start: u64, cluster_bits: u32, order: u32) -> Result<Self, BlockError> {
-        let per_block = entries_per_block(cluster_bits, order);
         let cs = 1u64 << cluster_bits;
-        let (mut blocks, mut table) = (0u64, 0u64);
-        loop {
-            let total = start + blocks + table;
-            let b = total.div_ceil(per_block);
-            let t = (b * 8).div_ceil(cs).max(1);
-            if (b, t) == (blocks, table) {
-                break;
-            }
-            (blocks, table) = (b, t);
-        }
+        let needed = refcount_structures(cluster_bits, order, start.max(1));
+        let (blocks, table) = (needed.blocks, needed.table);
         if table * cs > MAX_REFTABLE_BYTES {
             return Err(BlockError::NoSpace(format!(
                 "a refcount table of {table} clusters would exceed qcow2's limit"

@@ -225,7 +225,7 @@ pub(super) fn load_table(meta: &mut MetaState, off: u64) -> Result<Vec<u8>, Bloc
 /// A snapshot's L1 entries, read from its table.
 pub(super) fn read_l1(meta: &MetaState, sn: &SnapshotInfo) -> Result<Vec<u64>, BlockError> {
     let bytes = u64::from(sn.l1_size) * 8;
-    if bytes > super::header::MAX_L1_BYTES {
+    if bytes > super::layout::MAX_L1_BYTES {
         return Err(meta.invalid(format!(
             "snapshot {} has an L1 table of {} entries",
             sn.id, sn.l1_size

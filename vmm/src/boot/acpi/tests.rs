@@ -127,12 +127,13 @@ fn iasl_disassembles_every_table() {
         let sig = String::from_utf8_lossy(&t[..4]).to_string();
         let path = dir.join(format!("{sig}.dat"));
         std::fs::write(&path, t).unwrap();
-        let out = std::process::Command::new("iasl")
-            .arg("-d")
-            .arg(&path)
-            .current_dir(&dir)
-            .output()
-            .unwrap();
+        let out = testkit::output_within(
+            std::process::Command::new("iasl")
+                .arg("-d")
+                .arg(&path)
+                .current_dir(&dir),
+            testkit::COMMAND_LIMIT,
+        );
         let text = String::from_utf8_lossy(&out.stdout).to_string()
             + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "iasl -d {sig}: {text}");
@@ -183,11 +184,12 @@ fn acpiexec_runs_the_hotplug_methods() {
     std::fs::write(&path, dsdt()).unwrap();
     let script = "execute \\_SB.PCI0.DVNT 0x0c 3; execute \\_SB.PCI0.DVNT 0x80000002 1; \
                   execute \\_SB.GED_._EVT 5; execute \\_SB.PCI0.S002._EJ0 0";
-    let out = std::process::Command::new("acpiexec")
-        .args(["-b", script])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = testkit::output_within(
+        std::process::Command::new("acpiexec")
+            .args(["-b", script])
+            .arg(&path),
+        testkit::COMMAND_LIMIT,
+    );
     std::fs::remove_dir_all(&dir).ok();
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);

@@ -8,10 +8,11 @@
 use std::fs::File;
 
 use crate::error::BlockError;
-use crate::formats::qcow2::header::{Header, MAX_L1_BYTES};
+use crate::formats::qcow2::header::Header;
 use crate::formats::qcow2::l2_entry::{
     decode_l1, decode_l2, L2Entry, OFLAG_COMPRESSED, OFLAG_COPIED, OFLAG_ZERO,
 };
+use crate::formats::qcow2::layout::MAX_L1_BYTES;
 use crate::formats::qcow2::meta_io::{be64_at, read_at, MetaKind};
 use crate::formats::qcow2::snapshot_table::{read_snapshot_table, TableLocation, MAX_SNAPSHOTS};
 
