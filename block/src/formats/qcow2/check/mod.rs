@@ -14,6 +14,7 @@ use std::path::Path;
 use crate::error::BlockError;
 
 mod bitmaps;
+mod l2_sharing;
 mod rebuild;
 mod refcounts;
 mod references;

@@ -116,8 +116,11 @@ fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
         file_size,
         refs: References::new(file_size, header.cluster_bits),
         findings: Findings::default(),
+        sharing: Default::default(),
+        walked: Default::default(),
     };
     walker.refs.add(0, cs, &mut walker.findings);
+    walker.count_sharing(header.l1_table_offset, header.l1_size);
     walker.walk_l1(header.l1_table_offset, header.l1_size, true)?;
     walker.walk_snapshots()?;
     super::bitmaps::walk_bitmaps(&mut walker, &bitmaps)?;

@@ -4,8 +4,16 @@
 //! leaves in [`References`], along with qemu-img's findings (unaligned or
 //! out-of-file tables, COPIED flags to verify, allocation statistics) in
 //! [`Findings`]. Nothing here writes to the image.
+//!
+//! Each L2 table is walked once, at its first reference, and its
+//! references are counted as many times as L1 entries point at it
+//! ([`super::l2_sharing`], counted before the walk): the walk reads each
+//! table of the file at most once, whatever the L1 tables claim.
 
+use std::collections::HashSet;
 use std::fs::File;
+
+use super::l2_sharing::{L2Sharing, L1_RESERVED};
 
 use crate::error::BlockError;
 use crate::formats::qcow2::header::Header;
@@ -14,10 +22,10 @@ use crate::formats::qcow2::l2_entry::{
 };
 use crate::formats::qcow2::layout::MAX_L1_BYTES;
 use crate::formats::qcow2::meta_io::{be64_at, read_at, MetaKind};
-use crate::formats::qcow2::snapshot_table::{read_snapshot_table, TableLocation, MAX_SNAPSHOTS};
+use crate::formats::qcow2::snapshot_table::{
+    read_snapshot_table, SnapshotInfo, TableLocation, MAX_SNAPSHOTS,
+};
 
-/// L1 entry bits that must be zero (qcow2 spec: 1-8 and 56-62).
-const L1_RESERVED: u64 = 0x7f00_0000_0000_01fe;
 /// Standard L2 entry bits that must be zero (1-8 and 56-61); with
 /// extended L2 entries bit 0 too.
 const L2_RESERVED: u64 = 0x3f00_0000_0000_01fe;
@@ -84,7 +92,13 @@ impl References {
     /// last compressed cluster's sector count may) is counted up to the
     /// end; one cluster or more past it is a corruption, as in qemu-img.
     pub fn add(&mut self, offset: u64, len: u64, f: &mut Findings) {
-        if len == 0 {
+        self.add_times(offset, len, 1, f);
+    }
+
+    /// [`Self::add`], counted `times` times (a table shared by several
+    /// L1 entries counts its references once per entry).
+    pub fn add_times(&mut self, offset: u64, len: u64, times: u32, f: &mut Findings) {
+        if len == 0 || times == 0 {
             return;
         }
         let end = offset.saturating_add(len);
@@ -98,7 +112,7 @@ impl References {
         let last = ((end - 1) >> self.cluster_bits).min(self.refs.len() as u64);
         for i in first..=last {
             if let Some(r) = self.refs.get_mut(i as usize) {
-                *r = r.saturating_add(1);
+                *r = r.saturating_add(times);
             }
         }
     }
@@ -111,6 +125,10 @@ pub(super) struct Walker<'a> {
     pub file_size: u64,
     pub refs: References,
     pub findings: Findings,
+    /// How many L1 entries point at each L2 table ([`Self::count_sharing`]).
+    pub sharing: L2Sharing,
+    /// L2 tables already walked (each is walked once).
+    pub walked: HashSet<u64>,
 }
 
 impl Walker<'_> {
@@ -161,6 +179,7 @@ impl Walker<'_> {
                     if l2
                         .checked_add(self.cs())
                         .is_some_and(|e| e <= self.file_size)
+                        && self.walked.insert(l2)
                     {
                         if let Err(e) = self.walk_l2(l2, active) {
                             self.findings.check_errors += 1;
@@ -175,9 +194,13 @@ impl Walker<'_> {
         Ok(())
     }
 
+    /// Walks one L2 table; its references count once per L1 entry that
+    /// points at it, its statistics once per entry of the active L1 table.
     fn walk_l2(&mut self, l2_offset: u64, active: bool) -> Result<(), BlockError> {
         let h = self.header;
         let cs = self.cs();
+        let shared = self.sharing.of(l2_offset, active);
+        let (times, active_times) = (shared.total, u64::from(shared.active));
         let entry_size = h.l2_entry_size();
         let mut l2 = vec![0u8; cs as usize];
         read_at(self.file, MetaKind::L2Table, l2_offset, &mut l2)?;
@@ -231,7 +254,7 @@ impl Walker<'_> {
                         "ERROR offset={host:x}: Cluster is not properly aligned; L2 entry corrupted."
                     ));
                     if !h.has_data_file() {
-                        self.refs.add(host, cs, &mut self.findings);
+                        self.refs.add_times(host, cs, times, &mut self.findings);
                     }
                     continue;
                 }
@@ -258,14 +281,14 @@ impl Walker<'_> {
                 }
                 | L2Entry::Normal { host, .. } => {
                     if active {
-                        self.findings.allocated += 1;
+                        self.findings.allocated += active_times;
                         if next_contiguous != 0 && host != next_contiguous {
-                            self.findings.fragmented += 1;
+                            self.findings.fragmented += active_times;
                         }
                         next_contiguous = host + cs;
                     }
                     if !h.has_data_file() {
-                        self.refs.add(host, cs, &mut self.findings);
+                        self.refs.add_times(host, cs, times, &mut self.findings);
                         if active {
                             self.findings.copied.push(CopiedEntry {
                                 table: l2_offset,
@@ -292,13 +315,14 @@ impl Walker<'_> {
                         continue;
                     }
                     if active {
-                        self.findings.allocated += 1;
-                        self.findings.compressed += 1;
-                        self.findings.fragmented += 1;
+                        self.findings.allocated += active_times;
+                        self.findings.compressed += active_times;
+                        self.findings.fragmented += active_times;
                     }
                     // qemu's range: from the data's first byte to the end
                     // of its last sector.
-                    self.refs.add(d.host_offset, d.max_len, &mut self.findings);
+                    self.refs
+                        .add_times(d.host_offset, d.max_len, times, &mut self.findings);
                 }
             }
         }
@@ -375,30 +399,60 @@ impl Walker<'_> {
         }
         self.refs
             .add(h.snapshots_offset, table_len, &mut self.findings);
-        let l1s: Vec<(usize, u64, u32)> = entries
-            .iter()
-            .enumerate()
-            .map(|(n, e)| (n, e.l1_offset, e.l1_size))
-            .collect();
-        // Real snapshots' L1 tables never overlap, so together they fit
-        // in the file: a table claiming more than is left is not walked
-        // (the walk stays bounded by the file's size).
-        let mut budget = self.file_size;
-        for (n, off, size) in l1s {
-            let bytes = u64::from(size) * 8;
-            if !off.is_multiple_of(self.cs())
-                || bytes > MAX_L1_BYTES
-                || off.checked_add(bytes).is_none_or(|e| e > self.file_size)
-                || bytes > budget
-            {
+        for (n, off, size, valid) in self.snapshot_l1s(&entries) {
+            if !valid {
                 self.findings.corrupt(format!(
                     "ERROR: snapshot {n} has an invalid L1 table (offset {off:#x}, {size} entries)"
                 ));
                 continue;
             }
-            budget -= bytes;
             self.walk_l1(off, size, false)?;
         }
         Ok(())
+    }
+
+    /// Each snapshot's L1 table (index, offset, entries) and whether the
+    /// walk follows it. Real snapshots' L1 tables never overlap, so
+    /// together they fit in the file: a table claiming more than is left
+    /// is not walked (the walk stays bounded by the file's size).
+    fn snapshot_l1s(&self, entries: &[SnapshotInfo]) -> Vec<(usize, u64, u32, bool)> {
+        let mut budget = self.file_size;
+        entries
+            .iter()
+            .enumerate()
+            .map(|(n, e)| {
+                let (off, size) = (e.l1_offset, e.l1_size);
+                let bytes = u64::from(size) * 8;
+                let valid = off.is_multiple_of(self.cs())
+                    && bytes <= MAX_L1_BYTES
+                    && off
+                        .checked_add(bytes)
+                        .is_some_and(|end| end <= self.file_size)
+                    && bytes <= budget;
+                if valid {
+                    budget -= bytes;
+                }
+                (n, off, size, valid)
+            })
+            .collect()
+    }
+
+    /// Counts, before the walk, how many L1 entries point at each L2
+    /// table: the active table's (`l1_offset`, `l1_size`) and the valid
+    /// snapshots' (nothing is reported here; the walk reports).
+    pub fn count_sharing(&mut self, l1_offset: u64, l1_size: u32) {
+        let mut tables = vec![(l1_offset, l1_size, true)];
+        if self.header.nb_snapshots <= MAX_SNAPSHOTS {
+            let location = TableLocation::of(self.header);
+            if let Ok((entries, _)) = read_snapshot_table(self.file, location, self.file_size) {
+                tables.extend(
+                    self.snapshot_l1s(&entries)
+                        .into_iter()
+                        .filter(|t| t.3)
+                        .map(|(_, off, size, _)| (off, size, false)),
+                );
+            }
+        }
+        self.sharing = L2Sharing::count(self.file, &tables, self.file_size, self.cs());
     }
 }
