@@ -16,7 +16,7 @@ use nbd_support::{have, run, scratch, Daemon, RawClient};
 const SIZE: u64 = 4 << 20;
 
 /// A raw image of a known pattern, exported writable or not.
-fn setup(name: &str, writable: bool) -> (std::path::PathBuf, std::path::PathBuf, Daemon) {
+fn setup(name: &str, writable: bool) -> (testkit::TempDir, std::path::PathBuf, Daemon) {
     let dir = scratch(name);
     let img = dir.join("img.raw");
     let data: Vec<u8> = (0..SIZE).map(|i| (i / 4096) as u8).collect();

@@ -1,6 +1,7 @@
 //! When a test may skip, in one place; deadlines for tests that start
 //! processes or wait ([`deadline`]); a file system mounted for one test
-//! ([`mount`]); NBD servers nobody here wrote ([`nbd_server`]).
+//! ([`mount`]); NBD servers nobody here wrote ([`nbd_server`]); a scratch
+//! folder removed when the test ends ([`TempDir`]).
 //!
 //! A test that needs something from outside the project (qemu-img, fio,
 //! io_uring, FUSE, QEMU) asks [`available`] before it starts. When the
@@ -20,6 +21,8 @@ pub use deadline::{
 };
 pub mod mount;
 pub mod nbd_server;
+mod temp_dir;
+pub use temp_dir::TempDir;
 
 /// The environment variable that turns every skip into a failure.
 pub const REQUIRE_ALL: &str = "CH_REQUIRE_ALL";

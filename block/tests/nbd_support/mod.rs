@@ -186,11 +186,9 @@ fn serve(mut s: UnixStream, data: &Mutex<Vec<u8>>, multi_conn: bool, misbehave: 
     }
 }
 
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ch-nbdc-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch folder for one test, removed when the test ends.
+pub fn scratch(name: &str) -> testkit::TempDir {
+    testkit::TempDir::new(&format!("ch-nbdc-{name}"))
 }
 
 /// Runs `f` on a thread and fails the test if it takes longer than

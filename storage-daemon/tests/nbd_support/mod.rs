@@ -22,11 +22,9 @@ pub fn have(tools: &[&str]) -> bool {
     tools.iter().all(|t| testkit::has_command(t))
 }
 
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ch-nbd-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch folder for one test, removed when the test ends.
+pub fn scratch(name: &str) -> testkit::TempDir {
+    testkit::TempDir::new(&format!("ch-nbd-{name}"))
 }
 
 /// Runs `cmd` to completion within [`DEADLINE`]; returns (success,

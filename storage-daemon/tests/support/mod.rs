@@ -32,11 +32,9 @@ pub fn cannot_run(tools: &[&str]) -> bool {
     !tools.iter().all(|tool| testkit::has_command(tool))
 }
 
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ch-fuse-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch folder for one test, removed when the test ends.
+pub fn scratch(name: &str) -> testkit::TempDir {
+    testkit::TempDir::new(&format!("ch-fuse-{name}"))
 }
 
 pub fn run(cmd: &mut Command) -> String {
