@@ -16,10 +16,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::backing::{open_backing, resolve, Backing};
 use super::compressed_cache::CompressedCache;
 use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
-use super::header::{Header, HeaderError, OFF_AUTOCLEAR, OFF_INCOMPAT};
+use super::header::{read_header, Header, OFF_AUTOCLEAR, OFF_INCOMPAT};
 use super::inflight::InFlight;
 use super::meta::MetaState;
-use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
+use super::meta_io::{write_at, MetaIo, MetaKind};
 use super::snapshot_table::{read_snapshot_table, TableLocation};
 use crate::error::BlockError;
 use crate::formats::FileId;
@@ -71,53 +71,6 @@ pub struct Qcow2Image {
     /// for header edits such as `rebase -u`): guest writes and resizing
     /// are refused, since they would need the backing data.
     pub(crate) backing_unopened: bool,
-}
-
-fn header_error(path: &Path, e: HeaderError) -> BlockError {
-    match e {
-        HeaderError::Invalid(reason) => BlockError::InvalidImage {
-            path: path.to_owned(),
-            reason,
-        },
-        HeaderError::Unsupported(feature) => BlockError::Unsupported {
-            path: path.to_owned(),
-            feature,
-        },
-    }
-}
-
-/// Reads and validates the header of the image behind `file`.
-pub(crate) fn read_header(file: &File, path: &Path) -> Result<(Header, u64), BlockError> {
-    read_header_with(file, path, true)
-}
-
-/// [`read_header`]; `strict_tables` as in [`Header::parse_with`].
-pub(crate) fn read_header_with(
-    file: &File,
-    path: &Path,
-    strict_tables: bool,
-) -> Result<(Header, u64), BlockError> {
-    let file_size = crate::formats::raw::file_size(file).map_err(|source| BlockError::Open {
-        path: path.to_owned(),
-        source,
-    })?;
-    let mut probe = vec![0u8; 512.min(file_size) as usize];
-    read_at(file, MetaKind::Header, 0, &mut probe)?;
-    let cluster_bits = probe
-        .get(20..24)
-        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-    if !(super::header::MIN_CLUSTER_BITS..=super::header::MAX_CLUSTER_BITS).contains(&cluster_bits)
-    {
-        // Let the parser name what is wrong with the short buffer.
-        return Header::parse_with(&probe, file_size, strict_tables)
-            .map(|h| (h, file_size))
-            .map_err(|e| header_error(path, e));
-    }
-    let mut buf = vec![0u8; (1u64 << cluster_bits).min(file_size) as usize];
-    read_at(file, MetaKind::Header, 0, &mut buf)?;
-    Header::parse_with(&buf, file_size, strict_tables)
-        .map(|h| (h, file_size))
-        .map_err(|e| header_error(path, e))
 }
 
 impl Drop for Qcow2Image {

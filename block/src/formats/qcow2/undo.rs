@@ -19,7 +19,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::{fs, io};
 
-use super::image::{read_header, Qcow2Image};
+use super::header::read_header;
+use super::image::Qcow2Image;
 use super::meta::MetaState;
 use super::meta_io::{MetaIo, MetaKind};
 use crate::error::BlockError;

@@ -15,7 +15,8 @@ use std::path::Path;
 
 use crate::error::BlockError;
 use crate::formats::qcow2::header::{Header, OFF_REFTABLE};
-use crate::formats::qcow2::image::{read_header_with, Qcow2Image};
+use crate::formats::qcow2::header::read_header_with;
+use crate::formats::qcow2::image::Qcow2Image;
 use crate::formats::qcow2::meta_io::{sync, write_at, MetaKind};
 use crate::formats::qcow2::refcount::max_refcount;
 use crate::formats::qcow2::refcount_layout::RefcountLayout;
