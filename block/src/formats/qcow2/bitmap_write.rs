@@ -105,7 +105,7 @@ impl Qcow2Image {
                 || !(9..=31).contains(&e.granularity_bits)
             {
                 return Err(BlockError::Unsupported {
-                    path: self.path.clone(),
+                    path: self.chain.path.clone(),
                     feature: format!(
                         "changing the bitmaps of an image whose bitmap '{}' has type {}, {} bytes of extra data or granularity bits {}",
                         e.name, e.bitmap_type, e.extra_data_size, e.granularity_bits
@@ -146,7 +146,7 @@ impl Qcow2Image {
             let persistent = |why: &str| {
                 format!(
                     "Can't make bitmap '{name}' persistent in '{}': {why}",
-                    self.path.display()
+                    self.chain.path.display()
                 )
             };
             // qemu-img takes the granularity as a 32-bit number.

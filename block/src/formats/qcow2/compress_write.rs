@@ -28,7 +28,8 @@ use std::sync::atomic::Ordering;
 use flate2::{Compress, FlushCompress, Status};
 
 use super::compressed_cache::write_uncached;
-use super::image::{Qcow2Image, State};
+use super::image::Qcow2Image;
+use super::state::State;
 use super::l2_entry::{compressed_entry, L2Entry};
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
@@ -71,7 +72,7 @@ impl Qcow2Image {
         let State {
             meta, compressed, ..
         } = &mut *st;
-        compressed.write_out(meta, &self.files[0], &self.cow_files[0], true)
+        compressed.write_out(meta, &self.chain.files[0], &self.chain.cow_files[0], true)
     }
 
     /// Writes the cache out when guest clusters in `offset..offset+len`
@@ -81,7 +82,7 @@ impl Qcow2Image {
         if !self.compressed_cached.load(Ordering::Acquire) {
             return Ok(());
         }
-        let cs = self.header.cluster_size();
+        let cs = self.chain.header.cluster_size();
         let mut st = self.lock();
         if !st.compressed.overlaps(offset, len, cs) {
             return Ok(());
@@ -89,7 +90,7 @@ impl Qcow2Image {
         let State {
             meta, compressed, ..
         } = &mut *st;
-        compressed.write_out(meta, &self.files[0], &self.cow_files[0], true)
+        compressed.write_out(meta, &self.chain.files[0], &self.chain.cow_files[0], true)
     }
 
     /// A compressed write of `len` bytes at `guest` is possible at all.
@@ -97,7 +98,7 @@ impl Qcow2Image {
         if self.readonly {
             return Err(BlockError::ReadOnly);
         }
-        let cs = self.header.cluster_size();
+        let cs = self.chain.header.cluster_size();
         let size = self.size.load(std::sync::atomic::Ordering::Acquire);
         if !guest.is_multiple_of(cs) || len != cs || guest >= size {
             return Err(BlockError::OutOfRange {
@@ -106,9 +107,9 @@ impl Qcow2Image {
                 size,
             });
         }
-        if self.header.has_data_file() {
+        if self.chain.header.has_data_file() {
             return Err(BlockError::Unsupported {
-                path: self.path.clone(),
+                path: self.chain.path.clone(),
                 feature: "compressed clusters in an image with an external data file".into(),
             });
         }
@@ -210,12 +211,12 @@ fn alloc_compressed_bytes(meta: &mut MetaState, len: u64) -> Result<u64, BlockEr
 
 impl CompressedWrites for Qcow2Image {
     fn compression(&self) -> Option<Compression> {
-        Some(self.header.compression)
+        Some(self.chain.header.compression)
     }
 
     fn write_compressed(&self, guest: u64, data: &[u8]) -> Result<bool, BlockError> {
         self.check_compressed_write(guest, data.len() as u64)?;
-        let Some(packed) = compress_cluster(self.header.compression, data)? else {
+        let Some(packed) = compress_cluster(self.chain.header.compression, data)? else {
             return Ok(false);
         };
         self.write_compressed_packed(guest, &packed)?;
@@ -225,7 +226,7 @@ impl CompressedWrites for Qcow2Image {
     /// Steps 1-3 of the module docs for a cluster already compressed with
     /// the image's compression type ([`compress_cluster`]).
     fn write_compressed_packed(&self, guest: u64, packed: &[u8]) -> Result<(), BlockError> {
-        let cs = self.header.cluster_size();
+        let cs = self.chain.header.cluster_size();
         self.check_compressed_write(guest, cs)?;
         if packed.is_empty() || packed.len() as u64 >= cs {
             return Err(BlockError::OutOfRange {
@@ -244,7 +245,7 @@ impl CompressedWrites for Qcow2Image {
         );
         if mapped || compressed.is_pending(guest) {
             return Err(BlockError::Unsupported {
-                path: self.path.clone(),
+                path: self.chain.path.clone(),
                 feature: format!("a compressed write over the allocated cluster at {guest:#x}"),
             });
         }
@@ -256,7 +257,7 @@ impl CompressedWrites for Qcow2Image {
             // No cache: one write per compressed cluster, checked against
             // the metadata like every write to the image file.
             meta.check_overlap(MetaKind::GuestData, host, packed.len() as u64)?;
-            write_uncached(&self.files[0], host, packed)?;
+            write_uncached(&self.chain.files[0], host, packed)?;
             meta.publish_l2_entry(guest, raw, 0)?;
             if meta.should_flush() {
                 meta.flush_dirty()?;
@@ -264,9 +265,9 @@ impl CompressedWrites for Qcow2Image {
             return Ok(());
         }
         self.compressed_cached.store(true, Ordering::Release);
-        compressed.insert(&self.cow_files[0], cs, guest, raw, host, packed)?;
+        compressed.insert(&self.chain.cow_files[0], cs, guest, raw, host, packed)?;
         if compressed.is_full(meta.compressed_tail, cs) {
-            compressed.write_out(meta, &self.files[0], &self.cow_files[0], false)?;
+            compressed.write_out(meta, &self.chain.files[0], &self.chain.cow_files[0], false)?;
         }
         Ok(())
     }

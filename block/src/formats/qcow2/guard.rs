@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use super::cow::CowJob;
+use super::plan_builder::CowJob;
 use super::features::INCOMPAT_CORRUPT;
 use super::header::{MAX_L1_BYTES, OFF_INCOMPAT};
 use super::l2_entry::decode_l1;

@@ -13,46 +13,26 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::backing::{open_backing, resolve, Backing};
-use super::compressed_cache::CompressedCache;
-use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
-use super::header::{read_header, Header, OFF_AUTOCLEAR, OFF_INCOMPAT};
-use super::inflight::InFlight;
+use super::backing::{open_backing, resolve};
+use super::chain::Chain;
+use super::cow::CowReader;
+use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS};
+use super::header::{read_header, Header, OFF_AUTOCLEAR};
 use super::meta::MetaState;
 use super::meta_io::{write_at, MetaIo, MetaKind};
+use super::plan_builder::PlanBuilder;
+use super::state::{lock, State};
 use super::snapshot_table::{read_snapshot_table, TableLocation};
 use crate::error::BlockError;
-use crate::formats::FileId;
+use crate::formats::{FileId, Format, Waker, WriteOutcome, WritePlan};
 use crate::lock::ImageLock;
 use crate::options::DiskOptions;
-
-/// Everything that changes after open, behind one lock.
-pub(crate) struct State {
-    pub meta: MetaState,
-    pub inflight: InFlight,
-    /// Incompatible feature bits as currently on disk.
-    pub incompatible: u64,
-    /// Whether the image looks metadata-preallocated (decided on the
-    /// first block-status query; see `prealloc_detect`).
-    pub metadata_prealloc: Option<bool>,
-    /// Compressed clusters packed into host clusters, not yet written.
-    pub compressed: CompressedCache,
-}
 
 pub struct Qcow2Image {
     /// Tells this open image from any other (queue views are bound to it).
     pub(crate) id: u64,
-    pub(crate) path: PathBuf,
-    /// This image, its data file (if any), then the backing chain's files.
-    pub(crate) files: Vec<Arc<File>>,
-    /// Buffered descriptors in the same order (metadata and COW reads).
-    pub(crate) cow_files: Vec<Arc<File>>,
-    pub(crate) backing: Option<Backing>,
-    /// FileId of the backing image's first file.
-    pub(crate) backing_base: u16,
-    /// Where guest data lives: FileId(0), or the external data file.
-    pub(crate) data_file: FileId,
-    pub(crate) header: Header,
+    /// Its files, backing image and header: fixed after open.
+    pub(crate) chain: Chain,
     pub(crate) readonly: bool,
     /// Opened to keep the persistent bitmaps valid: guest writes refused
     /// (`DiskOptions::keep_persistent_bitmaps`).
@@ -84,13 +64,21 @@ impl Drop for Qcow2Image {
         if let Err(e) = st.meta.flush_dirty() {
             log::error!(
                 "{}: writing cached L2 entries failed: {e}",
-                self.path.display()
+                self.chain.path.display()
             );
         }
         if let Err(e) = st.meta.trim_reserve() {
-            log::warn!("{}: {e}", self.path.display());
+            log::warn!("{}: {e}", self.chain.path.display());
         }
     }
+}
+
+/// How a metadata-changing plan starts (see [`Qcow2Image::begin_update`]).
+pub(crate) enum UpdateStart<'a> {
+    /// Plan under this lock.
+    Locked(MutexGuard<'a, State>),
+    /// Nothing to plan: the outcome is already known.
+    Decided(WriteOutcome),
 }
 
 /// The smallest unit the page cache tracks; a cluster smaller than this
@@ -260,20 +248,16 @@ impl Qcow2Image {
             id: super::queue_view::new_image_id(),
             size: AtomicU64::new(header.size),
             compressed_cached: AtomicBool::new(false),
-            state: Mutex::new(State {
-                meta,
-                inflight: InFlight::default(),
-                incompatible: header.incompatible,
-                metadata_prealloc: None,
-                compressed: CompressedCache::default(),
-            }),
-            path,
-            files,
-            cow_files,
-            backing,
-            backing_base,
-            data_file,
-            header,
+            state: Mutex::new(State::new(meta, header.incompatible)),
+            chain: Chain {
+                path,
+                files,
+                cow_files,
+                backing,
+                backing_base,
+                data_file,
+                header,
+            },
             readonly: opts.readonly,
             keeps_bitmaps: opts.keep_persistent_bitmaps,
             _lock: lock,
@@ -327,55 +311,23 @@ impl Qcow2Image {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the metadata half
-        // written in memory (every update is written through first), so a
-        // poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Buffered descriptors parallel to `files()`.
     pub(crate) fn cow_files(&self) -> &[Arc<File>] {
-        &self.cow_files
+        &self.chain.cow_files
     }
 
     /// Images below this one.
     pub(crate) fn backing_layers(&self) -> u32 {
-        self.backing.as_ref().map_or(0, |b| b.layers)
-    }
-
-    pub(crate) fn cluster_size(&self) -> u64 {
-        self.header.cluster_size()
+        self.chain.backing_layers()
     }
 
     /// Sets the dirty bit before the first metadata change of a
     /// lazy-refcounts image.
     pub(crate) fn mark_dirty(&self, st: &mut State) -> Result<(), BlockError> {
-        if self.header.compatible & COMPAT_LAZY_REFCOUNTS == 0
-            || st.incompatible & INCOMPAT_DIRTY != 0
-        {
-            return Ok(());
-        }
-        let v = st.incompatible | INCOMPAT_DIRTY;
-        st.meta
-            .write(MetaKind::Header, OFF_INCOMPAT, &v.to_be_bytes())?;
-        ordering_sync(&st.meta)?;
-        st.incompatible = v;
-        Ok(())
-    }
-
-    /// Clears the dirty bit after everything reached the disk.
-    pub(crate) fn mark_clean(&self, st: &mut State) -> Result<(), BlockError> {
-        // A corrupt image keeps its bits for `check -r all` to clear.
-        if st.incompatible & INCOMPAT_DIRTY == 0 || self.readonly || st.meta.is_corrupt() {
-            return Ok(());
-        }
-        ordering_sync(&st.meta)?;
-        let v = st.incompatible & !INCOMPAT_DIRTY;
-        st.meta
-            .write(MetaKind::Header, OFF_INCOMPAT, &v.to_be_bytes())?;
-        ordering_sync(&st.meta)?;
-        st.incompatible = v;
-        Ok(())
+        st.mark_dirty(self.chain.header.compatible & COMPAT_LAZY_REFCOUNTS != 0)
     }
 
     /// Replaces the image's metadata-I/O seam: `wrap` gets the current
@@ -406,6 +358,76 @@ impl Qcow2Image {
         self.lock().meta.barriers = on;
     }
 
+    /// The common start of every metadata-changing plan (write,
+    /// write-zeroes, discard): the range is checked, an empty range is
+    /// done, a range overlapping an allocation in flight is blocked (the
+    /// waker is kept), and otherwise the image is marked dirty and the
+    /// locked state is handed to the planner.
+    pub(crate) fn begin_update(
+        &self,
+        offset: u64,
+        len: u64,
+        waker: &Waker,
+    ) -> Result<UpdateStart<'_>, BlockError> {
+        self.check_writable(offset, len)?;
+        if len == 0 {
+            return Ok(UpdateStart::Decided(WriteOutcome::Ready(
+                WritePlan::default(),
+            )));
+        }
+        let mut st = self.lock();
+        if self.blocked(&mut st, offset, len, waker) {
+            return Ok(UpdateStart::Decided(WriteOutcome::Blocked));
+        }
+        self.mark_dirty(&mut st)?;
+        Ok(UpdateStart::Locked(st))
+    }
+
+    /// Registers `waker` and says so when the range overlaps an allocation
+    /// in flight.
+    fn blocked(&self, st: &mut State, offset: u64, len: u64, waker: &Waker) -> bool {
+        let cb = self.chain.header.cluster_bits;
+        let (first, last) = (offset >> cb, (offset + len - 1) >> cb);
+        if st.inflight.overlaps(first, last) {
+            st.inflight.wait(waker);
+            return true;
+        }
+        false
+    }
+
+    /// Registers the plan's pending commit (its clusters become busy),
+    /// then, without the metadata lock, reads the copy-on-write sources
+    /// and adds their data writes; a failed read aborts the commit.
+    pub(crate) fn finish_plan(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        mut b: PlanBuilder,
+    ) -> Result<WriteOutcome, BlockError> {
+        // Nothing overwrites metadata (a hostile L2 entry, wrong refcounts):
+        // refused before anything is queued; the clusters allocated for
+        // the plan leak (the image is now marked corrupt).
+        st.meta.check_plan(&b.ops, &b.cow, self.chain.data_file)?;
+        let jobs = std::mem::take(&mut b.cow);
+        let frees_clusters = !b.pending.release.is_empty();
+        let commit = if b.pending.is_empty() {
+            None
+        } else {
+            Some(st.inflight.start(std::mem::take(&mut b.pending)))
+        };
+        drop(st);
+        if let Err(e) = CowReader::new(&self.chain).fill(jobs, &mut b) {
+            if let Some(c) = commit {
+                Format::abort(self, c);
+            }
+            return Err(e);
+        }
+        Ok(WriteOutcome::Ready(WritePlan {
+            ops: b.ops,
+            commit,
+            frees_clusters,
+        }))
+    }
+
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         let size = self.size.load(std::sync::atomic::Ordering::Acquire);
         match offset.checked_add(len) {
@@ -430,19 +452,10 @@ impl Qcow2Image {
     pub(crate) fn check_backing_opened(&self) -> Result<(), BlockError> {
         if self.backing_unopened {
             return Err(BlockError::Unsupported {
-                path: self.path.clone(),
+                path: self.chain.path.clone(),
                 feature: "changing the disk of an image opened without its backing chain".into(),
             });
         }
         Ok(())
     }
-}
-
-/// An fdatasync that orders metadata writes, skipped when barriers are
-/// off (cache=unsafe, benchmarks).
-fn ordering_sync(meta: &MetaState) -> Result<(), BlockError> {
-    if meta.barriers {
-        meta.sync()?;
-    }
-    Ok(())
 }

@@ -63,9 +63,9 @@ impl Qcow2Image {
                 let mut new = table.clone();
                 for j in ((first_gone % cov) / cs) as usize..meta.g.l2_entries as usize {
                     let raw = be64_at(&table, j * words);
-                    let e = decode_l2(raw, cb, self.header.version, meta.g.extended_l2)
+                    let e = decode_l2(raw, cb, self.chain.header.version, meta.g.extended_l2)
                         .map_err(|r| meta.invalid(r))?;
-                    if let Some(refs) = self.references(e) {
+                    if let Some(refs) = meta.g.references(e) {
                         dropped.push(refs);
                     }
                     new[j * words * 8..(j + 1) * words * 8].fill(0);
@@ -142,7 +142,7 @@ impl Qcow2Image {
         };
         let j = ((new_size % cov) / cs) as usize;
         let raw = be64_at(&content, j * words);
-        let e = decode_l2(raw, cb, self.header.version, meta.g.extended_l2)
+        let e = decode_l2(raw, cb, self.chain.header.version, meta.g.extended_l2)
             .map_err(|r| meta.invalid(r))?;
         let L2Entry::Normal { host, .. } = e else {
             return Ok(());
@@ -184,7 +184,7 @@ impl Resizable for Qcow2Image {
                 "size must be a multiple of 512 bytes".into(),
             ));
         }
-        if self.header.has_data_file() {
+        if self.chain.header.has_data_file() {
             return Err(BlockError::InvalidResize(
                 "images with a data file cannot be resized".into(),
             ));
@@ -194,7 +194,7 @@ impl Resizable for Qcow2Image {
         // with them before changing it (see `unmap_past`). Version 2 snapshot
         // entries need not record their disk size, so a snapshot could
         // not bring its size back (qemu-img refuses too).
-        if self.header.version < 3 && st.meta.snapshots.count > 0 {
+        if self.chain.header.version < 3 && st.meta.snapshots.count > 0 {
             return Err(BlockError::InvalidResize(
                 "a version 2 image with snapshots cannot be resized".into(),
             ));
@@ -213,10 +213,12 @@ impl Resizable for Qcow2Image {
         let l1_needed = usize::try_from(l1_needed)
             .map_err(|_| BlockError::InvalidResize("size too large".into()))?;
         st.meta.grow_l1(l1_needed)?;
-        self.write_size(&mut st.meta, new_size)
+        st.meta.write_disk_size(new_size)?;
+        self.size.store(new_size, Ordering::Release);
+        Ok(())
     }
 
     fn backing_size(&self) -> Option<u64> {
-        self.backing.as_ref().map(|b| b.image.size())
+        self.chain.backing.as_ref().map(|b| b.image.size())
     }
 }

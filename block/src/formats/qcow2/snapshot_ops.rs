@@ -49,7 +49,8 @@
 
 use std::sync::MutexGuard;
 
-use super::image::{Qcow2Image, State};
+use super::image::Qcow2Image;
+use super::state::State;
 use super::l2_entry::{decode_l1, decode_l2, OFFSET_MASK, OFLAG_COMPRESSED, OFLAG_COPIED};
 use super::meta::MetaState;
 use super::meta_io::{be64_at, MetaKind};
@@ -92,9 +93,9 @@ impl Qcow2Image {
         if self.readonly {
             return Err(BlockError::ReadOnly);
         }
-        if self.header.has_data_file() {
+        if self.chain.header.has_data_file() {
             return Err(BlockError::Unsupported {
-                path: self.path.clone(),
+                path: self.chain.path.clone(),
                 feature: "internal snapshots of an image with an external data file".into(),
             });
         }
@@ -153,11 +154,11 @@ impl Qcow2Image {
                 let e = decode_l2(
                     be64_at(&table, j * words),
                     cb,
-                    self.header.version,
+                    self.chain.header.version,
                     meta.g.extended_l2,
                 )
                 .map_err(|r| meta.invalid(r))?;
-                if let Some((first, n)) = self.references(e) {
+                if let Some((first, n)) = meta.g.references(e) {
                     apply(meta, first, n)?;
                 }
             }
@@ -185,9 +186,9 @@ impl Qcow2Image {
             let words = meta.g.l2_entry_size as usize / 8;
             for j in 0..meta.g.l2_entries as usize {
                 let raw = be64_at(&table, j * words);
-                let e = decode_l2(raw, cb, self.header.version, meta.g.extended_l2)
+                let e = decode_l2(raw, cb, self.chain.header.version, meta.g.extended_l2)
                     .map_err(|r| meta.invalid(r))?;
-                let owned = match self.references(e) {
+                let owned = match meta.g.references(e) {
                     Some((first, 1)) if owned_table && raw & OFLAG_COMPRESSED == 0 => {
                         meta.refcount(first)? == 1
                     }
@@ -415,10 +416,10 @@ impl Snapshots for Qcow2Image {
                     sn_l1.len()
                 )));
             }
-            if self.header.has_data_file() || self.header.version < 3 {
+            if self.chain.header.has_data_file() || self.chain.header.version < 3 {
                 // qemu-img cannot resize these either.
                 return Err(BlockError::Unsupported {
-                    path: self.path.clone(),
+                    path: self.chain.path.clone(),
                     feature: "applying a snapshot taken at another disk size to a version 2 \
                               image or one with a data file"
                         .into(),
@@ -440,7 +441,9 @@ impl Snapshots for Qcow2Image {
         write_l1(meta)?;
         if new_size != size {
             // Last: the L1 table already maps the snapshot's whole disk.
-            self.write_size(meta, new_size)?;
+            meta.write_disk_size(new_size)?;
+            self.size
+                .store(new_size, std::sync::atomic::Ordering::Release);
         }
         meta.barrier()?;
         meta.rebuild_metadata_map();

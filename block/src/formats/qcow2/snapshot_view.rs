@@ -48,7 +48,7 @@ impl Qcow2Image {
     pub(super) fn view_snapshot(&self, which: &SnapshotRef) -> Result<(), BlockError> {
         if !self.readonly {
             return Err(BlockError::Unsupported {
-                path: self.path.clone(),
+                path: self.chain.path.clone(),
                 feature: "opening a snapshot read-write".into(),
             });
         }
@@ -58,7 +58,7 @@ impl Qcow2Image {
             .map_err(|r| meta.invalid(r))?;
         let Some(sn) = which.find(&entries) else {
             return Err(BlockError::NoSuchSnapshot {
-                path: self.path.clone(),
+                path: self.chain.path.clone(),
             });
         };
         let l1 = read_l1(meta, sn)?;

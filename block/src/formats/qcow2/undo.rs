@@ -80,7 +80,7 @@ impl FailureUndo for Qcow2Image {
             (st.meta.file.clone(), Arc::clone(&st.meta.io))
         };
         let saved = Arc::new(Saved {
-            old_len: file_len(&file, &self.path)?,
+            old_len: file_len(&file, &self.chain.path)?,
             writes: Mutex::new(Vec::new()),
         });
         self.wrap_meta_io(|inner| {
@@ -95,10 +95,10 @@ impl FailureUndo for Qcow2Image {
         let Err(e) = result else {
             return Ok(());
         };
-        let reloaded = restore(&*inner, &file, &saved, &self.path).and_then(|()| {
-            let (header, file_size) = read_header(&file, &self.path)?;
+        let reloaded = restore(&*inner, &file, &saved, &self.chain.path).and_then(|()| {
+            let (header, file_size) = read_header(&file, &self.chain.path)?;
             let mut meta =
-                MetaState::load(&header, Arc::clone(&file), self.path.clone(), file_size)?;
+                MetaState::load(&header, Arc::clone(&file), self.chain.path.clone(), file_size)?;
             meta.io = Arc::clone(&inner);
             meta.barriers = st.meta.barriers;
             meta.overlap_checks = st.meta.overlap_checks;
@@ -114,7 +114,7 @@ impl FailureUndo for Qcow2Image {
             Err(undo) => {
                 log::error!(
                     "{}: could not undo a failed operation ({undo}); refusing further writes",
-                    self.path.display()
+                    self.chain.path.display()
                 );
                 st.meta.corrupt.set(true);
                 st.meta.reserved_end = st.meta.file_size;
