@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use block::formats::qcow2::meta_faults::{FaultEffect, FaultTarget, FaultyMetaIo, MetaFault};
 use block::formats::qcow2::meta_io::{MetaIo, MetaKind};
-use block::formats::qcow2::Qcow2Image;
+use block::formats::qcow2::{open_qcow2, Qcow2Image};
 use block::{BlockError, Disk, DiskOptions};
 use support::*;
 
@@ -30,7 +30,7 @@ fn open_disk(p: &Path) -> (Disk, Arc<Qcow2Image>) {
     let mut o = DiskOptions::new(p);
     o.lock = false;
     let file = block::formats::open::open_file(&o).unwrap();
-    let img = Arc::new(Qcow2Image::open(&o, file).unwrap());
+    let img = Arc::new(open_qcow2(&o, file).unwrap());
     (Disk::from_format(img.clone(), &o).unwrap(), img)
 }
 

@@ -77,7 +77,6 @@ impl RawImage {
     }
 }
 
-
 impl Format for RawImage {
     fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)

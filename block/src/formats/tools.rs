@@ -27,13 +27,12 @@
 //! owner may lend out: [`crate::Resizer`] (see its docs for why it is
 //! safe beside queues, and what a shrink asks of the caller).
 
-use std::sync::Arc;
-
 use super::amendment::{AmendProgress, Amendment};
 use super::dirty_bits::{BitmapAction, DirtyBits};
 use super::{Compression, Format};
 use crate::error::BlockError;
-use crate::options::DiskOptions;
+
+pub use super::open::open_image_tools;
 
 /// Internal snapshots. Each call flushes cached metadata first and leaves
 /// the image consistent on disk; no request may be in flight meanwhile.
@@ -164,13 +163,6 @@ impl<T> ImageTools for T where
         + PersistentBitmaps
         + FailureUndo
 {
-}
-
-/// Opens `opts.path` with its tool capabilities, for a caller that drives
-/// the format itself (tests, fuzzing); tools that also do I/O use
-/// [`crate::ExclusiveImage::open`].
-pub fn open_image_tools(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, BlockError> {
-    super::open::open_image(opts)
 }
 
 /// The error of a capability format `name` does not have.

@@ -43,10 +43,10 @@ mod iov;
 mod route;
 mod sink;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::options::is_nbd_path;
 pub use file::NbdFile;
 pub use image::NbdImage;
 use nbd::client::{ClientConfig, NbdUri};
@@ -57,11 +57,6 @@ use crate::formats::Format;
 use crate::io::Engine;
 use crate::options::{DiskOptions, ImageType};
 use connection::Target;
-
-/// Whether an image path is an NBD URI.
-pub fn is_nbd_path(path: &Path) -> bool {
-    path.to_str().is_some_and(NbdUri::looks_like)
-}
 
 fn nbd_error(path: &str, reason: impl Into<String>) -> BlockError {
     BlockError::Nbd {

@@ -22,8 +22,8 @@
 use std::fs::File;
 use std::path::Path;
 
-pub use super::header::bitmaps::{EXT_BITMAPS, MAX_BITMAPS, MAX_DIRECTORY};
 use super::header::bitmaps::BitmapsExtension;
+pub use super::header::bitmaps::{EXT_BITMAPS, MAX_BITMAPS, MAX_DIRECTORY};
 use super::header::{read_header, Header};
 use super::meta_io::{be64_at, read_at, MetaIo, MetaKind};
 use crate::error::BlockError;

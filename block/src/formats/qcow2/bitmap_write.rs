@@ -2,7 +2,8 @@
 //! bitmap`): add, remove, clear, enable, disable and merge, as qemu-img
 //! 7.2 does them, refused where it refuses, in its words.
 //!
-//! A bitmap name and its actions enter [`PersistentBitmaps::change_bitmap`].
+//! A bitmap name and its actions enter [`BitmapEditor::change`], which
+//! works on the image's locked tables (`PersistentBitmaps` in `tools`).
 //! The image's bitmaps are loaded (`bitmap_store`) and the actions run in
 //! memory, in order; a refused one stops everything before the image is
 //! touched (qemu-img keeps the ones before it). Then the changes are
@@ -32,12 +33,10 @@ use super::bitmap_store::{
 use super::features::AUTOCLEAR_BITMAPS;
 use super::header::Header;
 use super::header_cluster::{current_header, restore_header_cluster, HeaderCluster};
-use super::image::Qcow2Image;
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
 use crate::error::BlockError;
 use crate::formats::dirty_bits::{BitmapAction, Chunk, DirtyBits};
-use crate::formats::tools::PersistentBitmaps;
 
 /// qemu's longest bitmap name, in bytes.
 const MAX_NAME: usize = 1023;
@@ -64,11 +63,18 @@ fn inconsistent(name: &str) -> String {
     format!("Bitmap '{name}' is inconsistent and cannot be used\nTry block-dirty-bitmap-remove to delete this bitmap from disk")
 }
 
-impl Qcow2Image {
+/// See the module docs: the image's tables (locked) and its disk size.
+pub(crate) struct BitmapEditor<'a> {
+    pub meta: &'a mut MetaState,
+    pub disk_size: u64,
+}
+
+impl BitmapEditor<'_> {
     /// The bits a stored bitmap holds, read through the seam.
-    fn read_bits(&self, meta: &MetaState, b: &StoredBitmap) -> Result<DirtyBits, BlockError> {
+    fn read_bits(&self, b: &StoredBitmap) -> Result<DirtyBits, BlockError> {
+        let meta = &*self.meta;
         let cs = meta.g.cluster_size;
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        let size = self.disk_size;
         let mut bits = DirtyBits::new(1u64 << b.entry.granularity_bits, size, cs);
         if b.table.len() as u64 != bits.chunk_count() {
             return Err(meta.invalid(format!(
@@ -95,8 +101,8 @@ impl Qcow2Image {
 
     /// The bitmaps as the header names them now, refusing entries this
     /// code would not write back as they are.
-    fn load_bitmaps(&self, meta: &MetaState, header: &Header) -> Result<BitmapStore, BlockError> {
-        let store = BitmapStore::load(meta, header)?;
+    fn load_bitmaps(&self, header: &Header) -> Result<BitmapStore, BlockError> {
+        let store = BitmapStore::load(self.meta, header)?;
         for b in &store.bitmaps {
             let e = &b.entry;
             if e.bitmap_type != TYPE_DIRTY_TRACKING
@@ -105,7 +111,7 @@ impl Qcow2Image {
                 || !(9..=31).contains(&e.granularity_bits)
             {
                 return Err(BlockError::Unsupported {
-                    path: self.chain.path.clone(),
+                    path: self.meta.path.clone(),
                     feature: format!(
                         "changing the bitmaps of an image whose bitmap '{}' has type {}, {} bytes of extra data or granularity bits {}",
                         e.name, e.bitmap_type, e.extra_data_size, e.granularity_bits
@@ -120,19 +126,19 @@ impl Qcow2Image {
     /// message (qemu's words).
     fn run_action(
         &self,
-        meta: &MetaState,
         bitmaps: &mut Vec<Working>,
         name: &str,
         action: &BitmapAction,
     ) -> Result<(), String> {
         let index = bitmaps.iter().position(|b| b.name == name);
         let in_use = |b: &Working| b.flags & FLAG_IN_USE != 0;
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        let meta = &*self.meta;
+        let size = self.disk_size;
         let cs = meta.g.cluster_size;
         let bits_of = |b: &Working| -> Result<DirtyBits, String> {
             match (&b.bits, &b.stored) {
                 (Some(bits), _) => Ok(bits.clone()),
-                (None, Some(stored)) => self.read_bits(meta, stored).map_err(|e| e.to_string()),
+                (None, Some(stored)) => self.read_bits(stored).map_err(|e| e.to_string()),
                 (None, None) => Ok(DirtyBits::new(1 << b.granularity_bits, size, cs)),
             }
         };
@@ -146,7 +152,7 @@ impl Qcow2Image {
             let persistent = |why: &str| {
                 format!(
                     "Can't make bitmap '{name}' persistent in '{}': {why}",
-                    self.chain.path.display()
+                    meta.path.display()
                 )
             };
             // qemu-img takes the granularity as a 32-bit number.
@@ -220,6 +226,92 @@ impl Qcow2Image {
             }
             BitmapAction::Add { .. } | BitmapAction::Remove => {}
         }
+        Ok(())
+    }
+
+    /// The bits of bitmap `name`.
+    pub fn read(&self, name: &str) -> Result<DirtyBits, BlockError> {
+        let header = current_header(self.meta)?;
+        let store = self.load_bitmaps(&header)?;
+        let b = store
+            .find(name)
+            .ok_or_else(|| BlockError::Refused(not_found(name)))?;
+        if b.entry.flags & FLAG_IN_USE != 0 {
+            return Err(BlockError::Refused(inconsistent(name)));
+        }
+        self.read_bits(b)
+    }
+
+    /// Runs `actions` on bitmap `name` and stores the result (see the
+    /// module docs).
+    pub fn change(&mut self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError> {
+        self.meta.flush_dirty()?;
+        self.meta.barrier()?;
+        let header = current_header(self.meta)?;
+        let old = self.load_bitmaps(&header)?;
+        let mut bitmaps: Vec<Working> = old
+            .bitmaps
+            .iter()
+            .map(|b| Working {
+                name: b.entry.name.clone(),
+                flags: b.entry.flags,
+                granularity_bits: b.entry.granularity_bits,
+                stored: Some(b.clone()),
+                bits: None,
+            })
+            .collect();
+        for action in actions {
+            self.run_action(&mut bitmaps, name, action).map_err(|m| {
+                BlockError::Refused(format!(
+                    "Operation {} on bitmap {name} failed: {m}",
+                    action.name()
+                ))
+            })?;
+        }
+        let meta = &mut *self.meta;
+        let mut old_cluster = vec![0u8; meta.g.cluster_size as usize];
+        meta.read(MetaKind::Header, 0, &mut old_cluster)?;
+        let mut allocs = Allocations::default();
+        let directory = match store(meta, &header, &bitmaps, &mut allocs) {
+            Ok(d) => d,
+            Err(e) => {
+                // Free the new clusters only once no header names them.
+                if restore_header_cluster(meta, &old_cluster) {
+                    allocs.free(meta);
+                }
+                return Err(e);
+            }
+        };
+        // Free what only the old header named.
+        let cb = meta.g.cluster_bits;
+        let mut freed: Vec<(u64, u64)> = old
+            .directory
+            .iter()
+            .map(|(at, bytes)| (at >> cb, bytes.div_ceil(meta.g.cluster_size)))
+            .collect();
+        for b in &old.bitmaps {
+            let kept = bitmaps.iter().any(|w| {
+                w.bits.is_none()
+                    && w.stored
+                        .as_ref()
+                        .is_some_and(|s| s.entry.table_offset == b.entry.table_offset)
+            });
+            if !kept {
+                freed.extend(clusters_of(b, cb));
+            }
+        }
+        let result = freed
+            .iter()
+            .try_for_each(|&(first, count)| meta.change_refcounts(first, count, -1))
+            .and_then(|()| meta.barrier());
+        if let Err(e) = result {
+            log::warn!(
+                "{}: the old bitmap clusters may stay leaked ({e}); `ch-img check -r leaks` frees them",
+                meta.path.display()
+            );
+        }
+        meta.bitmap_directory = directory;
+        meta.rebuild_metadata_map();
         Ok(())
     }
 }
@@ -364,97 +456,6 @@ fn store(
     meta.write(MetaKind::Header, 0, &bytes)?;
     meta.barrier()?;
     Ok(directory)
-}
-
-impl PersistentBitmaps for Qcow2Image {
-    fn read_bitmap(&self, name: &str) -> Result<DirtyBits, BlockError> {
-        let st = self.lock();
-        let header = current_header(&st.meta)?;
-        let store = self.load_bitmaps(&st.meta, &header)?;
-        let b = store
-            .find(name)
-            .ok_or_else(|| BlockError::Refused(not_found(name)))?;
-        if b.entry.flags & FLAG_IN_USE != 0 {
-            return Err(BlockError::Refused(inconsistent(name)));
-        }
-        self.read_bits(&st.meta, b)
-    }
-
-    fn change_bitmap(&self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError> {
-        if self.readonly {
-            return Err(BlockError::ReadOnly);
-        }
-        let mut st = self.lock();
-        let meta = &mut st.meta;
-        meta.flush_dirty()?;
-        meta.barrier()?;
-        let header = current_header(meta)?;
-        let old = self.load_bitmaps(meta, &header)?;
-        let mut bitmaps: Vec<Working> = old
-            .bitmaps
-            .iter()
-            .map(|b| Working {
-                name: b.entry.name.clone(),
-                flags: b.entry.flags,
-                granularity_bits: b.entry.granularity_bits,
-                stored: Some(b.clone()),
-                bits: None,
-            })
-            .collect();
-        for action in actions {
-            self.run_action(meta, &mut bitmaps, name, action)
-                .map_err(|m| {
-                    BlockError::Refused(format!(
-                        "Operation {} on bitmap {name} failed: {m}",
-                        action.name()
-                    ))
-                })?;
-        }
-        let mut old_cluster = vec![0u8; meta.g.cluster_size as usize];
-        meta.read(MetaKind::Header, 0, &mut old_cluster)?;
-        let mut allocs = Allocations::default();
-        let directory = match store(meta, &header, &bitmaps, &mut allocs) {
-            Ok(d) => d,
-            Err(e) => {
-                // Free the new clusters only once no header names them.
-                if restore_header_cluster(meta, &old_cluster) {
-                    allocs.free(meta);
-                }
-                return Err(e);
-            }
-        };
-        // Free what only the old header named.
-        let cb = meta.g.cluster_bits;
-        let mut freed: Vec<(u64, u64)> = old
-            .directory
-            .iter()
-            .map(|(at, bytes)| (at >> cb, bytes.div_ceil(meta.g.cluster_size)))
-            .collect();
-        for b in &old.bitmaps {
-            let kept = bitmaps.iter().any(|w| {
-                w.bits.is_none()
-                    && w.stored
-                        .as_ref()
-                        .is_some_and(|s| s.entry.table_offset == b.entry.table_offset)
-            });
-            if !kept {
-                freed.extend(clusters_of(b, cb));
-            }
-        }
-        let result = freed
-            .iter()
-            .try_for_each(|&(first, count)| meta.change_refcounts(first, count, -1))
-            .and_then(|()| meta.barrier());
-        if let Err(e) = result {
-            log::warn!(
-                "{}: the old bitmap clusters may stay leaked ({e}); `ch-img check -r leaks` frees them",
-                meta.path.display()
-            );
-        }
-        meta.bitmap_directory = directory;
-        meta.rebuild_metadata_map();
-        Ok(())
-    }
 }
 
 #[cfg(test)]

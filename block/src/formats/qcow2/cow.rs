@@ -89,13 +89,16 @@ impl<'a> CowReader<'a> {
             CowRead::Subclusters { file, host, bitmap } => {
                 let sub = cs / 32;
                 for (i, chunk) in buf.chunks_mut(sub as usize).enumerate() {
-                    let state = subcluster_state(*bitmap, i as u32).map_err(|r| self.chain.invalid(r))?;
+                    let state =
+                        subcluster_state(*bitmap, i as u32).map_err(|r| self.chain.invalid(r))?;
                     match (state, host) {
                         (SubclusterState::Allocated, Some(h)) => {
                             read_at(&**file, MetaKind::GuestData, h + i as u64 * sub, chunk)?
                         }
                         (SubclusterState::Allocated, None) => {
-                            return Err(self.chain.invalid("allocated subcluster without a cluster"))
+                            return Err(self
+                                .chain
+                                .invalid("allocated subcluster without a cluster"))
                         }
                         (SubclusterState::Zero, _) => {}
                         (SubclusterState::Unallocated, _) => {

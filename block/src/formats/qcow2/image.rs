@@ -1,32 +1,38 @@
-//! `Qcow2Image`: an opened qcow2 image with its external data file and
-//! backing chain, and the open-time checks (feature bits, dirty and
-//! corrupt images, autoclear bits, locks).
+//! `Qcow2Image`: an open qcow2 image (`opener` opens it): its fixed
+//! [`Chain`] (files, backing image, header) and its [`State`] behind one
+//! mutex, held only while planning or committing, never during data I/O.
 //!
-//! Options and the image's opened descriptor enter; a `Qcow2Image` leaves.
-//! Its `Format` implementation is split over `read`, `write`, `zero` and
-//! `status`; they share the `State` behind one mutex held only while
-//! planning or committing, never during data I/O.
+//! Its methods are in three places: here, what every caller shares
+//! (locking, range and writability checks, the start and the finish of a
+//! metadata-changing plan, writing out the compressed-cluster cache, the
+//! test and benchmark switches); `queue`, the queue-facing `Format`; and
+//! `tools`, the owner's tool capabilities. The work itself is done by
+//! types that borrow the chain and the locked tables: the planners
+//! (`read`, `write`, `zero`, `status`, `queue_view`, `cow`) and the tool
+//! operations (`snapshot_ops`, `resize`, `compress_write`, `amend`,
+//! `bitmap_write`, `backing_rewrite`, `undo`).
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::backing::{open_backing, resolve};
 use super::chain::Chain;
 use super::cow::CowReader;
-use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS};
-use super::header::{read_header, Header, OFF_AUTOCLEAR};
-use super::meta::MetaState;
-use super::meta_io::{write_at, MetaIo, MetaKind};
+use super::features::COMPAT_LAZY_REFCOUNTS;
+use super::meta_io::MetaIo;
 use super::plan_builder::PlanBuilder;
 use super::state::{lock, State};
-use super::snapshot_table::{read_snapshot_table, TableLocation};
 use crate::error::BlockError;
-use crate::formats::{FileId, Format, Waker, WriteOutcome, WritePlan};
+use crate::formats::{Format, Waker, WriteOutcome, WritePlan};
 use crate::lock::ImageLock;
-use crate::options::DiskOptions;
+
+/// Numbers images, so a view is only ever used with the image it was
+/// made for.
+static NEXT_IMAGE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh image id (taken when an image is opened).
+pub(crate) fn new_image_id() -> u64 {
+    NEXT_IMAGE_ID.fetch_add(1, Ordering::Relaxed)
+}
 
 pub struct Qcow2Image {
     /// Tells this open image from any other (queue views are bound to it).
@@ -81,247 +87,9 @@ pub(crate) enum UpdateStart<'a> {
     Decided(WriteOutcome),
 }
 
-/// The smallest unit the page cache tracks; a cluster smaller than this
-/// shares its page with other clusters.
-const PAGE_SIZE: u64 = 4096;
-
 impl Qcow2Image {
-    /// Refuses O_DIRECT writes to an image whose clusters are smaller than
-    /// a page and whose data lives in the image file itself. Metadata goes
-    /// through a buffered descriptor; with such clusters an L2 table or a
-    /// refcount block can share a page with guest data written directly.
-    /// A direct write that lands while that page is dirty in the page cache
-    /// cannot drop the cached copy: Linux fails the next fdatasync with EIO
-    /// and may later write the stale cached bytes back over the new data
-    /// (seen in the replay test, docs/qcow2.md). Refusing is the only safe
-    /// answer that does not change the cache mode behind the user's back.
-    fn check_direct_writes(opts: &DiskOptions, header: &Header) -> Result<(), BlockError> {
-        if opts.direct && header.data_file.is_none() && header.cluster_size() < PAGE_SIZE {
-            return Err(BlockError::Unsupported {
-                path: opts.path.clone(),
-                feature: format!(
-                    "writing with O_DIRECT (direct=on, cache=none or directsync) to an image with {}-byte clusters (smaller than a {PAGE_SIZE}-byte page, so metadata and data share pages); open it with a buffered cache mode (writeback, writethrough, unsafe) or read-only",
-                    header.cluster_size()
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// Opens the top image of a chain; `file` was opened with `opts`.
-    pub fn open(opts: &DiskOptions, file: File) -> Result<Self, BlockError> {
-        let canon = opts
-            .path
-            .canonicalize()
-            .map_err(|source| BlockError::Open {
-                path: opts.path.clone(),
-                source,
-            })?;
-        Self::open_chain(opts, file, &mut vec![canon])
-    }
-
-    pub(crate) fn open_chain(
-        opts: &DiskOptions,
-        file: File,
-        chain: &mut Vec<PathBuf>,
-    ) -> Result<Self, BlockError> {
-        let path = opts.path.clone();
-        let lock = (opts.lock)
-            .then(|| crate::lock::lock_image(&file, &path, opts.lock_mode()))
-            .transpose()?;
-        let meta_file = OpenOptions::new()
-            .read(true)
-            .write(!opts.readonly)
-            .open(&path)
-            .map_err(|source| BlockError::Open {
-                path: path.clone(),
-                source,
-            })?;
-        let (mut header, mut file_size) = read_header(&meta_file, &path)?;
-        // As qemu, refuse a bitmap directory it would refuse to load.
-        super::bitmap_directory::bitmaps_of(&meta_file, &header, file_size).map_err(|reason| {
-            BlockError::InvalidImage {
-                path: path.clone(),
-                reason,
-            }
-        })?;
-        // As qemu, refuse a snapshot table beyond its limits (the count,
-        // the table's size, each entry's extra data).
-        read_snapshot_table(&meta_file, TableLocation::of(&header), file_size).map_err(
-            |reason| BlockError::InvalidImage {
-                path: path.clone(),
-                reason,
-            },
-        )?;
-        if !opts.readonly {
-            Self::check_writable_open(&path, &header)?;
-            Self::check_direct_writes(opts, &header)?;
-            if header.dirty() {
-                Self::repair_dirty(&path)?;
-                (header, file_size) = read_header(&meta_file, &path)?;
-                Self::check_writable_open(&path, &header)?;
-                if header.dirty() {
-                    return Err(BlockError::InvalidImage {
-                        path,
-                        reason: "image is still dirty after repairing its refcounts".into(),
-                    });
-                }
-            }
-            let known = match opts.keep_persistent_bitmaps {
-                true => AUTOCLEAR_KNOWN | AUTOCLEAR_BITMAPS,
-                false => AUTOCLEAR_KNOWN,
-            };
-            let autoclear = header.autoclear & known;
-            if header.version >= 3 && autoclear != header.autoclear {
-                if header.autoclear & AUTOCLEAR_BITMAPS != 0 {
-                    // Say so: backup tools that rely on the bitmaps will
-                    // find them gone (qemu drops them on its next open).
-                    log::warn!(
-                        "{}: its persistent dirty bitmaps become invalid: they are not updated by this program",
-                        path.display()
-                    );
-                }
-                write_at(
-                    &meta_file,
-                    MetaKind::Header,
-                    OFF_AUTOCLEAR,
-                    &autoclear.to_be_bytes(),
-                )?;
-                header.autoclear = autoclear;
-            }
-        }
-        let mut files = vec![Arc::new(file)];
-        let meta_file = Arc::new(meta_file);
-        let mut cow_files = vec![Arc::clone(&meta_file)];
-        let mut data_file = FileId(0);
-        let mut data_file_lock = None;
-        if let Some(name) = header.data_file.clone() {
-            let dpath = resolve(&path, &name);
-            let mut o = OpenOptions::new();
-            o.read(true).write(!opts.readonly);
-            if opts.direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
-            let f = o.open(&dpath).map_err(|source| BlockError::Open {
-                path: dpath.clone(),
-                source,
-            })?;
-            let b = File::open(&dpath).map_err(|source| BlockError::Open {
-                path: dpath.clone(),
-                source,
-            })?;
-            data_file_lock = (opts.lock)
-                .then(|| crate::lock::lock_image(&f, &dpath, opts.lock_mode()))
-                .transpose()?;
-            data_file = FileId(files.len() as u16);
-            files.push(Arc::new(f));
-            cow_files.push(Arc::new(b));
-        }
-        let backing_base = files.len() as u16;
-        let backing = match header.backing_file.clone() {
-            Some(name) if !opts.no_backing => Some(open_backing(
-                &path,
-                &name,
-                header.backing_format.as_deref(),
-                opts,
-                chain,
-            )?),
-            _ => None,
-        };
-        if let Some(b) = &backing {
-            if files.len() + b.image.files().len() > usize::from(u16::MAX) {
-                return Err(BlockError::InvalidImage {
-                    path,
-                    reason: "too many files in the chain".into(),
-                });
-            }
-            files.extend(b.image.files().iter().cloned());
-            cow_files.extend(b.cow_files.iter().cloned());
-        }
-        let backing_unopened = opts.no_backing && !opts.readonly && header.backing_file.is_some();
-        let mut meta = MetaState::load(&header, meta_file, path.clone(), file_size)?;
-        // cache=unsafe skips every flush, the ordering barriers between
-        // dependent metadata writes and at close included, as QEMU's
-        // BDRV_O_NO_FLUSH does: a crash may then leave anything.
-        meta.barriers = opts.cache.flushes();
-        let image = Qcow2Image {
-            id: super::queue_view::new_image_id(),
-            size: AtomicU64::new(header.size),
-            compressed_cached: AtomicBool::new(false),
-            state: Mutex::new(State::new(meta, header.incompatible)),
-            chain: Chain {
-                path,
-                files,
-                cow_files,
-                backing,
-                backing_base,
-                data_file,
-                header,
-            },
-            readonly: opts.readonly,
-            keeps_bitmaps: opts.keep_persistent_bitmaps,
-            _lock: lock,
-            _data_file_lock: data_file_lock,
-            backing_unopened,
-        };
-        if let Some(which) = &opts.snapshot {
-            image.view_snapshot(which)?;
-        }
-        Ok(image)
-    }
-
-    /// Read-write opens refuse images whose metadata cannot be trusted.
-    fn check_writable_open(path: &Path, h: &Header) -> Result<(), BlockError> {
-        let refuse = |reason: &str| BlockError::InvalidImage {
-            path: path.to_owned(),
-            reason: reason.into(),
-        };
-        if h.corrupt() {
-            return Err(refuse(&format!(
-                "refusing a read-write open: {}",
-                super::guard::REPAIR_HINT
-            )));
-        }
-        Ok(())
-    }
-
-    /// Rebuilds the refcounts of an image left dirty by a crash with lazy
-    /// refcounts (from its L1/L2 tables, as qemu does on open), which
-    /// also clears the dirty bit. We already hold the writer's lock.
-    fn repair_dirty(path: &Path) -> Result<(), BlockError> {
-        let report = super::check::check_qcow2(path, Some(super::check::Repair::All))?;
-        if report.corruptions != 0 || report.check_errors != 0 {
-            return Err(BlockError::InvalidImage {
-                path: path.to_owned(),
-                reason: format!(
-                    "image is dirty and repairing its refcounts left {} corruptions and {} check errors; \
-                     run qemu-img check -r all",
-                    report.corruptions, report.check_errors
-                ),
-            });
-        }
-        log::warn!(
-            "{}: image was not closed cleanly (lazy refcounts); rebuilt its refcounts \
-             ({} corruptions and {} leaks fixed) and cleared the dirty bit",
-            path.display(),
-            report.corruptions_fixed,
-            report.leaks_fixed
-        );
-        Ok(())
-    }
-
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
-    }
-
-    /// Buffered descriptors parallel to `files()`.
-    pub(crate) fn cow_files(&self) -> &[Arc<File>] {
-        &self.chain.cow_files
-    }
-
-    /// Images below this one.
-    pub(crate) fn backing_layers(&self) -> u32 {
-        self.chain.backing_layers()
     }
 
     /// Sets the dirty bit before the first metadata change of a
@@ -428,8 +196,48 @@ impl Qcow2Image {
         }))
     }
 
+    /// Writes every cached compressed cluster (padded) and publishes their
+    /// L2 entries; before a flush, a close or a resize.
+    pub(crate) fn write_out_compressed(&self) -> Result<(), BlockError> {
+        if !self.compressed_cached.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        let State {
+            meta, compressed, ..
+        } = &mut *st;
+        compressed.write_out(meta, &self.chain.files[0], &self.chain.cow_files[0], true)
+    }
+
+    /// Writes the cache out when guest clusters in `offset..offset+len`
+    /// still have their compressed data only there (a write or a discard
+    /// of them must see it mapped; reads take the cached bytes instead).
+    pub(crate) fn write_out_compressed_in(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        if !self.compressed_cached.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let cs = self.chain.header.cluster_size();
+        let mut st = self.lock();
+        if !st.compressed.overlaps(offset, len, cs) {
+            return Ok(());
+        }
+        let State {
+            meta, compressed, ..
+        } = &mut *st;
+        compressed.write_out(meta, &self.chain.files[0], &self.chain.cow_files[0], true)
+    }
+
+    /// The lock of an image a tool may change (refused on read-only
+    /// opens).
+    pub(crate) fn lock_writable(&self) -> Result<MutexGuard<'_, State>, BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        Ok(self.lock())
+    }
+
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        let size = self.size.load(Ordering::Acquire);
         match offset.checked_add(len) {
             Some(end) if end <= size => Ok(()),
             _ => Err(BlockError::OutOfRange { offset, len, size }),

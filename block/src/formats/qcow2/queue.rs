@@ -16,12 +16,12 @@ use std::sync::Arc;
 use super::bitmap_directory::bitmaps_in;
 use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::image::Qcow2Image;
+use super::image::UpdateStart;
+use super::plan_builder::{PlanBuilder, Source};
 use super::queue_view::QueueView;
 use super::read::ReadPlanner;
 use super::snapshot_table::read_snapshot_table;
 use super::status::StatusWalker;
-use super::image::UpdateStart;
-use super::plan_builder::{PlanBuilder, Source};
 use super::write::WritePlanner;
 use super::zero::ZeroPlanner;
 use crate::error::BlockError;
@@ -41,7 +41,8 @@ impl Format for Qcow2Image {
 
     /// The backing chain's NBD exports (a qcow2 file itself is local).
     fn remote_files(&self) -> &[Arc<crate::nbd::NbdFile>] {
-        self.chain.backing
+        self.chain
+            .backing
             .as_ref()
             .map_or(&[], |b| b.image.remote_files())
     }
@@ -213,7 +214,9 @@ impl Format for Qcow2Image {
             // An unreadable table lists nothing here; `check` reports it.
             snapshots: crate::formats::raw::file_size(&self.chain.cow_files[0])
                 .ok()
-                .and_then(|len| read_snapshot_table(&self.chain.cow_files[0], snapshots_at, len).ok())
+                .and_then(|len| {
+                    read_snapshot_table(&self.chain.cow_files[0], snapshots_at, len).ok()
+                })
                 .map(|(entries, _)| entries)
                 .unwrap_or_default(),
             // Likewise a bad bitmap directory lists nothing.

@@ -27,25 +27,15 @@
 //! not fit the cache reloads them under the lock anyway).
 
 use foldhash::{HashMap, HashMapExt};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::l2_entry::decode_l1;
 use super::geometry::{checked_entry, raw_entry, Geometry};
+use super::l2_entry::decode_l1;
 use super::published::Snapshot;
 use super::read::{push_piece, ReadPlanner};
 use super::state::{lock, State};
 use crate::error::BlockError;
 use crate::formats::{PlanCache, ReadPiece, ReadPlan, ReadSource};
-
-/// Numbers images, so a view is only ever used with the image it was
-/// made for.
-static NEXT_IMAGE_ID: AtomicU64 = AtomicU64::new(1);
-
-/// A fresh image id (taken when an image is opened).
-pub(crate) fn new_image_id() -> u64 {
-    NEXT_IMAGE_ID.fetch_add(1, Ordering::Relaxed)
-}
 
 /// One L2 table as the view holds it.
 struct ViewTable {
@@ -274,7 +264,10 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        (path, Arc::new(Qcow2Image::open(&opts, file).unwrap()))
+        (
+            path,
+            Arc::new(crate::formats::qcow2::open_qcow2(&opts, file).unwrap()),
+        )
     }
 
     fn plan(img: &Qcow2Image, cache: &mut PlanCache, offset: u64, len: u64) -> ReadPlan {

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use super::chain::Chain;
 use super::compressed::{compressed_read_len, inflate_cluster};
 use super::compressed_cache::CompressedCache;
-use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
 use super::geometry::Geometry;
+use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
 use super::meta::MetaState;
 use super::state::{lock, State};
 use crate::error::BlockError;
@@ -130,13 +130,12 @@ impl<'a> ReadPlanner<'a> {
                     packed,
                 } => {
                     let h = &self.chain.header;
-                    let cluster = inflate_cluster(h.compression, &packed, h.cluster_size() as usize)
-                        .map_err(
-                        |reason| BlockError::Decompress {
-                            offset: guest,
-                            reason: format!("the cached compressed cluster: {reason}"),
-                        },
-                    )?;
+                    let cluster =
+                        inflate_cluster(h.compression, &packed, h.cluster_size() as usize)
+                            .map_err(|reason| BlockError::Decompress {
+                                offset: guest,
+                                reason: format!("the cached compressed cluster: {reason}"),
+                            })?;
                     push_piece(
                         plan,
                         ReadPiece {
@@ -208,7 +207,9 @@ impl<'a> ReadPlanner<'a> {
         while pos < end {
             let in_c = pos & (cs - 1);
             let n = (cs - in_c).min(end - pos);
-            if let Some(packed) = compressed.pending_bytes(&self.chain.cow_files[0], pos - in_c, cs)? {
+            if let Some(packed) =
+                compressed.pending_bytes(&self.chain.cow_files[0], pos - in_c, cs)?
+            {
                 push(
                     &mut steps,
                     Step::Cached {

@@ -77,9 +77,14 @@ impl WritePlanner<'_> {
                 // Data file clusters are never shared: always in place.
                 L2Entry::Normal { host, copied }
                     if (copied || dfile)
-                        && (!self.meta.g.extended_l2 || all_allocated(bitmap, in_cluster, n, cs)) =>
+                        && (!self.meta.g.extended_l2
+                            || all_allocated(bitmap, in_cluster, n, cs)) =>
                 {
-                    b.data(self.chain.data_file, host + in_cluster, vec![seg_src.part(n)])
+                    b.data(
+                        self.chain.data_file,
+                        host + in_cluster,
+                        vec![seg_src.part(n)],
+                    )
                 }
                 L2Entry::Normal { host, copied } if copied || dfile => {
                     // Extended L2: fill the touched subclusters in place.
@@ -215,7 +220,11 @@ impl WritePlanner<'_> {
     /// The file holding guest clusters, for copy-on-write reads: the
     /// image's metadata seam, or the external data file.
     fn cow_source(&self) -> Arc<dyn MetaIo> {
-        match self.chain.cow_files.get(usize::from(self.chain.data_file.0)) {
+        match self
+            .chain
+            .cow_files
+            .get(usize::from(self.chain.data_file.0))
+        {
             Some(f) if self.chain.data_file != FileId(0) => Arc::clone(f) as Arc<dyn MetaIo>,
             _ => Arc::clone(&self.meta.io),
         }

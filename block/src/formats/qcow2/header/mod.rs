@@ -11,7 +11,7 @@
 //! learn an image's header. The bitmaps extension has its own parser
 //! (`bitmaps`).
 
-use super::features::AUTOCLEAR_BITMAPS;
+use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN};
 use super::features::{
     COMPRESSION_DEFLATE, COMPRESSION_ZSTD, INCOMPAT_COMPRESSION, INCOMPAT_CORRUPT,
     INCOMPAT_DATA_FILE, INCOMPAT_DIRTY, INCOMPAT_EXTL2, INCOMPAT_KNOWN,
@@ -19,7 +19,7 @@ use super::features::{
 use std::fs::File;
 use std::path::Path;
 
-use super::meta_io::{read_at, MetaKind};
+use super::meta_io::{read_at, write_at, MetaKind};
 use crate::error::BlockError;
 use crate::formats::holes::file_size;
 use crate::formats::Compression;
@@ -480,6 +480,40 @@ pub(crate) fn read_header_with(
     Header::parse_with(&buf, file_size, strict_tables)
         .map(|h| (h, file_size))
         .map_err(|e| header_error(path, e))
+}
+
+/// Clears the autoclear bits a read-write open does not know (as the
+/// spec asks), the bitmaps bit among them unless the open keeps the
+/// persistent bitmaps (`keep_bitmaps`), in the file and in `header`.
+pub(crate) fn clear_unknown_autoclear(
+    file: &File,
+    path: &Path,
+    header: &mut Header,
+    keep_bitmaps: bool,
+) -> Result<(), BlockError> {
+    let known = match keep_bitmaps {
+        true => AUTOCLEAR_KNOWN | AUTOCLEAR_BITMAPS,
+        false => AUTOCLEAR_KNOWN,
+    };
+    let autoclear = header.autoclear & known;
+    if header.version >= 3 && autoclear != header.autoclear {
+        if header.autoclear & AUTOCLEAR_BITMAPS != 0 {
+            // Say so: backup tools that rely on the bitmaps will
+            // find them gone (qemu drops them on its next open).
+            log::warn!(
+                "{}: its persistent dirty bitmaps become invalid: they are not updated by this program",
+                path.display()
+            );
+        }
+        write_at(
+            file,
+            MetaKind::Header,
+            OFF_AUTOCLEAR,
+            &autoclear.to_be_bytes(),
+        )?;
+        header.autoclear = autoclear;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

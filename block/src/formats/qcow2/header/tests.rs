@@ -110,9 +110,7 @@ fn l1_checks() {
 fn refcount_table_checks() {
     let (mut b, fs) = sample();
     set64(&mut b, 48, 0);
-    assert!(
-        matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("overlapping the header"))
-    );
+    assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("overlapping the header")));
     let (mut b, fs) = sample();
     set32(&mut b, 56, 10);
     assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("beyond")));
@@ -135,9 +133,7 @@ fn features_refused_by_name() {
     let (mut b, fs) = sample();
     set64(&mut b, 72, INCOMPAT_COMPRESSION);
     b[104] = 7;
-    assert!(
-        matches!(err(&b, fs), HeaderError::Unsupported(r) if r.contains("compression type 7"))
-    );
+    assert!(matches!(err(&b, fs), HeaderError::Unsupported(r) if r.contains("compression type 7")));
 }
 
 #[test]
