@@ -40,6 +40,7 @@ mod image;
 mod inflight;
 mod io_thread;
 mod iov;
+mod link;
 mod route;
 mod sink;
 
@@ -56,7 +57,7 @@ use crate::formats::probe::QCOW2_MAGIC;
 use crate::formats::Format;
 use crate::io::Engine;
 use crate::options::{DiskOptions, ImageType};
-use connection::Target;
+use link::Target;
 
 fn nbd_error(path: &str, reason: impl Into<String>) -> BlockError {
     BlockError::Nbd {
