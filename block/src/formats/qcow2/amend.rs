@@ -216,8 +216,7 @@ impl Amender<'_> {
             path: meta.path.clone(),
             source,
         })?;
-        let mut fresh = MetaState::load(&new, file, meta.path.clone(), file_size)?;
-        fresh.io = io;
+        let mut fresh = MetaState::load(&new, file, io, meta.path.clone(), file_size)?;
         fresh.barriers = barriers;
         *meta = fresh;
         st.incompatible = new.incompatible;

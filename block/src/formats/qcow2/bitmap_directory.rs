@@ -24,9 +24,10 @@ use std::path::Path;
 
 use super::header::bitmaps::BitmapsExtension;
 pub use super::header::bitmaps::{EXT_BITMAPS, MAX_BITMAPS, MAX_DIRECTORY};
-use super::header::{read_header, Header};
+use super::header::{read_header_in, Header};
 use super::meta_io::{be64_at, read_at, MetaIo, MetaKind};
 use crate::error::BlockError;
+use crate::formats::holes::file_size;
 
 /// Fixed fields of a directory entry, before its extra data and name.
 const ENTRY_HEADER: usize = 24;
@@ -244,15 +245,24 @@ pub fn persistent_bitmaps(path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
         path: path.to_owned(),
         source,
     })?;
-    bitmaps_in(&file, path)
+    let size = file_size(&file).map_err(|source| BlockError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    bitmaps_in(&file, size, path)
 }
 
-/// [`persistent_bitmaps`] of an open image file (`path` names it in
+/// [`persistent_bitmaps`] of an image behind `io` (an open image's
+/// metadata-I/O seam), in a file of `file_size` bytes (`path` names it in
 /// errors). The header is read again: a read-write open clears the
 /// autoclear bit after the header was parsed.
-pub(crate) fn bitmaps_in(file: &File, path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
-    let (header, file_size) = read_header(file, path)?;
-    bitmaps_of(file, &header, file_size).map_err(|reason| BlockError::InvalidImage {
+pub(crate) fn bitmaps_in(
+    io: &dyn MetaIo,
+    file_size: u64,
+    path: &Path,
+) -> Result<Vec<BitmapEntry>, BlockError> {
+    let header = read_header_in(io, file_size, path, true)?;
+    bitmaps_of(io, &header, file_size).map_err(|reason| BlockError::InvalidImage {
         path: path.to_owned(),
         reason,
     })

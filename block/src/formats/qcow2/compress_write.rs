@@ -15,7 +15,9 @@
 //!    (`compressed_cache`), which writes whole host clusters and then
 //!    publishes the L2 entry (compressed descriptor) like any allocating
 //!    write's: it reaches the disk at the next flush, after a barrier has
-//!    made data and refcounts durable.
+//!    made data and refcounts durable. Without the cache (capacity 0)
+//!    the bytes are written at once, through the metadata-I/O seam, and
+//!    the entry published the same way.
 //!
 //! Compression ([`compress_cluster`]) is separate from steps 1-3
 //! ([`CompressedWriter`], `write_compressed_packed`), so a tool can
@@ -28,7 +30,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use flate2::{Compress, FlushCompress, Status};
 
 use super::chain::Chain;
-use super::compressed_cache::write_uncached;
 use super::l2_entry::{compressed_entry, L2Entry};
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
@@ -221,10 +222,9 @@ impl CompressedWriter<'_> {
         let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
         let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
         if compressed.capacity() == 0 {
-            // No cache: one write per compressed cluster, checked against
-            // the metadata like every write to the image file.
-            meta.check_overlap(MetaKind::GuestData, host, packed.len() as u64)?;
-            write_uncached(&self.chain.files[0], host, packed)?;
+            // No cache: one write per compressed cluster, through the
+            // metadata-I/O seam (checked against the metadata there).
+            meta.write(MetaKind::GuestData, host, packed)?;
             meta.publish_l2_entry(guest, raw, 0)?;
             if meta.should_flush() {
                 meta.flush_dirty()?;
@@ -232,9 +232,9 @@ impl CompressedWriter<'_> {
             return Ok(());
         }
         self.cached.store(true, Ordering::Release);
-        compressed.insert(&self.chain.cow_files[0], cs, guest, raw, host, packed)?;
+        compressed.insert(&*meta.io, cs, guest, raw, host, packed)?;
         if compressed.is_full(meta.compressed_tail, cs) {
-            compressed.write_out(meta, &self.chain.files[0], &self.chain.cow_files[0], false)?;
+            compressed.write_out(meta, &self.chain.files[0], false)?;
         }
         Ok(())
     }

@@ -242,5 +242,8 @@ mod tests {
         fn sync(&self) -> std::io::Result<()> {
             Ok(())
         }
+        fn set_len(&self, _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(libc::EROFS))
+        }
     }
 }

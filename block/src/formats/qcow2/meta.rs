@@ -99,15 +99,18 @@ pub(crate) struct MetaState {
 }
 
 impl MetaState {
+    /// The tables of the image whose header is `h`, read through `io`
+    /// (the image's metadata-I/O seam on `file`, its buffered descriptor).
     pub fn load(
         h: &Header,
         file: Arc<File>,
+        io: Arc<dyn MetaIo>,
         path: PathBuf,
         file_size: u64,
     ) -> Result<Self, BlockError> {
         let g = Geometry::from_header(h);
         let mut l1_bytes = vec![0u8; h.l1_size as usize * 8];
-        read_at(&*file, MetaKind::L1Table, h.l1_table_offset, &mut l1_bytes)?;
+        read_at(&*io, MetaKind::L1Table, h.l1_table_offset, &mut l1_bytes)?;
         let l1 = Published::new(
             (0..h.l1_size as usize)
                 .map(|i| be64_at(&l1_bytes, i))
@@ -116,7 +119,7 @@ impl MetaState {
         let rt_len = (u64::from(h.refcount_table_clusters) * g.cluster_size / 8) as usize;
         let mut rt_bytes = vec![0u8; rt_len * 8];
         read_at(
-            &*file,
+            &*io,
             MetaKind::RefcountTable,
             h.refcount_table_offset,
             &mut rt_bytes,
@@ -130,7 +133,7 @@ impl MetaState {
             rb_cache: TableCache::new(tables(RB_CACHE_BYTES)),
             g,
             path,
-            io: Arc::clone(&file) as Arc<dyn MetaIo>,
+            io,
             file,
             file_size,
             reserved_end: file_size,

@@ -31,6 +31,7 @@ use super::guard::REPAIR_HINT;
 use super::header::{clear_unknown_autoclear, read_header, Header};
 use super::image::{new_image_id, Qcow2Image};
 use super::meta::MetaState;
+use super::meta_io::MetaIo;
 use super::snapshot_table::{read_snapshot_table, TableLocation};
 use super::snapshot_view::view_snapshot;
 use super::state::State;
@@ -152,7 +153,8 @@ fn open_chain(
         cow_files.extend(b.cow_files.iter().cloned());
     }
     let backing_unopened = opts.no_backing && !opts.readonly && header.backing_file.is_some();
-    let mut meta = MetaState::load(&header, meta_file, path.clone(), file_size)?;
+    let io = Arc::clone(&meta_file) as Arc<dyn MetaIo>;
+    let mut meta = MetaState::load(&header, meta_file, io, path.clone(), file_size)?;
     // cache=unsafe skips every flush, the ordering barriers between
     // dependent metadata writes and at close included, as QEMU's
     // BDRV_O_NO_FLUSH does: a crash may then leave anything.

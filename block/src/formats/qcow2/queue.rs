@@ -25,6 +25,7 @@ use super::status::StatusWalker;
 use super::write::WritePlanner;
 use super::zero::ZeroPlanner;
 use crate::error::BlockError;
+use crate::formats::holes::file_size;
 use crate::formats::{
     BlockStatus, Compression, FileId, Format, ImageInfo, PlanCache, ReadPlan, Waker, WriteCommit,
     WriteOutcome,
@@ -184,10 +185,14 @@ impl Format for Qcow2Image {
 
     fn info(&self) -> ImageInfo {
         let h = &self.chain.header;
-        let (incompatible, snapshots_at, marked_corrupt) = {
+        let (incompatible, snapshots_at, marked_corrupt, io) = {
             let st = self.lock();
-            (st.incompatible, st.meta.snapshots, st.meta.is_corrupt())
+            let io = Arc::clone(&st.meta.io);
+            (st.incompatible, st.meta.snapshots, st.meta.is_corrupt(), io)
         };
+        // Read through the metadata-I/O seam; a file whose size cannot be
+        // read lists no snapshots or bitmaps.
+        let file_size = file_size(&self.chain.cow_files[0]).ok();
         let v3 = h.version >= 3;
         ImageInfo {
             format: "qcow2",
@@ -212,15 +217,14 @@ impl Format for Qcow2Image {
             data_file: h.data_file.clone(),
             dirty: Some(incompatible & INCOMPAT_DIRTY != 0),
             // An unreadable table lists nothing here; `check` reports it.
-            snapshots: crate::formats::raw::file_size(&self.chain.cow_files[0])
-                .ok()
-                .and_then(|len| {
-                    read_snapshot_table(&self.chain.cow_files[0], snapshots_at, len).ok()
-                })
+            snapshots: file_size
+                .and_then(|len| read_snapshot_table(&*io, snapshots_at, len).ok())
                 .map(|(entries, _)| entries)
                 .unwrap_or_default(),
             // Likewise a bad bitmap directory lists nothing.
-            bitmaps: bitmaps_in(&self.chain.cow_files[0], &self.chain.path).unwrap_or_default(),
+            bitmaps: file_size
+                .and_then(|len| bitmaps_in(&*io, len, &self.chain.path).ok())
+                .unwrap_or_default(),
         }
     }
 

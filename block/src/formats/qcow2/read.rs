@@ -207,9 +207,7 @@ impl<'a> ReadPlanner<'a> {
         while pos < end {
             let in_c = pos & (cs - 1);
             let n = (cs - in_c).min(end - pos);
-            if let Some(packed) =
-                compressed.pending_bytes(&self.chain.cow_files[0], pos - in_c, cs)?
-            {
+            if let Some(packed) = compressed.pending_bytes(&*meta.io, pos - in_c, cs)? {
                 push(
                     &mut steps,
                     Step::Cached {

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::{fs, io};
 
-use super::header::read_header;
+use super::header::read_header_in;
 use super::meta::MetaState;
-use super::meta_io::{MetaIo, MetaKind};
+use super::meta_io::{set_len, MetaIo, MetaKind};
 use super::state::State;
 use crate::error::BlockError;
 
@@ -61,6 +61,11 @@ impl MetaIo for UndoIo {
 
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()
+    }
+
+    /// Not kept: the undo cuts the file back to its old length anyway.
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
     }
 }
 
@@ -101,9 +106,11 @@ impl UndoLog {
         let path = st.meta.path.clone();
         let file = Arc::clone(&st.meta.file);
         let reloaded = restore(&*self.inner, &file, &self.saved, &path).and_then(|()| {
-            let (header, file_size) = read_header(&file, &path)?;
-            let mut meta = MetaState::load(&header, Arc::clone(&file), path.clone(), file_size)?;
-            meta.io = Arc::clone(&self.inner);
+            let file_size = file_len(&file, &path)?;
+            let header = read_header_in(&*self.inner, file_size, &path, true)?;
+            let io = Arc::clone(&self.inner);
+            let mut meta =
+                MetaState::load(&header, Arc::clone(&file), io, path.clone(), file_size)?;
             meta.barriers = st.meta.barriers;
             meta.overlap_checks = st.meta.overlap_checks;
             meta.l2_write_through = st.meta.l2_write_through;
@@ -151,11 +158,7 @@ fn restore(
         }
     }
     if file_len(file, path)? != saved.old_len {
-        file.set_len(saved.old_len)
-            .map_err(|source| BlockError::MetadataWrite {
-                what: "image size (undoing a failed operation)".into(),
-                source,
-            })?;
+        set_len(io, saved.old_len, "undoing a failed operation")?;
     }
     super::meta_io::sync(io)
 }

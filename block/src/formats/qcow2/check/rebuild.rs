@@ -20,7 +20,7 @@ use crate::formats::qcow2::header::{
     clear_unknown_autoclear, read_header, read_header_with, Header, OFF_REFTABLE,
 };
 use crate::formats::qcow2::meta::MetaState;
-use crate::formats::qcow2::meta_io::{sync, write_at, MetaKind};
+use crate::formats::qcow2::meta_io::{sync, write_at, MetaIo, MetaKind};
 use crate::formats::qcow2::refcount::max_refcount;
 use crate::formats::qcow2::refcount_layout::RefcountLayout;
 use crate::formats::qcow2::snapshot_ops::Snapshotter;
@@ -115,7 +115,9 @@ pub(super) fn rewrite_snapshot_table(
         })?;
     let (mut header, file_size) = read_header(&file, path)?;
     clear_unknown_autoclear(&file, path, &mut header, false)?;
-    let mut meta = MetaState::load(&header, Arc::new(file), path.to_owned(), file_size)?;
+    let file = Arc::new(file);
+    let io = Arc::clone(&file) as Arc<dyn MetaIo>;
+    let mut meta = MetaState::load(&header, file, io, path.to_owned(), file_size)?;
     let size = AtomicU64::new(header.size);
     Snapshotter::begin(&mut meta, &size)?.rewrite_table()?;
     meta.flush_dirty()?;

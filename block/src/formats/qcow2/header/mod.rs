@@ -19,7 +19,7 @@ use super::features::{
 use std::fs::File;
 use std::path::Path;
 
-use super::meta_io::{read_at, write_at, MetaKind};
+use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
 use crate::error::BlockError;
 use crate::formats::holes::file_size;
 use crate::formats::Compression;
@@ -464,22 +464,30 @@ pub(crate) fn read_header_with(
         path: path.to_owned(),
         source,
     })?;
+    read_header_in(file, file_size, path, strict_tables).map(|h| (h, file_size))
+}
+
+/// The header of the image behind the metadata-I/O seam `io` (an open
+/// image's), in a file of `file_size` bytes.
+pub(crate) fn read_header_in(
+    io: &dyn MetaIo,
+    file_size: u64,
+    path: &Path,
+    strict_tables: bool,
+) -> Result<Header, BlockError> {
     let mut probe = vec![0u8; 512.min(file_size) as usize];
-    read_at(file, MetaKind::Header, 0, &mut probe)?;
+    read_at(io, MetaKind::Header, 0, &mut probe)?;
     let cluster_bits = probe
         .get(20..24)
         .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
     if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
         // Let the parser name what is wrong with the short buffer.
         return Header::parse_with(&probe, file_size, strict_tables)
-            .map(|h| (h, file_size))
             .map_err(|e| header_error(path, e));
     }
     let mut buf = vec![0u8; (1u64 << cluster_bits).min(file_size) as usize];
-    read_at(file, MetaKind::Header, 0, &mut buf)?;
-    Header::parse_with(&buf, file_size, strict_tables)
-        .map(|h| (h, file_size))
-        .map_err(|e| header_error(path, e))
+    read_at(io, MetaKind::Header, 0, &mut buf)?;
+    Header::parse_with(&buf, file_size, strict_tables).map_err(|e| header_error(path, e))
 }
 
 /// Clears the autoclear bits a read-write open does not know (as the
