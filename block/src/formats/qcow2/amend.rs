@@ -22,13 +22,14 @@
 //! 5. a downgrade drops the persistent bitmaps (version 2 cannot keep
 //!    them) and frees their clusters.
 //!
-//! A failure before step 4 truncates the file to its old length (the new
-//! refcount structures lay beyond it); a failed barrier after the header
-//! write puts the old header cluster back. So a failed amend leaves the
-//! header, the contents and the refcounts as they were; zero clusters
-//! already turned into zeroed data clusters by a failed downgrade stay so
-//! (they read the same), as in QEMU. qemu-img applies the options one
-//! after the other and may stop half way; this never does.
+//! The amend runs as a tool operation that undoes itself when it fails
+//! (`undo`, the image's `FailureUndo`): every byte it overwrote inside
+//! the file is written back and the file is cut to its old length (the
+//! new refcount structures lay beyond it), whatever step failed (a failed
+//! barrier after the header write included). So a failed amend leaves the
+//! file as it was: header, contents, refcounts, and the zero clusters a
+//! failed downgrade had already expanded. qemu-img applies the options
+//! one after the other and may stop half way; this never does.
 //!
 //! After an amend the image's in-memory metadata is reloaded from the new
 //! header, so closing the handle writes nothing stale.
@@ -41,12 +42,10 @@ use super::features::{
     AUTOCLEAR_DATA_FILE_RAW, COMPAT_LAZY_REFCOUNTS, INCOMPAT_COMPRESSION, INCOMPAT_DIRTY,
 };
 use super::header::{Header, EXT_DATA_FILE};
-use super::header_cluster::{
-    current_header, restore_header_cluster, HeaderCluster, EXT_FEATURE_TABLE,
-};
+use super::header_cluster::{current_header, HeaderCluster, EXT_FEATURE_TABLE};
 use super::l2_entry::{decode_l2, L2Entry};
 use super::meta::MetaState;
-use super::meta_io::{read_at, MetaKind};
+use super::meta_io::MetaKind;
 use super::refcount::max_refcount;
 use super::refcount_layout::RefcountLayout;
 use super::snapshot_ops::Snapshotter;
@@ -192,18 +191,8 @@ impl Amender<'_> {
             meta.barrier()?;
             meta.trim_reserve()?;
         }
-        // What a failure from here on puts back.
         let old = current_header(meta)?;
-        let old_len = meta.file_size;
-        let mut old_cluster = vec![0u8; meta.g.cluster_size as usize];
-        read_at(&*meta.io, MetaKind::Header, 0, &mut old_cluster)?;
-        let new = match switch_header(meta, &old, &plan, &mut *progress) {
-            Ok(new) => new,
-            Err(e) => {
-                rollback(meta, &old_cluster, old_len);
-                return Err(e);
-            }
-        };
+        let new = switch_header(meta, &old, &plan, &mut *progress)?;
         if upgrading {
             progress(AmendStep::Upgrading, 2, 2);
         }
@@ -355,20 +344,4 @@ fn new_refcounts(
     layout.write(&*io, &mut count, progress)?;
     meta.sync()?;
     Ok(layout)
-}
-
-/// Puts the old header cluster back (when it was replaced) and then,
-/// only if that worked, cuts the file to its old length (the new header
-/// may name what lies past it); best effort, after a failure.
-fn rollback(meta: &mut MetaState, old_cluster: &[u8], old_len: u64) {
-    if !restore_header_cluster(meta, old_cluster) {
-        return;
-    }
-    if let Err(e) = meta.file.set_len(old_len) {
-        log::warn!(
-            "{}: could not cut the file back to {old_len} bytes: {e}",
-            meta.path.display()
-        );
-    }
-    meta.reserved_end = old_len;
 }

@@ -18,9 +18,12 @@
 //! 3. the old directory, and the tables and data clusters only it named,
 //!    are freed.
 //!
-//! A failure before step 2 frees what step 1 allocated; a failed barrier
-//! after the header write puts the old header cluster back. Once step 2
-//! is durable a failure can only leak clusters (logged).
+//! The change runs as a tool operation that undoes itself when it fails
+//! (`undo`, the image's `FailureUndo`): a failure up to step 2 being
+//! durable (a failed barrier after the header write included) leaves the
+//! file as it was, the clusters step 1 allocated freed and the old header
+//! back. Once step 2 is durable a failure can only leak clusters
+//! (logged; the change succeeded).
 //!
 //! The image must be open with `keep_persistent_bitmaps` (else its open
 //! already declared the bitmaps inconsistent, and there are none).
@@ -32,7 +35,7 @@ use super::bitmap_store::{
 };
 use super::features::AUTOCLEAR_BITMAPS;
 use super::header::Header;
-use super::header_cluster::{current_header, restore_header_cluster, HeaderCluster};
+use super::header_cluster::{current_header, HeaderCluster};
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
 use crate::error::BlockError;
@@ -269,19 +272,7 @@ impl BitmapEditor<'_> {
             })?;
         }
         let meta = &mut *self.meta;
-        let mut old_cluster = vec![0u8; meta.g.cluster_size as usize];
-        meta.read(MetaKind::Header, 0, &mut old_cluster)?;
-        let mut allocs = Allocations::default();
-        let directory = match store(meta, &header, &bitmaps, &mut allocs) {
-            Ok(d) => d,
-            Err(e) => {
-                // Free the new clusters only once no header names them.
-                if restore_header_cluster(meta, &old_cluster) {
-                    allocs.free(meta);
-                }
-                return Err(e);
-            }
-        };
+        let directory = store(meta, &header, &bitmaps)?;
         // Free what only the old header named.
         let cb = meta.g.cluster_bits;
         let mut freed: Vec<(u64, u64)> = old
@@ -316,36 +307,8 @@ impl BitmapEditor<'_> {
     }
 }
 
-/// Clusters allocated while storing, freed again if the store fails.
-#[derive(Default)]
-struct Allocations(Vec<(u64, u64)>);
-
-impl Allocations {
-    fn alloc(&mut self, meta: &mut MetaState, clusters: u64) -> Result<u64, BlockError> {
-        let at = meta.alloc_clusters(clusters)?;
-        self.0.push((at >> meta.g.cluster_bits, clusters));
-        Ok(at)
-    }
-
-    fn free(self, meta: &mut MetaState) {
-        for (first, count) in self.0 {
-            if let Err(e) = meta.change_refcounts(first, count, -1) {
-                log::warn!(
-                    "{}: clusters {first}+{count} stay leaked: {e}",
-                    meta.path.display()
-                );
-            }
-        }
-        let _ = meta.write_refcounts();
-    }
-}
-
 /// Writes a bitmap's chunks and table; returns (table offset, entries).
-fn write_bits(
-    meta: &mut MetaState,
-    bits: &DirtyBits,
-    allocs: &mut Allocations,
-) -> Result<(u64, u32), BlockError> {
+fn write_bits(meta: &mut MetaState, bits: &DirtyBits) -> Result<(u64, u32), BlockError> {
     let cs = meta.g.cluster_size;
     let per_chunk = cs * 8;
     let mut table = Vec::with_capacity(bits.chunks.len());
@@ -368,7 +331,7 @@ fn write_bits(
         table.push(match bytes {
             None => 0,
             Some(d) => {
-                let at = allocs.alloc(meta, 1)?;
+                let at = meta.alloc_clusters(1)?;
                 meta.write(MetaKind::BitmapDirectory, at, &d)?;
                 at
             }
@@ -377,7 +340,7 @@ fn write_bits(
     let mut raw: Vec<u8> = table.iter().flat_map(|e| e.to_be_bytes()).collect();
     let clusters = (raw.len() as u64).div_ceil(cs).max(1);
     raw.resize((clusters * cs) as usize, 0);
-    let at = allocs.alloc(meta, clusters)?;
+    let at = meta.alloc_clusters(clusters)?;
     meta.write(MetaKind::BitmapDirectory, at, &raw)?;
     Ok((at, table.len() as u32))
 }
@@ -408,12 +371,11 @@ fn store(
     meta: &mut MetaState,
     header: &Header,
     bitmaps: &[Working],
-    allocs: &mut Allocations,
 ) -> Result<Option<(u64, u64)>, BlockError> {
     let mut dir = Vec::new();
     for b in bitmaps {
         let (table_offset, entries) = match (&b.bits, &b.stored) {
-            (Some(bits), _) => write_bits(meta, bits, allocs)?,
+            (Some(bits), _) => write_bits(meta, bits)?,
             (None, Some(s)) => (s.entry.table_offset, s.entry.table_entries),
             (None, None) => return Err(meta.invalid("a new bitmap without bits")),
         };
@@ -439,7 +401,7 @@ fn store(
     } else {
         let cs = meta.g.cluster_size;
         let clusters = (dir.len() as u64).div_ceil(cs);
-        let at = allocs.alloc(meta, clusters)?;
+        let at = meta.alloc_clusters(clusters)?;
         let bytes = dir.len() as u64;
         dir.resize((clusters * cs) as usize, 0);
         meta.write(MetaKind::BitmapDirectory, at, &dir)?;

@@ -126,12 +126,18 @@ impl Amendable for Qcow2Image {
         .map(|_| ())
     }
 
+    /// Undone when it fails (see `amend`).
     fn amend(&self, amendment: &Amendment, progress: AmendProgress<'_>) -> Result<(), BlockError> {
-        Amender {
-            st: &mut *self.lock_writable()?,
-            size: &self.size,
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
         }
-        .apply(amendment, progress)
+        self.undo_on_failure(&mut || {
+            Amender {
+                st: &mut *self.lock(),
+                size: &self.size,
+            }
+            .apply(amendment, &mut *progress)
+        })
     }
 }
 
@@ -144,12 +150,18 @@ impl PersistentBitmaps for Qcow2Image {
         .read(name)
     }
 
+    /// Undone when it fails (see `bitmap_write`).
     fn change_bitmap(&self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError> {
-        BitmapEditor {
-            meta: &mut self.lock_writable()?.meta,
-            disk_size: self.size.load(Ordering::Acquire),
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
         }
-        .change(name, actions)
+        self.undo_on_failure(&mut || {
+            BitmapEditor {
+                meta: &mut self.lock().meta,
+                disk_size: self.size.load(Ordering::Acquire),
+            }
+            .change(name, actions)
+        })
     }
 }
 

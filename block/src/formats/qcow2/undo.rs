@@ -1,9 +1,12 @@
-//! Undoing an image-tool operation that failed half-way (`ch-img
-//! snapshot`, `rebase`, `commit`, `resize`), so a failed command leaves
-//! the image file as it was: qcow2's `FailureUndo` (in `tools`), with an
-//! [`UndoLog`] around the operation.
+//! Undoing an image-tool operation that failed half-way, so a failed
+//! command leaves the image file as it was: qcow2's `FailureUndo` (in
+//! `tools`), with an [`UndoLog`] around the operation. `ch-img snapshot`,
+//! `rebase`, `commit` and `resize` run their changes in it, and amend and
+//! the persistent-bitmap changes always do (`tools`): it is the one way a
+//! failed tool operation puts the file back.
 //!
-//! Everything the image still caches is written first. Then the
+//! Everything the image still caches is written first, and the file cut
+//! to the end of its clusters. Then the
 //! operation runs with an [`UndoIo`] in front of the image's metadata-I/O
 //! seam: before each write lands on bytes the file held when the
 //! operation began, those bytes are read and kept. If the operation fails
@@ -77,11 +80,14 @@ pub(crate) struct UndoLog {
 }
 
 impl UndoLog {
-    /// Makes everything `meta` caches durable, then puts the recording
-    /// seam in front of its metadata I/O.
+    /// Makes everything `meta` caches durable and cuts the file to the
+    /// end of its clusters (the headroom kept for allocation is a hole
+    /// the undo would otherwise have to put back), then puts the
+    /// recording seam in front of its metadata I/O.
     pub fn start(meta: &mut MetaState) -> Result<Self, BlockError> {
         meta.flush_dirty()?;
         meta.barrier()?;
+        meta.trim_reserve()?;
         let inner = Arc::clone(&meta.io);
         let saved = Arc::new(Saved {
             old_len: file_len(&meta.file, &meta.path)?,
