@@ -20,7 +20,7 @@
 //!    the entry published the same way.
 //!
 //! Compression ([`compress_cluster`]) is separate from steps 1-3
-//! ([`CompressedWriter`], `write_compressed_packed`), so a tool can
+//! (`CompressedWriter`, `write_compressed_packed`), so a tool can
 //! compress on every core and write in order. Only for tools writing an image on their own (convert): there
 //! is no in-flight tracking against queues writing the same clusters.
 

@@ -1,5 +1,5 @@
 //! `Qcow2Image`: an open qcow2 image (`opener` opens it): its fixed
-//! [`Chain`] (files, backing image, header) and its [`State`] behind one
+//! `Chain` (files, backing image, header) and its `State` behind one
 //! mutex, held only while planning or committing, never during data I/O.
 //!
 //! Its methods are in three places: here, what every caller shares

@@ -3,7 +3,7 @@
 //! Options and the image's opened descriptor enter; a [`Qcow2Image`]
 //! leaves. In order:
 //! 1. the lock (qemu's, see [`crate::lock`]) and a buffered descriptor
-//!    for metadata; the header ([`read_header`]), the bitmap directory
+//!    for metadata; the header (`read_header`), the bitmap directory
 //!    and the snapshot table, each refused where qemu refuses them;
 //! 2. a read-write open refuses a corrupt image and O_DIRECT writes to
 //!    clusters smaller than a page; an image left dirty by a crash with

@@ -2,7 +2,7 @@
 //! -l`, qemu-img's `bdrv_snapshot_load_tmp`).
 //!
 //! A read-only open with [`crate::DiskOptions::snapshot`] set enters
-//! after the image's tables are loaded ([`view_snapshot`]); the snapshot
+//! after the image's tables are loaded (`view_snapshot`); the snapshot
 //! is looked up in the table ([`find`]), its L1 table read and checked,
 //! and the image then maps the snapshot's tree in place of the active one
 //! and has the snapshot's disk size. Nothing is written: the open is

@@ -83,7 +83,7 @@ impl CompressedWrites for Qcow2Image {
         check_compressed_write(&self.chain, self.readonly, size, guest, cs)?;
         CompressedWriter {
             chain: &self.chain,
-            st: &mut *self.lock(),
+            st: &mut self.lock(),
             cached: &self.compressed_cached,
         }
         .write(guest, packed)
@@ -105,7 +105,7 @@ impl Resizable for Qcow2Image {
         self.check_backing_opened()?;
         self.write_out_compressed()?;
         Resize {
-            st: &mut *self.lock(),
+            st: &mut self.lock(),
             size: &self.size,
         }
         .to(new_size)
@@ -133,7 +133,7 @@ impl Amendable for Qcow2Image {
         }
         self.undo_on_failure(&mut || {
             Amender {
-                st: &mut *self.lock(),
+                st: &mut self.lock(),
                 size: &self.size,
             }
             .apply(amendment, &mut *progress)
