@@ -1,7 +1,9 @@
 //! The queue-facing [`Format`] of a qcow2 image: what a running queue
 //! calls (plans, commit/abort, flush, block status) plus `info`, `name`
-//! and `close`. Each method is implemented here, once; the helpers it
-//! uses live in `read`, `write`, `zero` and `status`.
+//! and `close`. Each method is implemented here, once, over the planner
+//! types that do the work: `ReadPlanner` (`read`), `QueueView`
+//! (`queue_view`), `WritePlanner` (`write`), `ZeroPlanner` (`zero`) and
+//! `StatusWalker` (`status`).
 //!
 //! Guest ranges enter and leave as plans of host extents or block status;
 //! the metadata changes a plan needs are made under the image lock before
