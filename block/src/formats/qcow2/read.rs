@@ -46,6 +46,7 @@ enum Step {
 }
 
 /// Appends a piece, merging it with the last one when contiguous.
+#[inline]
 pub(crate) fn push_piece(plan: &mut ReadPlan, piece: ReadPiece) {
     if piece.len == 0 {
         return;
