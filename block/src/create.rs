@@ -10,13 +10,12 @@
 //! files the command reads, compared by device and inode, so another name,
 //! a symbolic link or a hard link to a source is refused too).
 
-use std::fs::File;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::error::BlockError;
 use crate::formats::qcow2::create::{create_qcow2, Qcow2Params};
-use crate::lock::ImageLock;
+use crate::new_file::open_for_create;
+pub use crate::new_file::FileIdentity;
 use crate::options::{DiskOptions, ImageType};
 use crate::prealloc::{preallocate_range, Preallocation};
 
@@ -52,31 +51,6 @@ pub struct CreateOptions {
     /// qemu-img's `create -u`: the backing file is recorded without being
     /// opened (it may be missing); the size must then be given.
     pub unsafe_backing: bool,
-}
-
-/// A file as the kernel knows it: two names (a path, `./path`, a symbolic
-/// or a hard link) of one file have the same identity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FileIdentity {
-    pub dev: u64,
-    pub ino: u64,
-}
-
-impl FileIdentity {
-    pub fn of(file: &File) -> std::io::Result<FileIdentity> {
-        file.metadata().map(|m| FileIdentity {
-            dev: m.dev(),
-            ino: m.ino(),
-        })
-    }
-
-    /// The identity of the file `path` names (following links).
-    pub fn of_path(path: &Path) -> std::io::Result<FileIdentity> {
-        std::fs::metadata(path).map(|m| FileIdentity {
-            dev: m.dev(),
-            ino: m.ino(),
-        })
-    }
 }
 
 fn bad(opts: &CreateOptions, option: &str, why: impl std::fmt::Display) -> BlockError {
@@ -143,41 +117,6 @@ fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
     let (f, _lock) = open_for_create(&opts.path, &opts.sources)?;
     preallocate_range(&f, &opts.path, opts.preallocation, 0, opts.size)?;
     f.sync_all().map_err(BlockError::Flush)
-}
-
-/// Opens (or creates) `path` for a new image: locked like a writer first,
-/// so an image some VMM or qemu has open is refused, checked not to be
-/// one of `sources` (the files the command reads), then truncated. The
-/// caller holds the lock until the image is written; dropping it unlocks
-/// the file explicitly. Leaving the locks to go with the file's last
-/// descriptor is not enough: a child another thread forks before it
-/// execs holds a copy of every descriptor (close-on-exec or not), and the
-/// next open of the new image then found it still locked (seen as a
-/// flaky `Locked` in block/tests/exclusive_image.rs while other tests ran
-/// qemu-img).
-pub(crate) fn open_for_create(
-    path: &Path,
-    sources: &[FileIdentity],
-) -> Result<(File, ImageLock), BlockError> {
-    let open_err = |source| BlockError::Open {
-        path: path.to_owned(),
-        source,
-    };
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(open_err)?;
-    let lock = crate::lock::lock_image(&file, path, crate::lock::LockMode::Writer)?;
-    if sources.contains(&FileIdentity::of(&file).map_err(open_err)?) {
-        return Err(BlockError::OverwritesSource {
-            path: path.to_owned(),
-        });
-    }
-    file.set_len(0).map_err(open_err)?;
-    Ok((file, lock))
 }
 
 fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
@@ -304,6 +243,7 @@ fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
 
     /// A copy of the creating descriptor that outlives the create (as a
     /// child another thread forked holds one until it execs) must not

@@ -46,6 +46,7 @@ pub mod info_json;
 pub mod io;
 pub mod lock;
 pub mod nbd;
+pub mod new_file;
 pub mod options;
 pub mod padded;
 pub mod prealloc;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use block::formats::qcow2::meta_faults::FaultyMetaIo;
 use block::formats::qcow2::meta_io::MetaIo;
-use block::formats::qcow2::Qcow2Image;
+use block::formats::qcow2::open_qcow2;
 use block::io::new_engine;
 use block::options::CacheMode;
 use block::{Disk, DiskOptions, EngineKind, ImageType, RequestOp};
@@ -67,7 +67,7 @@ fn qcow2_metadata_syncs(cache: CacheMode, create_opts: &str) -> u64 {
     o.direct = cache.direct();
     o.lock = false;
     let file = block::formats::open::open_file(&o).unwrap();
-    let img = Arc::new(Qcow2Image::open(&o, file).unwrap());
+    let img = Arc::new(open_qcow2(&o, file).unwrap());
     let mut seam = None;
     img.wrap_meta_io(|inner| {
         let f = Arc::new(FaultyMetaIo::new(inner, &[]));

@@ -3,6 +3,13 @@
 //! request errors, and whatever a failed flush did not write is written
 //! by the next one (a FLUSH that succeeds means durable, checked on a
 //! byte copy of the file taken right after it).
+//!
+//! The paths that go through the seam besides the tables' own reads and
+//! writes are each reached by a fault here: compressed clusters written
+//! without the cache, the compressed cache's writes (buffered image) and
+//! reads, the size reserve and its trim (`MetaIo::set_len`), `info`'s
+//! snapshot and bitmap reads, and the tables reloaded after an amend and
+//! by the undo of a failed one.
 
 mod support;
 
@@ -11,7 +18,8 @@ use std::sync::Arc;
 
 use block::formats::qcow2::meta_faults::{FaultEffect, FaultTarget, FaultyMetaIo, MetaFault};
 use block::formats::qcow2::meta_io::{MetaIo, MetaKind};
-use block::formats::qcow2::Qcow2Image;
+use block::formats::qcow2::{open_qcow2, Qcow2Image};
+use block::formats::{Amendable, Amendment, CompressedWrites, Format, ReadPlan};
 use block::{BlockError, Disk, DiskOptions};
 use support::*;
 
@@ -30,7 +38,7 @@ fn open_disk(p: &Path) -> (Disk, Arc<Qcow2Image>) {
     let mut o = DiskOptions::new(p);
     o.lock = false;
     let file = block::formats::open::open_file(&o).unwrap();
-    let img = Arc::new(Qcow2Image::open(&o, file).unwrap());
+    let img = Arc::new(open_qcow2(&o, file).unwrap());
     (Disk::from_format(img.clone(), &o).unwrap(), img)
 }
 
@@ -212,4 +220,250 @@ fn short_metadata_writes_are_finished() {
     for (i, g) in read_copy(&d, &p, &reads).iter().enumerate() {
         assert_same(g, &pattern(10 + i as u64, 4096), "after short writes");
     }
+}
+
+/// A 4 MiB image with 64 KiB clusters, opened read-write (or read-only).
+fn open_image(p: &Path, readonly: bool) -> Arc<Qcow2Image> {
+    let mut o = DiskOptions::new(p);
+    o.lock = false;
+    o.readonly = readonly;
+    let file = block::formats::open::open_file(&o).unwrap();
+    Arc::new(open_qcow2(&o, file).unwrap())
+}
+
+/// A cluster whose first `random` bytes do not compress.
+fn cluster_of(seed: u64, random: usize) -> Vec<u8> {
+    let mut c = pattern(seed, random);
+    c.resize(65536, 0);
+    c
+}
+
+#[test]
+fn compressed_clusters_written_without_the_cache_go_through_the_seam() {
+    let d = TempDir::new("meta-compressed-uncached");
+    let p = d.join("img.qcow2");
+    qemu_create("qcow2", s(&p), "4M", "");
+    let img = open_image(&p, false);
+    img.set_compressed_cache(0);
+    let faults = arm(
+        &img,
+        &[MetaFault::fail_write(
+            Some(MetaKind::GuestData),
+            1,
+            libc::ENOSPC,
+        )],
+    );
+    let data = cluster_of(1, 4096);
+    let err = img.write_compressed(0, &data).expect_err("a failed write");
+    assert_eq!(os_error(&err), Some(libc::ENOSPC), "{err:?}");
+    assert_eq!(faults.stats().fired, 1);
+    assert!(img.write_compressed(65536, &data).unwrap());
+    img.close().unwrap();
+    drop(img);
+    qemu_check_leaks_only(&p, "after a failed compressed write");
+    let back = open_image(&p, true);
+    assert_same(&read(&*back, 0, 65536), &[0; 65536], "the failed cluster");
+    assert_same(&read(&*back, 65536, 65536), &data, "the next cluster");
+}
+
+#[test]
+fn the_compressed_cache_of_a_buffered_image_writes_through_the_seam() {
+    let d = TempDir::new("meta-compressed-cache-write");
+    let p = d.join("img.qcow2");
+    qemu_create("qcow2", s(&p), "4M", "");
+    let img = open_image(&p, false);
+    let data: Vec<Vec<u8>> = (0..2).map(|i| cluster_of(10 + i, 4096)).collect();
+    for (i, c) in data.iter().enumerate() {
+        assert!(img.write_compressed(i as u64 * 65536, c).unwrap());
+    }
+    let faults = arm(
+        &img,
+        &[MetaFault::fail_write(
+            Some(MetaKind::GuestData),
+            1,
+            libc::EIO,
+        )],
+    );
+    let err = img
+        .flush_metadata()
+        .expect_err("a flush whose write failed");
+    assert_eq!(os_error(&err), Some(libc::EIO), "{err:?}");
+    assert_eq!(faults.stats().fired, 1);
+    // The clusters the failed write held are dropped, not mapped.
+    assert_same(&read(&*img, 0, 65536), &[0; 65536], "a dropped cluster");
+    img.close().unwrap();
+    drop(img);
+    qemu_check(&p);
+}
+
+#[test]
+fn the_compressed_cache_reads_host_clusters_it_no_longer_holds_through_the_seam() {
+    let d = TempDir::new("meta-compressed-cache-read");
+    let p = d.join("img.qcow2");
+    qemu_create("qcow2", s(&p), "4M", "");
+    let img = open_image(&p, false);
+    // About 40 KiB each once compressed: the second spans two host
+    // clusters, and with room for one complete cluster in the cache the
+    // first host cluster is written (and leaves the cache) before the
+    // second compressed cluster is published.
+    img.set_compressed_cache(1);
+    let data: Vec<Vec<u8>> = (0..2).map(|i| cluster_of(20 + i, 40000)).collect();
+    for (i, c) in data.iter().enumerate() {
+        assert!(img.write_compressed(i as u64 * 65536, c).unwrap());
+    }
+    let faults = arm(
+        &img,
+        &[MetaFault::fail_read(
+            Some(MetaKind::GuestData),
+            1,
+            libc::EIO,
+        )],
+    );
+    let mut plan = ReadPlan::new();
+    let err = img
+        .plan_read(65536, 4096, &mut plan)
+        .expect_err("a read of the written half failed");
+    assert_eq!(os_error(&err), Some(libc::EIO), "{err:?}");
+    assert_eq!(faults.stats().fired, 1);
+    assert_same(&read(&*img, 65536, 65536), &data[1], "the read again");
+    img.close().unwrap();
+    drop(img);
+    qemu_check(&p);
+    // A cluster packed behind one written without the cache reads that
+    // host cluster's start back before it joins it.
+    let p = d.join("img2.qcow2");
+    qemu_create("qcow2", s(&p), "4M", "");
+    let img = open_image(&p, false);
+    img.set_compressed_cache(0);
+    assert!(img.write_compressed(0, &data[0]).unwrap());
+    img.set_compressed_cache(64);
+    let faults = arm(
+        &img,
+        &[MetaFault::fail_read(
+            Some(MetaKind::GuestData),
+            1,
+            libc::EIO,
+        )],
+    );
+    let err = img
+        .write_compressed(65536, &data[1])
+        .expect_err("a write whose read of the shared host cluster failed");
+    assert_eq!(os_error(&err), Some(libc::EIO), "{err:?}");
+    assert_eq!(faults.stats().fired, 1);
+    img.close().unwrap();
+    drop(img);
+    qemu_check_leaks_only(&p, "after a failed read of a shared host cluster");
+}
+
+#[test]
+fn the_size_reserve_and_its_trim_go_through_the_seam() {
+    let d = TempDir::new("meta-set-len");
+    let p = make(&d, "img.qcow2");
+    let (disk, img) = open_disk(&p);
+    let faults = arm(&img, &[MetaFault::fail_set_len(1, libc::ENOSPC)]);
+    let err = disk
+        .write_at(0, &pattern(30, 4096))
+        .expect_err("an allocating write whose reserve failed");
+    assert_eq!(os_error(&err), Some(libc::ENOSPC), "{err:?}");
+    assert_eq!(faults.stats().fired, 1);
+    disk.write_at(0, &pattern(31, 4096)).unwrap();
+    let reserved = std::fs::metadata(&p).unwrap().len();
+    // Closing cuts the reserve off again: through the seam too.
+    let faults = arm(&img, &[MetaFault::fail_set_len(1, libc::EIO)]);
+    let err = disk.close().expect_err("a close whose trim failed");
+    assert_eq!(os_error(&err), Some(libc::EIO), "{err:?}");
+    assert_eq!(faults.stats().fired, 1);
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), reserved);
+    drop(disk);
+    drop(img);
+    assert!(std::fs::metadata(&p).unwrap().len() < reserved);
+    qemu_check_leaks_only(&p, "after a failed reserve");
+    assert_same(
+        &read_copy(&d, &p, &[(0, 4096)])[0],
+        &pattern(31, 4096),
+        "data",
+    );
+}
+
+#[test]
+fn info_reads_snapshots_and_bitmaps_through_the_seam() {
+    let d = TempDir::new("meta-info");
+    let p = d.join("img.qcow2");
+    qemu_create("qcow2", s(&p), "4M", "");
+    run("qemu-img", &["snapshot", "-c", "s1", s(&p)]);
+    run("qemu-img", &["bitmap", "--add", s(&p), "b1"]);
+    let img = open_image(&p, true);
+    let info = img.info();
+    assert_eq!((info.snapshots.len(), info.bitmaps.len()), (1, 1));
+    let faults = arm(
+        &img,
+        &[
+            MetaFault::fail_read(Some(MetaKind::SnapshotTable), 1, libc::EIO),
+            MetaFault::fail_read(Some(MetaKind::BitmapDirectory), 1, libc::EIO),
+        ],
+    );
+    let info = img.info();
+    assert_eq!((info.snapshots.len(), info.bitmaps.len()), (0, 0));
+    assert_eq!(faults.stats().fired, 2);
+}
+
+/// A version 3 image with data, 16-bit refcounts, and its bytes.
+fn amend_sample(d: &TempDir) -> (std::path::PathBuf, Vec<u8>) {
+    let p = d.join("img.qcow2");
+    qemu_create("qcow2", s(&p), "4M", "");
+    qemu_io("qcow2", &p, &["write -P 5 0 192k"]);
+    let bytes = std::fs::read(&p).unwrap();
+    (p, bytes)
+}
+
+#[test]
+fn the_tables_reloaded_after_an_amend_are_read_through_the_seam_and_undone() {
+    let d = TempDir::new("meta-amend-reload");
+    let (p, before) = amend_sample(&d);
+    let img = open_image(&p, false);
+    let wider = Amendment {
+        refcount_bits: Some(32),
+        ..Default::default()
+    };
+    // The L1 table is only read when the tables are loaded: the reload
+    // once the new header is durable.
+    let faults = arm(
+        &img,
+        &[MetaFault::fail_read(Some(MetaKind::L1Table), 1, libc::EIO)],
+    );
+    let err = img
+        .amend(&wider, &mut |_, _, _| {})
+        .expect_err("an amend whose reload failed");
+    assert_eq!(os_error(&err), Some(libc::EIO), "{err:?}");
+    assert_eq!(faults.stats().fired, 1);
+    // The undo put the old header back, cut the file and reloaded the
+    // old tables (through the seam, which now passes).
+    assert_same(&read(&*img, 0, 4096), &[5; 4096], "data after the undo");
+    img.close().unwrap();
+    drop(img);
+    assert!(std::fs::read(&p).unwrap() == before, "the file changed");
+    qemu_check(&p);
+}
+
+#[test]
+fn an_undo_whose_reload_fails_leaves_the_file_and_refuses_writes() {
+    let d = TempDir::new("meta-undo-reload");
+    let (p, before) = amend_sample(&d);
+    let img = open_image(&p, false);
+    let wider = Amendment {
+        refcount_bits: Some(32),
+        ..Default::default()
+    };
+    let l1_read = |nth| MetaFault::fail_read(Some(MetaKind::L1Table), nth, libc::EIO);
+    let faults = arm(&img, &[l1_read(1), l1_read(2)]);
+    img.amend(&wider, &mut |_, _, _| {})
+        .expect_err("an amend whose reload failed");
+    assert_eq!(faults.stats().fired, 2);
+    let err = img
+        .plan_write(0, 4096, &waker())
+        .expect_err("a write after a failed undo");
+    assert!(matches!(err, BlockError::Corrupt), "{err:?}");
+    drop(img);
+    assert!(std::fs::read(&p).unwrap() == before, "the file changed");
+    qemu_check(&p);
 }

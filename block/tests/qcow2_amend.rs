@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use block::formats::qcow2::meta_faults::{FaultyMetaIo, MetaFault};
 use block::formats::qcow2::meta_io::MetaIo;
-use block::formats::qcow2::Qcow2Image;
+use block::formats::qcow2::{open_qcow2, Qcow2Image};
 use block::formats::{Amendable, Amendment, Format};
 use block::DiskOptions;
 use support::*;
@@ -40,7 +40,7 @@ fn open_rw(p: &Path) -> Arc<Qcow2Image> {
     o.lock = false;
     o.keep_persistent_bitmaps = true;
     let file = block::formats::open::open_file(&o).unwrap();
-    Arc::new(Qcow2Image::open(&o, file).unwrap())
+    Arc::new(open_qcow2(&o, file).unwrap())
 }
 
 /// Runs `amendment` on a copy of `base` with `fault` armed; returns

@@ -8,6 +8,7 @@ mod support;
 
 use std::time::Instant;
 
+use block::formats::qcow2::open_qcow2;
 use block::formats::Format;
 use support::*;
 
@@ -24,7 +25,7 @@ fn allocating_writes_per_second() {
             qemu_create("qcow2", p.to_str().unwrap(), "1G", "");
             let o = block::options::DiskOptions::new(&p);
             let file = block::formats::open::open_file(&o).unwrap();
-            let img = block::formats::qcow2::Qcow2Image::open(&o, file).unwrap();
+            let img = open_qcow2(&o, file).unwrap();
             img.set_l2_write_through(write_through);
             img.set_write_barriers(barriers);
             let data = vec![1u8; 4096];

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use block::formats::qcow2::meta_faults::{FaultyMetaIo, MetaFault};
 use block::formats::qcow2::meta_io::MetaIo;
-use block::formats::qcow2::Qcow2Image;
+use block::formats::qcow2::{open_qcow2, Qcow2Image};
 use block::formats::{BitmapAction, DirtyBits, Format, PersistentBitmaps};
 use block::{BlockError, DiskOptions};
 use support::*;
@@ -24,7 +24,7 @@ fn open(p: &Path, readonly: bool) -> Arc<Qcow2Image> {
     o.readonly = readonly;
     o.keep_persistent_bitmaps = !readonly;
     let file = block::formats::open::open_file(&o).unwrap();
-    Arc::new(Qcow2Image::open(&o, file).unwrap())
+    Arc::new(open_qcow2(&o, file).unwrap())
 }
 
 /// `qemu-img info` without the lines that follow the layout.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use block::formats::qcow2::meta_faults::{FaultyMetaIo, MetaFault};
 use block::formats::qcow2::meta_io::MetaIo;
-use block::formats::qcow2::Qcow2Image;
+use block::formats::qcow2::{open_qcow2, Qcow2Image};
 use block::formats::{FailureUndo, Format, ImageTools};
 use block::{BlockError, DiskOptions};
 use support::*;
@@ -24,7 +24,7 @@ fn open_faulty(p: &Path, faults: &[MetaFault]) -> (Arc<Qcow2Image>, Arc<FaultyMe
     let mut o = DiskOptions::new(p);
     o.lock = false;
     let file = block::formats::open::open_file(&o).unwrap();
-    let img = Arc::new(Qcow2Image::open(&o, file).unwrap());
+    let img = Arc::new(open_qcow2(&o, file).unwrap());
     let mut installed = None;
     img.wrap_meta_io(|inner| {
         let f = Arc::new(FaultyMetaIo::new(inner, faults));

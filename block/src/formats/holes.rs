@@ -1,7 +1,20 @@
-//! Where a host file has holes (SEEK_DATA / SEEK_HOLE), for `map`.
+//! Where a host file ends, and where it has holes (SEEK_DATA /
+//! SEEK_HOLE, for `map`).
 
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
+
+/// How long a host file is: its length, or for a block device (whose
+/// metadata says 0) the offset of its end.
+pub fn file_size(file: &File) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let meta = file.metadata()?;
+    if meta.file_type().is_file() {
+        return Ok(meta.len());
+    }
+    let mut f = file;
+    f.seek(SeekFrom::End(0))
+}
 
 /// Whether `offset` of `file` lies in a hole, and where that hole (or the
 /// data run) ends. `None` when the file system cannot say; callers then

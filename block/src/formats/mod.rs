@@ -47,6 +47,7 @@ pub mod qcow2;
 pub mod raw;
 pub mod tools;
 
+pub use crate::io::FileId;
 pub use amendment::{AmendProgress, AmendStep, Amendment};
 pub use dirty_bits::{BitmapAction, DirtyBits};
 pub use open::open_format;
@@ -59,10 +60,6 @@ pub use tools::{
     open_image_tools, Amendable, BackingEdits, CompressedWrites, FailureUndo, ImageTools,
     PersistentBitmaps, Resizable, Snapshots,
 };
-
-/// Index into [`Format::files`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FileId(pub u16);
 
 /// Compression algorithm of a compressed cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

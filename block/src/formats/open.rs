@@ -9,12 +9,10 @@
 //! or with its tool capabilities (`open_image`, for the owner of an
 //! exclusive open, see [`super::tools`]).
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::sync::Arc;
 
 use super::probe::probe_image_type;
-use super::qcow2::Qcow2Image;
 use super::raw::RawImage;
 use super::tools::ImageTools;
 use super::Format;
@@ -24,6 +22,13 @@ use crate::options::{DiskOptions, ImageType};
 /// Opens `opts.path` as the format it names (or probes), queue-facing.
 pub fn open_format(opts: &DiskOptions) -> Result<Arc<dyn Format>, BlockError> {
     Ok(open_image(opts)?)
+}
+
+/// Opens `opts.path` with its tool capabilities, for a caller that drives
+/// the format itself (tests, fuzzing); tools that also do I/O use
+/// [`crate::ExclusiveImage::open`].
+pub fn open_image_tools(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, BlockError> {
+    open_image(opts)
 }
 
 /// Opens `opts.path` with every capability (the owner's open).
@@ -52,21 +57,14 @@ pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, Bloc
             ))
         }
         // Qcow2Image locks its own file and its backing chain.
-        ImageType::Qcow2 => Ok(Arc::new(Qcow2Image::open(opts, file)?)),
+        ImageType::Qcow2 => Ok(Arc::new(super::qcow2::open_qcow2(opts, file)?)),
     }
 }
 
-/// Opens one file of an image chain with the options' access mode.
+/// Opens one file of an image chain with the options' access mode
+/// ([`DiskOptions::open_file`]).
 pub fn open_file(opts: &DiskOptions) -> Result<File, BlockError> {
-    let mut o = OpenOptions::new();
-    o.read(true).write(!opts.readonly);
-    if opts.direct {
-        o.custom_flags(libc::O_DIRECT);
-    }
-    o.open(&opts.path).map_err(|source| BlockError::Open {
-        path: opts.path.clone(),
-        source,
-    })
+    opts.open_file()
 }
 
 fn probe_file(file: &File, opts: &DiskOptions) -> Result<ImageType, BlockError> {

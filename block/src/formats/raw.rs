@@ -18,6 +18,8 @@ use super::{
 use crate::error::BlockError;
 use crate::lock::ImageLock;
 
+pub use super::holes::file_size;
+
 const IMAGE: FileId = FileId(0);
 
 pub struct RawImage {
@@ -73,18 +75,6 @@ impl RawImage {
         }
         self.check_range(offset, len)
     }
-}
-
-/// Size of a regular file or a block device.
-pub fn file_size(file: &File) -> std::io::Result<u64> {
-    use std::io::{Seek, SeekFrom};
-    let meta = file.metadata()?;
-    if meta.file_type().is_file() {
-        return Ok(meta.len());
-    }
-    // Block devices report 0 in metadata; their end is their size.
-    let mut f = file;
-    f.seek(SeekFrom::End(0))
 }
 
 impl Format for RawImage {

@@ -10,30 +10,30 @@
 //! hands out: whoever opened the image owns it, creates its queues, and
 //! decides when no request is in flight.
 //!
-//! One capability per trait, each implemented once per format in the file
-//! that owns its logic:
+//! One capability per trait, each implemented once per format (qcow2's
+//! all in `qcow2/tools.rs`, each a thin front over the type in the file
+//! that owns its logic):
 //!
 //! | trait | methods | qcow2 | raw |
 //! |---|---|---|---|
-//! | [`Snapshots`] | `snapshot_create/delete/apply` | `qcow2/snapshot_ops.rs` | unsupported |
-//! | [`BackingEdits`] | `set_backing_file`, `make_empty` | `qcow2/backing_rewrite.rs` | unsupported |
-//! | [`CompressedWrites`] | `write_compressed(_packed)`, `compression`, `set_compressed_cache` | `qcow2/compress_write.rs` | unsupported |
-//! | [`Resizable`] | `resize`, `backing_size` | `qcow2/resize.rs` | `raw.rs` |
-//! | [`Amendable`] | `check_amendment`, `amend` | `qcow2/amend.rs` | unsupported |
-//! | [`PersistentBitmaps`] | `read_bitmap`, `change_bitmap` | `qcow2/bitmap_write.rs` | unsupported |
-//! | [`FailureUndo`] | `undo_on_failure` | `qcow2/undo.rs` | `raw.rs` |
+//! | [`Snapshots`] | `snapshot_create/delete/apply` | `Snapshotter`, `qcow2/snapshot_ops.rs` | unsupported |
+//! | [`BackingEdits`] | `set_backing_file`, `make_empty` | `BackingRewrite`, `qcow2/backing_rewrite.rs` | unsupported |
+//! | [`CompressedWrites`] | `write_compressed(_packed)`, `compression`, `set_compressed_cache` | `CompressedWriter`, `qcow2/compress_write.rs` | unsupported |
+//! | [`Resizable`] | `resize`, `backing_size` | `Resize`, `qcow2/resize.rs` | `raw.rs` |
+//! | [`Amendable`] | `check_amendment`, `amend` | `Amender`, `qcow2/amend.rs` (under the undo) | unsupported |
+//! | [`PersistentBitmaps`] | `read_bitmap`, `change_bitmap` | `BitmapEditor`, `qcow2/bitmap_write.rs` (changes under the undo) | unsupported |
+//! | [`FailureUndo`] | `undo_on_failure` | `UndoLog`, `qcow2/undo.rs` | `raw.rs` |
 //!
 //! Resizing a disk whose queues are running is the one capability an
 //! owner may lend out: [`crate::Resizer`] (see its docs for why it is
 //! safe beside queues, and what a shrink asks of the caller).
 
-use std::sync::Arc;
-
 use super::amendment::{AmendProgress, Amendment};
 use super::dirty_bits::{BitmapAction, DirtyBits};
 use super::{Compression, Format};
 use crate::error::BlockError;
-use crate::options::DiskOptions;
+
+pub use super::open::open_image_tools;
 
 /// Internal snapshots. Each call flushes cached metadata first and leaves
 /// the image consistent on disk; no request may be in flight meanwhile.
@@ -164,13 +164,6 @@ impl<T> ImageTools for T where
         + PersistentBitmaps
         + FailureUndo
 {
-}
-
-/// Opens `opts.path` with its tool capabilities, for a caller that drives
-/// the format itself (tests, fuzzing); tools that also do I/O use
-/// [`crate::ExclusiveImage::open`].
-pub fn open_image_tools(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, BlockError> {
-    super::open::open_image(opts)
 }
 
 /// The error of a capability format `name` does not have.

@@ -24,7 +24,6 @@ use std::sync::Arc;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::BlockError;
-use crate::formats::FileId;
 
 pub mod aio;
 pub mod align;
@@ -32,6 +31,11 @@ pub mod allocation;
 pub(crate) mod blocking;
 pub(crate) mod executor;
 pub use executor::INFLATIONS_PER_DRAIN;
+
+/// Which file of an image chain an op goes to: an index into
+/// [`crate::formats::Format::files`] (then into its `remote_files`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId(pub u16);
 pub mod inflate;
 pub mod inflate_pool;
 pub(crate) mod memory;

@@ -21,62 +21,16 @@
 //!   command fails, for good.
 
 use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
-use nbd::client::{connect, ClientConfig, ConnectError, ExportInfo, NbdUri, ReplyParser};
+use nbd::client::{connect, ConnectError, ExportInfo, ReplyParser};
 use nbd::outbox::{Flushed, Outbox};
 use nbd::stream::Stream;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::inflight::{Inflight, OpRequest};
-
-/// Every step of connecting and the handshake gives up after this long.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How to reach the export, and what to do when it goes away.
-#[derive(Clone, Debug)]
-pub(crate) struct Target {
-    pub uri: NbdUri,
-    pub cfg: ClientConfig,
-    /// QEMU's `reconnect-delay`: how long requests wait for a new
-    /// connection after the server went away (zero: they fail at once).
-    pub reconnect_delay: Duration,
-}
-
-pub(crate) enum Link {
-    Up(Stream),
-    Waiting { until: Instant },
-    Failing,
-    Closed,
-}
-
-pub(crate) struct State {
-    pub link: Link,
-    pub info: ExportInfo,
-    pub out: Outbox,
-    pub inflight: Inflight,
-    pub parser: ReplyParser,
-    pub shutdown: bool,
-}
-
-pub(crate) struct Shared {
-    pub state: Mutex<State>,
-    /// Wakes the connection's thread (bytes to send, shutdown).
-    pub kick: EventFd,
-    pub target: Target,
-}
-
-impl Shared {
-    pub fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn kick(&self) {
-        let _ = self.kick.write(1);
-    }
-}
+use super::link::{Link, Shared, State, Target, CONNECT_TIMEOUT};
 
 /// A connection and its thread; dropping it disconnects.
 pub(crate) struct Connection {

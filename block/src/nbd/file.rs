@@ -22,10 +22,11 @@ use nbd::client::{ConnectError, ExportInfo, Extent, NbdUri};
 use nbd::wire::consts::flag;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::connection::{Connection, Target};
+use super::connection::Connection;
 use super::engine::NbdEngine;
 use super::inflight::{OpKind, OpRequest};
 use super::iov::IovList;
+use super::link::Target;
 use super::sink::{Sink, Waiter};
 use crate::error::BlockError;
 use crate::io::RawIovecs;

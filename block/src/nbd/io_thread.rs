@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use nbd::client::{connect, ExportInfo, ReplyParser};
 
-use super::connection::{Link, Shared, State, CONNECT_TIMEOUT};
+use super::link::{Link, Shared, State, CONNECT_TIMEOUT};
 
 /// Bytes received per `recv`.
 const RECV_BUF: usize = 256 << 10;

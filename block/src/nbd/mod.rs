@@ -40,13 +40,14 @@ mod image;
 mod inflight;
 mod io_thread;
 mod iov;
+mod link;
 mod route;
 mod sink;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::options::is_nbd_path;
 pub use file::NbdFile;
 pub use image::NbdImage;
 use nbd::client::{ClientConfig, NbdUri};
@@ -56,12 +57,7 @@ use crate::formats::probe::QCOW2_MAGIC;
 use crate::formats::Format;
 use crate::io::Engine;
 use crate::options::{DiskOptions, ImageType};
-use connection::Target;
-
-/// Whether an image path is an NBD URI.
-pub fn is_nbd_path(path: &Path) -> bool {
-    path.to_str().is_some_and(NbdUri::looks_like)
-}
+use link::Target;
 
 fn nbd_error(path: &str, reason: impl Into<String>) -> BlockError {
     BlockError::Nbd {

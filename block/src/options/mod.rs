@@ -130,7 +130,7 @@ pub struct DiskOptions {
     pub force_share: bool,
     /// Read this internal snapshot instead of the active disk (read-only
     /// qcow2 opens; `ch-img convert -l`).
-    pub snapshot: Option<crate::formats::SnapshotRef>,
+    pub snapshot: Option<SnapshotRef>,
     /// NBD exports (the image, or a backing file): seconds requests wait
     /// for a reconnection after the server went away, QEMU's
     /// `reconnect-delay` (0: they fail at once).
@@ -146,6 +146,22 @@ impl DiskOptions {
         }
     }
 
+    /// Opens the file at `path` with these options' access mode
+    /// (read-only or read-write, O_DIRECT when `direct`).
+    pub fn open_file(&self) -> Result<std::fs::File, crate::error::BlockError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true).write(!self.readonly);
+        if self.direct {
+            o.custom_flags(libc::O_DIRECT);
+        }
+        o.open(&self.path)
+            .map_err(|source| crate::error::BlockError::Open {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
     /// How the image's own files are locked (when `lock` is set).
     pub fn lock_mode(&self) -> crate::lock::LockMode {
         match (self.readonly, self.force_share) {
@@ -153,6 +169,26 @@ impl DiskOptions {
             (readonly, _) => crate::lock::LockMode::of(!readonly),
         }
     }
+}
+
+/// Which internal snapshot a read-only qcow2 open reads instead of the
+/// active disk, as qemu-img's `convert -l` names it (looked up in the
+/// image's table by `formats::qcow2::snapshot_view`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotRef {
+    /// `-l NAME`: the snapshot with id NAME, else the first named NAME.
+    IdOrName(String),
+    /// `-l snapshot.id=ID,snapshot.name=NAME`: every field given matches.
+    Fields {
+        id: Option<String>,
+        name: Option<String>,
+    },
+}
+
+/// Whether an image path is an NBD URI (`nbd://HOST[:PORT]/NAME`,
+/// `nbd+unix:///NAME?socket=PATH`): opened through `crate::nbd`.
+pub fn is_nbd_path(path: &std::path::Path) -> bool {
+    path.to_str().is_some_and(nbd::client::NbdUri::looks_like)
 }
 
 /// Longest `reconnect_delay` accepted (an hour).
@@ -211,7 +247,7 @@ pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
         Ok(n) if n <= MAX_RECONNECT_DELAY => Ok(n),
         _ => Err(format!("expected seconds from 0 to {MAX_RECONNECT_DELAY}")),
     })? {
-        if !crate::nbd::is_nbd_path(&options.path) {
+        if !is_nbd_path(&options.path) {
             return Err(KvError::BadValue {
                 option,
                 key: "reconnect_delay".into(),

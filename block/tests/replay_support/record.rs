@@ -172,6 +172,10 @@ impl MetaIo for RecordingMetaIo {
         });
         r
     }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
 }
 
 /// What a pushed op of file 0 is waiting to log when it is reaped.

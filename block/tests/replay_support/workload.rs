@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use block::formats::qcow2::meta_io::MetaIo;
-use block::formats::qcow2::Qcow2Image;
+use block::formats::qcow2::open_qcow2;
 use block::formats::Format;
 use block::io::new_engine;
 use block::{
@@ -335,7 +335,7 @@ pub fn record(dir: &Path, img: &Path, cfg: &Config, seed: u64) -> Recording {
     o.engine = cfg.engine;
     o.direct = cfg.direct;
     let file = block::formats::open::open_file(&o).unwrap();
-    let qcow2 = Arc::new(Qcow2Image::open(&o, file).unwrap());
+    let qcow2 = Arc::new(open_qcow2(&o, file).unwrap());
     let l = log.clone();
     qcow2.wrap_meta_io(move |inner| Arc::new(RecordingMetaIo::new(inner, l)) as Arc<dyn MetaIo>);
     let start = std::fs::read(img).unwrap();

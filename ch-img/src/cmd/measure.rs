@@ -264,7 +264,11 @@ fn measure_qcow2(target: &Target, input: Option<&ImageIo>) -> Result<Measurement
     let bitmaps = match input.map(|image| (image, image.format().info())) {
         Some((image, info)) if target.v3 && is_qcow2_v3(&info) => {
             let disk = image.size().next_multiple_of(SECTOR);
-            Some(bitmaps_size(&info.bitmaps, disk, layout.cluster_size()))
+            Some(bitmaps_size(
+                info.bitmaps.iter().map(|b| b.shape()),
+                disk,
+                layout.cluster_size(),
+            ))
         }
         _ => None,
     };

@@ -3,7 +3,8 @@
 //! its raw flag, in place; what qemu-img 7.2 allows, refused where it
 //! refuses, in its words.
 //!
-//! An [`Amendment`] enters. [`Qcow2Image::plan`] checks all of it against
+//! An [`Amendment`] enters [`Amender`], which works on the image's locked
+//! state and its disk size. [`Amender::plan`] checks all of it against
 //! the image before anything is written, in the order qemu-img meets its
 //! refusals (so the first message is qemu-img's), and leaves a [`Plan`].
 //! Then, the image staying valid and reading the same at every step:
@@ -21,46 +22,47 @@
 //! 5. a downgrade drops the persistent bitmaps (version 2 cannot keep
 //!    them) and frees their clusters.
 //!
-//! A failure before step 4 truncates the file to its old length (the new
-//! refcount structures lay beyond it); a failed barrier after the header
-//! write puts the old header cluster back. So a failed amend leaves the
-//! header, the contents and the refcounts as they were; zero clusters
-//! already turned into zeroed data clusters by a failed downgrade stay so
-//! (they read the same), as in QEMU. qemu-img applies the options one
-//! after the other and may stop half way; this never does.
+//! The amend runs as a tool operation that undoes itself when it fails
+//! (`undo`, the image's `FailureUndo`): every byte it overwrote inside
+//! the file is written back and the file is cut to its old length (the
+//! new refcount structures lay beyond it), whatever step failed (a failed
+//! barrier after the header write included). So a failed amend leaves the
+//! file as it was: header, contents, refcounts, and the zero clusters a
+//! failed downgrade had already expanded. qemu-img applies the options
+//! one after the other and may stop half way; this never does.
 //!
 //! After an amend the image's in-memory metadata is reloaded from the new
 //! header, so closing the handle writes nothing stale.
 
 use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
 
 use super::bitmap_store::bitmap_clusters;
 use super::features::{
     AUTOCLEAR_DATA_FILE_RAW, COMPAT_LAZY_REFCOUNTS, INCOMPAT_COMPRESSION, INCOMPAT_DIRTY,
 };
 use super::header::{Header, EXT_DATA_FILE};
-use super::header_cluster::{
-    current_header, restore_header_cluster, HeaderCluster, EXT_FEATURE_TABLE,
-};
-use super::image::Qcow2Image;
+use super::header_cluster::{current_header, HeaderCluster, EXT_FEATURE_TABLE};
 use super::l2_entry::{decode_l2, L2Entry};
 use super::meta::MetaState;
-use super::meta_io::{read_at, MetaKind};
+use super::meta_io::MetaKind;
 use super::refcount::max_refcount;
 use super::refcount_layout::RefcountLayout;
-use super::snapshot_ops::load_table;
+use super::snapshot_ops::Snapshotter;
 use super::snapshot_table::read_snapshot_table;
+use super::state::State;
+use super::tree::load_table;
 use super::zero_expand::expand_zero_clusters;
 use crate::error::BlockError;
 use crate::formats::amendment::{AmendProgress, AmendStep, Amendment};
-use crate::formats::tools::Amendable;
+use crate::formats::holes::file_size;
 use crate::formats::Compression;
 
 use super::bitmap_directory::EXT_BITMAPS;
 
 /// What a checked amendment does.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Plan {
+pub(crate) struct Plan {
     version: u32,
     lazy_refcounts: bool,
     refcount_order: u32,
@@ -74,9 +76,16 @@ fn refused(message: &str) -> BlockError {
     BlockError::Refused(message.into())
 }
 
-impl Qcow2Image {
+/// See the module docs.
+pub(crate) struct Amender<'a> {
+    pub st: &'a mut State,
+    pub size: &'a AtomicU64,
+}
+
+impl Amender<'_> {
     /// Checks `a` against the image (see the module docs for the order).
-    fn plan(&self, meta: &mut MetaState, a: &Amendment) -> Result<Plan, BlockError> {
+    pub fn plan(&mut self, a: &Amendment) -> Result<Plan, BlockError> {
+        let meta = &mut self.st.meta;
         let h = current_header(meta)?;
         let version = a.version.unwrap_or(h.version);
         if a.data_file.is_some() && !h.has_data_file() {
@@ -134,7 +143,7 @@ impl Qcow2Image {
                     "Cannot downgrade an image with incompatible features {other:#x} set"
                 )));
             }
-            if h.incompatible & INCOMPAT_COMPRESSION != 0 && self.has_compressed_clusters(meta)? {
+            if h.incompatible & INCOMPAT_COMPRESSION != 0 && has_compressed_clusters(meta)? {
                 return Err(refused("Cannot downgrade an image with zstd compression type and existing compressed clusters"));
             }
         }
@@ -150,44 +159,22 @@ impl Qcow2Image {
         })
     }
 
-    /// Whether the active disk maps any compressed cluster.
-    fn has_compressed_clusters(&self, meta: &mut MetaState) -> Result<bool, BlockError> {
-        let cb = meta.g.cluster_bits;
-        for i in 0..meta.l1.len() {
-            let Some((off, _)) = meta.l2_table(i)? else {
-                continue;
-            };
-            let table = load_table(meta, off)?;
-            let words = meta.g.l2_entry_size as usize / 8;
-            for j in 0..meta.g.l2_entries as usize {
-                let raw = super::meta_io::be64_at(&table, j * words);
-                let e = decode_l2(raw, cb, meta.g.version, meta.g.extended_l2)
-                    .map_err(|r| meta.invalid(r))?;
-                if matches!(e, L2Entry::Compressed(_)) {
-                    return Ok(true);
-                }
-            }
-        }
-        Ok(false)
-    }
-
-    fn apply(&self, a: &Amendment, progress: AmendProgress<'_>) -> Result<(), BlockError> {
-        let plan = {
-            let mut st = self.lock();
-            st.meta.flush_dirty()?;
-            st.meta.barrier()?;
-            st.meta.trim_reserve()?;
-            self.plan(&mut st.meta, a)?
-        };
-        let upgrading = plan.version > self.disk_version()?;
+    /// Checks and applies `a` (see the module docs for the steps).
+    pub fn apply(&mut self, a: &Amendment, progress: AmendProgress<'_>) -> Result<(), BlockError> {
+        let meta = &mut self.st.meta;
+        meta.flush_dirty()?;
+        meta.barrier()?;
+        meta.trim_reserve()?;
+        let plan = self.plan(a)?;
+        let upgrading = plan.version > current_header(&self.st.meta)?.version;
         if upgrading {
             progress(AmendStep::Upgrading, 0, 2);
             if plan.rewrite_snapshots {
-                self.rewrite_snapshot_table()?;
+                Snapshotter::begin(&mut self.st.meta, self.size)?.rewrite_table()?;
             }
             progress(AmendStep::Upgrading, 1, 2);
         }
-        let mut st = self.lock();
+        let st = &mut *self.st;
         let meta = &mut st.meta;
         let before = current_header(meta)?;
         let downgrading = plan.version < before.version;
@@ -204,18 +191,8 @@ impl Qcow2Image {
             meta.barrier()?;
             meta.trim_reserve()?;
         }
-        // What a failure from here on puts back.
         let old = current_header(meta)?;
-        let old_len = meta.file_size;
-        let mut old_cluster = vec![0u8; meta.g.cluster_size as usize];
-        read_at(&*meta.io, MetaKind::Header, 0, &mut old_cluster)?;
-        let new = match self.switch_header(meta, &old, &plan, &mut *progress) {
-            Ok(new) => new,
-            Err(e) => {
-                rollback(meta, &old_cluster, old_len);
-                return Err(e);
-            }
-        };
+        let new = switch_header(meta, &old, &plan, &mut *progress)?;
         if upgrading {
             progress(AmendStep::Upgrading, 2, 2);
         }
@@ -224,13 +201,11 @@ impl Qcow2Image {
         let file = meta.file.clone();
         let io = meta.io.clone();
         let barriers = meta.barriers;
-        let file_size =
-            crate::formats::raw::file_size(&file).map_err(|source| BlockError::Open {
-                path: meta.path.clone(),
-                source,
-            })?;
-        let mut fresh = MetaState::load(&new, file, meta.path.clone(), file_size)?;
-        fresh.io = io;
+        let file_size = file_size(&file).map_err(|source| BlockError::Open {
+            path: meta.path.clone(),
+            source,
+        })?;
+        let mut fresh = MetaState::load(&new, file, io, meta.path.clone(), file_size)?;
         fresh.barriers = barriers;
         *meta = fresh;
         st.incompatible = new.incompatible;
@@ -252,66 +227,76 @@ impl Qcow2Image {
         }
         Ok(())
     }
+}
 
-    /// The version of the header on disk.
-    fn disk_version(&self) -> Result<u32, BlockError> {
-        let st = self.lock();
-        Ok(current_header(&st.meta)?.version)
+/// Whether the active disk maps any compressed cluster.
+fn has_compressed_clusters(meta: &mut MetaState) -> Result<bool, BlockError> {
+    let cb = meta.g.cluster_bits;
+    for i in 0..meta.l1.len() {
+        let Some((off, _)) = meta.l2_table(i)? else {
+            continue;
+        };
+        let table = load_table(meta, off)?;
+        let words = meta.g.l2_entry_size as usize / 8;
+        for j in 0..meta.g.l2_entries as usize {
+            let raw = super::meta_io::be64_at(&table, j * words);
+            let e = decode_l2(raw, cb, meta.g.version, meta.g.extended_l2)
+                .map_err(|r| meta.invalid(r))?;
+            if matches!(e, L2Entry::Compressed(_)) {
+                return Ok(true);
+            }
+        }
     }
+    Ok(false)
+}
 
-    /// Steps 3 and 4: new refcount structures (if the width changes) and
-    /// the new header cluster, each made durable. Returns the new header.
-    fn switch_header(
-        &self,
-        meta: &mut MetaState,
-        old: &Header,
-        plan: &Plan,
-        progress: AmendProgress<'_>,
-    ) -> Result<Header, BlockError> {
-        let mut hc = HeaderCluster::read(&*meta.io, old, &meta.path)?;
-        let h = &mut hc.header;
-        if plan.refcount_order != old.refcount_order {
-            let layout = new_refcounts(meta, plan.refcount_order, &mut |done, total| {
-                progress(AmendStep::ChangingRefcountWidth, done, total)
-            })?;
-            h.refcount_order = plan.refcount_order;
-            h.refcount_table_offset = layout.table_offset();
-            h.refcount_table_clusters = layout.table_clusters as u32;
-        }
-        h.version = plan.version;
-        if plan.lazy_refcounts {
-            h.compatible |= COMPAT_LAZY_REFCOUNTS;
-        } else {
-            h.compatible &= !COMPAT_LAZY_REFCOUNTS;
-        }
-        if plan.data_file_raw {
-            h.autoclear |= AUTOCLEAR_DATA_FILE_RAW;
-        } else {
-            h.autoclear &= !AUTOCLEAR_DATA_FILE_RAW;
-        }
-        if plan.version < 3 {
-            // Version 2 has no feature bits, compression type or bitmaps.
-            h.incompatible = 0;
-            h.compatible = 0;
-            h.autoclear = 0;
-            h.compression = Compression::Deflate;
-            hc.set_extension(EXT_BITMAPS, None);
-            hc.set_extension(EXT_FEATURE_TABLE, None);
-        }
-        if let Some(name) = &plan.data_file {
-            hc.set_extension(EXT_DATA_FILE, Some(name.as_bytes().to_vec()));
-        }
-        let bytes = hc.encode(&meta.path)?;
-        meta.write(MetaKind::Header, 0, &bytes)?;
-        meta.barrier()?;
-        let new = Header::parse_with(
-            &bytes,
-            crate::formats::raw::file_size(&meta.file).unwrap_or(u64::MAX),
-            true,
-        )
+/// Steps 3 and 4: new refcount structures (if the width changes) and
+/// the new header cluster, each made durable. Returns the new header.
+fn switch_header(
+    meta: &mut MetaState,
+    old: &Header,
+    plan: &Plan,
+    progress: AmendProgress<'_>,
+) -> Result<Header, BlockError> {
+    let mut hc = HeaderCluster::read(&*meta.io, old, &meta.path)?;
+    let h = &mut hc.header;
+    if plan.refcount_order != old.refcount_order {
+        let layout = new_refcounts(meta, plan.refcount_order, &mut |done, total| {
+            progress(AmendStep::ChangingRefcountWidth, done, total)
+        })?;
+        h.refcount_order = plan.refcount_order;
+        h.refcount_table_offset = layout.table_offset();
+        h.refcount_table_clusters = layout.table_clusters as u32;
+    }
+    h.version = plan.version;
+    if plan.lazy_refcounts {
+        h.compatible |= COMPAT_LAZY_REFCOUNTS;
+    } else {
+        h.compatible &= !COMPAT_LAZY_REFCOUNTS;
+    }
+    if plan.data_file_raw {
+        h.autoclear |= AUTOCLEAR_DATA_FILE_RAW;
+    } else {
+        h.autoclear &= !AUTOCLEAR_DATA_FILE_RAW;
+    }
+    if plan.version < 3 {
+        // Version 2 has no feature bits, compression type or bitmaps.
+        h.incompatible = 0;
+        h.compatible = 0;
+        h.autoclear = 0;
+        h.compression = Compression::Deflate;
+        hc.set_extension(EXT_BITMAPS, None);
+        hc.set_extension(EXT_FEATURE_TABLE, None);
+    }
+    if let Some(name) = &plan.data_file {
+        hc.set_extension(EXT_DATA_FILE, Some(name.as_bytes().to_vec()));
+    }
+    let bytes = hc.encode(&meta.path)?;
+    meta.write(MetaKind::Header, 0, &bytes)?;
+    meta.barrier()?;
+    let new = Header::parse_with(&bytes, file_size(&meta.file).unwrap_or(u64::MAX), true)
         .map_err(|_| meta.invalid("the amended header does not parse"))?;
-        Ok(new)
-    }
+    Ok(new)
 }
 
 /// Refuses a narrower refcount width that some cluster's refcount does
@@ -359,37 +344,4 @@ fn new_refcounts(
     layout.write(&*io, &mut count, progress)?;
     meta.sync()?;
     Ok(layout)
-}
-
-/// Puts the old header cluster back (when it was replaced) and then,
-/// only if that worked, cuts the file to its old length (the new header
-/// may name what lies past it); best effort, after a failure.
-fn rollback(meta: &mut MetaState, old_cluster: &[u8], old_len: u64) {
-    if !restore_header_cluster(meta, old_cluster) {
-        return;
-    }
-    if let Err(e) = meta.file.set_len(old_len) {
-        log::warn!(
-            "{}: could not cut the file back to {old_len} bytes: {e}",
-            meta.path.display()
-        );
-    }
-    meta.reserved_end = old_len;
-}
-
-impl Amendable for Qcow2Image {
-    fn check_amendment(&self, amendment: &Amendment) -> Result<(), BlockError> {
-        if self.readonly {
-            return Err(BlockError::ReadOnly);
-        }
-        let mut st = self.lock();
-        self.plan(&mut st.meta, amendment).map(|_| ())
-    }
-
-    fn amend(&self, amendment: &Amendment, progress: AmendProgress<'_>) -> Result<(), BlockError> {
-        if self.readonly {
-            return Err(BlockError::ReadOnly);
-        }
-        self.apply(amendment, progress)
-    }
 }

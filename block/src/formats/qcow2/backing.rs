@@ -6,16 +6,16 @@
 //! image ([`crate::nbd`]), with the overlay's `reconnect_delay`.
 //!
 //! A backing name (untrusted, from the overlay's header) and the overlay's
-//! options enter; an opened read-only [`Backing`] leaves, whose files the
-//! overlay appends to its own `files()` table.
+//! options enter [`find_backing`]; an opened read-only [`Backing`] (raw
+//! or NBD) leaves, whose files the overlay appends to its own `files()`
+//! table, or for a qcow2 backing file the checked path and descriptor the
+//! opener opens it from (one level down the chain, like the top image).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::image::Qcow2Image;
 use crate::error::BlockError;
-use crate::formats::open::open_file;
 use crate::formats::probe::probe_image_type;
 use crate::formats::raw::RawImage;
 use crate::formats::{Format, ReadPlan};
@@ -69,22 +69,36 @@ pub(crate) fn resolve(overlay: &Path, name: &str) -> PathBuf {
     }
 }
 
-/// Opens the backing image `name` of `overlay`. `chain` holds the
-/// canonical paths of the images above it (cycle and depth check).
-pub(crate) fn open_backing(
+/// What [`find_backing`] found.
+pub(crate) enum BackingFile {
+    /// A raw file or an NBD export, opened.
+    Opened(Backing),
+    /// A qcow2 image for the opener: its options (read-only, the
+    /// overlay's cache mode and locking), its descriptor opened with them,
+    /// and its canonical path (for the chain's cycle check).
+    Qcow2 {
+        opts: DiskOptions,
+        file: File,
+        canon: PathBuf,
+    },
+}
+
+/// Finds and checks the backing image `name` of `overlay`. `chain` holds
+/// the canonical paths of the images above it (cycle and depth check).
+pub(crate) fn find_backing(
     overlay: &Path,
     name: &str,
     fmt: Option<&str>,
     opts: &DiskOptions,
-    chain: &mut Vec<PathBuf>,
-) -> Result<Backing, BlockError> {
+    chain: &[PathBuf],
+) -> Result<BackingFile, BlockError> {
     if crate::nbd::is_nbd_path(Path::new(name)) {
         let image = crate::nbd::open_backing(name, fmt, opts)?;
-        return Ok(Backing {
+        return Ok(BackingFile::Opened(Backing {
             image,
             cow_files: Vec::new(),
             layers: 1,
-        });
+        }));
     }
     if name.contains("://") || name.starts_with("json:") {
         return Err(BlockError::Unsupported {
@@ -133,7 +147,7 @@ pub(crate) fn open_backing(
         snapshot: None,
         reconnect_delay: opts.reconnect_delay,
     };
-    let file = open_file(&bopts)?;
+    let file = bopts.open_file()?;
     let buffered = File::open(&path).map_err(|source| BlockError::Open {
         path: path.clone(),
         source,
@@ -154,24 +168,19 @@ pub(crate) fn open_backing(
         }
     };
     if kind == ImageType::Qcow2 {
-        chain.push(canon);
-        let img = Qcow2Image::open_chain(&bopts, file, chain)?;
-        chain.pop();
-        let layers = 1 + img.backing_layers();
-        let cow_files = img.cow_files().to_vec();
-        return Ok(Backing {
-            image: Arc::new(img),
-            cow_files,
-            layers,
+        return Ok(BackingFile::Qcow2 {
+            opts: bopts,
+            file,
+            canon,
         });
     }
     let lock = (bopts.lock)
         .then(|| crate::lock::lock_image(&file, &path, bopts.lock_mode()))
         .transpose()?;
     let img = RawImage::new(&path, Arc::new(file), true, fmt.is_none())?.with_lock(lock);
-    Ok(Backing {
+    Ok(BackingFile::Opened(Backing {
         image: Arc::new(img),
         cow_files: vec![Arc::new(buffered)],
         layers: 1,
-    })
+    }))
 }

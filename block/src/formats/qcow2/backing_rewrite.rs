@@ -1,4 +1,7 @@
-//! Rewriting the backing file reference in the header (`ch-img rebase`).
+//! Edits of the image's place in its backing chain (`BackingEdits`):
+//! [`BackingRewrite`], over the image's locked tables. Rewriting the
+//! backing file reference in the header (`ch-img rebase`), and emptying
+//! the active disk so it reads through to its backing file (`commit`).
 //!
 //! The header cluster enters (`header_cluster`); it leaves with the same
 //! fixed part (only `backing_file_offset` and `backing_file_size`
@@ -12,23 +15,25 @@
 
 use super::header::{EXT_BACKING_FORMAT, MAX_BACKING_NAME};
 use super::header_cluster::{current_header, HeaderCluster};
-use super::image::Qcow2Image;
+use super::meta::MetaState;
 use super::meta_io::MetaKind;
-use super::snapshot_ops::{write_l1, TreeOp};
+use super::tree::{begin_tree_op, tree_references, write_l1, TreeOp};
 use crate::error::BlockError;
-use crate::formats::BackingEdits;
 
-impl Qcow2Image {}
+/// See the module docs.
+pub(crate) struct BackingRewrite<'a> {
+    pub meta: &'a mut MetaState,
+}
 
-impl BackingEdits for Qcow2Image {
+impl BackingRewrite<'_> {
     /// Points the image at backing file `name` (format `format`, when
     /// given), or at none.
-    fn set_backing_file(&self, name: Option<&str>, format: Option<&str>) -> Result<(), BlockError> {
-        if self.readonly {
-            return Err(BlockError::ReadOnly);
-        }
-        let mut st = self.lock();
-        let meta = &mut st.meta;
+    pub fn set_backing_file(
+        &mut self,
+        name: Option<&str>,
+        format: Option<&str>,
+    ) -> Result<(), BlockError> {
+        let meta = &mut *self.meta;
         let too_long =
             |what: &str, len: usize| meta.invalid(format!("{what} of {len} bytes is too long"));
         if let Some(n) = name.filter(|n| n.len() > MAX_BACKING_NAME as usize) {
@@ -55,14 +60,14 @@ impl BackingEdits for Qcow2Image {
     /// Unmaps every cluster of the active disk, so it reads through to the
     /// backing file (`commit` without `-d`): the L1 table is zeroed first,
     /// then the references the old tree held are dropped.
-    fn make_empty(&self) -> Result<(), BlockError> {
-        let mut st = self.begin_snapshot_op()?;
-        let meta = &mut st.meta;
+    pub fn make_empty(&mut self) -> Result<(), BlockError> {
+        let meta = &mut *self.meta;
+        begin_tree_op(meta)?;
         let entries = meta.l1.len();
         let old = std::mem::replace(&mut *meta.l1, vec![0; entries]);
         write_l1(meta)?;
         meta.barrier()?;
-        self.tree_references(meta, &old, TreeOp::Drop)?;
+        tree_references(meta, &old, TreeOp::Drop)?;
         meta.barrier()?;
         meta.rebuild_metadata_map();
         Ok(())

@@ -1,12 +1,9 @@
-//! The persistent dirty bitmaps a qcow2 v3 image lists: the bitmaps
-//! header extension and the bitmap directory it points at, validated as
-//! qemu validates them when it opens an image.
+//! The persistent dirty bitmaps a qcow2 v3 image lists: the bitmap
+//! directory the bitmaps header extension points at (parsed with the
+//! header, `header::bitmaps`), validated as qemu validates it when it
+//! opens an image.
 //!
-//! The extension's bytes enter [`parse_extension`] while the header is
-//! parsed (its length, and while the "bitmaps" autoclear bit says the
-//! bitmaps are consistent: the count, the directory's alignment and size,
-//! as qemu's `qcow2_read_extensions`); the directory's bytes enter
-//! [`load_directory`] when the image is opened or checked (every entry
+//! The directory's bytes enter [`load_directory`] when the image is opened or checked (every entry
 //! against qemu's constraints, every bitmap table's entries, as qemu's
 //! `qcow2_load_dirty_bitmaps`). One [`BitmapEntry`] per bitmap leaves.
 //! Errors are qemu's words, so `ch-img` refuses what `qemu-img` refuses.
@@ -23,19 +20,15 @@
 //! maintain bitmaps: like qemu, a bitmap only counts while the autoclear
 //! bit is set, and a read-write open clears that bit.
 
-use std::fs::File;
 use std::path::Path;
 
-use super::header::Header;
-use super::image::read_header;
+use super::header::bitmaps::BitmapsExtension;
+pub use super::header::bitmaps::{EXT_BITMAPS, MAX_BITMAPS, MAX_DIRECTORY};
+use super::header::{read_header_in, Header};
+use super::layout::BitmapShape;
 use super::meta_io::{be64_at, read_at, MetaIo, MetaKind};
 use crate::error::BlockError;
 
-/// The bitmaps header extension's type.
-pub const EXT_BITMAPS: u32 = 0x2385_2875;
-/// qemu's limits for the bitmaps extension.
-pub const MAX_BITMAPS: u32 = 65535;
-pub const MAX_DIRECTORY: u64 = 1024 * MAX_BITMAPS as u64;
 /// Fixed fields of a directory entry, before its extra data and name.
 const ENTRY_HEADER: usize = 24;
 /// qemu's constraints on one directory entry (`qcow2-bitmap.c`).
@@ -53,14 +46,6 @@ const TABLE_ALL_ONES: u64 = 1;
 /// Flag bits of a directory entry.
 pub const FLAG_IN_USE: u32 = 1;
 pub const FLAG_AUTO: u32 = 2;
-
-/// Where the directory is, from a consistent bitmaps extension.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct BitmapsExtension {
-    pub count: u32,
-    pub dir_size: u64,
-    pub dir_offset: u64,
-}
 
 /// One bitmap of the directory (the fields the tools use).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,6 +69,16 @@ pub struct BitmapEntry {
 }
 
 impl BitmapEntry {
+    /// What `qcow2::layout` needs to size a copy of this bitmap.
+    pub fn shape(&self) -> BitmapShape {
+        BitmapShape {
+            granularity_bits: self.granularity_bits,
+            name_len: self.name_len,
+        }
+    }
+}
+
+impl BitmapEntry {
     /// The flags as qemu-img names them, in bit order.
     pub fn flag_names(&self) -> Vec<&'static str> {
         let mut names = Vec::new();
@@ -95,48 +90,6 @@ impl BitmapEntry {
         }
         names
     }
-}
-
-/// The bitmaps extension's bytes, checked as qemu checks them while it
-/// reads the header; `consistent`: the "bitmaps" autoclear bit is set
-/// (without it qemu ignores the extension, as we do: `None`).
-pub(crate) fn parse_extension(
-    bytes: &[u8],
-    consistent: bool,
-    cluster_size: u64,
-) -> Result<Option<BitmapsExtension>, String> {
-    if bytes.len() != 24 {
-        return Err("bitmaps_ext: Invalid extension length".into());
-    }
-    if !consistent {
-        return Ok(None);
-    }
-    let (count, reserved) = (be32(bytes, 0), be32(bytes, 4));
-    let (dir_size, dir_offset) = (be64_at(bytes, 1), be64_at(bytes, 2));
-    if reserved != 0 {
-        return Err("bitmaps_ext: Reserved field is not zero".into());
-    }
-    if count > MAX_BITMAPS {
-        return Err(format!(
-            "bitmaps_ext: Image has {count} bitmaps, exceeding the QEMU supported maximum of {MAX_BITMAPS}"
-        ));
-    }
-    if count == 0 {
-        return Err("found bitmaps extension with zero bitmaps".into());
-    }
-    if !dir_offset.is_multiple_of(cluster_size) {
-        return Err("bitmaps_ext: invalid bitmap directory offset".into());
-    }
-    if dir_size > MAX_DIRECTORY {
-        return Err(format!(
-            "bitmaps_ext: bitmap directory size ({dir_size}) exceeds the maximum supported size ({MAX_DIRECTORY})"
-        ));
-    }
-    Ok(Some(BitmapsExtension {
-        count,
-        dir_size,
-        dir_offset,
-    }))
 }
 
 /// What [`load_directory`] needs to know about the image.
@@ -293,15 +246,20 @@ fn check_table(io: &dyn MetaIo, e: &BitmapEntry, image: &ImageFacts) -> Result<(
     Ok(())
 }
 
-/// The persistent bitmaps of an open qcow2 image file (`path` names it
-/// in errors), in directory order: none for a v2 image, one without the
+/// The persistent bitmaps of an image behind `io` (an open image's
+/// metadata-I/O seam), in a file of `file_size` bytes (`path` names it in
+/// errors), in directory order: none for a v2 image, one without the
 /// extension or one whose autoclear bit says the bitmaps are
 /// inconsistent; an error for a directory qemu would refuse. The header
 /// is read again: a read-write open clears the autoclear bit after the
 /// header was parsed.
-pub(crate) fn bitmaps_in(file: &File, path: &Path) -> Result<Vec<BitmapEntry>, BlockError> {
-    let (header, file_size) = read_header(file, path)?;
-    bitmaps_of(file, &header, file_size).map_err(|reason| BlockError::InvalidImage {
+pub(crate) fn bitmaps_in(
+    io: &dyn MetaIo,
+    file_size: u64,
+    path: &Path,
+) -> Result<Vec<BitmapEntry>, BlockError> {
+    let header = read_header_in(io, file_size, path, true)?;
+    bitmaps_of(io, &header, file_size).map_err(|reason| BlockError::InvalidImage {
         path: path.to_owned(),
         reason,
     })
@@ -382,27 +340,5 @@ mod tests {
         assert!(err(&small, 1).contains("'g' doesn't satisfy"));
         let far = entry("f", 16, 1 << 40);
         assert!(err(&far, 1).contains("'f' doesn't satisfy"));
-    }
-
-    #[test]
-    fn the_extension_is_refused_as_qemu_refuses_it() {
-        let ext = |count: u32, reserved: u32, size: u64, offset: u64| {
-            let mut b = Vec::new();
-            b.extend_from_slice(&count.to_be_bytes());
-            b.extend_from_slice(&reserved.to_be_bytes());
-            b.extend_from_slice(&size.to_be_bytes());
-            b.extend_from_slice(&offset.to_be_bytes());
-            b
-        };
-        let ok = parse_extension(&ext(1, 0, 32, CS), true, CS).unwrap();
-        assert_eq!(ok.map(|e| e.dir_offset), Some(CS));
-        assert_eq!(parse_extension(&ext(70000, 0, 32, CS), false, CS), Ok(None));
-        let err = |b: &[u8]| parse_extension(b, true, CS).unwrap_err();
-        assert!(err(&ext(70000, 0, 32, CS)).contains("70000 bitmaps"));
-        assert!(err(&ext(0, 0, 32, CS)).contains("zero bitmaps"));
-        assert!(err(&ext(1, 1, 32, CS)).contains("Reserved"));
-        assert!(err(&ext(1, 0, 32, CS + 8)).contains("directory offset"));
-        assert!(err(&ext(1, 0, 1 << 62, CS)).contains("exceeds the maximum"));
-        assert!(err(&ext(1, 0, 32, CS)[..16]).contains("extension length"));
     }
 }

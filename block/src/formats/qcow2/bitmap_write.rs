@@ -2,7 +2,8 @@
 //! bitmap`): add, remove, clear, enable, disable and merge, as qemu-img
 //! 7.2 does them, refused where it refuses, in its words.
 //!
-//! A bitmap name and its actions enter [`PersistentBitmaps::change_bitmap`].
+//! A bitmap name and its actions enter [`BitmapEditor::change`], which
+//! works on the image's locked tables (`PersistentBitmaps` in `tools`).
 //! The image's bitmaps are loaded (`bitmap_store`) and the actions run in
 //! memory, in order; a refused one stops everything before the image is
 //! touched (qemu-img keeps the ones before it). Then the changes are
@@ -17,9 +18,12 @@
 //! 3. the old directory, and the tables and data clusters only it named,
 //!    are freed.
 //!
-//! A failure before step 2 frees what step 1 allocated; a failed barrier
-//! after the header write puts the old header cluster back. Once step 2
-//! is durable a failure can only leak clusters (logged).
+//! The change runs as a tool operation that undoes itself when it fails
+//! (`undo`, the image's `FailureUndo`): a failure up to step 2 being
+//! durable (a failed barrier after the header write included) leaves the
+//! file as it was, the clusters step 1 allocated freed and the old header
+//! back. Once step 2 is durable a failure can only leak clusters
+//! (logged; the change succeeded).
 //!
 //! The image must be open with `keep_persistent_bitmaps` (else its open
 //! already declared the bitmaps inconsistent, and there are none).
@@ -31,13 +35,11 @@ use super::bitmap_store::{
 };
 use super::features::AUTOCLEAR_BITMAPS;
 use super::header::Header;
-use super::header_cluster::{current_header, restore_header_cluster, HeaderCluster};
-use super::image::Qcow2Image;
+use super::header_cluster::{current_header, HeaderCluster};
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
 use crate::error::BlockError;
 use crate::formats::dirty_bits::{BitmapAction, Chunk, DirtyBits};
-use crate::formats::tools::PersistentBitmaps;
 
 /// qemu's longest bitmap name, in bytes.
 const MAX_NAME: usize = 1023;
@@ -64,11 +66,18 @@ fn inconsistent(name: &str) -> String {
     format!("Bitmap '{name}' is inconsistent and cannot be used\nTry block-dirty-bitmap-remove to delete this bitmap from disk")
 }
 
-impl Qcow2Image {
+/// See the module docs: the image's tables (locked) and its disk size.
+pub(crate) struct BitmapEditor<'a> {
+    pub meta: &'a mut MetaState,
+    pub disk_size: u64,
+}
+
+impl BitmapEditor<'_> {
     /// The bits a stored bitmap holds, read through the seam.
-    fn read_bits(&self, meta: &MetaState, b: &StoredBitmap) -> Result<DirtyBits, BlockError> {
+    fn read_bits(&self, b: &StoredBitmap) -> Result<DirtyBits, BlockError> {
+        let meta = &*self.meta;
         let cs = meta.g.cluster_size;
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        let size = self.disk_size;
         let mut bits = DirtyBits::new(1u64 << b.entry.granularity_bits, size, cs);
         if b.table.len() as u64 != bits.chunk_count() {
             return Err(meta.invalid(format!(
@@ -95,8 +104,8 @@ impl Qcow2Image {
 
     /// The bitmaps as the header names them now, refusing entries this
     /// code would not write back as they are.
-    fn load_bitmaps(&self, meta: &MetaState, header: &Header) -> Result<BitmapStore, BlockError> {
-        let store = BitmapStore::load(meta, header)?;
+    fn load_bitmaps(&self, header: &Header) -> Result<BitmapStore, BlockError> {
+        let store = BitmapStore::load(self.meta, header)?;
         for b in &store.bitmaps {
             let e = &b.entry;
             if e.bitmap_type != TYPE_DIRTY_TRACKING
@@ -105,7 +114,7 @@ impl Qcow2Image {
                 || !(9..=31).contains(&e.granularity_bits)
             {
                 return Err(BlockError::Unsupported {
-                    path: self.path.clone(),
+                    path: self.meta.path.clone(),
                     feature: format!(
                         "changing the bitmaps of an image whose bitmap '{}' has type {}, {} bytes of extra data or granularity bits {}",
                         e.name, e.bitmap_type, e.extra_data_size, e.granularity_bits
@@ -120,19 +129,19 @@ impl Qcow2Image {
     /// message (qemu's words).
     fn run_action(
         &self,
-        meta: &MetaState,
         bitmaps: &mut Vec<Working>,
         name: &str,
         action: &BitmapAction,
     ) -> Result<(), String> {
         let index = bitmaps.iter().position(|b| b.name == name);
         let in_use = |b: &Working| b.flags & FLAG_IN_USE != 0;
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        let meta = &*self.meta;
+        let size = self.disk_size;
         let cs = meta.g.cluster_size;
         let bits_of = |b: &Working| -> Result<DirtyBits, String> {
             match (&b.bits, &b.stored) {
                 (Some(bits), _) => Ok(bits.clone()),
-                (None, Some(stored)) => self.read_bits(meta, stored).map_err(|e| e.to_string()),
+                (None, Some(stored)) => self.read_bits(stored).map_err(|e| e.to_string()),
                 (None, None) => Ok(DirtyBits::new(1 << b.granularity_bits, size, cs)),
             }
         };
@@ -146,7 +155,7 @@ impl Qcow2Image {
             let persistent = |why: &str| {
                 format!(
                     "Can't make bitmap '{name}' persistent in '{}': {why}",
-                    self.path.display()
+                    meta.path.display()
                 )
             };
             // qemu-img takes the granularity as a 32-bit number.
@@ -222,174 +231,27 @@ impl Qcow2Image {
         }
         Ok(())
     }
-}
 
-/// Clusters allocated while storing, freed again if the store fails.
-#[derive(Default)]
-struct Allocations(Vec<(u64, u64)>);
-
-impl Allocations {
-    fn alloc(&mut self, meta: &mut MetaState, clusters: u64) -> Result<u64, BlockError> {
-        let at = meta.alloc_clusters(clusters)?;
-        self.0.push((at >> meta.g.cluster_bits, clusters));
-        Ok(at)
-    }
-
-    fn free(self, meta: &mut MetaState) {
-        for (first, count) in self.0 {
-            if let Err(e) = meta.change_refcounts(first, count, -1) {
-                log::warn!(
-                    "{}: clusters {first}+{count} stay leaked: {e}",
-                    meta.path.display()
-                );
-            }
-        }
-        let _ = meta.write_refcounts();
-    }
-}
-
-/// Writes a bitmap's chunks and table; returns (table offset, entries).
-fn write_bits(
-    meta: &mut MetaState,
-    bits: &DirtyBits,
-    allocs: &mut Allocations,
-) -> Result<(u64, u32), BlockError> {
-    let cs = meta.g.cluster_size;
-    let per_chunk = cs * 8;
-    let mut table = Vec::with_capacity(bits.chunks.len());
-    for (k, chunk) in bits.chunks.iter().enumerate() {
-        let bytes = match chunk {
-            Chunk::Zero => None,
-            Chunk::Data(d) if d.iter().all(|b| *b == 0) => None,
-            Chunk::Data(d) => Some(d.clone()),
-            Chunk::Ones => {
-                // Written out as QEMU writes it, without bits past the end.
-                let valid = (bits.len() - k as u64 * per_chunk).min(per_chunk);
-                let mut d = vec![0u8; cs as usize];
-                d[..(valid / 8) as usize].fill(0xff);
-                if !valid.is_multiple_of(8) {
-                    d[(valid / 8) as usize] = (1u8 << (valid % 8)) - 1;
-                }
-                Some(d)
-            }
-        };
-        table.push(match bytes {
-            None => 0,
-            Some(d) => {
-                let at = allocs.alloc(meta, 1)?;
-                meta.write(MetaKind::BitmapDirectory, at, &d)?;
-                at
-            }
-        });
-    }
-    let mut raw: Vec<u8> = table.iter().flat_map(|e| e.to_be_bytes()).collect();
-    let clusters = (raw.len() as u64).div_ceil(cs).max(1);
-    raw.resize((clusters * cs) as usize, 0);
-    let at = allocs.alloc(meta, clusters)?;
-    meta.write(MetaKind::BitmapDirectory, at, &raw)?;
-    Ok((at, table.len() as u32))
-}
-
-/// A directory entry's bytes.
-fn encode_entry(
-    table_offset: u64,
-    table_entries: u32,
-    flags: u32,
-    granularity_bits: u8,
-    name: &str,
-) -> Vec<u8> {
-    let mut e = Vec::with_capacity(24 + name.len() + 7);
-    e.extend_from_slice(&table_offset.to_be_bytes());
-    e.extend_from_slice(&table_entries.to_be_bytes());
-    e.extend_from_slice(&flags.to_be_bytes());
-    e.push(TYPE_DIRTY_TRACKING);
-    e.push(granularity_bits);
-    e.extend_from_slice(&(name.len() as u16).to_be_bytes());
-    e.extend_from_slice(&0u32.to_be_bytes());
-    e.extend_from_slice(name.as_bytes());
-    e.resize(e.len().next_multiple_of(8), 0);
-    e
-}
-
-/// Steps 1 and 2 of the module docs; returns the new directory.
-fn store(
-    meta: &mut MetaState,
-    header: &Header,
-    bitmaps: &[Working],
-    allocs: &mut Allocations,
-) -> Result<Option<(u64, u64)>, BlockError> {
-    let mut dir = Vec::new();
-    for b in bitmaps {
-        let (table_offset, entries) = match (&b.bits, &b.stored) {
-            (Some(bits), _) => write_bits(meta, bits, allocs)?,
-            (None, Some(s)) => (s.entry.table_offset, s.entry.table_entries),
-            (None, None) => return Err(meta.invalid("a new bitmap without bits")),
-        };
-        dir.extend(encode_entry(
-            table_offset,
-            entries,
-            b.flags,
-            b.granularity_bits,
-            &b.name,
-        ));
-    }
-    if dir.len() as u64 > MAX_DIRECTORY {
-        return Err(BlockError::Refused(format!(
-            "the bitmap directory would take {} bytes, more than qcow2 allows",
-            dir.len()
-        )));
-    }
-    let mut hc = HeaderCluster::read(&*meta.io, header, &meta.path)?;
-    let directory = if bitmaps.is_empty() {
-        hc.set_extension(EXT_BITMAPS, None);
-        hc.header.autoclear &= !AUTOCLEAR_BITMAPS;
-        None
-    } else {
-        let cs = meta.g.cluster_size;
-        let clusters = (dir.len() as u64).div_ceil(cs);
-        let at = allocs.alloc(meta, clusters)?;
-        let bytes = dir.len() as u64;
-        dir.resize((clusters * cs) as usize, 0);
-        meta.write(MetaKind::BitmapDirectory, at, &dir)?;
-        let mut ext = (bitmaps.len() as u32).to_be_bytes().to_vec();
-        ext.extend_from_slice(&[0; 4]);
-        ext.extend_from_slice(&bytes.to_be_bytes());
-        ext.extend_from_slice(&at.to_be_bytes());
-        hc.set_extension(EXT_BITMAPS, Some(ext));
-        hc.header.autoclear |= AUTOCLEAR_BITMAPS;
-        Some((at, bytes))
-    };
-    meta.barrier()?;
-    let bytes = hc.encode(&meta.path)?;
-    meta.write(MetaKind::Header, 0, &bytes)?;
-    meta.barrier()?;
-    Ok(directory)
-}
-
-impl PersistentBitmaps for Qcow2Image {
-    fn read_bitmap(&self, name: &str) -> Result<DirtyBits, BlockError> {
-        let st = self.lock();
-        let header = current_header(&st.meta)?;
-        let store = self.load_bitmaps(&st.meta, &header)?;
+    /// The bits of bitmap `name`.
+    pub fn read(&self, name: &str) -> Result<DirtyBits, BlockError> {
+        let header = current_header(self.meta)?;
+        let store = self.load_bitmaps(&header)?;
         let b = store
             .find(name)
             .ok_or_else(|| BlockError::Refused(not_found(name)))?;
         if b.entry.flags & FLAG_IN_USE != 0 {
             return Err(BlockError::Refused(inconsistent(name)));
         }
-        self.read_bits(&st.meta, b)
+        self.read_bits(b)
     }
 
-    fn change_bitmap(&self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError> {
-        if self.readonly {
-            return Err(BlockError::ReadOnly);
-        }
-        let mut st = self.lock();
-        let meta = &mut st.meta;
-        meta.flush_dirty()?;
-        meta.barrier()?;
-        let header = current_header(meta)?;
-        let old = self.load_bitmaps(meta, &header)?;
+    /// Runs `actions` on bitmap `name` and stores the result (see the
+    /// module docs).
+    pub fn change(&mut self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError> {
+        self.meta.flush_dirty()?;
+        self.meta.barrier()?;
+        let header = current_header(self.meta)?;
+        let old = self.load_bitmaps(&header)?;
         let mut bitmaps: Vec<Working> = old
             .bitmaps
             .iter()
@@ -402,27 +264,15 @@ impl PersistentBitmaps for Qcow2Image {
             })
             .collect();
         for action in actions {
-            self.run_action(meta, &mut bitmaps, name, action)
-                .map_err(|m| {
-                    BlockError::Refused(format!(
-                        "Operation {} on bitmap {name} failed: {m}",
-                        action.name()
-                    ))
-                })?;
+            self.run_action(&mut bitmaps, name, action).map_err(|m| {
+                BlockError::Refused(format!(
+                    "Operation {} on bitmap {name} failed: {m}",
+                    action.name()
+                ))
+            })?;
         }
-        let mut old_cluster = vec![0u8; meta.g.cluster_size as usize];
-        meta.read(MetaKind::Header, 0, &mut old_cluster)?;
-        let mut allocs = Allocations::default();
-        let directory = match store(meta, &header, &bitmaps, &mut allocs) {
-            Ok(d) => d,
-            Err(e) => {
-                // Free the new clusters only once no header names them.
-                if restore_header_cluster(meta, &old_cluster) {
-                    allocs.free(meta);
-                }
-                return Err(e);
-            }
-        };
+        let meta = &mut *self.meta;
+        let directory = store(meta, &header, &bitmaps)?;
         // Free what only the old header named.
         let cb = meta.g.cluster_bits;
         let mut freed: Vec<(u64, u64)> = old
@@ -455,6 +305,119 @@ impl PersistentBitmaps for Qcow2Image {
         meta.rebuild_metadata_map();
         Ok(())
     }
+}
+
+/// Writes a bitmap's chunks and table; returns (table offset, entries).
+fn write_bits(meta: &mut MetaState, bits: &DirtyBits) -> Result<(u64, u32), BlockError> {
+    let cs = meta.g.cluster_size;
+    let per_chunk = cs * 8;
+    let mut table = Vec::with_capacity(bits.chunks.len());
+    for (k, chunk) in bits.chunks.iter().enumerate() {
+        let bytes = match chunk {
+            Chunk::Zero => None,
+            Chunk::Data(d) if d.iter().all(|b| *b == 0) => None,
+            Chunk::Data(d) => Some(d.clone()),
+            Chunk::Ones => {
+                // Written out as QEMU writes it, without bits past the end.
+                let valid = (bits.len() - k as u64 * per_chunk).min(per_chunk);
+                let mut d = vec![0u8; cs as usize];
+                d[..(valid / 8) as usize].fill(0xff);
+                if !valid.is_multiple_of(8) {
+                    d[(valid / 8) as usize] = (1u8 << (valid % 8)) - 1;
+                }
+                Some(d)
+            }
+        };
+        table.push(match bytes {
+            None => 0,
+            Some(d) => {
+                let at = meta.alloc_clusters(1)?;
+                meta.write(MetaKind::BitmapDirectory, at, &d)?;
+                at
+            }
+        });
+    }
+    let mut raw: Vec<u8> = table.iter().flat_map(|e| e.to_be_bytes()).collect();
+    let clusters = (raw.len() as u64).div_ceil(cs).max(1);
+    raw.resize((clusters * cs) as usize, 0);
+    let at = meta.alloc_clusters(clusters)?;
+    meta.write(MetaKind::BitmapDirectory, at, &raw)?;
+    Ok((at, table.len() as u32))
+}
+
+/// A directory entry's bytes.
+fn encode_entry(
+    table_offset: u64,
+    table_entries: u32,
+    flags: u32,
+    granularity_bits: u8,
+    name: &str,
+) -> Vec<u8> {
+    let mut e = Vec::with_capacity(24 + name.len() + 7);
+    e.extend_from_slice(&table_offset.to_be_bytes());
+    e.extend_from_slice(&table_entries.to_be_bytes());
+    e.extend_from_slice(&flags.to_be_bytes());
+    e.push(TYPE_DIRTY_TRACKING);
+    e.push(granularity_bits);
+    e.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    e.extend_from_slice(&0u32.to_be_bytes());
+    e.extend_from_slice(name.as_bytes());
+    e.resize(e.len().next_multiple_of(8), 0);
+    e
+}
+
+/// Steps 1 and 2 of the module docs; returns the new directory.
+fn store(
+    meta: &mut MetaState,
+    header: &Header,
+    bitmaps: &[Working],
+) -> Result<Option<(u64, u64)>, BlockError> {
+    let mut dir = Vec::new();
+    for b in bitmaps {
+        let (table_offset, entries) = match (&b.bits, &b.stored) {
+            (Some(bits), _) => write_bits(meta, bits)?,
+            (None, Some(s)) => (s.entry.table_offset, s.entry.table_entries),
+            (None, None) => return Err(meta.invalid("a new bitmap without bits")),
+        };
+        dir.extend(encode_entry(
+            table_offset,
+            entries,
+            b.flags,
+            b.granularity_bits,
+            &b.name,
+        ));
+    }
+    if dir.len() as u64 > MAX_DIRECTORY {
+        return Err(BlockError::Refused(format!(
+            "the bitmap directory would take {} bytes, more than qcow2 allows",
+            dir.len()
+        )));
+    }
+    let mut hc = HeaderCluster::read(&*meta.io, header, &meta.path)?;
+    let directory = if bitmaps.is_empty() {
+        hc.set_extension(EXT_BITMAPS, None);
+        hc.header.autoclear &= !AUTOCLEAR_BITMAPS;
+        None
+    } else {
+        let cs = meta.g.cluster_size;
+        let clusters = (dir.len() as u64).div_ceil(cs);
+        let at = meta.alloc_clusters(clusters)?;
+        let bytes = dir.len() as u64;
+        dir.resize((clusters * cs) as usize, 0);
+        meta.write(MetaKind::BitmapDirectory, at, &dir)?;
+        let mut ext = (bitmaps.len() as u32).to_be_bytes().to_vec();
+        ext.extend_from_slice(&[0; 4]);
+        ext.extend_from_slice(&bytes.to_be_bytes());
+        ext.extend_from_slice(&at.to_be_bytes());
+        hc.set_extension(EXT_BITMAPS, Some(ext));
+        hc.header.autoclear |= AUTOCLEAR_BITMAPS;
+        Some((at, bytes))
+    };
+    meta.barrier()?;
+    let bytes = hc.encode(&meta.path)?;
+    meta.write(MetaKind::Header, 0, &bytes)?;
+    meta.barrier()?;
+    Ok(directory)
 }
 
 #[cfg(test)]

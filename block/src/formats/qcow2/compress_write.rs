@@ -15,26 +15,27 @@
 //!    (`compressed_cache`), which writes whole host clusters and then
 //!    publishes the L2 entry (compressed descriptor) like any allocating
 //!    write's: it reaches the disk at the next flush, after a barrier has
-//!    made data and refcounts durable.
+//!    made data and refcounts durable. Without the cache (capacity 0)
+//!    the bytes are written at once, through the metadata-I/O seam, and
+//!    the entry published the same way.
 //!
 //! Compression ([`compress_cluster`]) is separate from steps 1-3
-//! (`write_compressed_packed`), so a tool can compress on every core and write
-//! in order. Only for tools writing an image on their own (convert): there
+//! (`CompressedWriter`, `write_compressed_packed`), so a tool can
+//! compress on every core and write in order. Only for tools writing an image on their own (convert): there
 //! is no in-flight tracking against queues writing the same clusters.
 
 use std::cell::RefCell;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use flate2::{Compress, FlushCompress, Status};
 
-use super::compressed_cache::write_uncached;
-use super::image::{Qcow2Image, State};
+use super::chain::Chain;
 use super::l2_entry::{compressed_entry, L2Entry};
 use super::meta::MetaState;
 use super::meta_io::MetaKind;
 use super::refcount::max_refcount;
+use super::state::State;
 use crate::error::BlockError;
-use crate::formats::CompressedWrites;
 use crate::formats::Compression;
 
 /// qemu inflates compressed clusters with a 2^12-byte deflate window.
@@ -58,62 +59,6 @@ thread_local! {
     // Where a cluster is compressed: the result is copied out at its own
     // size, and an incompressible cluster costs no allocation.
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-impl Qcow2Image {
-    /// Writes every cached compressed cluster (padded) and publishes their
-    /// L2 entries; before a flush, a close or a resize.
-    pub(crate) fn write_out_compressed(&self) -> Result<(), BlockError> {
-        if !self.compressed_cached.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let mut st = self.lock();
-        let State {
-            meta, compressed, ..
-        } = &mut *st;
-        compressed.write_out(meta, &self.files[0], &self.cow_files[0], true)
-    }
-
-    /// Writes the cache out when guest clusters in `offset..offset+len`
-    /// still have their compressed data only there (a write or a discard
-    /// of them must see it mapped; reads take the cached bytes instead).
-    pub(crate) fn write_out_compressed_in(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        if !self.compressed_cached.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let cs = self.header.cluster_size();
-        let mut st = self.lock();
-        if !st.compressed.overlaps(offset, len, cs) {
-            return Ok(());
-        }
-        let State {
-            meta, compressed, ..
-        } = &mut *st;
-        compressed.write_out(meta, &self.files[0], &self.cow_files[0], true)
-    }
-
-    /// A compressed write of `len` bytes at `guest` is possible at all.
-    fn check_compressed_write(&self, guest: u64, len: u64) -> Result<(), BlockError> {
-        if self.readonly {
-            return Err(BlockError::ReadOnly);
-        }
-        let cs = self.header.cluster_size();
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        if !guest.is_multiple_of(cs) || len != cs || guest >= size {
-            return Err(BlockError::OutOfRange {
-                offset: guest,
-                len,
-                size,
-            });
-        }
-        if self.header.has_data_file() {
-            return Err(BlockError::Unsupported {
-                path: self.path.clone(),
-                feature: "compressed clusters in an image with an external data file".into(),
-            });
-        }
-        Ok(())
-    }
 }
 
 /// `data` (one cluster) compressed with `algorithm`, or `None` when the
@@ -208,25 +153,50 @@ fn alloc_compressed_bytes(meta: &mut MetaState, len: u64) -> Result<u64, BlockEr
     Ok(new)
 }
 
-impl CompressedWrites for Qcow2Image {
-    fn compression(&self) -> Option<Compression> {
-        Some(self.header.compression)
+/// Whether a compressed write of `len` bytes at `guest` is possible at
+/// all: a whole cluster inside the disk of a writable image whose data
+/// lives in the image file.
+pub(crate) fn check_compressed_write(
+    chain: &Chain,
+    readonly: bool,
+    size: u64,
+    guest: u64,
+    len: u64,
+) -> Result<(), BlockError> {
+    if readonly {
+        return Err(BlockError::ReadOnly);
     }
-
-    fn write_compressed(&self, guest: u64, data: &[u8]) -> Result<bool, BlockError> {
-        self.check_compressed_write(guest, data.len() as u64)?;
-        let Some(packed) = compress_cluster(self.header.compression, data)? else {
-            return Ok(false);
-        };
-        self.write_compressed_packed(guest, &packed)?;
-        Ok(true)
+    let cs = chain.header.cluster_size();
+    if !guest.is_multiple_of(cs) || len != cs || guest >= size {
+        return Err(BlockError::OutOfRange {
+            offset: guest,
+            len,
+            size,
+        });
     }
+    if chain.header.has_data_file() {
+        return Err(BlockError::Unsupported {
+            path: chain.path.clone(),
+            feature: "compressed clusters in an image with an external data file".into(),
+        });
+    }
+    Ok(())
+}
 
-    /// Steps 1-3 of the module docs for a cluster already compressed with
-    /// the image's compression type ([`compress_cluster`]).
-    fn write_compressed_packed(&self, guest: u64, packed: &[u8]) -> Result<(), BlockError> {
-        let cs = self.header.cluster_size();
-        self.check_compressed_write(guest, cs)?;
+/// Steps 1-3 of the module docs, over the image's locked state; `cached`
+/// is the image's flag that its compressed-write cache may hold data.
+pub(crate) struct CompressedWriter<'a> {
+    pub chain: &'a Chain,
+    pub st: &'a mut State,
+    pub cached: &'a AtomicBool,
+}
+
+impl CompressedWriter<'_> {
+    /// Writes `packed`, guest cluster `guest` compressed with the image's
+    /// compression type ([`compress_cluster`]), after
+    /// [`check_compressed_write`].
+    pub fn write(&mut self, guest: u64, packed: &[u8]) -> Result<(), BlockError> {
+        let cs = self.chain.header.cluster_size();
         if packed.is_empty() || packed.len() as u64 >= cs {
             return Err(BlockError::OutOfRange {
                 offset: guest,
@@ -234,17 +204,16 @@ impl CompressedWrites for Qcow2Image {
                 size: cs,
             });
         }
-        let mut st = self.lock();
         let State {
             meta, compressed, ..
-        } = &mut *st;
+        } = &mut *self.st;
         let mapped = !matches!(
             meta.l2_entry(guest)?.0,
             L2Entry::Unallocated | L2Entry::Zero { host: None, .. }
         );
         if mapped || compressed.is_pending(guest) {
             return Err(BlockError::Unsupported {
-                path: self.path.clone(),
+                path: self.chain.path.clone(),
                 feature: format!("a compressed write over the allocated cluster at {guest:#x}"),
             });
         }
@@ -253,29 +222,21 @@ impl CompressedWrites for Qcow2Image {
         let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
         let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
         if compressed.capacity() == 0 {
-            // No cache: one write per compressed cluster, checked against
-            // the metadata like every write to the image file.
-            meta.check_overlap(MetaKind::GuestData, host, packed.len() as u64)?;
-            write_uncached(&self.files[0], host, packed)?;
+            // No cache: one write per compressed cluster, through the
+            // metadata-I/O seam (checked against the metadata there).
+            meta.write(MetaKind::GuestData, host, packed)?;
             meta.publish_l2_entry(guest, raw, 0)?;
             if meta.should_flush() {
                 meta.flush_dirty()?;
             }
             return Ok(());
         }
-        self.compressed_cached.store(true, Ordering::Release);
-        compressed.insert(&self.cow_files[0], cs, guest, raw, host, packed)?;
+        self.cached.store(true, Ordering::Release);
+        compressed.insert(&*meta.io, cs, guest, raw, host, packed)?;
         if compressed.is_full(meta.compressed_tail, cs) {
-            compressed.write_out(meta, &self.files[0], &self.cow_files[0], false)?;
+            compressed.write_out(meta, &self.chain.files[0], false)?;
         }
         Ok(())
-    }
-
-    /// How many complete host clusters the compressed-cluster write cache
-    /// holds before it writes them (64 by default); 0 writes every
-    /// compressed cluster at once, without the cache.
-    fn set_compressed_cache(&self, host_clusters: usize) {
-        self.lock().compressed.set_capacity(host_clusters);
     }
 }
 

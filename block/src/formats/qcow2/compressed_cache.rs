@@ -16,6 +16,16 @@
 //!   whole instead of reading it back; clean clusters the allocator has
 //!   left are dropped at the next insert.
 //!
+//! Where the clusters go: an image opened with O_DIRECT gets them on its
+//! O_DIRECT data descriptor, in whole aligned clusters (the one place
+//! compressed data bypasses the metadata-I/O seam: the seam is the
+//! buffered descriptor, and page-cache writes beside direct ones are what
+//! the cache avoids); any other image through the seam. Reads of a host
+//! cluster the cache no longer holds go through the seam too. Without the
+//! cache (capacity 0, `ch-img convert --compressed-cache 0`) the writer
+//! writes each compressed cluster through the seam itself
+//! (`compress_write`).
+//!
 //! An L2 entry is published only once every host cluster its bytes touch
 //! is on the file, so the image never maps data that is not there. When a
 //! write fails, the entries of the clusters not written are dropped and
@@ -30,10 +40,10 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
 use super::meta::MetaState;
-use super::meta_io::read_at;
-use super::meta_io::MetaKind;
+use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::io::align::{file_alignment, DioAlign};
@@ -111,10 +121,11 @@ impl CompressedCache {
     /// Copies `data` (at host offset `host`, as the allocator placed it)
     /// into the cached host clusters; the entry `raw` for guest cluster
     /// `guest` waits for them. A cluster not cached that the data does not
-    /// start at the beginning of is read from `reader` first.
+    /// start at the beginning of is read through `reader` (the image's
+    /// metadata-I/O seam) first.
     pub fn insert(
         &mut self,
-        reader: &File,
+        reader: &dyn MetaIo,
         cluster_size: u64,
         guest: u64,
         raw: u64,
@@ -181,10 +192,11 @@ impl CompressedCache {
     /// not yet published, `None` when it has none pending. They come from
     /// the cached host clusters; a host cluster already written (the first
     /// of two that one compressed cluster spans leaves the cache once it
-    /// is complete and written) is read back from `reader`.
+    /// is complete and written) is read back through `reader` (the
+    /// image's metadata-I/O seam).
     pub fn pending_bytes(
         &self,
-        reader: &File,
+        reader: &dyn MetaIo,
         guest: u64,
         cluster_size: u64,
     ) -> Result<Option<Vec<u8>>, BlockError> {
@@ -219,24 +231,25 @@ impl CompressedCache {
             >= self.capacity.max(1)
     }
 
-    /// Writes dirty clusters to `file` (see the module docs) and publishes
-    /// the entries they complete in `meta`; `all` includes the cluster the
-    /// allocator is still filling. `buffered` (the same file without
-    /// O_DIRECT) takes the writes when the file's alignment is larger than
-    /// a cluster.
+    /// Writes dirty clusters (see the module docs) and publishes the
+    /// entries they complete in `meta`; `all` includes the cluster the
+    /// allocator is still filling. `file` is the image's data descriptor:
+    /// when it is O_DIRECT (with an alignment no larger than a cluster)
+    /// the clusters go to it, in whole aligned clusters; otherwise through
+    /// the metadata-I/O seam (`meta.io`, the buffered descriptor).
     pub fn write_out(
         &mut self,
         meta: &mut MetaState,
         file: &File,
-        buffered: &File,
         all: bool,
     ) -> Result<(), BlockError> {
         let cs = meta.g.cluster_size;
         let tail = meta.compressed_tail;
+        let seam = Arc::clone(&meta.io);
         let mut align = self.file_alignment(file);
-        let mut file = file;
-        if u64::from(align.offset) > cs {
-            (file, align) = (buffered, DioAlign::NONE);
+        let mut sink = Sink::Direct(file);
+        if align.is_none() || u64::from(align.offset) > cs {
+            (sink, align) = (Sink::Seam(&*seam), DioAlign::NONE);
         }
         let chosen: Vec<u64> = self
             .clusters
@@ -252,12 +265,11 @@ impl CompressedCache {
             while j < chosen.len() && chosen[j] == chosen[j - 1] + cs {
                 j += 1;
             }
-            // Checked against the metadata like every write to the file;
-            // the cached bytes bypass the metadata-I/O seam so that they
-            // can go to the O_DIRECT descriptor in whole clusters.
+            // Checked against the metadata like every write to the file
+            // (an O_DIRECT write bypasses the seam, whose check this is).
             let checked = meta.check_overlap(MetaKind::GuestData, chosen[i], (j - i) as u64 * cs);
             if let Err(e) =
-                checked.and_then(|()| self.write_run(file, &chosen[i..j], tail, cs, align))
+                checked.and_then(|()| self.write_run(&sink, &chosen[i..j], tail, cs, align))
             {
                 self.abandon(meta)?;
                 return Err(e);
@@ -276,7 +288,7 @@ impl CompressedCache {
     /// One write of the clusters `run` (contiguous, ascending).
     fn write_run(
         &self,
-        file: &File,
+        sink: &Sink<'_>,
         run: &[u64],
         tail: u64,
         cs: u64,
@@ -300,7 +312,7 @@ impl CompressedCache {
         };
         if let [c] = run {
             let h = self.clusters.get(c).ok_or_else(lost)?;
-            return write_all(file, *c, &h.buf.as_slice()[..len_of(*c, h)]);
+            return sink.write(*c, &h.buf.as_slice()[..len_of(*c, h)]);
         }
         let mut out = AlignedBuf::new(run.len() * cs as usize, self.buffer_alignment(cs))
             .ok_or_else(|| out_of_memory(first))?;
@@ -312,7 +324,7 @@ impl CompressedCache {
             out.as_mut_slice()[at..at + n].copy_from_slice(&h.buf.as_slice()[..n]);
             used = at + n;
         }
-        write_all(file, first, &out.as_slice()[..used])
+        sink.write(first, &out.as_slice()[..used])
     }
 
     /// Cluster `c` is on the file: its entries are published, and a
@@ -365,49 +377,28 @@ impl CompressedCache {
     }
 }
 
-/// Without the cache (capacity 0): writes `data` at `host` at once. On an
-/// O_DIRECT file that is a read-modify-write of the aligned blocks it
-/// touches (what writing compressed clusters to O_DIRECT costs without a
-/// cache); otherwise one plain write.
-pub(crate) fn write_uncached(file: &File, host: u64, data: &[u8]) -> Result<(), BlockError> {
-    let align = file_alignment(file);
-    if align.is_none() {
-        return write_all(file, host, data);
-    }
-    let step = u64::from(align.offset).max(1);
-    let start = host - host % step;
-    let end = (host + data.len() as u64).div_ceil(step) * step;
-    let mem = (align.mem.max(align.offset) as usize).max(512);
-    let mut buf =
-        AlignedBuf::new((end - start) as usize, mem).ok_or_else(|| out_of_memory(start))?;
-    let mut done = 0usize;
-    while done < buf.len() {
-        match file.read_at(&mut buf.as_mut_slice()[done..], start + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(source) => {
-                return Err(BlockError::Read {
-                    offset: start,
-                    source,
-                })
-            }
-        }
-    }
-    // Past the end of the file the buffer keeps its zeroes.
-    let at = (host - start) as usize;
-    buf.as_mut_slice()[at..at + data.len()].copy_from_slice(data);
-    write_all(file, start, buf.as_slice())
-}
-
 /// Whether host cluster `c` is the one the allocator is still filling.
 fn is_tail(c: u64, tail: u64, cluster_size: u64) -> bool {
     !tail.is_multiple_of(cluster_size) && tail - tail % cluster_size == c
 }
 
-fn write_all(file: &File, offset: u64, data: &[u8]) -> Result<(), BlockError> {
-    file.write_all_at(data, offset)
-        .map_err(|source| BlockError::Write { offset, source })
+/// Where the cached clusters are written.
+enum Sink<'a> {
+    /// The image's O_DIRECT data descriptor.
+    Direct(&'a File),
+    /// The image's metadata-I/O seam.
+    Seam(&'a dyn MetaIo),
+}
+
+impl Sink<'_> {
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), BlockError> {
+        match self {
+            Sink::Direct(file) => file
+                .write_all_at(data, offset)
+                .map_err(|source| BlockError::Write { offset, source }),
+            Sink::Seam(io) => write_at(*io, MetaKind::GuestData, offset, data),
+        }
+    }
 }
 
 fn out_of_memory(offset: u64) -> BlockError {

@@ -20,6 +20,7 @@ use super::meta_io::{write_at, MetaKind};
 use super::refcount::{entries_per_block, write_refcount_entry};
 use crate::error::BlockError;
 use crate::formats::Compression;
+use crate::new_file::{open_for_create, FileIdentity};
 use crate::prealloc::{preallocate_range, Preallocation};
 
 /// Parameters of a new qcow2 image, already checked by the caller.
@@ -35,8 +36,8 @@ pub struct Qcow2Params {
     pub backing_file: Option<String>,
     pub backing_format: Option<String>,
     pub preallocation: Preallocation,
-    /// Files the new image must not be (see [`crate::create::FileIdentity`]).
-    pub sources: Vec<crate::create::FileIdentity>,
+    /// Files the new image must not be (see [`FileIdentity`]).
+    pub sources: Vec<FileIdentity>,
 }
 
 fn ext(buf: &mut Vec<u8>, ty: u32, data: &[u8]) {
@@ -158,7 +159,7 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         let off = rb_off + i * cs;
         rt[(i * 8) as usize..(i * 8 + 8) as usize].copy_from_slice(&off.to_be_bytes());
     }
-    let (file, _lock) = crate::create::open_for_create(path, &p.sources)?;
+    let (file, _lock) = open_for_create(path, &p.sources)?;
     write_at(&file, MetaKind::Header, 0, &hdr)?;
     write_at(&file, MetaKind::RefcountTable, rt_off, &rt)?;
     // Refcount blocks one at a time (a large preallocated image has many).

@@ -13,7 +13,6 @@
 
 use std::path::Path;
 
-use super::cow::CowJob;
 use super::features::INCOMPAT_CORRUPT;
 use super::header::OFF_INCOMPAT;
 use super::l2_entry::decode_l1;
@@ -21,6 +20,7 @@ use super::layout::MAX_L1_BYTES;
 use super::meta::MetaState;
 use super::meta_io::{read_at, sync, write_at, MetaKind};
 use super::overlap::MetadataMap;
+use super::plan_builder::CowJob;
 use super::snapshot_table::read_snapshot_table;
 use crate::error::BlockError;
 use crate::formats::{FileId, HostWrite};

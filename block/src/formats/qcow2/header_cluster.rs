@@ -32,33 +32,6 @@ pub(crate) fn current_header(meta: &MetaState) -> Result<Header, BlockError> {
     })
 }
 
-/// Puts the header cluster `old` back if a failed change replaced it
-/// (read, compared, written, synced); best effort, after a failure.
-/// Whether the file's header is `old` again (or still).
-pub(crate) fn restore_header_cluster(meta: &MetaState, old: &[u8]) -> bool {
-    let mut now = vec![0u8; old.len()];
-    if let Err(e) = meta.read(MetaKind::Header, 0, &mut now) {
-        log::error!(
-            "{}: could not read the header back: {e}",
-            meta.path.display()
-        );
-        return false;
-    }
-    if now == old {
-        return true;
-    }
-    match meta
-        .write(MetaKind::Header, 0, old)
-        .and_then(|()| meta.sync())
-    {
-        Ok(()) => true,
-        Err(e) => {
-            log::error!("{}: could not restore the header: {e}", meta.path.display());
-            false
-        }
-    }
-}
-
 /// A header cluster taken apart.
 #[derive(Clone, Debug)]
 pub(crate) struct HeaderCluster {
@@ -241,6 +214,9 @@ mod tests {
         }
         fn sync(&self) -> std::io::Result<()> {
             Ok(())
+        }
+        fn set_len(&self, _: u64) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(libc::EROFS))
         }
     }
 }

@@ -1,58 +1,44 @@
-//! `Qcow2Image`: an opened qcow2 image with its external data file and
-//! backing chain, and the open-time checks (feature bits, dirty and
-//! corrupt images, autoclear bits, locks).
+//! `Qcow2Image`: an open qcow2 image (`opener` opens it): its fixed
+//! `Chain` (files, backing image, header) and its `State` behind one
+//! mutex, held only while planning or committing, never during data I/O.
 //!
-//! Options and the image's opened descriptor enter; a `Qcow2Image` leaves.
-//! Its `Format` implementation is split over `read`, `write`, `zero` and
-//! `status`; they share the `State` behind one mutex held only while
-//! planning or committing, never during data I/O.
+//! Its methods are in three places: here, what every caller shares
+//! (locking, range and writability checks, the start and the finish of a
+//! metadata-changing plan, writing out the compressed-cluster cache, the
+//! test and benchmark switches); `queue`, the queue-facing `Format`; and
+//! `tools`, the owner's tool capabilities. The work itself is done by
+//! types that borrow the chain and the locked tables: the planners
+//! (`read`, `write`, `zero`, `status`, `queue_view`, `cow`) and the tool
+//! operations (`snapshot_ops`, `resize`, `compress_write`, `amend`,
+//! `bitmap_write`, `backing_rewrite`, `undo`).
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::backing::{open_backing, resolve, Backing};
-use super::compressed_cache::CompressedCache;
-use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN, COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
-use super::header::{Header, HeaderError, OFF_AUTOCLEAR, OFF_INCOMPAT};
-use super::inflight::InFlight;
-use super::meta::MetaState;
-use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
-use super::snapshot_table::{read_snapshot_table, TableLocation};
+use super::chain::Chain;
+use super::cow::CowReader;
+use super::features::COMPAT_LAZY_REFCOUNTS;
+use super::meta_io::MetaIo;
+use super::plan_builder::PlanBuilder;
+use super::state::{lock, State};
 use crate::error::BlockError;
-use crate::formats::FileId;
+use crate::formats::{Format, Waker, WriteOutcome, WritePlan};
 use crate::lock::ImageLock;
-use crate::options::DiskOptions;
 
-/// Everything that changes after open, behind one lock.
-pub(crate) struct State {
-    pub meta: MetaState,
-    pub inflight: InFlight,
-    /// Incompatible feature bits as currently on disk.
-    pub incompatible: u64,
-    /// Whether the image looks metadata-preallocated (decided on the
-    /// first block-status query; see `prealloc_detect`).
-    pub metadata_prealloc: Option<bool>,
-    /// Compressed clusters packed into host clusters, not yet written.
-    pub compressed: CompressedCache,
+/// Numbers images, so a view is only ever used with the image it was
+/// made for.
+static NEXT_IMAGE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh image id (taken when an image is opened).
+pub(crate) fn new_image_id() -> u64 {
+    NEXT_IMAGE_ID.fetch_add(1, Ordering::Relaxed)
 }
 
 pub struct Qcow2Image {
     /// Tells this open image from any other (queue views are bound to it).
     pub(crate) id: u64,
-    pub(crate) path: PathBuf,
-    /// This image, its data file (if any), then the backing chain's files.
-    pub(crate) files: Vec<Arc<File>>,
-    /// Buffered descriptors in the same order (metadata and COW reads).
-    pub(crate) cow_files: Vec<Arc<File>>,
-    pub(crate) backing: Option<Backing>,
-    /// FileId of the backing image's first file.
-    pub(crate) backing_base: u16,
-    /// Where guest data lives: FileId(0), or the external data file.
-    pub(crate) data_file: FileId,
-    pub(crate) header: Header,
+    /// Its files, backing image and header: fixed after open.
+    pub(crate) chain: Chain,
     pub(crate) readonly: bool,
     /// Opened to keep the persistent bitmaps valid: guest writes refused
     /// (`DiskOptions::keep_persistent_bitmaps`).
@@ -73,53 +59,6 @@ pub struct Qcow2Image {
     pub(crate) backing_unopened: bool,
 }
 
-fn header_error(path: &Path, e: HeaderError) -> BlockError {
-    match e {
-        HeaderError::Invalid(reason) => BlockError::InvalidImage {
-            path: path.to_owned(),
-            reason,
-        },
-        HeaderError::Unsupported(feature) => BlockError::Unsupported {
-            path: path.to_owned(),
-            feature,
-        },
-    }
-}
-
-/// Reads and validates the header of the image behind `file`.
-pub(crate) fn read_header(file: &File, path: &Path) -> Result<(Header, u64), BlockError> {
-    read_header_with(file, path, true)
-}
-
-/// [`read_header`]; `strict_tables` as in [`Header::parse_with`].
-pub(crate) fn read_header_with(
-    file: &File,
-    path: &Path,
-    strict_tables: bool,
-) -> Result<(Header, u64), BlockError> {
-    let file_size = crate::formats::raw::file_size(file).map_err(|source| BlockError::Open {
-        path: path.to_owned(),
-        source,
-    })?;
-    let mut probe = vec![0u8; 512.min(file_size) as usize];
-    read_at(file, MetaKind::Header, 0, &mut probe)?;
-    let cluster_bits = probe
-        .get(20..24)
-        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-    if !(super::header::MIN_CLUSTER_BITS..=super::header::MAX_CLUSTER_BITS).contains(&cluster_bits)
-    {
-        // Let the parser name what is wrong with the short buffer.
-        return Header::parse_with(&probe, file_size, strict_tables)
-            .map(|h| (h, file_size))
-            .map_err(|e| header_error(path, e));
-    }
-    let mut buf = vec![0u8; (1u64 << cluster_bits).min(file_size) as usize];
-    read_at(file, MetaKind::Header, 0, &mut buf)?;
-    Header::parse_with(&buf, file_size, strict_tables)
-        .map(|h| (h, file_size))
-        .map_err(|e| header_error(path, e))
-}
-
 impl Drop for Qcow2Image {
     /// Publishes committed writes whose L2 entries are still only cached,
     /// so dropping without `close` loses nothing the guest saw complete.
@@ -131,298 +70,32 @@ impl Drop for Qcow2Image {
         if let Err(e) = st.meta.flush_dirty() {
             log::error!(
                 "{}: writing cached L2 entries failed: {e}",
-                self.path.display()
+                self.chain.path.display()
             );
         }
         if let Err(e) = st.meta.trim_reserve() {
-            log::warn!("{}: {e}", self.path.display());
+            log::warn!("{}: {e}", self.chain.path.display());
         }
     }
 }
 
-/// The smallest unit the page cache tracks; a cluster smaller than this
-/// shares its page with other clusters.
-const PAGE_SIZE: u64 = 4096;
+/// How a metadata-changing plan starts (see [`Qcow2Image::begin_update`]).
+pub(crate) enum UpdateStart<'a> {
+    /// Plan under this lock.
+    Locked(MutexGuard<'a, State>),
+    /// Nothing to plan: the outcome is already known.
+    Decided(WriteOutcome),
+}
 
 impl Qcow2Image {
-    /// Refuses O_DIRECT writes to an image whose clusters are smaller than
-    /// a page and whose data lives in the image file itself. Metadata goes
-    /// through a buffered descriptor; with such clusters an L2 table or a
-    /// refcount block can share a page with guest data written directly.
-    /// A direct write that lands while that page is dirty in the page cache
-    /// cannot drop the cached copy: Linux fails the next fdatasync with EIO
-    /// and may later write the stale cached bytes back over the new data
-    /// (seen in the replay test, docs/qcow2.md). Refusing is the only safe
-    /// answer that does not change the cache mode behind the user's back.
-    fn check_direct_writes(opts: &DiskOptions, header: &Header) -> Result<(), BlockError> {
-        if opts.direct && header.data_file.is_none() && header.cluster_size() < PAGE_SIZE {
-            return Err(BlockError::Unsupported {
-                path: opts.path.clone(),
-                feature: format!(
-                    "writing with O_DIRECT (direct=on, cache=none or directsync) to an image with {}-byte clusters (smaller than a {PAGE_SIZE}-byte page, so metadata and data share pages); open it with a buffered cache mode (writeback, writethrough, unsafe) or read-only",
-                    header.cluster_size()
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// Opens the top image of a chain; `file` was opened with `opts`.
-    pub fn open(opts: &DiskOptions, file: File) -> Result<Self, BlockError> {
-        let canon = opts
-            .path
-            .canonicalize()
-            .map_err(|source| BlockError::Open {
-                path: opts.path.clone(),
-                source,
-            })?;
-        Self::open_chain(opts, file, &mut vec![canon])
-    }
-
-    pub(crate) fn open_chain(
-        opts: &DiskOptions,
-        file: File,
-        chain: &mut Vec<PathBuf>,
-    ) -> Result<Self, BlockError> {
-        let path = opts.path.clone();
-        let lock = (opts.lock)
-            .then(|| crate::lock::lock_image(&file, &path, opts.lock_mode()))
-            .transpose()?;
-        let meta_file = OpenOptions::new()
-            .read(true)
-            .write(!opts.readonly)
-            .open(&path)
-            .map_err(|source| BlockError::Open {
-                path: path.clone(),
-                source,
-            })?;
-        let (mut header, mut file_size) = read_header(&meta_file, &path)?;
-        // As qemu, refuse a bitmap directory it would refuse to load.
-        super::bitmap_directory::bitmaps_of(&meta_file, &header, file_size).map_err(|reason| {
-            BlockError::InvalidImage {
-                path: path.clone(),
-                reason,
-            }
-        })?;
-        // As qemu, refuse a snapshot table beyond its limits (the count,
-        // the table's size, each entry's extra data).
-        read_snapshot_table(&meta_file, TableLocation::of(&header), file_size).map_err(
-            |reason| BlockError::InvalidImage {
-                path: path.clone(),
-                reason,
-            },
-        )?;
-        if !opts.readonly {
-            Self::check_writable_open(&path, &header)?;
-            Self::check_direct_writes(opts, &header)?;
-            if header.dirty() {
-                Self::repair_dirty(&path)?;
-                (header, file_size) = read_header(&meta_file, &path)?;
-                Self::check_writable_open(&path, &header)?;
-                if header.dirty() {
-                    return Err(BlockError::InvalidImage {
-                        path,
-                        reason: "image is still dirty after repairing its refcounts".into(),
-                    });
-                }
-            }
-            let known = match opts.keep_persistent_bitmaps {
-                true => AUTOCLEAR_KNOWN | AUTOCLEAR_BITMAPS,
-                false => AUTOCLEAR_KNOWN,
-            };
-            let autoclear = header.autoclear & known;
-            if header.version >= 3 && autoclear != header.autoclear {
-                if header.autoclear & AUTOCLEAR_BITMAPS != 0 {
-                    // Say so: backup tools that rely on the bitmaps will
-                    // find them gone (qemu drops them on its next open).
-                    log::warn!(
-                        "{}: its persistent dirty bitmaps become invalid: they are not updated by this program",
-                        path.display()
-                    );
-                }
-                write_at(
-                    &meta_file,
-                    MetaKind::Header,
-                    OFF_AUTOCLEAR,
-                    &autoclear.to_be_bytes(),
-                )?;
-                header.autoclear = autoclear;
-            }
-        }
-        let mut files = vec![Arc::new(file)];
-        let meta_file = Arc::new(meta_file);
-        let mut cow_files = vec![Arc::clone(&meta_file)];
-        let mut data_file = FileId(0);
-        let mut data_file_lock = None;
-        if let Some(name) = header.data_file.clone() {
-            let dpath = resolve(&path, &name);
-            let mut o = OpenOptions::new();
-            o.read(true).write(!opts.readonly);
-            if opts.direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
-            let f = o.open(&dpath).map_err(|source| BlockError::Open {
-                path: dpath.clone(),
-                source,
-            })?;
-            let b = File::open(&dpath).map_err(|source| BlockError::Open {
-                path: dpath.clone(),
-                source,
-            })?;
-            data_file_lock = (opts.lock)
-                .then(|| crate::lock::lock_image(&f, &dpath, opts.lock_mode()))
-                .transpose()?;
-            data_file = FileId(files.len() as u16);
-            files.push(Arc::new(f));
-            cow_files.push(Arc::new(b));
-        }
-        let backing_base = files.len() as u16;
-        let backing = match header.backing_file.clone() {
-            Some(name) if !opts.no_backing => Some(open_backing(
-                &path,
-                &name,
-                header.backing_format.as_deref(),
-                opts,
-                chain,
-            )?),
-            _ => None,
-        };
-        if let Some(b) = &backing {
-            if files.len() + b.image.files().len() > usize::from(u16::MAX) {
-                return Err(BlockError::InvalidImage {
-                    path,
-                    reason: "too many files in the chain".into(),
-                });
-            }
-            files.extend(b.image.files().iter().cloned());
-            cow_files.extend(b.cow_files.iter().cloned());
-        }
-        let backing_unopened = opts.no_backing && !opts.readonly && header.backing_file.is_some();
-        let mut meta = MetaState::load(&header, meta_file, path.clone(), file_size)?;
-        // cache=unsafe skips every flush, the ordering barriers between
-        // dependent metadata writes and at close included, as QEMU's
-        // BDRV_O_NO_FLUSH does: a crash may then leave anything.
-        meta.barriers = opts.cache.flushes();
-        let image = Qcow2Image {
-            id: super::queue_view::new_image_id(),
-            size: AtomicU64::new(header.size),
-            compressed_cached: AtomicBool::new(false),
-            state: Mutex::new(State {
-                meta,
-                inflight: InFlight::default(),
-                incompatible: header.incompatible,
-                metadata_prealloc: None,
-                compressed: CompressedCache::default(),
-            }),
-            path,
-            files,
-            cow_files,
-            backing,
-            backing_base,
-            data_file,
-            header,
-            readonly: opts.readonly,
-            keeps_bitmaps: opts.keep_persistent_bitmaps,
-            _lock: lock,
-            _data_file_lock: data_file_lock,
-            backing_unopened,
-        };
-        if let Some(which) = &opts.snapshot {
-            image.view_snapshot(which)?;
-        }
-        Ok(image)
-    }
-
-    /// Read-write opens refuse images whose metadata cannot be trusted.
-    fn check_writable_open(path: &Path, h: &Header) -> Result<(), BlockError> {
-        let refuse = |reason: &str| BlockError::InvalidImage {
-            path: path.to_owned(),
-            reason: reason.into(),
-        };
-        if h.corrupt() {
-            return Err(refuse(&format!(
-                "refusing a read-write open: {}",
-                super::guard::REPAIR_HINT
-            )));
-        }
-        Ok(())
-    }
-
-    /// Rebuilds the refcounts of an image left dirty by a crash with lazy
-    /// refcounts (from its L1/L2 tables, as qemu does on open), which
-    /// also clears the dirty bit. We already hold the writer's lock.
-    fn repair_dirty(path: &Path) -> Result<(), BlockError> {
-        let report = super::check::check_qcow2(path, Some(super::check::Repair::All))?;
-        if report.corruptions != 0 || report.check_errors != 0 {
-            return Err(BlockError::InvalidImage {
-                path: path.to_owned(),
-                reason: format!(
-                    "image is dirty and repairing its refcounts left {} corruptions and {} check errors; \
-                     run qemu-img check -r all",
-                    report.corruptions, report.check_errors
-                ),
-            });
-        }
-        log::warn!(
-            "{}: image was not closed cleanly (lazy refcounts); rebuilt its refcounts \
-             ({} corruptions and {} leaks fixed) and cleared the dirty bit",
-            path.display(),
-            report.corruptions_fixed,
-            report.leaks_fixed
-        );
-        Ok(())
-    }
-
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the metadata half
-        // written in memory (every update is written through first), so a
-        // poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Buffered descriptors parallel to `files()`.
-    pub(crate) fn cow_files(&self) -> &[Arc<File>] {
-        &self.cow_files
-    }
-
-    /// Images below this one.
-    pub(crate) fn backing_layers(&self) -> u32 {
-        self.backing.as_ref().map_or(0, |b| b.layers)
-    }
-
-    pub(crate) fn cluster_size(&self) -> u64 {
-        self.header.cluster_size()
+        lock(&self.state)
     }
 
     /// Sets the dirty bit before the first metadata change of a
     /// lazy-refcounts image.
     pub(crate) fn mark_dirty(&self, st: &mut State) -> Result<(), BlockError> {
-        if self.header.compatible & COMPAT_LAZY_REFCOUNTS == 0
-            || st.incompatible & INCOMPAT_DIRTY != 0
-        {
-            return Ok(());
-        }
-        let v = st.incompatible | INCOMPAT_DIRTY;
-        st.meta
-            .write(MetaKind::Header, OFF_INCOMPAT, &v.to_be_bytes())?;
-        ordering_sync(&st.meta)?;
-        st.incompatible = v;
-        Ok(())
-    }
-
-    /// Clears the dirty bit after everything reached the disk.
-    pub(crate) fn mark_clean(&self, st: &mut State) -> Result<(), BlockError> {
-        // A corrupt image keeps its bits for `check -r all` to clear.
-        if st.incompatible & INCOMPAT_DIRTY == 0 || self.readonly || st.meta.is_corrupt() {
-            return Ok(());
-        }
-        ordering_sync(&st.meta)?;
-        let v = st.incompatible & !INCOMPAT_DIRTY;
-        st.meta
-            .write(MetaKind::Header, OFF_INCOMPAT, &v.to_be_bytes())?;
-        ordering_sync(&st.meta)?;
-        st.incompatible = v;
-        Ok(())
+        st.mark_dirty(self.chain.header.compatible & COMPAT_LAZY_REFCOUNTS != 0)
     }
 
     /// Replaces the image's metadata-I/O seam: `wrap` gets the current
@@ -453,8 +126,118 @@ impl Qcow2Image {
         self.lock().meta.barriers = on;
     }
 
+    /// The common start of every metadata-changing plan (write,
+    /// write-zeroes, discard): the range is checked, an empty range is
+    /// done, a range overlapping an allocation in flight is blocked (the
+    /// waker is kept), and otherwise the image is marked dirty and the
+    /// locked state is handed to the planner.
+    pub(crate) fn begin_update(
+        &self,
+        offset: u64,
+        len: u64,
+        waker: &Waker,
+    ) -> Result<UpdateStart<'_>, BlockError> {
+        self.check_writable(offset, len)?;
+        if len == 0 {
+            return Ok(UpdateStart::Decided(WriteOutcome::Ready(
+                WritePlan::default(),
+            )));
+        }
+        let mut st = self.lock();
+        if self.blocked(&mut st, offset, len, waker) {
+            return Ok(UpdateStart::Decided(WriteOutcome::Blocked));
+        }
+        self.mark_dirty(&mut st)?;
+        Ok(UpdateStart::Locked(st))
+    }
+
+    /// Registers `waker` and says so when the range overlaps an allocation
+    /// in flight.
+    fn blocked(&self, st: &mut State, offset: u64, len: u64, waker: &Waker) -> bool {
+        let cb = self.chain.header.cluster_bits;
+        let (first, last) = (offset >> cb, (offset + len - 1) >> cb);
+        if st.inflight.overlaps(first, last) {
+            st.inflight.wait(waker);
+            return true;
+        }
+        false
+    }
+
+    /// Registers the plan's pending commit (its clusters become busy),
+    /// then, without the metadata lock, reads the copy-on-write sources
+    /// and adds their data writes; a failed read aborts the commit.
+    pub(crate) fn finish_plan(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        mut b: PlanBuilder,
+    ) -> Result<WriteOutcome, BlockError> {
+        // Nothing overwrites metadata (a hostile L2 entry, wrong refcounts):
+        // refused before anything is queued; the clusters allocated for
+        // the plan leak (the image is now marked corrupt).
+        st.meta.check_plan(&b.ops, &b.cow, self.chain.data_file)?;
+        let jobs = std::mem::take(&mut b.cow);
+        let frees_clusters = !b.pending.release.is_empty();
+        let commit = if b.pending.is_empty() {
+            None
+        } else {
+            Some(st.inflight.start(std::mem::take(&mut b.pending)))
+        };
+        drop(st);
+        if let Err(e) = CowReader::new(&self.chain).fill(jobs, &mut b) {
+            if let Some(c) = commit {
+                Format::abort(self, c);
+            }
+            return Err(e);
+        }
+        Ok(WriteOutcome::Ready(WritePlan {
+            ops: b.ops,
+            commit,
+            frees_clusters,
+        }))
+    }
+
+    /// Writes every cached compressed cluster (padded) and publishes their
+    /// L2 entries; before a flush, a close or a resize.
+    pub(crate) fn write_out_compressed(&self) -> Result<(), BlockError> {
+        if !self.compressed_cached.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        let State {
+            meta, compressed, ..
+        } = &mut *st;
+        compressed.write_out(meta, &self.chain.files[0], true)
+    }
+
+    /// Writes the cache out when guest clusters in `offset..offset+len`
+    /// still have their compressed data only there (a write or a discard
+    /// of them must see it mapped; reads take the cached bytes instead).
+    pub(crate) fn write_out_compressed_in(&self, offset: u64, len: u64) -> Result<(), BlockError> {
+        if !self.compressed_cached.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let cs = self.chain.header.cluster_size();
+        let mut st = self.lock();
+        if !st.compressed.overlaps(offset, len, cs) {
+            return Ok(());
+        }
+        let State {
+            meta, compressed, ..
+        } = &mut *st;
+        compressed.write_out(meta, &self.chain.files[0], true)
+    }
+
+    /// The lock of an image a tool may change (refused on read-only
+    /// opens).
+    pub(crate) fn lock_writable(&self) -> Result<MutexGuard<'_, State>, BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        Ok(self.lock())
+    }
+
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+        let size = self.size.load(Ordering::Acquire);
         match offset.checked_add(len) {
             Some(end) if end <= size => Ok(()),
             _ => Err(BlockError::OutOfRange { offset, len, size }),
@@ -477,19 +260,10 @@ impl Qcow2Image {
     pub(crate) fn check_backing_opened(&self) -> Result<(), BlockError> {
         if self.backing_unopened {
             return Err(BlockError::Unsupported {
-                path: self.path.clone(),
+                path: self.chain.path.clone(),
                 feature: "changing the disk of an image opened without its backing chain".into(),
             });
         }
         Ok(())
     }
-}
-
-/// An fdatasync that orders metadata writes, skipped when barriers are
-/// off (cache=unsafe, benchmarks).
-fn ordering_sync(meta: &MetaState) -> Result<(), BlockError> {
-    if meta.barriers {
-        meta.sync()?;
-    }
-    Ok(())
 }

@@ -17,7 +17,6 @@
 //! - `ch-img measure`: [`Geometry::fully_allocated`] and
 //!   [`bitmaps_size`], counted as `qemu-img measure` counts them.
 
-use super::bitmap_directory::BitmapEntry;
 use super::refcount::entries_per_block;
 
 /// The largest L1 table qemu opens (32 MiB); a larger disk needs bigger
@@ -33,6 +32,15 @@ const TABLE_ENTRY: u64 = 8;
 
 /// The fields of a bitmap directory entry before its name (qcow2 spec).
 const BITMAP_ENTRY_HEADER: u64 = 24;
+
+/// What sizing a persistent bitmap needs from its directory entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BitmapShape {
+    /// One bit covers `1 << granularity_bits` bytes of the disk.
+    pub granularity_bits: u8,
+    /// Bytes of the bitmap's name.
+    pub name_len: u16,
+}
 
 /// The geometry of a qcow2 image, as its creation options set it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,7 +175,11 @@ pub fn refcount_structures(
 /// the bitmap directory in whole clusters.
 /// A granularity past 2^63 bytes (a hostile directory) covers the disk
 /// with one bit.
-pub fn bitmaps_size(bitmaps: &[BitmapEntry], disk_size: u64, cluster_size: u64) -> u64 {
+pub fn bitmaps_size(
+    bitmaps: impl IntoIterator<Item = BitmapShape>,
+    disk_size: u64,
+    cluster_size: u64,
+) -> u64 {
     let mut total = 0;
     let mut directory = 0;
     for b in bitmaps {
@@ -201,16 +213,10 @@ mod tests {
         }
     }
 
-    fn bitmap(name_len: u16, granularity_bits: u8) -> BitmapEntry {
-        BitmapEntry {
-            table_offset: 0,
-            table_entries: 0,
-            flags: 0,
+    fn bitmap(name_len: u16, granularity_bits: u8) -> BitmapShape {
+        BitmapShape {
             granularity_bits,
             name_len,
-            bitmap_type: 1,
-            extra_data_size: 0,
-            name: String::new(),
         }
     }
 
@@ -348,13 +354,13 @@ mod tests {
     fn bitmaps_take_data_table_and_directory_clusters() {
         let bitmaps = [bitmap(2, 16), bitmap(40, 9)];
         // 100 MiB: 200 and 25600 bytes of bits.
-        assert_eq!(bitmaps_size(&bitmaps, 100 << 20, 65536), 5 * 65536);
+        assert_eq!(bitmaps_size(bitmaps, 100 << 20, 65536), 5 * 65536);
         assert_eq!(
-            bitmaps_size(&bitmaps, 100 << 20, 512),
+            bitmaps_size(bitmaps, 100 << 20, 512),
             (512 + 512) + (50 * 512 + 512) + 512
         );
-        assert_eq!(bitmaps_size(&[], 100 << 20, 65536), 0);
+        assert_eq!(bitmaps_size([], 100 << 20, 65536), 0);
         // A granularity past the disk: one bit, one data cluster.
-        assert_eq!(bitmaps_size(&[bitmap(2, 64)], 100 << 20, 65536), 3 * 65536);
+        assert_eq!(bitmaps_size([bitmap(2, 64)], 100 << 20, 65536), 3 * 65536);
     }
 }

@@ -1,6 +1,7 @@
-//! The mutable metadata of one open qcow2 image: geometry, the L1 and
-//! refcount tables, and the L2 / refcount-block caches; lookups and
-//! write-through updates of L1 and L2 entries.
+//! The mutable metadata of one open qcow2 image: the L1 and refcount
+//! tables, and the L2 / refcount-block caches; lookups and write-through
+//! updates of L1 and L2 entries (the image's fixed layout and the decoding
+//! of entries with it are `geometry`).
 //!
 //! Guest offsets enter; raw table entries leave (decoded by `l2_entry`).
 //! Table changes are written to the image (through the metadata-I/O seam,
@@ -13,59 +14,18 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::cache::TableCache;
+use super::geometry::{checked_entry, raw_entry, Geometry};
 use super::header::{within, Header};
-use super::l2_entry::{decode_l1, decode_l2_in, L2Entry, OFLAG_COPIED};
+use super::l2_entry::{decode_l1, L2Entry, OFLAG_COPIED};
 use super::meta_io::{be64_at, read_at, MetaIo, MetaKind};
 use super::overlap::MetadataMap;
 use super::published::Published;
-use super::refcount::entries_per_block;
 use super::snapshot_table::TableLocation;
 use crate::error::BlockError;
-use crate::formats::Compression;
-
-/// Fixed facts of an image's layout.
-#[derive(Clone, Debug)]
-pub(crate) struct Geometry {
-    pub cluster_bits: u32,
-    pub cluster_size: u64,
-    pub version: u32,
-    pub extended_l2: bool,
-    /// Bytes per L2 entry (8, or 16 with extended L2).
-    pub l2_entry_size: u64,
-    pub l2_entries: u64,
-    pub refcount_order: u32,
-    pub rb_entries: u64,
-    pub compression: Compression,
-    /// Guest data lives in an external data file, at host offset = guest
-    /// offset, not refcounted.
-    pub data_file: bool,
-}
-
-impl Geometry {
-    pub fn from_header(h: &Header) -> Self {
-        Geometry {
-            cluster_bits: h.cluster_bits,
-            cluster_size: h.cluster_size(),
-            version: h.version,
-            extended_l2: h.extended_l2(),
-            l2_entry_size: h.l2_entry_size(),
-            l2_entries: h.cluster_size() / h.l2_entry_size(),
-            refcount_order: h.refcount_order,
-            rb_entries: entries_per_block(h.cluster_bits, h.refcount_order),
-            compression: h.compression,
-            data_file: h.has_data_file(),
-        }
-    }
-
-    /// Guest bytes mapped by one L2 table.
-    pub fn l2_coverage(&self) -> u64 {
-        self.l2_entries << self.cluster_bits
-    }
-}
 
 /// Bytes of metadata tables the caches may hold, per cache.
 const L2_CACHE_BYTES: u64 = 4 << 20;
@@ -138,79 +98,19 @@ pub(crate) struct MetaState {
     pub overlap_checks: bool,
 }
 
-/// Decodes the raw L2 entry (and subcluster bitmap) of the cluster holding
-/// `guest` and checks its host offsets against a file of `file_size`
-/// bytes (or, with an external data file, against the guest offset).
-pub(crate) fn checked_entry(
-    g: &Geometry,
-    path: &Path,
-    file_size: u64,
-    guest: u64,
-    raw: u64,
-    bitmap: u64,
-) -> Result<(L2Entry, u64), BlockError> {
-    let invalid = |reason: String| BlockError::InvalidImage {
-        path: path.to_owned(),
-        reason,
-    };
-    let e = decode_l2_in(raw, g.cluster_bits, g.version, g.extended_l2, g.data_file)
-        .map_err(|r| invalid(format!("guest offset {guest:#x}: {r}")))?;
-    if g.data_file {
-        return match e {
-            L2Entry::Compressed(_) => Err(invalid(
-                "compressed cluster in an image with a data file".into(),
-            )),
-            L2Entry::Normal { host, .. }
-            | L2Entry::Zero {
-                host: Some(host), ..
-            } if host != guest & !(g.cluster_size - 1) => Err(invalid(format!(
-                "guest offset {guest:#x} maps to data file offset {host:#x}"
-            ))),
-            _ => Ok((e, bitmap)),
-        };
-    }
-    // A data cluster past the file's last cluster is hostile (qemu
-    // writes a cluster's data before publishing it).
-    let limit = file_size.div_ceil(g.cluster_size) * g.cluster_size;
-    let host = match e {
-        L2Entry::Normal { host, .. }
-        | L2Entry::Zero {
-            host: Some(host), ..
-        } => Some(host),
-        L2Entry::Compressed(d) => Some(d.host_offset),
-        _ => None,
-    };
-    if let Some(h) = host.filter(|h| *h >= limit) {
-        return Err(invalid(format!(
-            "guest offset {guest:#x} maps to {h:#x}, beyond the end of the file"
-        )));
-    }
-    Ok((e, bitmap))
-}
-
-/// The raw entry and subcluster bitmap (0 unless extended L2) at index
-/// `i2` of an L2 table's bytes.
-pub(crate) fn raw_entry(g: &Geometry, table: &[u8], i2: usize) -> (u64, u64) {
-    let words = (g.l2_entry_size / 8) as usize;
-    let raw = be64_at(table, i2 * words);
-    let bitmap = if words == 2 {
-        be64_at(table, i2 * 2 + 1)
-    } else {
-        0
-    };
-    (raw, bitmap)
-}
-
 impl MetaState {
+    /// The tables of the image whose header is `h`, read through `io`
+    /// (the image's metadata-I/O seam on `file`, its buffered descriptor).
     pub fn load(
         h: &Header,
         file: Arc<File>,
+        io: Arc<dyn MetaIo>,
         path: PathBuf,
         file_size: u64,
     ) -> Result<Self, BlockError> {
         let g = Geometry::from_header(h);
         let mut l1_bytes = vec![0u8; h.l1_size as usize * 8];
-        read_at(&*file, MetaKind::L1Table, h.l1_table_offset, &mut l1_bytes)?;
+        read_at(&*io, MetaKind::L1Table, h.l1_table_offset, &mut l1_bytes)?;
         let l1 = Published::new(
             (0..h.l1_size as usize)
                 .map(|i| be64_at(&l1_bytes, i))
@@ -219,7 +119,7 @@ impl MetaState {
         let rt_len = (u64::from(h.refcount_table_clusters) * g.cluster_size / 8) as usize;
         let mut rt_bytes = vec![0u8; rt_len * 8];
         read_at(
-            &*file,
+            &*io,
             MetaKind::RefcountTable,
             h.refcount_table_offset,
             &mut rt_bytes,
@@ -233,7 +133,7 @@ impl MetaState {
             rb_cache: TableCache::new(tables(RB_CACHE_BYTES)),
             g,
             path,
-            io: Arc::clone(&file) as Arc<dyn MetaIo>,
+            io,
             file,
             file_size,
             reserved_end: file_size,
@@ -540,6 +440,18 @@ impl MetaState {
             self.deferred_release.push((off >> self.g.cluster_bits, 1));
         }
         Ok(new)
+    }
+
+    /// Makes everything before durable, then writes `new_size` into the
+    /// header (the L1 table must already cover it); the caller then takes
+    /// it as the disk's size.
+    pub fn write_disk_size(&mut self, new_size: u64) -> Result<(), BlockError> {
+        self.barrier()?;
+        self.write(
+            MetaKind::Header,
+            super::header::OFF_SIZE,
+            &new_size.to_be_bytes(),
+        )
     }
 
     /// Replaces the L1 table (grown to `new_len` entries) at a new place;

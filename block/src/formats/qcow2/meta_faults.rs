@@ -1,6 +1,6 @@
 //! A fault-injecting [`MetaIo`] for tests: wraps an image's metadata I/O
 //! and fails the Nth write (of one kind, or of any) with an errno, shortens
-//! it, or fails the Nth fdatasync. Install it on an opened image with
+//! it, or fails the Nth read, fdatasync or change of the file's length. Install it on an opened image with
 //! `Qcow2Image::wrap_meta_io`.
 //!
 //! A list of [`MetaFault`]s enters; transfers pass through to the wrapped
@@ -29,6 +29,8 @@ pub enum FaultTarget {
     Read { kind: Option<MetaKind>, nth: u64 },
     /// The Nth fdatasync (1-based).
     Sync { nth: u64 },
+    /// The Nth change of the file's length (1-based).
+    SetLen { nth: u64 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +55,22 @@ impl MetaFault {
             effect: FaultEffect::Errno(errno),
         }
     }
+
+    /// The Nth read of `kind` fails with `errno`.
+    pub fn fail_read(kind: Option<MetaKind>, nth: u64, errno: i32) -> Self {
+        MetaFault {
+            target: FaultTarget::Read { kind, nth },
+            effect: FaultEffect::Errno(errno),
+        }
+    }
+
+    /// The Nth change of the file's length fails with `errno`.
+    pub fn fail_set_len(nth: u64, errno: i32) -> Self {
+        MetaFault {
+            target: FaultTarget::SetLen { nth },
+            effect: FaultEffect::Errno(errno),
+        }
+    }
 }
 
 /// Transfers seen so far, and how many faults fired.
@@ -61,6 +79,7 @@ pub struct MetaIoStats {
     pub reads: u64,
     pub writes: u64,
     pub syncs: u64,
+    pub set_lens: u64,
     pub fired: u64,
 }
 
@@ -79,6 +98,7 @@ enum Op {
     Read(MetaKind),
     Write(MetaKind),
     Sync,
+    SetLen,
 }
 
 impl FaultyMetaIo {
@@ -113,6 +133,7 @@ impl FaultyMetaIo {
             Op::Read(_) => stats.reads += 1,
             Op::Write(_) => stats.writes += 1,
             Op::Sync => stats.syncs += 1,
+            Op::SetLen => stats.set_lens += 1,
         }
         let mut effect = None;
         for a in armed.iter_mut().filter(|a| !a.done) {
@@ -123,7 +144,8 @@ impl FaultyMetaIo {
                 {
                     nth
                 }
-                (FaultTarget::Sync { nth }, Op::Sync) => nth,
+                (FaultTarget::Sync { nth }, Op::Sync)
+                | (FaultTarget::SetLen { nth }, Op::SetLen) => nth,
                 _ => continue,
             };
             a.seen += 1;
@@ -161,6 +183,13 @@ impl MetaIo for FaultyMetaIo {
         match self.pick(Op::Sync) {
             Some(FaultEffect::Errno(e)) => Err(io::Error::from_raw_os_error(e)),
             _ => self.inner.sync(),
+        }
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        match self.pick(Op::SetLen) {
+            Some(FaultEffect::Errno(e)) => Err(io::Error::from_raw_os_error(e)),
+            _ => self.inner.set_len(len),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The metadata-I/O seam: every qcow2 metadata read, write and barrier
 //! (headers, L1/L2 tables, refcount tables and blocks, snapshot tables,
-//! copy-on-write sources, compressed clusters written inline) goes through
-//! one small trait, [`MetaIo`], owned by the open image.
+//! copy-on-write sources, compressed clusters written inline) and every
+//! change of the image file's length goes through one small trait,
+//! [`MetaIo`], owned by the open image. README.md and docs/io-engines.md
+//! list what does not, and why.
 //!
 //! The default implementation is the image's buffered descriptor
 //! (`impl MetaIo for File`); tests install a fault-injecting one
@@ -67,6 +69,9 @@ pub trait MetaIo: Send + Sync {
     fn write_at(&self, kind: MetaKind, buf: &[u8], offset: u64) -> io::Result<usize>;
     /// Makes every write so far durable (fdatasync).
     fn sync(&self) -> io::Result<()>;
+    /// Sets the file's length (ftruncate): the headroom kept ahead of
+    /// allocation (`reserve`), and cutting the file back (undo).
+    fn set_len(&self, len: u64) -> io::Result<()>;
 }
 
 impl MetaIo for File {
@@ -81,6 +86,10 @@ impl MetaIo for File {
     fn sync(&self) -> io::Result<()> {
         self.sync_data()
     }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        File::set_len(self, len)
+    }
 }
 
 impl<T: MetaIo + ?Sized> MetaIo for Arc<T> {
@@ -94,6 +103,10 @@ impl<T: MetaIo + ?Sized> MetaIo for Arc<T> {
 
     fn sync(&self) -> io::Result<()> {
         (**self).sync()
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        (**self).set_len(len)
     }
 }
 
@@ -152,6 +165,15 @@ pub(crate) fn write_at(
 
 pub(crate) fn sync(io: &dyn MetaIo) -> Result<(), BlockError> {
     io.sync().map_err(BlockError::Flush)
+}
+
+/// Sets the file's length to `len`; `why` names the change in the error
+/// (a failure is a metadata write that failed).
+pub(crate) fn set_len(io: &dyn MetaIo, len: u64, why: &str) -> Result<(), BlockError> {
+    io.set_len(len).map_err(|source| BlockError::MetadataWrite {
+        what: format!("image size ({why})"),
+        source,
+    })
 }
 
 pub(crate) fn be64_at(b: &[u8], index: usize) -> u64 {

@@ -1,40 +1,53 @@
 //! The qcow2 image format (versions 2 and 3), read and write.
 //!
 //! Layout of this folder, one job per file:
-//! - `header`, `features`: the header, its extensions and feature bits;
+//! - `image`: [`Qcow2Image`], an open image: its fixed `chain` (files,
+//!   backing image, the header it was opened with) and its `state` (the
+//!   tables and caches, behind one lock); its methods are in `image`
+//!   (what every caller shares), `queue` (the queue-facing
+//!   [`crate::formats::Format`]) and `tools` (the tool capabilities of
+//!   [`crate::formats::tools`]), each a thin front over the types below;
+//! - `opener`: [`open_qcow2`], the checks at open (the dirty-image repair
+//!   runs before the image is built), the data file and the backing
+//!   chain (`backing` finds and checks each backing file);
+//! - `header` (with `header/bitmaps`), `header_cluster`, `features`: the
+//!   header, its extensions and feature bits, read and rewritten;
 //! - `layout`: the layout arithmetic (L1 and L2 tables per disk, the
 //!   refcount structures' fixed point, bytes of a fully allocated image,
 //!   qemu's table limits), pure and shared by `create`, `check`, `amend`
 //!   and `ch-img measure`;
-//! - `l2_entry`, `refcount`: decoding table entries (reused by `check`);
-//! - `cache`, `meta`, `alloc`: the metadata tables, their bounded caches,
-//!   refcounts and cluster allocation;
+//! - `geometry`, `l2_entry`, `refcount`: an open image's fixed layout facts
+//!   and decoding table entries (reused by `check`);
+//! - `cache`, `published`, `meta`, `alloc`, `reserve`: the metadata tables,
+//!   their bounded caches (whose tables queues may hold snapshots of),
+//!   refcounts, cluster allocation and the file's size headroom;
 //! - `meta_io`, `meta_faults`: the metadata-I/O seam every metadata read,
-//!   write and barrier goes through, and its fault-injecting version;
+//!   write, barrier and size change goes through, and its fault-injecting
+//!   version;
 //! - `overlap`, `guard`: the map of metadata clusters and the check of
 //!   every write against it (refusal sets the corrupt bit);
 //! - `check`: `ch-img check` and its repairs;
+//! - planning, each a type that borrows the chain and (under the lock)
+//!   the tables: `read` (`ReadPlanner`), `queue_view` (a queue's
+//!   reads of allocated clusters without the lock), `write`, `zero`
+//!   (with the plan under construction in `plan_builder`), `cow` (old
+//!   contents read outside the lock), `status` (block status);
+//!   `inflight`: allocations whose L2 entries wait for their data;
 //! - `compressed`: compressed-cluster descriptors and inflating;
-//! - `compress_write`, `compressed_cache`: writing compressed clusters,
+//!   `compress_write`, `compressed_cache`: writing compressed clusters,
 //!   packed per host cluster in memory before they are written;
-//! - `inflight`: allocations whose L2 entries wait for their data;
-//! - `cow`: copy-on-write sources, read outside the metadata lock;
-//! - `reserve`: the file's size kept ahead of allocation;
-//! - `backing`, `image`: opening an image and its chain;
-//! - `queue`: the queue-facing [`crate::formats::Format`], each method
-//!   implemented there once, on the planners of `read`, `write`, `zero`
-//!   and the extent walk of `status`;
-//! - the tool capabilities of [`crate::formats::tools`], each in the file
-//!   of its logic: `snapshot_ops` (snapshots), `backing_rewrite`
-//!   (`rebase -u`, `make_empty`), `compress_write` (compressed clusters),
-//!   `resize` (grow and shrink), `amend` (version, refcount width and
-//!   feature changes, with `zero_expand`, `refcount_layout` and
-//!   `header_cluster`), persistent bitmaps (`bitmap_store` reads them,
-//!   `bitmap_write` changes them), `undo` (a failed tool operation puts
-//!   the file back); `snapshot_view` reads an internal snapshot in place
-//!   of the active disk (`convert -l`);
+//! - tool operations, each a type over the locked state: `snapshot_ops`
+//!   (with the tree walks of `tree`), `snapshot_view` (reading a snapshot
+//!   in place of the active disk, `convert -l`), `resize`,
+//!   `backing_rewrite` (`rebase -u`, `make_empty`), `amend` (with
+//!   `zero_expand` and `refcount_layout`), persistent bitmaps
+//!   (`bitmap_store` reads them, `bitmap_write` changes them), `undo`
+//!   (a failed tool operation puts the file back);
 //! - `create`: new images with qemu-img's defaults;
 //! - `plan_exec`: executing a read plan inline (COW sources, tests).
+//!
+//! No module here imports one that imports it back
+//! (`block/tests/module_cycles.rs`).
 //!
 //! Data enters as guest ranges and leaves as plans of host extents; the
 //! format itself only reads and writes metadata: allocations, refcounts,
@@ -50,6 +63,7 @@ pub(crate) mod bitmap_directory;
 pub(crate) mod bitmap_store;
 pub(crate) mod bitmap_write;
 pub(crate) mod cache;
+pub(crate) mod chain;
 pub(crate) mod check;
 pub(crate) mod compress_write;
 pub(crate) mod compressed;
@@ -57,6 +71,7 @@ pub(crate) mod compressed_cache;
 pub(crate) mod cow;
 pub(crate) mod create;
 pub(crate) mod features;
+pub(crate) mod geometry;
 pub(crate) mod guard;
 pub(crate) mod header;
 pub(crate) mod header_cluster;
@@ -67,7 +82,9 @@ pub mod layout;
 pub(crate) mod meta;
 pub mod meta_faults;
 pub mod meta_io;
+pub mod opener;
 pub(crate) mod overlap;
+pub(crate) mod plan_builder;
 pub(crate) mod plan_exec;
 pub(crate) mod prealloc_detect;
 pub(crate) mod published;
@@ -81,10 +98,14 @@ pub(crate) mod resize;
 pub(crate) mod snapshot_ops;
 pub(crate) mod snapshot_table;
 pub(crate) mod snapshot_view;
+pub(crate) mod state;
 pub(crate) mod status;
+pub(crate) mod tools;
+pub(crate) mod tree;
 pub(crate) mod undo;
 pub(crate) mod write;
 pub(crate) mod zero;
 pub(crate) mod zero_expand;
 
 pub use image::Qcow2Image;
+pub use opener::open_qcow2;

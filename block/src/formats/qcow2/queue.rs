@@ -1,7 +1,9 @@
 //! The queue-facing [`Format`] of a qcow2 image: what a running queue
 //! calls (plans, commit/abort, flush, block status) plus `info`, `name`
-//! and `close`. Each method is implemented here, once; the helpers it
-//! uses live in `read`, `write`, `zero` and `status`.
+//! and `close`. Each method is implemented here, once, over the planner
+//! types that do the work: `ReadPlanner` (`read`), `QueueView`
+//! (`queue_view`), `WritePlanner` (`write`), `ZeroPlanner` (`zero`) and
+//! `StatusWalker` (`status`).
 //!
 //! Guest ranges enter and leave as plans of host extents or block status;
 //! the metadata changes a plan needs are made under the image lock before
@@ -16,11 +18,16 @@ use std::sync::Arc;
 use super::bitmap_directory::bitmaps_in;
 use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::image::Qcow2Image;
-use super::prealloc_detect;
+use super::image::UpdateStart;
+use super::plan_builder::{PlanBuilder, Source};
+use super::queue_view::QueueView;
+use super::read::ReadPlanner;
 use super::snapshot_table::read_snapshot_table;
-use super::status::Kind;
-use super::write::{PlanBuilder, Source, UpdateStart};
+use super::status::StatusWalker;
+use super::write::WritePlanner;
+use super::zero::ZeroPlanner;
 use crate::error::BlockError;
+use crate::formats::holes::file_size;
 use crate::formats::{
     BlockStatus, Compression, FileId, Format, ImageInfo, PlanCache, ReadPlan, Waker, WriteCommit,
     WriteOutcome,
@@ -32,12 +39,13 @@ impl Format for Qcow2Image {
     }
 
     fn files(&self) -> &[Arc<File>] {
-        &self.files
+        &self.chain.files
     }
 
     /// The backing chain's NBD exports (a qcow2 file itself is local).
     fn remote_files(&self) -> &[Arc<crate::nbd::NbdFile>] {
-        self.backing
+        self.chain
+            .backing
             .as_ref()
             .map_or(&[], |b| b.image.remote_files())
     }
@@ -45,16 +53,17 @@ impl Format for Qcow2Image {
     fn flush_files(&self) -> Vec<FileId> {
         if self.readonly {
             Vec::new()
-        } else if self.data_file != FileId(0) {
-            vec![FileId(0), self.data_file]
+        } else if self.chain.data_file != FileId(0) {
+            vec![FileId(0), self.chain.data_file]
         } else {
             vec![FileId(0)]
         }
     }
 
     fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
+        self.check_range(offset, len)?;
         // Cached compressed clusters are read from memory (see `read`).
-        self.plan_mapped_read(offset, len, plan)
+        ReadPlanner::new(&self.chain).plan(&self.state, offset, len, plan)
     }
 
     /// Allocated clusters are looked up in the queue's snapshots of the
@@ -66,7 +75,12 @@ impl Format for Qcow2Image {
         len: u64,
         plan: &mut ReadPlan,
     ) -> Result<(), BlockError> {
-        self.plan_view_read(cache, offset, len, plan)
+        if self.compressed_cached.load(Ordering::Acquire) {
+            return self.plan_read(offset, len, plan);
+        }
+        self.check_range(offset, len)?;
+        let planner = ReadPlanner::new(&self.chain);
+        QueueView::plan_read(cache, self.id, &planner, &self.state, offset, len, plan)
     }
 
     fn plan_write(&self, offset: u64, len: u64, waker: &Waker) -> Result<WriteOutcome, BlockError> {
@@ -76,7 +90,11 @@ impl Format for Qcow2Image {
             UpdateStart::Decided(outcome) => return Ok(outcome),
         };
         let mut b = PlanBuilder::default();
-        self.write_range(&mut st, offset, len, Source::Request(0), &mut b)?;
+        WritePlanner {
+            chain: &self.chain,
+            meta: &mut st.meta,
+        }
+        .write_range(offset, len, Source::Request(0), &mut b)?;
         self.finish_plan(st, b)
     }
 
@@ -103,33 +121,12 @@ impl Format for Qcow2Image {
             UpdateStart::Locked(st) => st,
             UpdateStart::Decided(outcome) => return Ok(outcome),
         };
-        let cs = self.cluster_size();
-        let end = offset + len;
-        let mut pos = offset;
         let mut b = PlanBuilder::default();
-        while pos < end {
-            let in_cluster = pos & (cs - 1);
-            let n = (cs - in_cluster).min(end - pos);
-            // Skip whole missing L2 tables that already read as zeroes.
-            if let Some(run) = st.meta.unmapped_run(pos)? {
-                let beyond_backing = self
-                    .backing
-                    .as_ref()
-                    .is_none_or(|bk| pos >= bk.image.size());
-                if beyond_backing {
-                    pos += run.min(end - pos);
-                    continue;
-                }
-            }
-            if n < cs {
-                if !self.reads_zero(&mut st, pos)? {
-                    self.write_range(&mut st, pos, n, Source::Zeroes, &mut b)?;
-                }
-            } else {
-                self.zero_cluster(&mut st, pos, may_unmap, &mut b)?;
-            }
-            pos += n;
+        ZeroPlanner {
+            chain: &self.chain,
+            meta: &mut st.meta,
         }
+        .zero_range(offset, len, may_unmap, &mut b)?;
         self.finish_plan(st, b)
     }
 
@@ -166,7 +163,7 @@ impl Format for Qcow2Image {
             if let Err(e) = st.meta.free_clusters(*first, *count) {
                 log::warn!(
                     "{}: leaking clusters after a failed write: {e}",
-                    self.path.display()
+                    self.chain.path.display()
                 );
             }
         }
@@ -185,88 +182,19 @@ impl Format for Qcow2Image {
 
     fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
         self.check_range(offset, len)?;
-        let end = offset + len;
-        let (kind, run, prealloc) = {
-            let mut st = self.lock();
-            let prealloc = match st.metadata_prealloc {
-                Some(p) => p,
-                None => {
-                    let p =
-                        prealloc_detect::looks_metadata_preallocated(&mut st.meta, &self.files[0]);
-                    st.metadata_prealloc = Some(p);
-                    p
-                }
-            };
-            let (kind, mut n) = self.kind_at(&mut st, offset)?;
-            n = n.min(len);
-            while offset + n < end {
-                let (k, m) = self.kind_at(&mut st, offset + n)?;
-                let same = match (kind, k) {
-                    (Kind::Data(a), Kind::Data(b)) => a + n == b,
-                    (Kind::Zero(Some(a)), Kind::Zero(Some(b))) => a + n == b,
-                    (a, b) => a == b,
-                };
-                if !same {
-                    break;
-                }
-                n = (n + m).min(len);
-            }
-            (kind, n, prealloc)
-        };
-        let file = Some(self.data_file);
-        Ok(match kind {
-            Kind::Data(host) => {
-                // Metadata preallocation: a hole in the file reads as zero.
-                let (run, zero) = if prealloc {
-                    prealloc_detect::file_extent(
-                        &self.files[usize::from(self.data_file.0)],
-                        host,
-                        run,
-                    )
-                } else {
-                    (run, false)
-                };
-                BlockStatus {
-                    len: run,
-                    depth: 0,
-                    present: true,
-                    zero,
-                    data: true,
-                    compressed: false,
-                    offset: Some(host),
-                    file,
-                }
-            }
-            Kind::Zero(host) => BlockStatus {
-                len: run,
-                depth: 0,
-                present: true,
-                zero: true,
-                data: false,
-                compressed: false,
-                offset: host,
-                file: host.and(file),
-            },
-            Kind::Compressed => BlockStatus {
-                len: run,
-                depth: 0,
-                present: true,
-                zero: false,
-                data: true,
-                compressed: true,
-                offset: None,
-                file: Some(FileId(0)),
-            },
-            Kind::Unallocated => self.backing_status(offset, run)?,
-        })
+        StatusWalker::new(&self.chain).status(&self.state, offset, len)
     }
 
     fn info(&self) -> ImageInfo {
-        let h = &self.header;
-        let (incompatible, snapshots_at, marked_corrupt) = {
+        let h = &self.chain.header;
+        let (incompatible, snapshots_at, marked_corrupt, io) = {
             let st = self.lock();
-            (st.incompatible, st.meta.snapshots, st.meta.is_corrupt())
+            let io = Arc::clone(&st.meta.io);
+            (st.incompatible, st.meta.snapshots, st.meta.is_corrupt(), io)
         };
+        // Read through the metadata-I/O seam; a file whose size cannot be
+        // read lists no snapshots or bitmaps.
+        let file_size = file_size(&self.chain.cow_files[0]).ok();
         let v3 = h.version >= 3;
         ImageInfo {
             format: "qcow2",
@@ -283,7 +211,7 @@ impl Format for Qcow2Image {
             }),
             backing_filename: h.backing_file.clone(),
             full_backing_filename: h.backing_file.as_ref().map(|name| {
-                super::backing::resolve(&self.path, name)
+                super::backing::resolve(&self.chain.path, name)
                     .display()
                     .to_string()
             }),
@@ -291,13 +219,14 @@ impl Format for Qcow2Image {
             data_file: h.data_file.clone(),
             dirty: Some(incompatible & INCOMPAT_DIRTY != 0),
             // An unreadable table lists nothing here; `check` reports it.
-            snapshots: crate::formats::raw::file_size(&self.cow_files[0])
-                .ok()
-                .and_then(|len| read_snapshot_table(&self.cow_files[0], snapshots_at, len).ok())
+            snapshots: file_size
+                .and_then(|len| read_snapshot_table(&*io, snapshots_at, len).ok())
                 .map(|(entries, _)| entries)
                 .unwrap_or_default(),
             // Likewise a bad bitmap directory lists nothing.
-            bitmaps: bitmaps_in(&self.cow_files[0], &self.path).unwrap_or_default(),
+            bitmaps: file_size
+                .and_then(|len| bitmaps_in(&*io, len, &self.chain.path).ok())
+                .unwrap_or_default(),
         }
     }
 
@@ -312,11 +241,11 @@ impl Format for Qcow2Image {
         if st.inflight.pending_count() > 0 {
             log::warn!(
                 "{}: closing with writes in flight; leaving the image dirty",
-                self.path.display()
+                self.chain.path.display()
             );
             return Ok(());
         }
-        self.mark_clean(&mut st)
+        st.mark_clean(self.readonly)
     }
 
     fn name(&self) -> &'static str {

@@ -14,37 +14,28 @@
 //! through the lock once (`refresh`), which loads the table into the
 //! image's cache if needed and takes a fresh snapshot.
 //!
-//! Flow of [`Qcow2Image::plan_view_read`]: clusters in order; a mapped
-//! one becomes its piece (`Qcow2Image::piece_of`, the same code as the
+//! Flow of [`QueueView::plan_read`]: clusters in order; a mapped one
+//! becomes its piece ([`ReadPlanner::piece_of`], the same code as the
 //! locked path); unallocated ranges are gathered and planned by the
 //! backing image (through its own view, kept inside this one) or read as
-//! zeroes. Images whose
-//! compressed-write cache may hold clusters (only `ch-img convert -c`
-//! writes them) take the locked path for every read.
+//! zeroes. Images whose compressed-write cache may hold clusters (only
+//! `ch-img convert -c` writes them) take the locked path for every read
+//! (the image's `Format::plan_read_cached` decides).
 //!
 //! Bounded: at most as many L2 snapshots as the image's L2 cache holds
 //! tables; a full view is emptied and refilled (a workload whose tables do
 //! not fit the cache reloads them under the lock anyway).
 
 use foldhash::{HashMap, HashMapExt};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
-use super::image::{Qcow2Image, State};
+use super::geometry::{checked_entry, raw_entry, Geometry};
 use super::l2_entry::decode_l1;
-use super::meta::{checked_entry, raw_entry, Geometry};
 use super::published::Snapshot;
-use super::read::push_piece;
+use super::read::{push_piece, ReadPlanner};
+use super::state::{lock, State};
 use crate::error::BlockError;
 use crate::formats::{PlanCache, ReadPiece, ReadPlan, ReadSource};
-
-/// Numbers images, so a view is only ever used with the image it was
-/// made for.
-static NEXT_IMAGE_ID: AtomicU64 = AtomicU64::new(1);
-
-/// A fresh image id (taken when an image is opened).
-pub(crate) fn new_image_id() -> u64 {
-    NEXT_IMAGE_ID.fetch_add(1, Ordering::Relaxed)
-}
 
 /// One L2 table as the view holds it.
 struct ViewTable {
@@ -80,9 +71,9 @@ enum Found {
 }
 
 impl QueueView {
-    fn new(image: &Qcow2Image, st: &State) -> Self {
+    fn new(image: u64, st: &State) -> Self {
         QueueView {
-            image: image.id,
+            image,
             g: st.meta.g.clone(),
             l1: st.meta.l1.snapshot(),
             tables: HashMap::new(),
@@ -146,40 +137,50 @@ impl QueueView {
         self.lookup(guest)
             .ok_or_else(|| meta.invalid("a queue's table snapshot is stale under the lock"))
     }
-}
 
-impl Qcow2Image {
-    /// `Format::plan_read_cached` (see the module docs).
-    pub(super) fn plan_view_read(
-        &self,
+    /// `Format::plan_read_cached` of image `image` (its id), whose tables
+    /// are `state`, for a range checked against its size (see the module
+    /// docs): through the view `cache` keeps for it, made (under the lock)
+    /// if the cache holds none, or one of another image.
+    pub fn plan_read(
         cache: &mut PlanCache,
+        image: u64,
+        planner: &ReadPlanner<'_>,
+        state: &Mutex<State>,
         offset: u64,
         len: u64,
         plan: &mut ReadPlan,
     ) -> Result<(), BlockError> {
-        if self.compressed_cached.load(Ordering::Acquire) {
-            return self.plan_mapped_read(offset, len, plan);
-        }
-        self.check_range(offset, len)?;
         let view = cache.get_or_insert_with(|| None::<QueueView>);
-        if view.as_ref().is_none_or(|v| v.image != self.id) {
-            *view = Some(QueueView::new(self, &self.lock()));
+        if view.as_ref().is_none_or(|v| v.image != image) {
+            *view = Some(QueueView::new(image, &lock(state)));
         }
         let Some(view) = view.as_mut() else {
             unreachable!("the view was made above");
         };
+        view.plan(planner, state, offset, len, plan)
+    }
+
+    fn plan(
+        &mut self,
+        planner: &ReadPlanner<'_>,
+        state: &Mutex<State>,
+        offset: u64,
+        len: u64,
+        plan: &mut ReadPlan,
+    ) -> Result<(), BlockError> {
         let end = offset + len;
         let mut pos = offset;
         // An unallocated range waiting for the backing image's plan.
         let mut backing: Option<(u64, u64)> = None;
         while pos < end {
-            let found = match view.lookup(pos) {
+            let found = match self.lookup(pos) {
                 Some(f) => f,
-                None => view.refresh(&mut self.lock(), pos)?,
+                None => self.refresh(&mut lock(state), pos)?,
             };
             let (piece, n) = match found {
                 Found::Unmapped => {
-                    let cover = view.g.l2_coverage();
+                    let cover = self.g.l2_coverage();
                     (None, (cover - pos % cover).min(end - pos))
                 }
                 Found::Entry {
@@ -187,18 +188,19 @@ impl Qcow2Image {
                     bitmap,
                     file_size,
                 } => {
-                    let entry = checked_entry(&view.g, &self.path, file_size, pos, raw, bitmap)?;
-                    self.piece_of(&view.g, file_size, entry, pos, end)?
+                    let entry =
+                        checked_entry(&self.g, planner.path(), file_size, pos, raw, bitmap)?;
+                    planner.piece_of(&self.g, file_size, entry, pos, end)?
                 }
             };
             match piece {
                 Some(p) => {
                     if let Some((at, l)) = backing.take() {
-                        self.plan_backing_with(Some(&mut view.backing), at, l, plan)?;
+                        planner.plan_backing(Some(&mut self.backing), at, l, plan)?;
                     }
                     push_piece(plan, p);
                 }
-                None if self.backing.is_some() => {
+                None if planner.has_backing() => {
                     backing = Some(match backing {
                         Some((at, l)) => (at, l + n),
                         None => (pos, n),
@@ -215,7 +217,7 @@ impl Qcow2Image {
             pos += n;
         }
         if let Some((at, l)) = backing {
-            self.plan_backing_with(Some(&mut view.backing), at, l, plan)?;
+            planner.plan_backing(Some(&mut self.backing), at, l, plan)?;
         }
         Ok(())
     }
@@ -229,6 +231,7 @@ mod tests {
 
     use super::*;
     use crate::formats::qcow2::create::{create_qcow2, Qcow2Params};
+    use crate::formats::qcow2::Qcow2Image;
     use crate::formats::{FileId, Format, WriteOutcome};
     use crate::options::DiskOptions;
     use crate::prealloc::Preallocation;
@@ -261,12 +264,15 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        (path, Arc::new(Qcow2Image::open(&opts, file).unwrap()))
+        (
+            path,
+            Arc::new(crate::formats::qcow2::open_qcow2(&opts, file).unwrap()),
+        )
     }
 
     fn plan(img: &Qcow2Image, cache: &mut PlanCache, offset: u64, len: u64) -> ReadPlan {
         let mut p = ReadPlan::new();
-        img.plan_view_read(cache, offset, len, &mut p).unwrap();
+        img.plan_read_cached(cache, offset, len, &mut p).unwrap();
         p
     }
 

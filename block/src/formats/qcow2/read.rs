@@ -1,6 +1,8 @@
 //! Read planning: guest ranges to host extents, zeroes, compressed
-//! clusters, or ranges of the backing image (`Format::plan_read` in
-//! `queue.rs` resolves the steps mapped here).
+//! clusters, or ranges of the backing image. [`ReadPlanner`] borrows the
+//! image's [`Chain`] (which file holds guest data, the backing image) and,
+//! under the lock, its tables; the queues' lock-free path (`queue_view`)
+//! uses the same [`ReadPlanner::piece_of`] on its table snapshots.
 //!
 //! A guest range enters; `ReadPiece`s leave, in order. The L2 lookups run
 //! under the image lock; backing ranges are planned by the backing image
@@ -10,13 +12,16 @@
 //! copied out of the cache under the lock, inflated after it, and leaves
 //! as a `ReadSource::Memory` piece: reads never write the cache out.
 
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
+use super::chain::Chain;
 use super::compressed::{compressed_read_len, inflate_cluster};
 use super::compressed_cache::CompressedCache;
-use super::image::Qcow2Image;
+use super::geometry::Geometry;
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
-use super::meta::{Geometry, MetaState};
+use super::meta::MetaState;
+use super::state::{lock, State};
 use crate::error::BlockError;
 use crate::formats::{
     CompressedExtent, FileId, MemoryExtent, PlanCache, ReadPiece, ReadPlan, ReadSource,
@@ -24,7 +29,7 @@ use crate::formats::{
 
 /// One step of a read, before backing ranges and cached compressed
 /// clusters are resolved.
-pub(super) enum Step {
+enum Step {
     Piece(ReadPiece),
     Backing {
         offset: u64,
@@ -41,6 +46,7 @@ pub(super) enum Step {
 }
 
 /// Appends a piece, merging it with the last one when contiguous.
+#[inline]
 pub(crate) fn push_piece(plan: &mut ReadPlan, piece: ReadPiece) {
     if piece.len == 0 {
         return;
@@ -73,21 +79,40 @@ fn merge_into(last: &mut ReadPiece, piece: &ReadPiece) -> bool {
     continues
 }
 
-impl Qcow2Image {
-    /// Plans a guest range: the L2 lookups under the lock, then backing
-    /// ranges and cached compressed clusters after it (the queue-facing
-    /// `plan_read` in `queue.rs`).
-    pub(super) fn plan_mapped_read(
+/// See the module docs.
+pub(crate) struct ReadPlanner<'a> {
+    chain: &'a Chain,
+}
+
+impl<'a> ReadPlanner<'a> {
+    pub fn new(chain: &'a Chain) -> Self {
+        ReadPlanner { chain }
+    }
+
+    /// The image's path (errors about its entries name it).
+    pub fn path(&self) -> &'a Path {
+        &self.chain.path
+    }
+
+    /// Whether unallocated ranges read from a backing image.
+    pub fn has_backing(&self) -> bool {
+        self.chain.backing.is_some()
+    }
+
+    /// Plans a guest range (checked against the disk's size by the
+    /// caller): the L2 lookups under the lock, then backing ranges and
+    /// cached compressed clusters after it (`Format::plan_read`).
+    pub fn plan(
         &self,
+        state: &Mutex<State>,
         offset: u64,
         len: u64,
         plan: &mut ReadPlan,
     ) -> Result<(), BlockError> {
-        self.check_range(offset, len)?;
         let steps = {
-            let mut st = self.lock();
+            let mut st = lock(state);
             let st = &mut *st;
-            if self.backing.is_none() && st.compressed.is_empty() {
+            if self.chain.backing.is_none() && st.compressed.is_empty() {
                 // Every step is a piece: straight into the plan, with no
                 // step list to allocate (the path of every read of an
                 // image without a backing file or compressed writes).
@@ -98,20 +123,20 @@ impl Qcow2Image {
         for step in steps {
             match step {
                 Step::Piece(p) => push_piece(plan, p),
-                Step::Backing { offset, len } => self.plan_backing(offset, len, plan)?,
+                Step::Backing { offset, len } => self.plan_backing(None, offset, len, plan)?,
                 Step::Cached {
                     guest,
                     len,
                     offset_in_cluster,
                     packed,
                 } => {
-                    let cs = self.header.cluster_size() as usize;
-                    let cluster = inflate_cluster(self.header.compression, &packed, cs).map_err(
-                        |reason| BlockError::Decompress {
-                            offset: guest,
-                            reason: format!("the cached compressed cluster: {reason}"),
-                        },
-                    )?;
+                    let h = &self.chain.header;
+                    let cluster =
+                        inflate_cluster(h.compression, &packed, h.cluster_size() as usize)
+                            .map_err(|reason| BlockError::Decompress {
+                                offset: guest,
+                                reason: format!("the cached compressed cluster: {reason}"),
+                            })?;
                     push_piece(
                         plan,
                         ReadPiece {
@@ -154,7 +179,7 @@ impl Qcow2Image {
         Ok(())
     }
 
-    pub(super) fn map_range(
+    fn map_range(
         &self,
         meta: &mut MetaState,
         compressed: &CompressedCache,
@@ -183,7 +208,7 @@ impl Qcow2Image {
         while pos < end {
             let in_c = pos & (cs - 1);
             let n = (cs - in_c).min(end - pos);
-            if let Some(packed) = compressed.pending_bytes(&self.cow_files[0], pos - in_c, cs)? {
+            if let Some(packed) = compressed.pending_bytes(&*meta.io, pos - in_c, cs)? {
                 push(
                     &mut steps,
                     Step::Cached {
@@ -224,7 +249,7 @@ impl Qcow2Image {
     /// checked L2 entry and bitmap are `entry`, in a file of `file_size`
     /// bytes (see `map_cluster`); shared by the locked lookups and the
     /// queues' table snapshots (`queue_view`).
-    pub(super) fn piece_of(
+    pub fn piece_of(
         &self,
         g: &Geometry,
         file_size: u64,
@@ -235,10 +260,7 @@ impl Qcow2Image {
         let cs = g.cluster_size;
         let in_c = pos & (cs - 1);
         let mut n = (cs - in_c).min(end - pos);
-        let invalid = |reason: String| BlockError::InvalidImage {
-            path: self.path.clone(),
-            reason,
-        };
+        let invalid = |reason: String| self.chain.invalid(reason);
         let zero = |len| ReadPiece {
             len,
             source: ReadSource::Zero,
@@ -271,7 +293,7 @@ impl Qcow2Image {
                 L2Entry::Zero { .. } => Some(zero(n)),
                 L2Entry::Unallocated => None,
                 L2Entry::Compressed(d) => {
-                    if self.header.has_data_file() {
+                    if g.data_file {
                         return Err(invalid(
                             "compressed cluster in an image with an external data file".into(),
                         ));
@@ -297,14 +319,14 @@ impl Qcow2Image {
         ReadPiece {
             len,
             source: ReadSource::Host {
-                file: self.data_file,
+                file: self.chain.data_file,
                 offset,
             },
         }
     }
 
     fn unallocated_step(&self, offset: u64, len: u64) -> Step {
-        if self.backing.is_some() {
+        if self.chain.backing.is_some() {
             Step::Backing { offset, len }
         } else {
             Step::Piece(ReadPiece {
@@ -314,26 +336,17 @@ impl Qcow2Image {
         }
     }
 
-    /// Plans `offset..offset+len` of the backing image (zeroes past its end).
-    pub(super) fn plan_backing(
-        &self,
-        offset: u64,
-        len: u64,
-        plan: &mut ReadPlan,
-    ) -> Result<(), BlockError> {
-        self.plan_backing_with(None, offset, len, plan)
-    }
-
-    /// [`Qcow2Image::plan_backing`], through the backing image's
-    /// `plan_read_cached` when the queue lends a `cache` for it.
-    pub(super) fn plan_backing_with(
+    /// Plans `offset..offset+len` of the backing image (zeroes past its
+    /// end), through the backing image's `plan_read_cached` when the
+    /// queue lends a `cache` for it.
+    pub fn plan_backing(
         &self,
         cache: Option<&mut PlanCache>,
         offset: u64,
         len: u64,
         plan: &mut ReadPlan,
     ) -> Result<(), BlockError> {
-        let Some(b) = &self.backing else {
+        let Some(b) = &self.chain.backing else {
             push_piece(
                 plan,
                 ReadPiece {
@@ -353,8 +366,8 @@ impl Qcow2Image {
             }
             for mut p in sub {
                 match &mut p.source {
-                    ReadSource::Host { file, .. } => file.0 += self.backing_base,
-                    ReadSource::Compressed(c) => c.file.0 += self.backing_base,
+                    ReadSource::Host { file, .. } => file.0 += self.chain.backing_base,
+                    ReadSource::Compressed(c) => c.file.0 += self.chain.backing_base,
                     ReadSource::Zero | ReadSource::Memory(_) => {}
                 }
                 push_piece(plan, p);

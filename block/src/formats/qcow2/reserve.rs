@@ -11,9 +11,11 @@
 //! crash it is a hole that holds no cluster (refcount 0), which qemu-img
 //! check does not report and later allocations reuse.
 //!
-//! Allocation ends (bytes) enter; `ftruncate` calls leave.
+//! Allocation ends (bytes) enter; `ftruncate` calls leave, through the
+//! metadata-I/O seam (`MetaIo::set_len`).
 
 use super::meta::MetaState;
+use super::meta_io::set_len;
 use crate::error::BlockError;
 
 /// Least the size grows by at once, and the fraction of the used size
@@ -31,12 +33,7 @@ impl MetaState {
         let cs = self.g.cluster_size;
         let grow = (end / RESERVE_DIVISOR).max(MIN_RESERVE);
         let target = end.saturating_add(grow).div_ceil(cs).saturating_mul(cs);
-        self.file
-            .set_len(target)
-            .map_err(|source| BlockError::MetadataWrite {
-                what: "image size (space for new clusters)".into(),
-                source,
-            })?;
+        set_len(&*self.io, target, "space for new clusters")?;
         self.reserved_end = target;
         Ok(())
     }
@@ -47,12 +44,7 @@ impl MetaState {
         if self.reserved_end <= self.file_size {
             return Ok(());
         }
-        self.file
-            .set_len(self.file_size)
-            .map_err(|source| BlockError::MetadataWrite {
-                what: "image size (trimming unused space)".into(),
-                source,
-            })?;
+        set_len(&*self.io, self.file_size, "trimming unused space")?;
         self.reserved_end = self.file_size;
         Ok(())
     }

@@ -1,5 +1,6 @@
 //! Creating, applying and deleting internal snapshots (`ch-img snapshot
-//! -c / -a / -d`).
+//! -c / -a / -d`): [`Snapshotter`], over the image's locked tables and its
+//! disk size.
 //!
 //! qcow2 counts a cluster once for every L1 tree (the active one and each
 //! snapshot's) that reaches it, whether or not an L2 table on the way is
@@ -47,133 +48,191 @@
 //! instruction count); longer extra data of future qemu versions is not
 //! kept.
 
-use std::sync::MutexGuard;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::image::{Qcow2Image, State};
-use super::l2_entry::{decode_l1, decode_l2, OFFSET_MASK, OFLAG_COMPRESSED, OFLAG_COPIED};
+use super::l2_entry::{decode_l2, OFFSET_MASK, OFLAG_COMPRESSED, OFLAG_COPIED};
 use super::meta::MetaState;
 use super::meta_io::{be64_at, MetaKind};
-use super::refcount::max_refcount;
 use super::snapshot_table::{read_snapshot_table, SnapshotInfo, TableLocation};
+use super::tree::{begin_tree_op, load_table, read_l1, tree_references, write_l1, TreeOp};
 use crate::error::BlockError;
-use crate::formats::Snapshots;
+use crate::formats::holes::file_size;
 
 /// Bytes of extra data per entry qemu writes: 64-bit VM state size,
 /// virtual disk size, instruction count.
 const EXTRA_DATA: usize = 24;
 
-/// What [`Qcow2Image::tree_references`] does to every cluster of a tree.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum TreeOp {
-    /// Fail if any could not take one more reference; change nothing.
-    CheckRoom,
-    Add,
-    Drop,
+/// See the module docs: the image's tables (locked) and its disk size
+/// (which applying a snapshot may change).
+pub(crate) struct Snapshotter<'a> {
+    meta: &'a mut MetaState,
+    size: &'a AtomicU64,
 }
 
-impl Qcow2Image {
+impl<'a> Snapshotter<'a> {
+    /// Refuses an image with an external data file and makes everything
+    /// cached durable, then hands out the snapshotter.
+    pub fn begin(meta: &'a mut MetaState, size: &'a AtomicU64) -> Result<Self, BlockError> {
+        begin_tree_op(meta)?;
+        Ok(Snapshotter { meta, size })
+    }
+
     /// Rewrites the snapshot table as it is, every entry with qemu's full
     /// extra data (`check -r all` for a version 3 image whose entries
     /// lack it).
-    pub(crate) fn rewrite_snapshot_table(&self) -> Result<(), BlockError> {
-        let mut st = self.begin_snapshot_op()?;
-        let meta = &mut st.meta;
-        let (entries, old_len) = self.current_table(meta)?;
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
+    pub fn rewrite_table(&mut self) -> Result<(), BlockError> {
+        let (entries, old_len) = self.current_table()?;
+        let size = self.size.load(Ordering::Acquire);
+        let meta = &mut *self.meta;
         replace_table(meta, old_len, &entries, size)?;
         meta.barrier()?;
         meta.rebuild_metadata_map();
         Ok(())
     }
 
-    /// Checks the image may take snapshot operations, locks it, and makes
-    /// everything cached durable first.
-    pub(super) fn begin_snapshot_op(&self) -> Result<MutexGuard<'_, State>, BlockError> {
-        if self.readonly {
-            return Err(BlockError::ReadOnly);
+    /// Adds snapshot `name` of the current disk; `date` is (seconds,
+    /// nanoseconds) since the epoch.
+    pub fn create(&mut self, name: &str, date: (u32, u32)) -> Result<(), BlockError> {
+        let (mut entries, old_len) = self.current_table()?;
+        let meta = &mut *self.meta;
+        if name.len() > u16::MAX as usize {
+            return Err(meta.invalid("snapshot name too long"));
         }
-        if self.header.has_data_file() {
-            return Err(BlockError::Unsupported {
-                path: self.path.clone(),
-                feature: "internal snapshots of an image with an external data file".into(),
-            });
+        let active = meta.l1.clone();
+        // A cluster reached twice (several compressed clusters in one host
+        // cluster) can still overflow below; that leaks, nothing worse.
+        tree_references(meta, &active, TreeOp::CheckRoom)?;
+        tree_references(meta, &active, TreeOp::Add)?;
+        meta.barrier()?;
+        // Every refcount is now at least two: this clears OFLAG_COPIED.
+        self.restore_copied()?;
+        let meta = &mut *self.meta;
+        let l1_copy = copy_l1(meta)?;
+        write_l1(meta)?;
+        let id = entries
+            .iter()
+            .filter_map(|e| e.id.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let size = self.size.load(Ordering::Acquire);
+        entries.push(SnapshotInfo {
+            id: id.to_string(),
+            name: name.to_string(),
+            l1_offset: l1_copy,
+            l1_size: meta.l1.len() as u32,
+            date_sec: date.0,
+            date_nsec: date.1,
+            vm_clock_nsec: 0,
+            vm_state_size: 0,
+            disk_size: Some(size),
+            icount: Some(0),
+        });
+        replace_table(meta, old_len, &entries, size)?;
+        meta.rebuild_metadata_map();
+        Ok(())
+    }
+
+    /// Deletes the first snapshot named `name`. `Ok(false)`: none is.
+    pub fn delete(&mut self, name: &str) -> Result<bool, BlockError> {
+        let (mut entries, old_len) = self.current_table()?;
+        let meta = &mut *self.meta;
+        let Some(at) = entries.iter().position(|e| e.name == name) else {
+            return Ok(false);
+        };
+        let gone = entries.remove(at);
+        let size = self.size.load(Ordering::Acquire);
+        replace_table(meta, old_len, &entries, size)?;
+        let gone_l1 = read_l1(meta, &gone)?;
+        tree_references(meta, &gone_l1, TreeOp::Drop)?;
+        if gone.l1_size > 0 {
+            let clusters = (u64::from(gone.l1_size) * 8).div_ceil(meta.g.cluster_size);
+            meta.change_refcounts(gone.l1_offset >> meta.g.cluster_bits, clusters, -1)?;
         }
-        let mut st = self.lock();
-        st.meta.flush_dirty()?;
-        st.meta.barrier()?;
-        Ok(st)
+        self.restore_copied()?;
+        let meta = &mut *self.meta;
+        write_l1(meta)?;
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(true)
+    }
+
+    /// Makes the snapshot with id or name `name` the active disk.
+    /// `Ok(false)`: there is none.
+    pub fn apply(&mut self, name: &str) -> Result<bool, BlockError> {
+        let (entries, _) = self.current_table()?;
+        let meta = &mut *self.meta;
+        let Some(sn) = entries
+            .iter()
+            .find(|e| e.id == name)
+            .or_else(|| entries.iter().find(|e| e.name == name))
+        else {
+            return Ok(false);
+        };
+        let size = self.size.load(Ordering::Acquire);
+        // A snapshot taken at another size brings its size back (as
+        // qemu-img does); one without a recorded size keeps the current.
+        let new_size = sn.disk_size.unwrap_or(size);
+        let sn_l1 = read_l1(meta, sn)?;
+        if new_size != size {
+            let covered = (sn_l1.len() as u64).saturating_mul(meta.g.l2_coverage());
+            if !new_size.is_multiple_of(512) || new_size > covered {
+                return Err(meta.invalid(format!(
+                    "snapshot {} has a disk size of {new_size} bytes that its L1 table of {} entries does not fit",
+                    sn.id,
+                    sn_l1.len()
+                )));
+            }
+            if meta.g.data_file || meta.g.version < 3 {
+                // qemu-img cannot resize these either.
+                return Err(BlockError::Unsupported {
+                    path: meta.path.clone(),
+                    feature: "applying a snapshot taken at another disk size to a version 2 \
+                              image or one with a data file"
+                        .into(),
+                });
+            }
+        }
+        tree_references(meta, &sn_l1, TreeOp::CheckRoom)?;
+        tree_references(meta, &sn_l1, TreeOp::Add)?;
+        meta.barrier()?;
+        meta.grow_l1(sn_l1.len())?;
+        let old = meta.l1.clone();
+        for (i, e) in meta.l1.iter_mut().enumerate() {
+            *e = sn_l1.get(i).copied().unwrap_or(0) & !OFLAG_COPIED;
+        }
+        write_l1(meta)?;
+        meta.barrier()?;
+        tree_references(meta, &old, TreeOp::Drop)?;
+        self.restore_copied()?;
+        let meta = &mut *self.meta;
+        write_l1(meta)?;
+        if new_size != size {
+            // Last: the L1 table already maps the snapshot's whole disk.
+            meta.write_disk_size(new_size)?;
+            self.size.store(new_size, Ordering::Release);
+        }
+        meta.barrier()?;
+        meta.rebuild_metadata_map();
+        Ok(true)
     }
 
     /// The entries of the snapshot table where it is now, and its length.
-    fn current_table(&self, meta: &MetaState) -> Result<(Vec<SnapshotInfo>, u64), BlockError> {
-        let file_size =
-            crate::formats::raw::file_size(&meta.file).map_err(|source| BlockError::Open {
-                path: meta.path.clone(),
-                source,
-            })?;
+    fn current_table(&self) -> Result<(Vec<SnapshotInfo>, u64), BlockError> {
+        let meta = &*self.meta;
+        let file_size = file_size(&meta.file).map_err(|source| BlockError::Open {
+            path: meta.path.clone(),
+            source,
+        })?;
         read_snapshot_table(&*meta.io, meta.snapshots, file_size).map_err(|r| meta.invalid(r))
-    }
-
-    /// Applies `op` to every L2 table `l1` names and every cluster those
-    /// tables map.
-    pub(super) fn tree_references(
-        &self,
-        meta: &mut MetaState,
-        l1: &[u64],
-        op: TreeOp,
-    ) -> Result<(), BlockError> {
-        let cb = meta.g.cluster_bits;
-        let max = max_refcount(meta.g.refcount_order);
-        let apply = |meta: &mut MetaState, first: u64, count: u64| -> Result<(), BlockError> {
-            match op {
-                TreeOp::CheckRoom => {
-                    for c in first..first + count {
-                        if meta.refcount(c)? >= max {
-                            return Err(meta.invalid(format!(
-                                "cluster {c} cannot take another reference (refcount_bits allow {max})"
-                            )));
-                        }
-                    }
-                    Ok(())
-                }
-                TreeOp::Add => meta.change_refcounts(first, count, 1),
-                TreeOp::Drop => meta.change_refcounts(first, count, -1),
-            }
-        };
-        for &raw in l1 {
-            let Some((off, _)) =
-                decode_l1(raw, meta.g.cluster_size).map_err(|r| meta.invalid(r))?
-            else {
-                continue;
-            };
-            meta.check_table(off, "L2 table")?;
-            let table = load_table(meta, off)?;
-            let words = meta.g.l2_entry_size as usize / 8;
-            for j in 0..meta.g.l2_entries as usize {
-                let e = decode_l2(
-                    be64_at(&table, j * words),
-                    cb,
-                    self.header.version,
-                    meta.g.extended_l2,
-                )
-                .map_err(|r| meta.invalid(r))?;
-                if let Some((first, n)) = self.references(e) {
-                    apply(meta, first, n)?;
-                }
-            }
-            apply(meta, off >> cb, 1)?;
-            if op == TreeOp::Drop && meta.refcount(off >> cb)? == 0 {
-                meta.l2_cache.remove(off);
-            }
-        }
-        Ok(())
     }
 
     /// Sets OFLAG_COPIED in the active L1 and L2 entries exactly where
     /// the table or cluster has refcount one (compressed clusters never),
     /// and clears it elsewhere; rewrites the L2 tables that change (the
     /// caller writes the L1 table).
-    fn restore_copied(&self, meta: &mut MetaState) -> Result<(), BlockError> {
+    fn restore_copied(&mut self) -> Result<(), BlockError> {
+        let meta = &mut *self.meta;
         let cb = meta.g.cluster_bits;
         for i in 0..meta.l1.len() {
             let Some((off, _)) = meta.l2_table(i)? else {
@@ -185,9 +244,9 @@ impl Qcow2Image {
             let words = meta.g.l2_entry_size as usize / 8;
             for j in 0..meta.g.l2_entries as usize {
                 let raw = be64_at(&table, j * words);
-                let e = decode_l2(raw, cb, self.header.version, meta.g.extended_l2)
+                let e = decode_l2(raw, cb, meta.g.version, meta.g.extended_l2)
                     .map_err(|r| meta.invalid(r))?;
-                let owned = match self.references(e) {
+                let owned = match meta.g.references(e) {
                     Some((first, 1)) if owned_table && raw & OFLAG_COMPRESSED == 0 => {
                         meta.refcount(first)? == 1
                     }
@@ -212,38 +271,6 @@ impl Qcow2Image {
         }
         Ok(())
     }
-}
-
-pub(super) fn load_table(meta: &mut MetaState, off: u64) -> Result<Vec<u8>, BlockError> {
-    meta.load_l2(off)?;
-    meta.l2_cache
-        .get(off)
-        .map(<[u8]>::to_vec)
-        .ok_or_else(|| meta.invalid("L2 cache lost a table"))
-}
-
-/// A snapshot's L1 entries, read from its table.
-pub(super) fn read_l1(meta: &MetaState, sn: &SnapshotInfo) -> Result<Vec<u64>, BlockError> {
-    let bytes = u64::from(sn.l1_size) * 8;
-    if bytes > super::layout::MAX_L1_BYTES {
-        return Err(meta.invalid(format!(
-            "snapshot {} has an L1 table of {} entries",
-            sn.id, sn.l1_size
-        )));
-    }
-    if sn.l1_size > 0 {
-        meta.check_table(sn.l1_offset, "snapshot L1 table")?;
-    }
-    let mut buf = vec![0u8; bytes as usize];
-    meta.read(MetaKind::SnapshotL1, sn.l1_offset, &mut buf)?;
-    Ok((0..sn.l1_size as usize).map(|i| be64_at(&buf, i)).collect())
-}
-
-/// Writes the active L1 table (as `meta.l1` holds it) to its place.
-pub(super) fn write_l1(meta: &mut MetaState) -> Result<(), BlockError> {
-    meta.write_refcounts()?;
-    let bytes: Vec<u8> = meta.l1.iter().flat_map(|e| e.to_be_bytes()).collect();
-    meta.write(MetaKind::L1Table, meta.l1_offset, &bytes)
 }
 
 /// A copy of the active L1 table in new clusters; returns its offset.
@@ -318,132 +345,4 @@ fn encode_table(entries: &[SnapshotInfo], disk_size: u64) -> Vec<u8> {
         b.resize(b.len().div_ceil(8) * 8, 0);
     }
     b
-}
-
-impl Snapshots for Qcow2Image {
-    /// Adds snapshot `name` of the current disk; `date` is (seconds,
-    /// nanoseconds) since the epoch.
-    fn snapshot_create(&self, name: &str, date: (u32, u32)) -> Result<(), BlockError> {
-        let mut st = self.begin_snapshot_op()?;
-        let meta = &mut st.meta;
-        let (mut entries, old_len) = self.current_table(meta)?;
-        if name.len() > u16::MAX as usize {
-            return Err(meta.invalid("snapshot name too long"));
-        }
-        let active = meta.l1.clone();
-        // A cluster reached twice (several compressed clusters in one host
-        // cluster) can still overflow below; that leaks, nothing worse.
-        self.tree_references(meta, &active, TreeOp::CheckRoom)?;
-        self.tree_references(meta, &active, TreeOp::Add)?;
-        meta.barrier()?;
-        // Every refcount is now at least two: this clears OFLAG_COPIED.
-        self.restore_copied(meta)?;
-        let l1_copy = copy_l1(meta)?;
-        write_l1(meta)?;
-        let id = entries
-            .iter()
-            .filter_map(|e| e.id.parse::<u64>().ok())
-            .max()
-            .unwrap_or(0)
-            + 1;
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        entries.push(SnapshotInfo {
-            id: id.to_string(),
-            name: name.to_string(),
-            l1_offset: l1_copy,
-            l1_size: meta.l1.len() as u32,
-            date_sec: date.0,
-            date_nsec: date.1,
-            vm_clock_nsec: 0,
-            vm_state_size: 0,
-            disk_size: Some(size),
-            icount: Some(0),
-        });
-        replace_table(meta, old_len, &entries, size)?;
-        meta.rebuild_metadata_map();
-        Ok(())
-    }
-
-    /// Deletes the first snapshot named `name`. `Ok(false)`: none is.
-    fn snapshot_delete(&self, name: &str) -> Result<bool, BlockError> {
-        let mut st = self.begin_snapshot_op()?;
-        let meta = &mut st.meta;
-        let (mut entries, old_len) = self.current_table(meta)?;
-        let Some(at) = entries.iter().position(|e| e.name == name) else {
-            return Ok(false);
-        };
-        let gone = entries.remove(at);
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        replace_table(meta, old_len, &entries, size)?;
-        let gone_l1 = read_l1(meta, &gone)?;
-        self.tree_references(meta, &gone_l1, TreeOp::Drop)?;
-        if gone.l1_size > 0 {
-            let clusters = (u64::from(gone.l1_size) * 8).div_ceil(meta.g.cluster_size);
-            meta.change_refcounts(gone.l1_offset >> meta.g.cluster_bits, clusters, -1)?;
-        }
-        self.restore_copied(meta)?;
-        write_l1(meta)?;
-        meta.barrier()?;
-        meta.rebuild_metadata_map();
-        Ok(true)
-    }
-
-    /// Makes the snapshot with id or name `name` the active disk.
-    /// `Ok(false)`: there is none.
-    fn snapshot_apply(&self, name: &str) -> Result<bool, BlockError> {
-        let mut st = self.begin_snapshot_op()?;
-        let meta = &mut st.meta;
-        let (entries, _) = self.current_table(meta)?;
-        let Some(sn) = entries
-            .iter()
-            .find(|e| e.id == name)
-            .or_else(|| entries.iter().find(|e| e.name == name))
-        else {
-            return Ok(false);
-        };
-        let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        // A snapshot taken at another size brings its size back (as
-        // qemu-img does); one without a recorded size keeps the current.
-        let new_size = sn.disk_size.unwrap_or(size);
-        let sn_l1 = read_l1(meta, sn)?;
-        if new_size != size {
-            let covered = (sn_l1.len() as u64).saturating_mul(meta.g.l2_coverage());
-            if !new_size.is_multiple_of(512) || new_size > covered {
-                return Err(meta.invalid(format!(
-                    "snapshot {} has a disk size of {new_size} bytes that its L1 table of {} entries does not fit",
-                    sn.id,
-                    sn_l1.len()
-                )));
-            }
-            if self.header.has_data_file() || self.header.version < 3 {
-                // qemu-img cannot resize these either.
-                return Err(BlockError::Unsupported {
-                    path: self.path.clone(),
-                    feature: "applying a snapshot taken at another disk size to a version 2 \
-                              image or one with a data file"
-                        .into(),
-                });
-            }
-        }
-        self.tree_references(meta, &sn_l1, TreeOp::CheckRoom)?;
-        self.tree_references(meta, &sn_l1, TreeOp::Add)?;
-        meta.barrier()?;
-        meta.grow_l1(sn_l1.len())?;
-        let old = meta.l1.clone();
-        for (i, e) in meta.l1.iter_mut().enumerate() {
-            *e = sn_l1.get(i).copied().unwrap_or(0) & !OFLAG_COPIED;
-        }
-        write_l1(meta)?;
-        meta.barrier()?;
-        self.tree_references(meta, &old, TreeOp::Drop)?;
-        self.restore_copied(meta)?;
-        write_l1(meta)?;
-        if new_size != size {
-            // Last: the L1 table already maps the snapshot's whole disk.
-            self.write_size(meta, new_size)?;
-        }
-        meta.barrier()?;
-        meta.rebuild_metadata_map();
-        Ok(true)
-    }
 }

@@ -2,80 +2,61 @@
 //! -l`, qemu-img's `bdrv_snapshot_load_tmp`).
 //!
 //! A read-only open with [`crate::DiskOptions::snapshot`] set enters
-//! after the image is loaded; the snapshot is looked up in the table
-//! ([`SnapshotRef`]), its L1 table read and checked, and the image then
-//! maps the snapshot's tree in place of the active one and has the
-//! snapshot's disk size. Nothing is written: the open is read-only, and
-//! the snapshot's tables are only read.
+//! after the image's tables are loaded (`view_snapshot`); the snapshot
+//! is looked up in the table ([`find`]), its L1 table read and checked,
+//! and the image then maps the snapshot's tree in place of the active one
+//! and has the snapshot's disk size. Nothing is written: the open is
+//! read-only, and the snapshot's tables are only read.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::image::Qcow2Image;
-use super::snapshot_ops::read_l1;
+use super::meta::MetaState;
 use super::snapshot_table::{read_snapshot_table, SnapshotInfo};
+use super::tree::read_l1;
 use crate::error::BlockError;
+pub use crate::options::SnapshotRef;
 
-/// Which snapshot, as qemu-img's `convert -l` names it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SnapshotRef {
-    /// `-l NAME`: the snapshot with id NAME, else the first named NAME.
-    IdOrName(String),
-    /// `-l snapshot.id=ID,snapshot.name=NAME`: every field given matches.
-    Fields {
-        id: Option<String>,
-        name: Option<String>,
-    },
-}
-
-impl SnapshotRef {
-    /// The snapshot of `entries` this names, if there is one.
-    pub fn find<'a>(&self, entries: &'a [SnapshotInfo]) -> Option<&'a SnapshotInfo> {
-        match self {
-            SnapshotRef::IdOrName(s) => entries
-                .iter()
-                .find(|e| &e.id == s)
-                .or_else(|| entries.iter().find(|e| &e.name == s)),
-            SnapshotRef::Fields { id, name } => entries.iter().find(|e| {
-                id.as_ref().is_none_or(|id| &e.id == id)
-                    && name.as_ref().is_none_or(|n| &e.name == n)
-            }),
-        }
+/// The snapshot of `entries` that `which` names, if there is one.
+pub fn find<'a>(which: &SnapshotRef, entries: &'a [SnapshotInfo]) -> Option<&'a SnapshotInfo> {
+    match which {
+        SnapshotRef::IdOrName(s) => entries
+            .iter()
+            .find(|e| &e.id == s)
+            .or_else(|| entries.iter().find(|e| &e.name == s)),
+        SnapshotRef::Fields { id, name } => entries.iter().find(|e| {
+            id.as_ref().is_none_or(|id| &e.id == id) && name.as_ref().is_none_or(|n| &e.name == n)
+        }),
     }
 }
 
-impl Qcow2Image {
-    /// Makes this read-only image read as snapshot `which`.
-    pub(super) fn view_snapshot(&self, which: &SnapshotRef) -> Result<(), BlockError> {
-        if !self.readonly {
-            return Err(BlockError::Unsupported {
-                path: self.path.clone(),
-                feature: "opening a snapshot read-write".into(),
-            });
-        }
-        let mut st = self.lock();
-        let meta = &mut st.meta;
-        let (entries, _) = read_snapshot_table(&*meta.io, meta.snapshots, meta.file_size)
-            .map_err(|r| meta.invalid(r))?;
-        let Some(sn) = which.find(&entries) else {
-            return Err(BlockError::NoSuchSnapshot {
-                path: self.path.clone(),
-            });
-        };
-        let l1 = read_l1(meta, sn)?;
-        let size = sn.disk_size.unwrap_or(self.size.load(Ordering::Acquire));
-        let covered = (l1.len() as u64).saturating_mul(meta.g.l2_coverage());
-        if size > covered {
-            return Err(meta.invalid(format!(
-                "snapshot {} has a disk of {size} bytes but an L1 table of {} entries",
-                sn.id,
-                l1.len()
-            )));
-        }
-        meta.l1_offset = sn.l1_offset;
-        *meta.l1 = l1;
-        self.size.store(size, Ordering::Release);
-        Ok(())
+/// Makes the tables `meta` of a read-only image, whose disk size is
+/// `size`, read as snapshot `which`.
+pub(crate) fn view_snapshot(
+    meta: &mut MetaState,
+    size: &AtomicU64,
+    which: &SnapshotRef,
+) -> Result<(), BlockError> {
+    let (entries, _) = read_snapshot_table(&*meta.io, meta.snapshots, meta.file_size)
+        .map_err(|r| meta.invalid(r))?;
+    let Some(sn) = find(which, &entries) else {
+        return Err(BlockError::NoSuchSnapshot {
+            path: meta.path.clone(),
+        });
+    };
+    let l1 = read_l1(meta, sn)?;
+    let disk = sn.disk_size.unwrap_or(size.load(Ordering::Acquire));
+    let covered = (l1.len() as u64).saturating_mul(meta.g.l2_coverage());
+    if disk > covered {
+        return Err(meta.invalid(format!(
+            "snapshot {} has a disk of {disk} bytes but an L1 table of {} entries",
+            sn.id,
+            l1.len()
+        )));
     }
+    meta.l1_offset = sn.l1_offset;
+    *meta.l1 = l1;
+    size.store(disk, Ordering::Release);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -100,7 +81,7 @@ mod tests {
     #[test]
     fn ids_come_before_names_and_fields_must_all_match() {
         let entries = [entry("1", "2"), entry("2", "a"), entry("3", "a")];
-        let find = |r: SnapshotRef| r.find(&entries).map(|e| e.id.clone());
+        let find = |r: SnapshotRef| find(&r, &entries).map(|e| e.id.clone());
         assert_eq!(find(SnapshotRef::IdOrName("2".into())), Some("2".into()));
         assert_eq!(find(SnapshotRef::IdOrName("a".into())), Some("2".into()));
         let fields = |id: Option<&str>, name: Option<&str>| SnapshotRef::Fields {

@@ -1,22 +1,24 @@
-//! The extent walk behind `Format::block_status` (`qemu-img map`): the
-//! kind of each cluster, and the status of ranges the backing image
-//! decides; `queue.rs` merges clusters into runs.
+//! Block status (`Format::block_status`, `qemu-img map`): [`StatusWalker`]
+//! walks the clusters of a range under the image lock, merges those of the
+//! same kind (and contiguous host offsets) into one run, and asks the
+//! backing image about a run this image leaves unallocated.
 //!
-//! Guest ranges enter; `BlockStatus` runs leave, each as long as the
-//! clusters keep the same kind (and contiguous host offsets).
+//! A guest range enters; one `BlockStatus` run leaves, as long as the
+//! clusters from its start keep the same kind. A metadata-preallocated
+//! image (`prealloc_detect`) reports a data run the file holds as a hole
+//! as zeroes.
 
-use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 
-use super::header::OFF_SIZE;
-use super::image::{Qcow2Image, State};
+use super::chain::Chain;
 use super::l2_entry::{subcluster_state, L2Entry, SubclusterState};
-use super::meta::MetaState;
-use super::meta_io::MetaKind;
+use super::prealloc_detect;
+use super::state::{lock, State};
 use crate::error::BlockError;
-use crate::formats::BlockStatus;
+use crate::formats::{BlockStatus, FileId};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+enum Kind {
     Data(u64),
     /// Reads as zeroes; keeps its host cluster when it has one.
     Zero(Option<u64>),
@@ -24,8 +26,104 @@ pub(super) enum Kind {
     Unallocated,
 }
 
-impl Qcow2Image {
-    pub(super) fn kind_at(&self, st: &mut State, guest: u64) -> Result<(Kind, u64), BlockError> {
+/// See the module docs.
+pub(crate) struct StatusWalker<'a> {
+    chain: &'a Chain,
+}
+
+impl<'a> StatusWalker<'a> {
+    pub fn new(chain: &'a Chain) -> Self {
+        StatusWalker { chain }
+    }
+
+    /// The status of the run starting at `offset` (the range checked
+    /// against the disk's size by the caller), at most `len` bytes.
+    pub fn status(
+        &self,
+        state: &Mutex<State>,
+        offset: u64,
+        len: u64,
+    ) -> Result<BlockStatus, BlockError> {
+        let end = offset + len;
+        let (kind, run, prealloc) = {
+            let mut st = lock(state);
+            let prealloc = match st.metadata_prealloc {
+                Some(p) => p,
+                None => {
+                    let p = prealloc_detect::looks_metadata_preallocated(
+                        &mut st.meta,
+                        &self.chain.files[0],
+                    );
+                    st.metadata_prealloc = Some(p);
+                    p
+                }
+            };
+            let (kind, mut n) = self.kind_at(&mut st, offset)?;
+            n = n.min(len);
+            while offset + n < end {
+                let (k, m) = self.kind_at(&mut st, offset + n)?;
+                let same = match (kind, k) {
+                    (Kind::Data(a), Kind::Data(b)) => a + n == b,
+                    (Kind::Zero(Some(a)), Kind::Zero(Some(b))) => a + n == b,
+                    (a, b) => a == b,
+                };
+                if !same {
+                    break;
+                }
+                n = (n + m).min(len);
+            }
+            (kind, n, prealloc)
+        };
+        let data_file = self.chain.data_file;
+        let file = Some(data_file);
+        Ok(match kind {
+            Kind::Data(host) => {
+                // Metadata preallocation: a hole in the file reads as zero.
+                let (run, zero) = if prealloc {
+                    prealloc_detect::file_extent(
+                        &self.chain.files[usize::from(data_file.0)],
+                        host,
+                        run,
+                    )
+                } else {
+                    (run, false)
+                };
+                BlockStatus {
+                    len: run,
+                    depth: 0,
+                    present: true,
+                    zero,
+                    data: true,
+                    compressed: false,
+                    offset: Some(host),
+                    file,
+                }
+            }
+            Kind::Zero(host) => BlockStatus {
+                len: run,
+                depth: 0,
+                present: true,
+                zero: true,
+                data: false,
+                compressed: false,
+                offset: host,
+                file: host.and(file),
+            },
+            Kind::Compressed => BlockStatus {
+                len: run,
+                depth: 0,
+                present: true,
+                zero: false,
+                data: true,
+                compressed: true,
+                offset: None,
+                file: Some(FileId(0)),
+            },
+            Kind::Unallocated => self.backing_status(offset, run)?,
+        })
+    }
+
+    fn kind_at(&self, st: &mut State, guest: u64) -> Result<(Kind, u64), BlockError> {
         let meta = &mut st.meta;
         let cs = meta.g.cluster_size;
         let in_c = guest & (cs - 1);
@@ -64,7 +162,7 @@ impl Qcow2Image {
         })
     }
 
-    pub(super) fn backing_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
+    fn backing_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
         let unallocated = |len, depth| BlockStatus {
             len,
             depth,
@@ -75,7 +173,7 @@ impl Qcow2Image {
             offset: None,
             file: None,
         };
-        let Some(b) = &self.backing else {
+        let Some(b) = &self.chain.backing else {
             return Ok(unallocated(len, 0));
         };
         let bsize = b.image.size();
@@ -87,18 +185,8 @@ impl Qcow2Image {
         let mut s = b.image.block_status(offset, len.min(bsize - offset))?;
         s.depth += 1;
         if let Some(f) = &mut s.file {
-            f.0 += self.backing_base;
+            f.0 += self.chain.backing_base;
         }
         Ok(s)
-    }
-
-    /// Makes everything before durable, then writes `new_size` into the
-    /// header and takes it as the disk's size (the L1 table must already
-    /// cover it).
-    pub(super) fn write_size(&self, meta: &mut MetaState, new_size: u64) -> Result<(), BlockError> {
-        meta.barrier()?;
-        meta.write(MetaKind::Header, OFF_SIZE, &new_size.to_be_bytes())?;
-        self.size.store(new_size, Ordering::Release);
-        Ok(())
     }
 }

@@ -1,8 +1,12 @@
-//! Undoing an image-tool operation that failed half-way (`ch-img
-//! snapshot`, `rebase`, `commit`, `resize`), so a failed command leaves
-//! the image file as it was: qcow2's [`FailureUndo`].
+//! Undoing an image-tool operation that failed half-way, so a failed
+//! command leaves the image file as it was: qcow2's `FailureUndo` (in
+//! `tools`), with an [`UndoLog`] around the operation. `ch-img snapshot`,
+//! `rebase`, `commit` and `resize` run their changes in it, and amend and
+//! the persistent-bitmap changes always do (`tools`): it is the one way a
+//! failed tool operation puts the file back.
 //!
-//! Everything the image still caches is written first. Then the
+//! Everything the image still caches is written first, and the file cut
+//! to the end of its clusters. Then the
 //! operation runs with an [`UndoIo`] in front of the image's metadata-I/O
 //! seam: before each write lands on bytes the file held when the
 //! operation began, those bytes are read and kept. If the operation fails
@@ -15,15 +19,15 @@
 //! inside the file (never read back: after the undo no table points at
 //! it) is the one difference that can remain.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::{fs, io};
 
-use super::image::{read_header, Qcow2Image};
+use super::header::read_header_in;
 use super::meta::MetaState;
-use super::meta_io::{MetaIo, MetaKind};
+use super::meta_io::{set_len, MetaIo, MetaKind};
+use super::state::State;
 use crate::error::BlockError;
-use crate::formats::FailureUndo;
 
 /// The bytes the operation overwrote, oldest first.
 struct Saved {
@@ -61,65 +65,78 @@ impl MetaIo for UndoIo {
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()
     }
+
+    /// Not kept: the undo cuts the file back to its old length anyway.
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
 }
 
-impl FailureUndo for Qcow2Image {
-    fn undo_on_failure(
-        &self,
-        op: &mut dyn FnMut() -> Result<(), BlockError>,
-    ) -> Result<(), BlockError> {
-        if self.readonly {
-            return op();
-        }
-        self.write_out_compressed()?;
-        let (file, inner) = {
-            let mut st = self.lock();
-            st.meta.flush_dirty()?;
-            st.meta.barrier()?;
-            (st.meta.file.clone(), Arc::clone(&st.meta.io))
-        };
+/// The undo of one operation: started before it, finished after it.
+pub(crate) struct UndoLog {
+    /// The seam the recording one was put in front of.
+    inner: Arc<dyn MetaIo>,
+    saved: Arc<Saved>,
+}
+
+impl UndoLog {
+    /// Makes everything `meta` caches durable and cuts the file to the
+    /// end of its clusters (the headroom kept for allocation is a hole
+    /// the undo would otherwise have to put back), then puts the
+    /// recording seam in front of its metadata I/O.
+    pub fn start(meta: &mut MetaState) -> Result<Self, BlockError> {
+        meta.flush_dirty()?;
+        meta.barrier()?;
+        meta.trim_reserve()?;
+        let inner = Arc::clone(&meta.io);
         let saved = Arc::new(Saved {
-            old_len: file_len(&file, &self.path)?,
+            old_len: file_len(&meta.file, &meta.path)?,
             writes: Mutex::new(Vec::new()),
         });
-        self.wrap_meta_io(|inner| {
-            Arc::new(UndoIo {
-                inner,
-                saved: Arc::clone(&saved),
-            })
+        meta.io = Arc::new(UndoIo {
+            inner: Arc::clone(&inner),
+            saved: Arc::clone(&saved),
         });
-        let result = op();
-        let mut st = self.lock();
-        st.meta.io = Arc::clone(&inner);
-        let Err(e) = result else {
-            return Ok(());
-        };
-        let reloaded = restore(&*inner, &file, &saved, &self.path).and_then(|()| {
-            let (header, file_size) = read_header(&file, &self.path)?;
+        Ok(UndoLog { inner, saved })
+    }
+
+    /// Takes the recording seam away again. If the operation `failed`,
+    /// puts the file back as it was and reloads the image's tables and
+    /// feature bits (`st`) and its disk size from it; if that fails too,
+    /// the image refuses every later write.
+    pub fn finish(self, st: &mut State, size: &AtomicU64, failed: bool) {
+        st.meta.io = Arc::clone(&self.inner);
+        if !failed {
+            return;
+        }
+        let path = st.meta.path.clone();
+        let file = Arc::clone(&st.meta.file);
+        let reloaded = restore(&*self.inner, &file, &self.saved, &path).and_then(|()| {
+            let file_size = file_len(&file, &path)?;
+            let header = read_header_in(&*self.inner, file_size, &path, true)?;
+            let io = Arc::clone(&self.inner);
             let mut meta =
-                MetaState::load(&header, Arc::clone(&file), self.path.clone(), file_size)?;
-            meta.io = Arc::clone(&inner);
+                MetaState::load(&header, Arc::clone(&file), io, path.clone(), file_size)?;
             meta.barriers = st.meta.barriers;
             meta.overlap_checks = st.meta.overlap_checks;
             meta.l2_write_through = st.meta.l2_write_through;
             Ok((meta, header.size, header.incompatible))
         });
         match reloaded {
-            Ok((meta, size, incompatible)) => {
+            Ok((meta, disk_size, incompatible)) => {
                 st.meta = meta;
                 st.incompatible = incompatible;
-                self.size.store(size, Ordering::Release);
+                size.store(disk_size, Ordering::Release);
             }
             Err(undo) => {
                 log::error!(
                     "{}: could not undo a failed operation ({undo}); refusing further writes",
-                    self.path.display()
+                    path.display()
                 );
                 st.meta.corrupt.set(true);
                 st.meta.reserved_end = st.meta.file_size;
             }
         }
-        Err(e)
     }
 }
 
@@ -147,17 +164,13 @@ fn restore(
         }
     }
     if file_len(file, path)? != saved.old_len {
-        file.set_len(saved.old_len)
-            .map_err(|source| BlockError::MetadataWrite {
-                what: "image size (undoing a failed operation)".into(),
-                source,
-            })?;
+        set_len(io, saved.old_len, "undoing a failed operation")?;
     }
     super::meta_io::sync(io)
 }
 
 fn file_len(file: &fs::File, path: &std::path::Path) -> Result<u64, BlockError> {
-    crate::formats::raw::file_size(file).map_err(|source| BlockError::Open {
+    crate::formats::holes::file_size(file).map_err(|source| BlockError::Open {
         path: path.to_owned(),
         source,
     })

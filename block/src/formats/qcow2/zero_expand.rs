@@ -20,8 +20,8 @@ use std::collections::HashSet;
 use super::l2_entry::{decode_l1, decode_l2, L2Entry, OFLAG_COPIED, OFLAG_ZERO};
 use super::meta::MetaState;
 use super::meta_io::{be64_at, MetaKind};
-use super::snapshot_ops::{load_table, read_l1};
 use super::snapshot_table::read_snapshot_table;
+use super::tree::{load_table, read_l1};
 use crate::error::BlockError;
 
 /// Expands the zero clusters of every tree; `progress(done, total)` after

@@ -17,10 +17,10 @@ use std::sync::Arc;
 
 use super::barrier::WriteLane;
 use super::compressed::CompressedReads;
+use super::shared::DiskShared;
 use super::spares::Spares;
 use super::table::RequestTable;
 use super::table::{split_token, token, AfterRead, InFlight, OpBuffer, OpKind, OpSlot};
-use super::DiskShared;
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::formats::{CompressedExtent, Format, Waker};

@@ -27,7 +27,7 @@ use std::sync::{Arc, MutexGuard};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::inflate_join::InflateJoins;
-use super::DiskShared;
+use super::shared::DiskShared;
 use crate::aligned::AlignedBuf;
 use crate::formats::CompressedExtent;
 use crate::io::inflate::InflateCache;

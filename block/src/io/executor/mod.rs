@@ -23,14 +23,13 @@
 //! iovecs alive; dropping the executor waits for the engine first.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::BlockError;
 use crate::formats::Format;
 use crate::io::align::DioAlign;
-use crate::io::inflate::InflateCache;
 use crate::io::{Engine, EngineCompletion};
 use crate::request::{BlockRequest, Completion};
 
@@ -44,16 +43,17 @@ mod compressed;
 mod inflate_join;
 mod read_ops;
 pub mod rmw;
+mod shared;
 mod spares;
 mod submit;
 pub mod table;
 mod write_ops;
 
 use accounting::Accounting;
-use barrier::{WriteLane, WriteTracker};
+use barrier::WriteLane;
 use build::OpBuilder;
 use compressed::CompressedReads;
-use rmw::RmwLocks;
+pub use shared::DiskShared;
 
 /// See the module docs.
 pub struct Executor {
@@ -73,19 +73,6 @@ pub struct Executor {
     writes: WriteLane,
     /// O_DIRECT block size writes are locked in (1: buffered, no locks).
     rmw_block: u64,
-}
-
-/// State shared by every queue of one disk.
-#[derive(Default)]
-pub struct DiskShared {
-    /// Partial-block locks of unaligned O_DIRECT writes.
-    pub rmw: RmwLocks,
-    /// Every queue's writes in flight, for discard barriers.
-    pub writes: WriteTracker,
-    /// Recently inflated compressed clusters, for every queue.
-    pub inflated: Mutex<InflateCache>,
-    /// `cache=unsafe`: flushes complete at once without touching the disk.
-    pub ignore_flushes: bool,
 }
 
 impl Executor {

@@ -48,6 +48,7 @@ impl Spares {
     }
 
     /// Takes back a finished request's ops (and their iovec lists).
+    #[inline]
     pub fn put_ops(&mut self, mut ops: Vec<OpSlot>) {
         for op in ops.iter_mut() {
             let mut iov = std::mem::take(&mut op.iov);

@@ -180,7 +180,12 @@ pub struct RequestTable {
     len: usize,
 }
 
+// The per-request accessors are marked inline: they move an `InFlight`
+// (several hundred bytes) in and out, and the executor's parts that call
+// them may be compiled in another codegen unit, where an out-of-line call
+// costs two copies of it (`memcpy`) per request.
 impl RequestTable {
+    #[inline]
     pub fn insert(&mut self, entry: InFlight) -> u32 {
         self.len += 1;
         if let Some(i) = self.free.pop() {
@@ -192,10 +197,12 @@ impl RequestTable {
         }
     }
 
+    #[inline]
     pub fn get_mut(&mut self, slot: u32) -> Option<&mut InFlight> {
         self.slots.get_mut(slot as usize).and_then(Option::as_mut)
     }
 
+    #[inline]
     pub fn remove(&mut self, slot: u32) -> Option<InFlight> {
         let e = self.slots.get_mut(slot as usize).and_then(Option::take);
         if e.is_some() {

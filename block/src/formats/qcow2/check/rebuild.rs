@@ -10,15 +10,20 @@
 //! does the header point at them (so a crash in between leaves the old,
 //! still damaged, structures in place: nothing worse).
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use crate::error::BlockError;
-use crate::formats::qcow2::header::{Header, OFF_REFTABLE};
-use crate::formats::qcow2::image::{read_header_with, Qcow2Image};
-use crate::formats::qcow2::meta_io::{sync, write_at, MetaKind};
+use crate::formats::qcow2::header::{
+    clear_unknown_autoclear, read_header, read_header_with, Header, OFF_REFTABLE,
+};
+use crate::formats::qcow2::meta::MetaState;
+use crate::formats::qcow2::meta_io::{sync, write_at, MetaIo, MetaKind};
 use crate::formats::qcow2::refcount::max_refcount;
 use crate::formats::qcow2::refcount_layout::RefcountLayout;
+use crate::formats::qcow2::snapshot_ops::Snapshotter;
 
 /// Header fields nb_snapshots (u32 at 60) and snapshots_offset (u64 at 64).
 const OFF_SNAPSHOT_FIELDS: u64 = 60;
@@ -79,9 +84,12 @@ pub(super) fn drop_snapshot_table(
     sync(file)
 }
 
-/// Rewrites the snapshot table through the opened image (entries get
-/// qemu's full extra data) once the image is otherwise usable: not
-/// dirty, not marked corrupt. Returns whether it did.
+/// Rewrites the snapshot table (entries get qemu's full extra data)
+/// once the image is otherwise usable: not dirty, not marked corrupt.
+/// Returns whether it did. The image is opened the way a read-write open
+/// would find it (unknown autoclear bits cleared; refused with an
+/// external data file, as snapshots are), but only its tables are loaded:
+/// the snapshot table is all this changes.
 pub(super) fn rewrite_snapshot_table(
     path: &Path,
     messages: &mut Vec<String>,
@@ -97,11 +105,22 @@ pub(super) fn rewrite_snapshot_table(
         return Ok(false);
     }
     messages.push("Repairing the snapshot table (entries without version 3's extra data)".into());
-    let mut opts = crate::options::DiskOptions::new(path);
-    opts.lock = false;
-    opts.image_type = crate::options::ImageType::Qcow2;
-    let image = Qcow2Image::open(&opts, crate::formats::open::open_file(&opts)?)?;
-    image.rewrite_snapshot_table()?;
-    crate::formats::Format::close(&image)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|source| BlockError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+    let (mut header, file_size) = read_header(&file, path)?;
+    clear_unknown_autoclear(&file, path, &mut header, false)?;
+    let file = Arc::new(file);
+    let io = Arc::clone(&file) as Arc<dyn MetaIo>;
+    let mut meta = MetaState::load(&header, file, io, path.to_owned(), file_size)?;
+    let size = AtomicU64::new(header.size);
+    Snapshotter::begin(&mut meta, &size)?.rewrite_table()?;
+    meta.flush_dirty()?;
+    meta.trim_reserve()?;
     Ok(true)
 }

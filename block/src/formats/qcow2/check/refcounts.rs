@@ -15,8 +15,8 @@ use super::{CheckReport, Repair};
 use crate::error::BlockError;
 use crate::formats::qcow2::bitmap_directory::bitmaps_of;
 use crate::formats::qcow2::features::{INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
+use crate::formats::qcow2::header::read_header_with;
 use crate::formats::qcow2::header::{Header, OFF_INCOMPAT};
-use crate::formats::qcow2::image::read_header_with;
 use crate::formats::qcow2::l2_entry::OFLAG_COPIED;
 use crate::formats::qcow2::meta_io::{be64_at, read_at, sync, write_at, MetaKind};
 use crate::formats::qcow2::refcount::{

@@ -1,20 +1,32 @@
-//! The qcow2 header and its extensions: parsing, validation and the few
-//! in-place field updates the driver makes.
+//! The qcow2 header and its extensions: reading, parsing, validation and
+//! the few in-place field updates the driver makes.
 //!
 //! Bytes enter as the image's first cluster (untrusted); they leave as a
 //! validated [`Header`] whose offsets and sizes are known to lie inside the
 //! file, or as a reason string the caller wraps in
-//! `BlockError::InvalidImage` / `BlockError::Unsupported`. `check` reuses
-//! [`Header::parse`].
+//! `BlockError::InvalidImage` / `BlockError::Unsupported`.
+//! [`read_header`] reads the first cluster of an image file through the
+//! metadata-I/O seam and does that wrapping: it is how the opener,
+//! `check`, the bitmap directory and the undo of a failed tool operation
+//! learn an image's header. The bitmaps extension has its own parser
+//! (`bitmaps`).
 
-use super::bitmap_directory::{parse_extension, BitmapsExtension, EXT_BITMAPS};
-use super::features::AUTOCLEAR_BITMAPS;
+use super::features::{AUTOCLEAR_BITMAPS, AUTOCLEAR_KNOWN};
 use super::features::{
     COMPRESSION_DEFLATE, COMPRESSION_ZSTD, INCOMPAT_COMPRESSION, INCOMPAT_CORRUPT,
     INCOMPAT_DATA_FILE, INCOMPAT_DIRTY, INCOMPAT_EXTL2, INCOMPAT_KNOWN,
 };
+use std::fs::File;
+use std::path::Path;
+
 use super::layout::{MAX_L1_BYTES, MAX_REFTABLE_BYTES};
+use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
+use crate::error::BlockError;
+use crate::formats::holes::file_size;
 use crate::formats::Compression;
+
+pub(crate) mod bitmaps;
+use bitmaps::{parse_extension, BitmapsExtension, EXT_BITMAPS};
 
 pub(crate) const MAGIC: u32 = 0x5146_49fb;
 /// Size of the fixed part of a version 2 header.
@@ -421,176 +433,94 @@ fn ext_string(bytes: &[u8], what: &str) -> Result<String, HeaderError> {
     String::from_utf8(trimmed.to_vec()).map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
-    /// A valid v3 header cluster of 64 KiB with tables at clusters 1..3.
-    pub(crate) fn sample() -> (Vec<u8>, u64) {
-        let h = Header {
-            version: 3,
-            backing_file_offset: 0,
-            backing_file_size: 0,
-            cluster_bits: 16,
-            size: 1 << 30,
-            crypt_method: 0,
-            l1_size: 2,
-            l1_table_offset: 3 << 16,
-            refcount_table_offset: 1 << 16,
-            refcount_table_clusters: 1,
-            nb_snapshots: 0,
-            snapshots_offset: 0,
-            incompatible: 0,
-            compatible: 0,
-            autoclear: 0,
-            refcount_order: 4,
-            header_length: V3_HEADER_LEN,
-            compression: Compression::Deflate,
-            backing_file: None,
-            backing_format: None,
-            data_file: None,
-            bitmaps: None,
-        };
-        let mut b = h.encode_fixed();
-        b.resize(1 << 16, 0);
-        (b, 4 << 16)
-    }
-
-    fn set32(b: &mut [u8], off: usize, v: u32) {
-        b[off..off + 4].copy_from_slice(&v.to_be_bytes());
-    }
-
-    fn set64(b: &mut [u8], off: usize, v: u64) {
-        b[off..off + 8].copy_from_slice(&v.to_be_bytes());
-    }
-
-    fn err(b: &[u8], fs: u64) -> HeaderError {
-        Header::parse(b, fs).unwrap_err()
-    }
-
-    #[test]
-    fn sample_parses() {
-        let (b, fs) = sample();
-        let h = Header::parse(&b, fs).unwrap();
-        assert_eq!(h.cluster_size(), 65536);
-        assert_eq!(h.l2_coverage(), 512 << 20);
-        assert!(!h.extended_l2());
-    }
-
-    #[test]
-    fn truncated_header_is_refused() {
-        let (b, fs) = sample();
-        assert!(matches!(err(&b[..50], fs), HeaderError::Invalid(r) if r.contains("truncated")));
-        assert!(matches!(err(&b[..80], fs), HeaderError::Invalid(r) if r.contains("truncated")));
-    }
-
-    #[test]
-    fn bad_magic_and_version() {
-        let (mut b, fs) = sample();
-        b[0] = b'X';
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("magic")));
-        let (mut b, fs) = sample();
-        set32(&mut b, 4, 4);
-        assert!(matches!(err(&b, fs), HeaderError::Unsupported(r) if r.contains("version 4")));
-    }
-
-    #[test]
-    fn cluster_bits_out_of_range() {
-        for bits in [0, 8, 22, 63, u32::MAX] {
-            let (mut b, fs) = sample();
-            set32(&mut b, 20, bits);
-            assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("cluster_bits")));
-        }
-    }
-
-    #[test]
-    fn header_length_checked() {
-        let (mut b, fs) = sample();
-        set32(&mut b, 100, 96);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("too small")));
-        set32(&mut b, 100, 1 << 20);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("larger")));
-    }
-
-    #[test]
-    fn l1_checks() {
-        let (mut b, fs) = sample();
-        set32(&mut b, 36, 1);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("too small")));
-        let (mut b, fs) = sample();
-        set32(&mut b, 36, u32::MAX);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("absurd")));
-        let (mut b, fs) = sample();
-        set64(&mut b, 40, 100 << 16);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("beyond")));
-        let (mut b, fs) = sample();
-        set64(&mut b, 40, 0);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("L1 table offset")));
-    }
-
-    #[test]
-    fn refcount_table_checks() {
-        let (mut b, fs) = sample();
-        set64(&mut b, 48, 0);
-        assert!(
-            matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("overlapping the header"))
-        );
-        let (mut b, fs) = sample();
-        set32(&mut b, 56, 10);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("beyond")));
-        let (mut b, fs) = sample();
-        set32(&mut b, 56, u32::MAX);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("absurd")));
-        let (mut b, fs) = sample();
-        set32(&mut b, 96, 7);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("refcount_order")));
-    }
-
-    #[test]
-    fn features_refused_by_name() {
-        let (mut b, fs) = sample();
-        set32(&mut b, 32, 2);
-        assert!(matches!(err(&b, fs), HeaderError::Unsupported(r) if r.contains("encryption")));
-        let (mut b, fs) = sample();
-        set64(&mut b, 72, 1 << 9);
-        assert!(matches!(err(&b, fs), HeaderError::Unsupported(r) if r.contains("bit 9")));
-        let (mut b, fs) = sample();
-        set64(&mut b, 72, INCOMPAT_COMPRESSION);
-        b[104] = 7;
-        assert!(
-            matches!(err(&b, fs), HeaderError::Unsupported(r) if r.contains("compression type 7"))
-        );
-    }
-
-    #[test]
-    fn backing_name_bounds() {
-        let (mut b, fs) = sample();
-        set64(&mut b, 8, 65530);
-        set32(&mut b, 16, 100);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("outside")));
-        set32(&mut b, 16, 5000);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("length")));
-        let (mut b, fs) = sample();
-        set64(&mut b, 8, 200);
-        set32(&mut b, 16, 4);
-        b[200..204].copy_from_slice(b"base");
-        assert_eq!(
-            Header::parse(&b, fs).unwrap().backing_file.as_deref(),
-            Some("base")
-        );
-    }
-
-    #[test]
-    fn extension_past_cluster_refused() {
-        let (mut b, fs) = sample();
-        set32(&mut b, 112, EXT_BACKING_FORMAT);
-        set32(&mut b, 116, 1 << 20);
-        assert!(matches!(err(&b, fs), HeaderError::Invalid(r) if r.contains("extension")));
-        set32(&mut b, 116, 3);
-        b[120..123].copy_from_slice(b"raw");
-        assert_eq!(
-            Header::parse(&b, fs).unwrap().backing_format.as_deref(),
-            Some("raw")
-        );
+fn header_error(path: &Path, e: HeaderError) -> BlockError {
+    match e {
+        HeaderError::Invalid(reason) => BlockError::InvalidImage {
+            path: path.to_owned(),
+            reason,
+        },
+        HeaderError::Unsupported(feature) => BlockError::Unsupported {
+            path: path.to_owned(),
+            feature,
+        },
     }
 }
+
+/// Reads and validates the header of the image behind `file`; also
+/// returns the file's size (what the header was checked against).
+pub(crate) fn read_header(file: &File, path: &Path) -> Result<(Header, u64), BlockError> {
+    read_header_with(file, path, true)
+}
+
+/// [`read_header`]; `strict_tables` as in [`Header::parse_with`].
+pub(crate) fn read_header_with(
+    file: &File,
+    path: &Path,
+    strict_tables: bool,
+) -> Result<(Header, u64), BlockError> {
+    let file_size = file_size(file).map_err(|source| BlockError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    read_header_in(file, file_size, path, strict_tables).map(|h| (h, file_size))
+}
+
+/// The header of the image behind the metadata-I/O seam `io` (an open
+/// image's), in a file of `file_size` bytes.
+pub(crate) fn read_header_in(
+    io: &dyn MetaIo,
+    file_size: u64,
+    path: &Path,
+    strict_tables: bool,
+) -> Result<Header, BlockError> {
+    let mut probe = vec![0u8; 512.min(file_size) as usize];
+    read_at(io, MetaKind::Header, 0, &mut probe)?;
+    let cluster_bits = probe
+        .get(20..24)
+        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    if !(MIN_CLUSTER_BITS..=MAX_CLUSTER_BITS).contains(&cluster_bits) {
+        // Let the parser name what is wrong with the short buffer.
+        return Header::parse_with(&probe, file_size, strict_tables)
+            .map_err(|e| header_error(path, e));
+    }
+    let mut buf = vec![0u8; (1u64 << cluster_bits).min(file_size) as usize];
+    read_at(io, MetaKind::Header, 0, &mut buf)?;
+    Header::parse_with(&buf, file_size, strict_tables).map_err(|e| header_error(path, e))
+}
+
+/// Clears the autoclear bits a read-write open does not know (as the
+/// spec asks), the bitmaps bit among them unless the open keeps the
+/// persistent bitmaps (`keep_bitmaps`), in the file and in `header`.
+pub(crate) fn clear_unknown_autoclear(
+    file: &File,
+    path: &Path,
+    header: &mut Header,
+    keep_bitmaps: bool,
+) -> Result<(), BlockError> {
+    let known = match keep_bitmaps {
+        true => AUTOCLEAR_KNOWN | AUTOCLEAR_BITMAPS,
+        false => AUTOCLEAR_KNOWN,
+    };
+    let autoclear = header.autoclear & known;
+    if header.version >= 3 && autoclear != header.autoclear {
+        if header.autoclear & AUTOCLEAR_BITMAPS != 0 {
+            // Say so: backup tools that rely on the bitmaps will
+            // find them gone (qemu drops them on its next open).
+            log::warn!(
+                "{}: its persistent dirty bitmaps become invalid: they are not updated by this program",
+                path.display()
+            );
+        }
+        write_at(
+            file,
+            MetaKind::Header,
+            OFF_AUTOCLEAR,
+            &autoclear.to_be_bytes(),
+        )?;
+        header.autoclear = autoclear;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
