@@ -25,6 +25,8 @@ use integration_tests::{project_bin, qemu_img, qemu_io, TempDir};
 struct Holder {
     child: Child,
     what: &'static str,
+    /// Where its stderr goes, for the failure message.
+    log: std::path::PathBuf,
 }
 
 impl Drop for Holder {
@@ -35,14 +37,36 @@ impl Drop for Holder {
 }
 
 impl Holder {
-    /// Waits until the image is locked for writing (qemu-img info, which
-    /// takes a reader's lock, is refused).
+    /// Waits until the image is locked for writing: first until the
+    /// holder's byte locks show in /proc/locks and stay the same for
+    /// 200 ms (a probe that takes a lock itself, while the holder is still
+    /// opening, could make the holder's open fail), then until qemu-img
+    /// info, which takes a reader's lock, is refused.
     fn wait_locked(mut self, image: &str) -> Holder {
         let start = Instant::now();
+        let mut settled: Option<(usize, Instant)> = None;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("{} exited early: {status}", self.what);
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                panic!("{} exited early: {status}\n{log}", self.what);
             }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{} never locked {image}",
+                self.what
+            );
+            let locks = locks_on(image);
+            match settled {
+                Some((n, since)) if n == locks && locks > 0 => {
+                    if since.elapsed() >= Duration::from_millis(200) {
+                        break;
+                    }
+                }
+                _ => settled = Some((locks, Instant::now())),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        loop {
             let out = qemu(&["info", image]);
             if !out.status.success() && stderr(&out).contains("lock") {
                 return self;
@@ -57,14 +81,31 @@ impl Holder {
     }
 }
 
-fn spawn(cmd: &mut Command, what: &'static str) -> Holder {
+/// How many locks /proc/locks lists on `image`'s inode.
+fn locks_on(image: &str) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(image).unwrap().ino();
+    let suffix = format!(":{ino}");
+    std::fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| {
+            line.split_whitespace()
+                .any(|field| field.ends_with(&suffix))
+        })
+        .count()
+}
+
+fn spawn(dir: &TempDir, cmd: &mut Command, what: &'static str) -> Holder {
+    let log = dir.path().join(format!("{what}.log"));
+    let stderr = std::fs::File::create(&log).unwrap();
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
-    Holder { child, what }
+    Holder { child, what, log }
 }
 
 fn qemu_storage_daemon(dir: &TempDir, image: &str) -> Holder {
@@ -79,7 +120,7 @@ fn qemu_storage_daemon(dir: &TempDir, image: &str) -> Holder {
         "--export",
         "type=nbd,id=e,node-name=q,writable=on",
     ]);
-    spawn(&mut cmd, "qemu-storage-daemon").wait_locked(image)
+    spawn(dir, &mut cmd, "qemu-storage-daemon").wait_locked(image)
 }
 
 fn ch_storage_daemon(dir: &TempDir, image: &str) -> Holder {
@@ -91,7 +132,7 @@ fn ch_storage_daemon(dir: &TempDir, image: &str) -> Holder {
             dir.file("vhost.sock")
         ),
     ]);
-    spawn(&mut cmd, "ch-storage-daemon").wait_locked(image)
+    spawn(dir, &mut cmd, "ch-storage-daemon").wait_locked(image)
 }
 
 fn cloud_hypervisor(dir: &TempDir, image: &str) -> Holder {
@@ -101,7 +142,7 @@ fn cloud_hypervisor(dir: &TempDir, image: &str) -> Holder {
     let mut cmd = Command::new(vmm_binary());
     cmd.args(["--kernel", &kernel, "--serial", "off"])
         .args(["--disk", &format!("path={image}")]);
-    spawn(&mut cmd, "cloud-hypervisor").wait_locked(image)
+    spawn(dir, &mut cmd, "cloud-hypervisor").wait_locked(image)
 }
 
 /// A qcow2 image with data and a snapshot, and a second image.
