@@ -296,7 +296,7 @@ impl WorkerState {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
-            if sleeps && spin != Spin::Contended {
+            if sleeps && !matches!(spin, Spin::Contended | Spin::Skipped) {
                 self.poll.record(wait, wait_start.elapsed(), false);
             }
             // Taken: the pass below sets it again if it stops at its bound
