@@ -55,10 +55,9 @@ impl WorkerState {
     /// With one request in flight the worker does not spin for its
     /// completion: that wait is the device's whole latency, not the gap
     /// between completions of many requests, and a spin that misses it
-    /// costs more than its CPU. Measured on the development VM (disk, QD 1,
-    /// 4 KiB random reads): mean latency 113-118 us with the spin against
-    /// 74-80 us without it, and the driver thread's CPU per request 19-22
-    /// us against 6-7 (docs/perf-notes.md, "Device QD 1"). Such a wait is
+    /// costs more than its CPU: on the development VM it made queue-depth-1
+    /// reads slower than no polling at all (docs/perf-notes.md, "Device QD
+    /// 1", has the figures). Such a wait is
     /// not recorded either, so it does not shrink the budget that the
     /// deeper waits of the same kind use. Says how the spin ended.
     pub(super) fn poll_before_sleep(&mut self, wait: WaitKind, start: Instant) -> Spin {

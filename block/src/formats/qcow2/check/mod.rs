@@ -69,3 +69,16 @@ impl CheckReport {
 pub fn check_qcow2(path: &Path, repair: Option<Repair>) -> Result<CheckReport, BlockError> {
     refcounts::check(path, repair)
 }
+
+/// The image file, opened for reading and, when `write`, for the
+/// repairs' writes.
+fn open_image(path: &Path, write: bool) -> Result<std::fs::File, BlockError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(path)
+        .map_err(|source| BlockError::Open {
+            path: path.to_owned(),
+            source,
+        })
+}

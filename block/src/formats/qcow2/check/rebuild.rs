@@ -10,7 +10,7 @@
 //! does the header point at them (so a crash in between leaves the old,
 //! still damaged, structures in place: nothing worse).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -105,14 +105,7 @@ pub(super) fn rewrite_snapshot_table(
         return Ok(false);
     }
     messages.push("Repairing the snapshot table (entries without version 3's extra data)".into());
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|source| BlockError::Open {
-            path: path.to_owned(),
-            source,
-        })?;
+    let file = super::open_image(path, true)?;
     let (mut header, file_size) = read_header(&file, path)?;
     clear_unknown_autoclear(&file, path, &mut header, false)?;
     let file = Arc::new(file);

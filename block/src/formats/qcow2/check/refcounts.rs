@@ -7,7 +7,7 @@
 //! the report shows what is left, as qemu-img does.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::Path;
 
 use super::references::{Findings, References, Walker};
@@ -84,14 +84,7 @@ struct RefcountFix {
 }
 
 fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(repair.is_some())
-        .open(path)
-        .map_err(|source| BlockError::Open {
-            path: path.to_owned(),
-            source,
-        })?;
+    let file = super::open_image(path, repair.is_some())?;
     let (header, file_size) = read_header_with(&file, path, false)?;
     // A bitmap directory qemu refuses to load fails the check, as it
     // fails `qemu-img check` (the image does not open).
@@ -312,14 +305,7 @@ fn report_of(
 /// Clears the dirty bit after a repair left no corruption, and the
 /// corrupt bit too after `-r all` (version 3 only; v2 has no such bits).
 fn clear_flags(path: &Path, repair: Repair) -> Result<(), BlockError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|source| BlockError::Open {
-            path: path.to_owned(),
-            source,
-        })?;
+    let file = super::open_image(path, true)?;
     let mut version = [0u8; 4];
     read_at(&file, MetaKind::Header, 4, &mut version)?;
     if u32::from_be_bytes(version) < 3 {
