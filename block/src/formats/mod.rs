@@ -40,6 +40,7 @@ use crate::error::BlockError;
 pub mod amendment;
 pub mod dirty_bits;
 pub mod holes;
+pub(crate) mod identity;
 pub mod open;
 pub mod plan_cache;
 pub mod probe;

@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use super::amendment::{AmendProgress, Amendment};
 use super::dirty_bits::{BitmapAction, DirtyBits};
+use super::identity::IdentityMap;
 use super::tools::{
     unsupported, Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps,
     Resizable, Snapshots,
 };
 use super::{
-    BlockStatus, Compression, FileId, Format, HostWrite, ImageInfo, ReadPiece, ReadPlan,
-    ReadSource, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan,
+    BlockStatus, Compression, FileId, Format, ImageInfo, ReadPlan, Waker, WriteCommit, WriteOutcome,
 };
 use crate::error::BlockError;
 use crate::lock::ImageLock;
@@ -26,7 +26,7 @@ pub struct RawImage {
     path: PathBuf,
     files: [Arc<File>; 1],
     size: AtomicU64,
-    readonly: bool,
+    map: IdentityMap,
     probed: bool,
     /// Released when the image is dropped (see [`crate::lock`]).
     _lock: Option<ImageLock>,
@@ -49,7 +49,10 @@ impl RawImage {
             path: path.to_owned(),
             files: [file],
             size: AtomicU64::new(size),
-            readonly,
+            map: IdentityMap {
+                file: IMAGE,
+                readonly,
+            },
             probed,
             _lock: None,
         })
@@ -59,21 +62,6 @@ impl RawImage {
     pub(crate) fn with_lock(mut self, lock: Option<ImageLock>) -> Self {
         self._lock = lock;
         self
-    }
-
-    fn check_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        let size = self.size();
-        match offset.checked_add(len) {
-            Some(end) if end <= size => Ok(()),
-            _ => Err(BlockError::OutOfRange { offset, len, size }),
-        }
-    }
-
-    fn check_writable(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        if self.readonly {
-            return Err(BlockError::ReadOnly);
-        }
-        self.check_range(offset, len)
     }
 }
 
@@ -87,23 +75,11 @@ impl Format for RawImage {
     }
 
     fn flush_files(&self) -> Vec<FileId> {
-        if self.readonly {
-            Vec::new()
-        } else {
-            vec![IMAGE]
-        }
+        self.map.flush_files()
     }
 
     fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
-        self.check_range(offset, len)?;
-        plan.push(ReadPiece {
-            len,
-            source: ReadSource::Host {
-                file: IMAGE,
-                offset,
-            },
-        });
-        Ok(())
+        self.map.plan_read(self.size(), offset, len, plan)
     }
 
     fn plan_write(
@@ -112,16 +88,7 @@ impl Format for RawImage {
         len: u64,
         _waker: &Waker,
     ) -> Result<WriteOutcome, BlockError> {
-        self.check_writable(offset, len)?;
-        Ok(WriteOutcome::Ready(WritePlan {
-            ops: vec![HostWrite::Data {
-                file: IMAGE,
-                offset,
-                parts: vec![WriteData::Request { offset: 0, len }],
-            }],
-            commit: None,
-            frees_clusters: false,
-        }))
+        self.map.plan_write(self.size(), offset, len)
     }
 
     fn plan_discard(
@@ -130,16 +97,7 @@ impl Format for RawImage {
         len: u64,
         _waker: &Waker,
     ) -> Result<WriteOutcome, BlockError> {
-        self.check_writable(offset, len)?;
-        Ok(WriteOutcome::Ready(WritePlan {
-            ops: vec![HostWrite::PunchHole {
-                file: IMAGE,
-                offset,
-                len,
-            }],
-            commit: None,
-            frees_clusters: false,
-        }))
+        self.map.plan_discard(self.size(), offset, len)
     }
 
     fn plan_write_zeroes(
@@ -149,27 +107,10 @@ impl Format for RawImage {
         may_unmap: bool,
         _waker: &Waker,
     ) -> Result<WriteOutcome, BlockError> {
-        self.check_writable(offset, len)?;
         // A punched hole reads as zeroes and frees the space; do that only
         // when the guest allows unmapping, else keep the range allocated.
-        let op = if may_unmap {
-            HostWrite::PunchHole {
-                file: IMAGE,
-                offset,
-                len,
-            }
-        } else {
-            HostWrite::ZeroRange {
-                file: IMAGE,
-                offset,
-                len,
-            }
-        };
-        Ok(WriteOutcome::Ready(WritePlan {
-            ops: vec![op],
-            commit: None,
-            frees_clusters: false,
-        }))
+        self.map
+            .plan_write_zeroes(self.size(), offset, len, may_unmap)
     }
 
     fn commit(&self, _commit: WriteCommit) -> Result<(), BlockError> {
@@ -183,7 +124,7 @@ impl Format for RawImage {
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
-        self.check_range(offset, len)?;
+        self.map.check_range(self.size(), offset, len)?;
         // Holes of the file read as zeroes; qemu-img map reports them so.
         let (hole, until) =
             super::holes::extent_at(&self.files[0], offset).unwrap_or((false, u64::MAX));
@@ -216,14 +157,14 @@ impl Format for RawImage {
     }
 
     fn guards_first_sector(&self) -> bool {
-        self.probed && !self.readonly
+        self.probed && !self.map.readonly
     }
 }
 
 impl Resizable for RawImage {
     /// The file's length is the disk's size: set it (a sparse grow).
     fn resize(&self, new_size: u64) -> Result<(), BlockError> {
-        if self.readonly {
+        if self.map.readonly {
             return Err(BlockError::ReadOnly);
         }
         self.files[0]
@@ -248,7 +189,7 @@ impl FailureUndo for RawImage {
     ) -> Result<(), BlockError> {
         let old = self.size.load(Ordering::Acquire);
         let result = op();
-        if result.is_err() && !self.readonly && self.size.load(Ordering::Acquire) != old {
+        if result.is_err() && !self.map.readonly && self.size.load(Ordering::Acquire) != old {
             if let Err(e) = self.files[0].set_len(old) {
                 log::error!(
                     "{}: could not undo a failed resize: {e}",

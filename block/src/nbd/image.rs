@@ -20,13 +20,13 @@ use super::file::NbdFile;
 use crate::error::BlockError;
 use crate::formats::amendment::{AmendProgress, Amendment};
 use crate::formats::dirty_bits::{BitmapAction, DirtyBits};
+use crate::formats::identity::IdentityMap;
 use crate::formats::tools::{
     unsupported, Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps,
     Resizable, Snapshots,
 };
 use crate::formats::{
-    BlockStatus, Compression, FileId, Format, HostWrite, ImageInfo, ReadPiece, ReadPlan,
-    ReadSource, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan,
+    BlockStatus, Compression, FileId, Format, ImageInfo, ReadPlan, Waker, WriteCommit, WriteOutcome,
 };
 use nbd::wire::consts::state;
 
@@ -36,38 +36,18 @@ const NAME: &str = "raw (over NBD)";
 
 pub struct NbdImage {
     file: [Arc<NbdFile>; 1],
-    readonly: bool,
+    map: IdentityMap,
 }
 
 impl NbdImage {
     pub(crate) fn new(file: Arc<NbdFile>, readonly: bool) -> Self {
         NbdImage {
             file: [file],
-            readonly,
+            map: IdentityMap {
+                file: EXPORT,
+                readonly,
+            },
         }
-    }
-
-    fn check_range(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        let size = self.size();
-        match offset.checked_add(len) {
-            Some(end) if end <= size => Ok(()),
-            _ => Err(BlockError::OutOfRange { offset, len, size }),
-        }
-    }
-
-    fn check_writable(&self, offset: u64, len: u64) -> Result<(), BlockError> {
-        if self.readonly {
-            return Err(BlockError::ReadOnly);
-        }
-        self.check_range(offset, len)
-    }
-
-    fn plan(op: HostWrite) -> WriteOutcome {
-        WriteOutcome::Ready(WritePlan {
-            ops: vec![op],
-            commit: None,
-            frees_clusters: false,
-        })
     }
 }
 
@@ -85,23 +65,11 @@ impl Format for NbdImage {
     }
 
     fn flush_files(&self) -> Vec<FileId> {
-        if self.readonly {
-            Vec::new()
-        } else {
-            vec![EXPORT]
-        }
+        self.map.flush_files()
     }
 
     fn plan_read(&self, offset: u64, len: u64, plan: &mut ReadPlan) -> Result<(), BlockError> {
-        self.check_range(offset, len)?;
-        plan.push(ReadPiece {
-            len,
-            source: ReadSource::Host {
-                file: EXPORT,
-                offset,
-            },
-        });
-        Ok(())
+        self.map.plan_read(self.size(), offset, len, plan)
     }
 
     fn plan_write(
@@ -110,12 +78,7 @@ impl Format for NbdImage {
         len: u64,
         _waker: &Waker,
     ) -> Result<WriteOutcome, BlockError> {
-        self.check_writable(offset, len)?;
-        Ok(Self::plan(HostWrite::Data {
-            file: EXPORT,
-            offset,
-            parts: vec![WriteData::Request { offset: 0, len }],
-        }))
+        self.map.plan_write(self.size(), offset, len)
     }
 
     fn plan_discard(
@@ -124,12 +87,7 @@ impl Format for NbdImage {
         len: u64,
         _waker: &Waker,
     ) -> Result<WriteOutcome, BlockError> {
-        self.check_writable(offset, len)?;
-        Ok(Self::plan(HostWrite::PunchHole {
-            file: EXPORT,
-            offset,
-            len,
-        }))
+        self.map.plan_discard(self.size(), offset, len)
     }
 
     fn plan_write_zeroes(
@@ -139,12 +97,8 @@ impl Format for NbdImage {
         _may_unmap: bool,
         _waker: &Waker,
     ) -> Result<WriteOutcome, BlockError> {
-        self.check_writable(offset, len)?;
-        Ok(Self::plan(HostWrite::ZeroRange {
-            file: EXPORT,
-            offset,
-            len,
-        }))
+        // WRITE_ZEROES without NO_HOLE: the server may punch a hole.
+        self.map.plan_write_zeroes(self.size(), offset, len, false)
     }
 
     fn commit(&self, _commit: WriteCommit) -> Result<(), BlockError> {
@@ -158,7 +112,7 @@ impl Format for NbdImage {
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
-        self.check_range(offset, len)?;
+        self.map.check_range(self.size(), offset, len)?;
         let (len, flags) = if self.file[0].has_block_status() && len > 0 {
             let e = self.file[0].block_status(offset, len)?;
             let first = e[0];
