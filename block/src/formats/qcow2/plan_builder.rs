@@ -72,33 +72,35 @@ impl PlanBuilder {
     }
 
     pub fn punch(&mut self, file: FileId, offset: u64, len: u64) {
-        if let Some(HostWrite::PunchHole {
-            file: f,
-            offset: o,
-            len: l,
-        }) = self.ops.last_mut()
-        {
-            if *f == file && *o + *l == offset {
-                *l += len;
-                return;
-            }
-        }
-        self.ops.push(HostWrite::PunchHole { file, offset, len });
+        self.push_range(HostWrite::PunchHole { file, offset, len });
     }
 
     pub fn zero_range(&mut self, file: FileId, offset: u64, len: u64) {
-        if let Some(HostWrite::ZeroRange {
-            file: f,
-            offset: o,
-            len: l,
-        }) = self.ops.last_mut()
-        {
-            if *f == file && *o + *l == offset {
-                *l += len;
-                return;
-            }
+        self.push_range(HostWrite::ZeroRange { file, offset, len });
+    }
+
+    /// Pushes a punch or zero-range op, or extends the last op when it is
+    /// the same kind on the same file and ends where this one begins.
+    fn push_range(&mut self, op: HostWrite) {
+        match (self.ops.last_mut(), &op) {
+            (
+                Some(HostWrite::PunchHole {
+                    file: f,
+                    offset: o,
+                    len: l,
+                }),
+                HostWrite::PunchHole { file, offset, len },
+            )
+            | (
+                Some(HostWrite::ZeroRange {
+                    file: f,
+                    offset: o,
+                    len: l,
+                }),
+                HostWrite::ZeroRange { file, offset, len },
+            ) if *f == *file && *o + *l == *offset => *l += *len,
+            _ => self.ops.push(op),
         }
-        self.ops.push(HostWrite::ZeroRange { file, offset, len });
     }
 }
 
