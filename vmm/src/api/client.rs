@@ -224,31 +224,62 @@ pub fn send(socket: &Path, call: &Call) -> Result<Answer, ClientError> {
     }
     req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     s.write_all(req.as_bytes()).map_err(ClientError::Io)?;
-    // The server closes after its answer: read to the end.
+    // Read until the head and `Content-Length` bytes of body are in: our
+    // server closes after its answer, upstream's keeps the connection.
     let mut raw = Vec::new();
-    s.take(MAX_ANSWER as u64)
-        .read_to_end(&mut raw)
-        .map_err(ClientError::Io)?;
-    parse_answer(&raw)
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(answer) = complete_answer(&raw)? {
+            return Ok(answer);
+        }
+        if raw.len() > MAX_ANSWER {
+            return Err(ClientError::BadAnswer(format!(
+                "the answer is over {MAX_ANSWER} bytes"
+            )));
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => return parse_answer(&raw),
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ClientError::Io(e)),
+        }
+    }
 }
 
-fn parse_answer(raw: &[u8]) -> Result<Answer, ClientError> {
+/// The answer in `raw`, once its head and body are complete.
+fn complete_answer(raw: &[u8]) -> Result<Option<Answer>, ClientError> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut resp = httparse::Response::new(&mut headers);
     let head = match resp.parse(raw) {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => {
-            return Err(ClientError::BadAnswer("the answer ends early".into()))
-        }
+        Ok(httparse::Status::Partial) => return Ok(None),
         Err(e) => return Err(ClientError::BadAnswer(e.to_string())),
     };
     let status = resp
         .code
         .ok_or_else(|| ClientError::BadAnswer("no status".into()))?;
-    Ok(Answer {
+    let mut len = 0usize;
+    for h in resp.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let v = String::from_utf8_lossy(h.value);
+            len = v
+                .trim()
+                .parse()
+                .map_err(|_| ClientError::BadAnswer(format!("bad Content-Length '{v}'")))?;
+        }
+    }
+    if raw.len() < head + len {
+        return Ok(None);
+    }
+    Ok(Some(Answer {
         status,
-        body: String::from_utf8_lossy(&raw[head..]).into_owned(),
-    })
+        body: String::from_utf8_lossy(&raw[head..head + len]).into_owned(),
+    }))
+}
+
+/// A whole answer (the connection ended after it).
+fn parse_answer(raw: &[u8]) -> Result<Answer, ClientError> {
+    complete_answer(raw)?.ok_or_else(|| ClientError::BadAnswer("the answer ends early".into()))
 }
 
 /// An error answer's body (a JSON list of messages) as one line.
