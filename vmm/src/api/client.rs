@@ -297,7 +297,7 @@ pub fn error_text(body: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::super::endpoint::{Flag, Method};
-    use super::super::ApiResponse;
+    use super::super::response::ApiResponse;
     use super::*;
 
     fn args(s: &[&str]) -> Vec<String> {

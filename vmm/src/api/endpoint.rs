@@ -17,7 +17,7 @@ use std::sync::mpsc::SyncSender;
 
 use serde::de::DeserializeOwned;
 
-use super::ApiResponse;
+use super::response::ApiResponse;
 
 /// The HTTP methods the API uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 //! the control loop.
 
 use super::endpoint::{Endpoint, Job};
-use super::ApiResponse;
+use super::response::ApiResponse;
 
 pub const API_ROOT: &str = "/api/v1/";
 

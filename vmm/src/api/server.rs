@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use super::endpoint::Endpoint;
 use super::http::{read_request, write_response};
-use super::{routes, ApiResponse, ApiSender};
+use super::response::ApiResponse;
+use super::{routes, ApiSender};
 
 /// The endpoint table the connection threads route by.
 pub type Table<C> = Arc<Vec<Endpoint<C>>>;

@@ -17,47 +17,16 @@
 //!
 //! Enters as the option's string; leaves as a [`DiskConfig`] whose
 //! values are well-typed (numbers are numbers, `on|off` a bool). What a
-//! disk is built from after the checks is a [`LocalDiskConfig`]: the
-//! block crate's [`DiskOptions`] plus the device's queue settings.
-//! Nothing is opened here.
+//! disk is built from after the checks is a
+//! [`super::local_disk::LocalDiskConfig`]. Nothing is opened here.
 
 use block::options::kv::{parse_on_off, split_top_level, KvError, KvList};
-use block::DiskOptions;
-use virtio_devices::block::rate_limit::RateLimitConfig;
 
 use super::disk_config::{
     DiskConfig, ImageTypeName, LockGranularity, QueueAffinity, RateLimiterConfig, TokenBucket,
 };
+use super::local_disk::MAX_POLL_US;
 use super::ConfigError;
-
-/// Most queues per disk: the vCPU count is small on our machines and each
-/// queue is a thread.
-pub const MAX_QUEUES: u16 = 64;
-/// Largest split virtqueue.
-pub const MAX_QUEUE_SIZE: u16 = 32768;
-/// The virtio-blk serial (GET_ID) is at most 20 bytes.
-pub const MAX_SERIAL: usize = 20;
-/// Largest `poll_us` (the device caps its spin at 1 ms).
-pub const MAX_POLL_US: u32 = 1000;
-
-/// An in-VMM disk, checked: what the device manager opens and builds.
-#[derive(Clone, Debug)]
-pub struct LocalDiskConfig {
-    pub options: DiskOptions,
-    pub num_queues: u16,
-    pub queue_size: u16,
-    pub id: Option<String>,
-    pub serial: Option<String>,
-    /// Throttling of each of the disk's queues (nothing by default).
-    pub rate_limit: RateLimitConfig,
-    /// Host CPUs per queue index (`None`: not pinned).
-    pub queue_affinity: Vec<Option<Vec<usize>>>,
-    /// Ceiling of the queue workers' adaptive spin in microseconds (0: none).
-    pub poll_us: u32,
-    /// Whether an image with a backing file may be opened (its chain is
-    /// then followed); `backing_files=off` refuses one.
-    pub backing_files: bool,
-}
 
 /// `[0@[0,2-3],1@[1]]`: for each listed queue, its host CPUs (ranges
 /// expanded, in order, each once). Which queues and CPUs are allowed is
@@ -211,6 +180,7 @@ pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
 mod tests {
     use super::*;
     use crate::config::disk_resolve::{DiskConfigError, ResolvedDisk};
+    use crate::config::local_disk::LocalDiskConfig;
     use block::options::CacheMode;
     use block::{EngineKind, ImageType};
     use virtio_devices::block::rate_limit::TokenBucketConfig;
@@ -437,5 +407,71 @@ mod tests {
             parse_local("readonly=on"),
             Err(ConfigError::Disk(DiskConfigError::Missing("path")))
         ));
+    }
+
+    // vhost-user disks: the same parser, resolved to a backend's disk.
+    use crate::config::vhost_user_disk::VhostUserDiskConfig;
+
+    fn resolve(s: &str) -> Result<ResolvedDisk, String> {
+        parse_disk(s)
+            .map_err(|e| e.to_string())?
+            .resolve()
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn keys_and_defaults() {
+        let Ok(ResolvedDisk::VhostUser(d)) =
+            resolve("vhost_user=on,socket=/s,num_queues=2,queue_size=256,id=d")
+        else {
+            panic!("not a vhost-user disk")
+        };
+        assert_eq!(
+            d,
+            VhostUserDiskConfig {
+                socket: "/s".into(),
+                num_queues: 2,
+                queue_size: 256,
+                id: Some("d".into()),
+            }
+        );
+        let Ok(ResolvedDisk::VhostUser(d)) = resolve("vhost_user=true,socket=/s") else {
+            panic!("not a vhost-user disk")
+        };
+        assert_eq!((d.num_queues, d.queue_size), (1, 128));
+        assert!(matches!(
+            resolve("path=x,vhost_user=off"),
+            Ok(ResolvedDisk::Local(_))
+        ));
+    }
+
+    #[test]
+    fn refuses_backend_keys_and_missing_socket() {
+        for (kv, key) in [
+            ("path=x", "path"),
+            ("readonly=on", "readonly"),
+            ("direct=on", "direct"),
+            ("cache=none", "cache"),
+            ("image_type=qcow2", "image_type"),
+            ("engine=sync", "engine"),
+            ("serial=x", "serial"),
+            ("bw_size=1,bw_refill_time=1", "rate_limiter_config"),
+            ("ops_size=1,ops_refill_time=1", "rate_limiter_config"),
+            ("queue_affinity=[0@[0]]", "queue_affinity"),
+            ("poll_us=1", "poll_us"),
+            ("backing_files=on", "backing_files"),
+        ] {
+            let e = resolve(&format!("vhost_user=on,socket=/s,{kv}")).unwrap_err();
+            assert!(e.contains(key) && e.contains("backend"), "{kv}: {e}");
+        }
+        for (s, word) in [
+            ("vhost_user=on", "socket"),
+            ("vhost_user=on,socket=/s,num_queues=0", "num_queues"),
+            ("vhost_user=on,socket=/s,bogus=1", "bogus"),
+            ("vhost_user=maybe", "vhost_user"),
+        ] {
+            let e = resolve(s).unwrap_err();
+            assert!(e.contains(word), "{s}: {e}");
+        }
     }
 }

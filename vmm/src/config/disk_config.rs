@@ -13,8 +13,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::disk::LocalDiskConfig;
-use super::VhostUserDiskConfig;
+use super::local_disk::LocalDiskConfig;
+use super::vhost_user_disk::VhostUserDiskConfig;
 
 /// Which format the image is in (`Unknown`: probe it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

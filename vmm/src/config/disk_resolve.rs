@@ -19,9 +19,9 @@ use thiserror::Error;
 use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
 use virtio_devices::block::DEFAULT_POLL_US;
 
-use super::disk::{LocalDiskConfig, MAX_POLL_US, MAX_QUEUES, MAX_QUEUE_SIZE, MAX_SERIAL};
 use super::disk_config::{DiskConfig, ImageTypeName, LockGranularity, TokenBucket};
-use super::VhostUserDiskConfig;
+use super::local_disk::{LocalDiskConfig, MAX_POLL_US, MAX_QUEUES, MAX_QUEUE_SIZE, MAX_SERIAL};
+use super::vhost_user_disk::VhostUserDiskConfig;
 
 /// A disk configuration that cannot be used; each names the field.
 #[derive(Debug, Error, PartialEq, Eq)]

@@ -5,8 +5,8 @@
 //! [`api_socket`]), all built on the generic `key=value` syntax of
 //! `block::options::kv`. A disk is parsed into Cloud Hypervisor's
 //! [`DiskConfig`] ([`disk_config`], the type the API shares) and checked
-//! once by [`disk_resolve`] into a [`LocalDiskConfig`] or a
-//! [`VhostUserDiskConfig`]. The result is a complete [`VmConfig`] (or
+//! once by [`disk_resolve`] into a [`LocalDiskConfig`] ([`local_disk`])
+//! or a [`VhostUserDiskConfig`]. The result is a complete [`VmConfig`] (or
 //! help / version); nothing is opened until it is.
 
 pub mod api_socket;
@@ -15,6 +15,7 @@ pub mod cpus;
 pub mod disk;
 pub mod disk_config;
 pub mod disk_resolve;
+pub mod local_disk;
 pub mod memory;
 pub mod serial;
 pub mod size;
@@ -27,9 +28,9 @@ use thiserror::Error;
 
 pub use api_socket::ApiSocketConfig;
 pub use args::{parse_args, Command};
-pub use disk::LocalDiskConfig;
 pub use disk_config::DiskConfig;
 pub use disk_resolve::{DiskConfigError, ResolvedDisk};
+pub use local_disk::LocalDiskConfig;
 pub use memory::MemoryConfig;
 pub use serial::SerialMode;
 pub use vhost_user_disk::VhostUserDiskConfig;
