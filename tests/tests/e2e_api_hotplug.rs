@@ -201,7 +201,7 @@ fn bad_add_disk_requests_are_refused_and_the_vm_goes_on() {
         (
             format!(r#"{{"path":"{other}","readonly":"yes"}}"#),
             400,
-            "boolean",
+            "readonly: invalid type",
         ),
         (r#"{"num_queues":1}"#.to_string(), 400, "path"),
         (

@@ -11,7 +11,8 @@
 //! thread: [`Endpoint::prepare`] checks the body and returns a [`Job`],
 //! a closure that holds the parsed body and calls the handler when the
 //! control loop runs it. Unknown fields of a body are ignored, as Cloud
-//! Hypervisor ignores them, and logged by name (`serde_ignored`).
+//! Hypervisor ignores them, and logged by name (`serde_ignored`); a
+//! field of the wrong type is named by its path (`serde_path_to_error`).
 
 use std::sync::mpsc::SyncSender;
 
@@ -123,9 +124,20 @@ pub fn parse_body<B: DeserializeOwned>(name: &str, body: &[u8]) -> Result<B, Api
     }
     let mut ignored = Vec::new();
     let mut de = serde_json::Deserializer::from_slice(body);
-    let parsed = serde_ignored::deserialize(&mut de, |path| ignored.push(path.to_string()))
-        .and_then(|b| de.end().map(|()| b))
-        .map_err(|e| ApiResponse::error(400, &["cannot parse the request body", &e.to_string()]))?;
+    let mut note = |path: serde_ignored::Path<'_>| ignored.push(path.to_string());
+    let collecting = serde_ignored::Deserializer::new(&mut de, &mut note);
+    let bad = |e: String| ApiResponse::error(400, &["cannot parse the request body", &e]);
+    // A wrong type or a missing field is named by its path in the body.
+    let parsed = serde_path_to_error::deserialize(collecting).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        bad(if path == "." {
+            inner
+        } else {
+            format!("{path}: {inner}")
+        })
+    })?;
+    de.end().map_err(|e| bad(e.to_string()))?;
     if !ignored.is_empty() {
         log::warn!(
             "api: {name}: ignored unknown field(s) {}",

@@ -123,6 +123,7 @@ mod tests {
         )
         .err()
         .unwrap();
-        assert!(e.body.unwrap().contains("invalid type"));
+        let text = e.body.unwrap();
+        assert!(text.contains("id: invalid type"), "{text}");
     }
 }
