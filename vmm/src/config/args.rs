@@ -154,7 +154,7 @@ pub fn cli() -> clap::Command {
 
 /// `--help`'s text.
 pub fn help() -> String {
-    cli().render_long_help().to_string()
+    cli().render_help().to_string()
 }
 
 /// `--version`'s text.
