@@ -184,23 +184,30 @@ impl<C: 'static> Endpoint<C> {
         )
     }
 
+    /// A `B` body (a PUT), parsed on the API thread; `job` makes the
+    /// work of one request from it.
+    fn parsed<B: DeserializeOwned + Send + 'static>(
+        name: &'static str,
+        body_name: &'static str,
+        job: impl Fn(B) -> Job<C> + Send + Sync + 'static,
+    ) -> Self {
+        Self::row(
+            name,
+            Method::Put,
+            Some(body_name),
+            Box::new(move |name, body| Ok(job(parse_body(name, body)?))),
+        )
+    }
+
     /// A `B` body (a PUT); `handler` answers at once.
     pub fn with_body<B: DeserializeOwned + Send + 'static>(
         name: &'static str,
         body_name: &'static str,
         handler: fn(&mut C, B) -> ApiResponse,
     ) -> Self {
-        Self::row(
-            name,
-            Method::Put,
-            Some(body_name),
-            Box::new(move |name, body| {
-                let b: B = parse_body(name, body)?;
-                Ok(Box::new(move |c: &mut C, r: Responder| {
-                    r.send(handler(c, b))
-                }))
-            }),
-        )
+        Self::parsed(name, body_name, move |b: B| -> Job<C> {
+            Box::new(move |c: &mut C, r: Responder| r.send(handler(c, b)))
+        })
     }
 
     /// A `B` body (a PUT); `handler` keeps the responder and answers when
@@ -210,15 +217,9 @@ impl<C: 'static> Endpoint<C> {
         body_name: &'static str,
         handler: fn(&mut C, B, Responder),
     ) -> Self {
-        Self::row(
-            name,
-            Method::Put,
-            Some(body_name),
-            Box::new(move |name, body| {
-                let b: B = parse_body(name, body)?;
-                Ok(Box::new(move |c: &mut C, r: Responder| handler(c, b, r)))
-            }),
-        )
+        Self::parsed(name, body_name, move |b: B| -> Job<C> {
+            Box::new(move |c: &mut C, r: Responder| handler(c, b, r))
+        })
     }
 
     /// `ch-remote VERB SYNOPSIS`: calls this endpoint.
