@@ -10,21 +10,21 @@
 //! within [`EJECT_TIMEOUT`] (or a paused VM, which cannot) gets the
 //! function taken away all the same, as a surprise removal.
 
-use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{Control, PendingRemoval, VmState};
+use crate::api::endpoint::Responder;
 use crate::api::types::PciDeviceInfo;
 use crate::api::ApiResponse;
-use crate::config::DiskConfig;
-use crate::device_manager::open_disk;
+use crate::config::{DiskConfig, ResolvedDisk};
+use crate::device_manager::{open_disk, DeviceError};
 use crate::disk_registry::DiskBackend;
 
 /// How long a removal waits for the guest to eject the slot.
 pub const EJECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-impl Control<'_> {
+impl Control {
     fn lock_hotplug(&self) -> std::sync::MutexGuard<'_, crate::devices::pci_hotplug::PciHotplug> {
         self.devices
             .hotplug
@@ -32,7 +32,22 @@ impl Control<'_> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn add_disk(&mut self, config: DiskConfig) -> ApiResponse {
+    pub(crate) fn add_disk(&mut self, asked: DiskConfig) -> ApiResponse {
+        let config = match asked.resolve() {
+            Ok(ResolvedDisk::Local(c)) => c,
+            Ok(ResolvedDisk::VhostUser(_)) => {
+                return ApiResponse::error(
+                    400,
+                    &[
+                        "invalid disk configuration",
+                        "'vhost_user' = true is not supported here: vhost-user disks are given at boot (--disk vhost_user=on)",
+                    ],
+                )
+            }
+            Err(e) => {
+                return ApiResponse::error(400, &["invalid disk configuration", &e.to_string()])
+            }
+        };
         if let Some(r) = self.refuse_when_shut("vm.add-disk") {
             return r;
         }
@@ -60,7 +75,14 @@ impl Control<'_> {
         }
         let opened = match open_disk(&config) {
             Ok(o) => o,
-            Err(e) => return ApiResponse::from_error_in(500, Some("cannot add the disk"), &e),
+            Err(e) => {
+                // What the request asked for against the image: 400.
+                let status = match e {
+                    DeviceError::BackingFilesOff { .. } => 400,
+                    _ => 500,
+                };
+                return ApiResponse::from_error_in(status, Some("cannot add the disk"), &e);
+            }
         };
         let (id, slot, bdf) = match self.devices.disks.add_local(opened) {
             Ok(d) => (d.id.clone(), d.function.slot, d.function.bdf()),
@@ -71,7 +93,7 @@ impl Control<'_> {
         ApiResponse::json(&PciDeviceInfo { id, bdf })
     }
 
-    pub(super) fn remove_device(&mut self, id: String, reply: SyncSender<ApiResponse>) {
+    pub(crate) fn remove_device(&mut self, id: String, reply: Responder) {
         let refused = if let Some(r) = self.refuse_when_shut("vm.remove-device") {
             Some(r)
         } else if self.removals.iter().any(|r| r.id == id) {
@@ -88,7 +110,7 @@ impl Control<'_> {
             None
         };
         if let Some(r) = refused {
-            let _ = reply.send(r);
+            reply.send(r);
             return;
         }
         let slot = self
@@ -99,7 +121,7 @@ impl Control<'_> {
             .unwrap_or_default();
         if self.state == VmState::Paused {
             // A paused guest cannot eject: take the device away now.
-            let _ = reply.send(self.finish_removal(&id));
+            reply.send(self.finish_removal(&id));
             return;
         }
         self.lock_hotplug().request_removal(slot);
@@ -120,7 +142,7 @@ impl Control<'_> {
             if let Some(i) = self.removals.iter().position(|r| r.slot == slot) {
                 let r = self.removals.remove(i);
                 log::info!("disk {}: the guest ejected slot {slot}", r.id);
-                let _ = r.reply.send(self.finish_removal(&r.id));
+                r.reply.send(self.finish_removal(&r.id));
             } else if let Some(id) = self.devices.disks.find_by_slot(slot).map(|d| d.id.clone()) {
                 log::info!("disk {id}: the guest ejected slot {slot} unasked; removing it");
                 let _ = self.finish_removal(&id);
@@ -141,14 +163,14 @@ impl Control<'_> {
                 r.id,
                 r.slot
             );
-            let _ = r.reply.send(self.finish_removal(&r.id));
+            r.reply.send(self.finish_removal(&r.id));
         }
     }
 
     /// Every waiting removal, now (the VM is going away).
     pub(super) fn finish_removals_now(&mut self) {
         for r in std::mem::take(&mut self.removals) {
-            let _ = r.reply.send(self.finish_removal(&r.id));
+            r.reply.send(self.finish_removal(&r.id));
         }
     }
 
