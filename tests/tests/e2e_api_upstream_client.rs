@@ -7,8 +7,8 @@
 //!
 //! The client is not packaged anywhere: the test finds it in the folder
 //! `CH_UPSTREAM_DIR` names (`.ci/run` sets it where the binaries exist)
-//! and reports a skip naming the variable otherwise (a failure under
-//! `CH_REQUIRE_ALL=1`).
+//! and reports a skip naming the variable otherwise (even under
+//! `CH_REQUIRE_ALL=1`: a user's clone cannot get them; testkit::upstream).
 //!
 //! Verbs for endpoints we do not serve yet (create, boot, delete,
 //! power-button) and reboot (501 here) are checked to fail cleanly.
@@ -23,24 +23,9 @@ use e2e_api_support::ApiVm;
 use e2e_support::{check_clean, create_lazy_qcow2};
 use integration_tests::{json, qemu_create_overlay, qemu_img, TempDir};
 
-/// The variable that names upstream's binaries' folder.
-const UPSTREAM_DIR: &str = "CH_UPSTREAM_DIR";
-
-/// Upstream's `ch-remote`, when `CH_UPSTREAM_DIR` has it.
+/// Upstream's `ch-remote`, when `CH_UPSTREAM_DIR` names its folder.
 fn upstream_ch_remote() -> Option<PathBuf> {
-    let found = match std::env::var_os(UPSTREAM_DIR) {
-        None => Err(format!(
-            "{UPSTREAM_DIR} is not set (the folder of upstream Cloud Hypervisor's ch-remote; no package provides it)"
-        )),
-        Some(dir) => {
-            let p = PathBuf::from(dir).join("ch-remote");
-            testkit::exists(&p).map(|()| p)
-        }
-    };
-    let check = found.as_ref().map(|_| ()).map_err(Clone::clone);
-    testkit::available(&format!("upstream ch-remote ({UPSTREAM_DIR})"), check)
-        .then(|| found.ok())
-        .flatten()
+    testkit::upstream_binary("ch-remote")
 }
 
 struct Upstream {
