@@ -84,9 +84,16 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     if !p.flag("q") {
         println!("{}", formatting_line(&opts));
     }
-    create_image(&opts).map_err(|source| CliError::Create {
-        path: opts.path.clone(),
-        source,
+    create_image(&opts).map_err(|source| match source {
+        // What the target cannot do (an NBD export that is too small),
+        // as qemu-img says it: the file, then the reason.
+        block::BlockError::CannotDo { image, reason } => {
+            CliError::Usage(format!("{image}: {reason}"))
+        }
+        source => CliError::Create {
+            path: opts.path.clone(),
+            source,
+        },
     })?;
     Ok(0)
 }
