@@ -32,6 +32,20 @@ impl Lacking {
         self.cannot("Block driver does not support snapshots".into())
     }
 
+    /// Reading an internal snapshot in place of the disk (qemu-img's
+    /// words for `convert -l`).
+    pub fn snapshot_view(&self) -> BlockError {
+        self.cannot(format!(
+            "Block format '{}' used by device '' does not support temporarily loading internal snapshots",
+            // An export is a raw image to qemu too.
+            if self.format.starts_with("raw") {
+                "raw"
+            } else {
+                self.format
+            }
+        ))
+    }
+
     /// A backing file to point at, or to commit into and empty.
     pub fn backing_file(&self) -> BlockError {
         self.cannot(format!("{} images have no backing file", self.format))

@@ -53,6 +53,7 @@ pub use image::NbdImage;
 use nbd::client::{ClientConfig, NbdUri};
 
 use crate::error::BlockError;
+use crate::formats::lacking::Lacking;
 use crate::formats::probe::QCOW2_MAGIC;
 use crate::formats::Format;
 use crate::io::Engine;
@@ -88,6 +89,14 @@ fn connect(path: &str, opts: &DiskOptions) -> Result<Arc<NbdFile>, BlockError> {
         uri,
         reconnect_delay: Duration::from_secs(opts.reconnect_delay),
     })
+    .map_err(|e| match e {
+        // Named as the caller spelled it.
+        BlockError::NbdConnect { source, .. } => BlockError::NbdConnect {
+            uri: path.to_string(),
+            source,
+        },
+        e => e,
+    })
 }
 
 const QCOW2_INSIDE: &str = "holds a qcow2 image: qcow2 inside an NBD export is not supported; \
@@ -96,6 +105,13 @@ const QCOW2_INSIDE: &str = "holds a qcow2 image: qcow2 inside an NBD export is n
 /// Opens the export `opts.path` names as a raw disk.
 pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<NbdImage>, BlockError> {
     let path = opts.path.to_string_lossy().into_owned();
+    if opts.snapshot.is_some() {
+        return Err(Lacking {
+            image: path,
+            format: "raw",
+        }
+        .snapshot_view());
+    }
     if opts.image_type == ImageType::Qcow2 {
         return Err(nbd_error(
             &path,

@@ -5,8 +5,9 @@
 //! minimum (it still may tell us its maximum, which we obey).
 //!
 //! A refusal from the server (an `NBD_REP_ERR_*` reply, such as an export
-//! name it does not know) ends the handshake with `NBD_OPT_ABORT`, so the
-//! server sees a client that said goodbye rather than one that vanished.
+//! name it does not know) ends the handshake with `NBD_OPT_ABORT` (and
+//! its ACK is read), so the server sees a client that said goodbye
+//! rather than one that vanished.
 //! Every I/O error names the step it met (a read that timed out under the
 //! caller's socket timeouts is [`NegotiateError::TimedOut`]).
 
@@ -242,9 +243,12 @@ pub fn negotiate<S: Read + Write>(
     }
     negotiate_options(s, cfg, no_zeroes).inspect_err(|e| {
         if e.is_refusal() {
-            // The server waits for the next option: say goodbye. Its
-            // ACK is not waited for (the server may close at once).
-            let _ = send_option(s, opt::ABORT, &[]);
+            // The server waits for the next option: say goodbye, and
+            // take its ACK (or its hang-up) so it does not write to a
+            // closed socket.
+            if send_option(s, opt::ABORT, &[]).is_ok() {
+                let _ = read_reply(s, opt::ABORT);
+            }
         }
     })
 }
