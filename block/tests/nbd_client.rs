@@ -2,7 +2,9 @@
 //! qemu-storage-daemon's NBD export and nbdkit (file and memory). Many
 //! requests in flight, writes split at the server's payload limit,
 //! zeroes, trims and flushes; a qcow2 overlay over an NBD backing file;
-//! reconnection with QEMU's reconnect-delay semantics.
+//! reconnection with QEMU's reconnect-delay semantics and the lines it
+//! logs; what an export cannot do (a typed refusal, the asker's mistake);
+//! errors that name the URI once.
 
 mod nbd_support;
 mod support;
@@ -437,4 +439,40 @@ fn bad_uris_and_missing_servers_are_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("reconnect_delay") && e.contains("NBD"), "{e}");
+}
+
+/// What an export cannot do is the asker's mistake, named by its URI,
+/// in qemu's words: a resize to another size (the same size is fine),
+/// snapshots, a backing file. Nothing changes on the server.
+#[test]
+fn what_an_export_cannot_do_is_the_askers_mistake() {
+    let kind = Kind::QemuStorageDaemon;
+    if !testkit::has_command(NbdServer::tool(kind)) {
+        return;
+    }
+    let dir = scratch("cannot");
+    let img = dir.join("c.raw");
+    std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
+    let server = NbdServer::start(kind, &img, "raw", &dir.join("c.sock"), true);
+    let image = block::ExclusiveImage::open(&DiskOptions::new(&server.uri)).unwrap();
+    image.resizer().resize(4 << 20).unwrap();
+    let e = image.resizer().resize(8 << 20).unwrap_err();
+    assert!(e.is_callers_mistake(), "{e:?}");
+    assert_eq!(e.errno(), libc::EOPNOTSUPP);
+    assert_eq!(
+        e.to_string(),
+        format!("{}: Cannot resize NBD nodes", server.uri)
+    );
+    let tools = image.tools();
+    for e in [
+        tools.snapshot_create("s", (0, 0)).unwrap_err(),
+        tools.set_backing_file(Some("b"), Some("raw")).unwrap_err(),
+    ] {
+        assert!(
+            e.is_callers_mistake() && e.to_string().starts_with(&server.uri),
+            "{e}"
+        );
+    }
+    assert_eq!(image.disk().size(), 4 << 20);
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 4 << 20);
 }

@@ -146,19 +146,20 @@ pub fn force_share(p: &crate::args::Parsed) -> bool {
 /// path as given, then why (`Failed to connect to 'SOCKET': ...` as
 /// qemu-img says it).
 pub fn open_error(path: &str, cache: CacheMode, source: BlockError) -> CliError {
+    // The export is the image itself, or (another URI) its backing file.
+    let nbd = |uri: &str, why: String| CliError::OpenNbd {
+        path: path.into(),
+        reason: if uri == path {
+            why
+        } else {
+            format!("Could not open backing file: {why}")
+        },
+    };
     match &source {
-        BlockError::NbdConnect { source: why, .. } => {
-            return CliError::OpenNbd {
-                path: path.into(),
-                reason: crate::error::chain_without_errno(why.as_ref()),
-            }
+        BlockError::NbdConnect { uri, source: why } => {
+            return nbd(uri, crate::error::chain_without_errno(why.as_ref()))
         }
-        BlockError::Nbd { reason, .. } => {
-            return CliError::OpenNbd {
-                path: path.into(),
-                reason: reason.clone(),
-            }
-        }
+        BlockError::Nbd { uri, reason } => return nbd(uri, reason.clone()),
         _ => {}
     }
     match &source {

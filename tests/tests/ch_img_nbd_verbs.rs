@@ -300,3 +300,40 @@ fn qemu_nbd_tcp(raw: &str) -> (testkit::ChildGuard, u16) {
     }
     (testkit::ChildGuard(child), port)
 }
+
+/// An overlay whose backing file is an export: created with an absolute
+/// path (the URI is not resolved against the overlay's folder), and
+/// when the server is not there, the same words as qemu-img's.
+#[test]
+fn an_overlay_over_an_export_answers_as_qemu_img() {
+    if !testkit::has_command("qemu-storage-daemon") || !testkit::has_command("qemu-img") {
+        return;
+    }
+    let dir = TempDir::new("ch-img-nbd-overlay");
+    let (server, _) = serve(&dir);
+    let uri = server.uri.clone();
+    let overlay = dir.file("over.qcow2");
+    let args = ["create", "-f", "qcow2", "-b", &uri, "-F", "raw", "{}"];
+    let (q, c) = both(&args, &overlay, &[(&overlay, "IMG"), (&uri, "URI")]);
+    assert_eq!(q, c);
+    assert_eq!(c.code, 0, "{c:?}");
+    for args in [&["map", "{}"][..], &["info", "--backing-chain", "{}"]] {
+        let c = assert_same(args, &overlay);
+        assert_eq!(c.code, 0, "{c:?}");
+    }
+    drop(server);
+    for (args, code) in [(&["map", "{}"][..], 1), (&["compare", "{}", "{}"], 2)] {
+        let c = assert_same(args, &overlay);
+        assert_eq!(c.code, code, "{c:?}");
+        assert!(
+            c.stderr.starts_with(
+                "TOOL: Could not open 'URI': Could not open backing file: Failed to connect to '"
+            ),
+            "{c:?}"
+        );
+    }
+    let missing = dir.file("missing.qcow2");
+    let (q, c) = both(&args, &missing, &[(&missing, "IMG"), (&uri, "URI")]);
+    assert_eq!(q, c);
+    assert_eq!(c.code, 1, "{c:?}");
+}

@@ -168,6 +168,8 @@ fn check_backing(opts: &mut CreateOptions, unsafe_backing: bool) -> Result<(), C
     let opened = open_reader(&resolved, fmt, CacheMode::Writeback, true).map_err(|e| {
         let why = match e {
             CliError::OpenFile { path, reason } => format!("Could not open '{path}': {reason}"),
+            // qemu-img gives the reason alone for an export.
+            CliError::OpenNbd { reason, .. } => reason,
             CliError::Open { source, .. } => backing_open_error(&resolved, &source),
             other => crate::error::chain(&other),
         };
@@ -187,8 +189,11 @@ fn check_backing(opts: &mut CreateOptions, unsafe_backing: bool) -> Result<(), C
 }
 
 /// The backing file's path, resolved against the new image's folder as
-/// the image will resolve it.
+/// the image will resolve it (an NBD URI is not a path: as it is).
 fn backing_path(image: &std::path::Path, backing: &str) -> String {
+    if block::nbd::is_nbd_path(std::path::Path::new(backing)) {
+        return backing.to_string();
+    }
     let path = match image.parent() {
         Some(dir) if !std::path::Path::new(backing).is_absolute() => dir.join(backing),
         _ => backing.into(),
