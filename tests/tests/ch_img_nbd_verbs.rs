@@ -264,7 +264,7 @@ fn info_names_the_export_as_qemu_img_does_in_every_spelling() {
 }
 
 /// qemu-nbd serving `raw` as the default export on a free TCP port of
-/// 127.0.0.1, for many clients; the port.
+/// 127.0.0.1, for many clients, killed when the guard drops; the port.
 fn qemu_nbd_tcp(raw: &str) -> (testkit::ChildGuard, u16) {
     use std::process::{Command, Stdio};
     // A port nobody listens on (taken, then released for qemu-nbd).
@@ -273,17 +273,10 @@ fn qemu_nbd_tcp(raw: &str) -> (testkit::ChildGuard, u16) {
         .local_addr()
         .unwrap()
         .port();
-    let child = Command::new("timeout")
-        .args([
-            "300",
-            "qemu-nbd",
-            "-t",
-            "-f",
-            "raw",
-            "--shared=8",
-            "-b",
-            "127.0.0.1",
-        ])
+    // Run directly (not under timeout(1)): the guard's kill must reach
+    // qemu-nbd itself.
+    let child = Command::new("qemu-nbd")
+        .args(["-t", "-f", "raw", "--shared=8", "-b", "127.0.0.1"])
         .args(["-p", &port.to_string(), raw])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
