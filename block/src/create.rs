@@ -65,11 +65,7 @@ fn bad(opts: &CreateOptions, option: &str, why: impl std::fmt::Display) -> Block
 /// preallocating), the partial file is removed.
 pub fn create_image(opts: &CreateOptions) -> Result<(), BlockError> {
     if crate::nbd::is_nbd_path(&opts.path) {
-        // As qemu-img: the nbd protocol driver does not create images.
-        return Err(BlockError::Unsupported {
-            path: opts.path.clone(),
-            feature: "creating an image on an NBD export (its server owns it)".into(),
-        });
+        return create_on_export(opts);
     }
     let r = match opts.format {
         ImageType::Raw => create_raw(opts),
@@ -91,7 +87,40 @@ pub fn create_image(opts: &CreateOptions) -> Result<(), BlockError> {
     r
 }
 
-fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
+/// An image "created" on an NBD export, as qemu-img creates one there: a
+/// raw image is the export itself (it keeps its size, must be large
+/// enough, and its first sector is zeroed); qcow2 inside an export is
+/// not supported (our client opens an export as raw), and an export
+/// cannot be preallocated (qemu-img's words).
+fn create_on_export(opts: &CreateOptions) -> Result<(), BlockError> {
+    let image = opts.path.to_string_lossy().into_owned();
+    let cannot = |reason: String| BlockError::CannotDo {
+        image: image.clone(),
+        reason,
+    };
+    match opts.format {
+        ImageType::Raw => {}
+        ImageType::Qcow2 => {
+            return Err(cannot(
+                "qcow2 inside an NBD export is not supported (an export opens as raw); \
+                 create the image elsewhere and export its guest view"
+                    .into(),
+            ))
+        }
+        ImageType::Auto => return Err(bad(opts, "format", "give raw or qcow2")),
+    }
+    check_raw_options(opts)?;
+    if opts.preallocation != Preallocation::Off {
+        return Err(cannot(format!(
+            "Unsupported preallocation mode '{}'",
+            opts.preallocation
+        )));
+    }
+    crate::nbd::create_raw(&image, opts.size)
+}
+
+/// Refuses the options a raw image does not take.
+fn check_raw_options(opts: &CreateOptions) -> Result<(), BlockError> {
     if opts.backing_file.is_some() {
         return Err(bad(opts, "backing_file", "raw images have no backing file"));
     }
@@ -114,6 +143,11 @@ fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
             "metadata is for qcow2; raw images take off, falloc or full",
         ));
     }
+    Ok(())
+}
+
+fn create_raw(opts: &CreateOptions) -> Result<(), BlockError> {
+    check_raw_options(opts)?;
     let (f, _lock) = open_for_create(&opts.path, &opts.sources)?;
     preallocate_range(&f, &opts.path, opts.preallocation, 0, opts.size)?;
     f.sync_all().map_err(BlockError::Flush)

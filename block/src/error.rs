@@ -8,8 +8,10 @@
 //! and how loudly to log it ([`BlockError::log_level`]: a guest's bad
 //! sector is not news, a host EIO is). This is the one seam every front
 //! end answers through: virtio-blk turns the consequence into its status
-//! byte, FUSE and NBD send the errno, and all of them log a failed
-//! request through [`crate::error_log`].
+//! byte, FUSE and NBD send the errno, an API answers a 4xx for the
+//! asker's mistakes ([`BlockError::is_callers_mistake`]) and a 5xx for
+//! the rest, and all of them log a failed request through
+//! [`crate::error_log`].
 
 use std::io;
 use std::path::PathBuf;
@@ -127,6 +129,13 @@ pub enum BlockError {
     /// words (`amend`, persistent bitmaps).
     #[error("{0}")]
     Refused(String),
+    /// An operation this image cannot do by its nature, refused before
+    /// anything changed: an NBD export's size is its server's (qemu-img:
+    /// "Cannot resize NBD nodes"), a raw image has no snapshots or
+    /// backing file. The asker's mistake. `reason` is in qemu-img's words
+    /// where it has them; `image` is the path or the NBD URI.
+    #[error("{image}: {reason}")]
+    CannotDo { image: String, reason: String },
     #[error("the image was marked corrupt earlier in this run; refusing further writes")]
     Corrupt,
     #[error("the image has no file with index {0}")]
@@ -174,7 +183,8 @@ impl BlockError {
             | BadGuestMemory { .. }
             | ProbedRawHeaderWrite { .. }
             | InvalidResize(_)
-            | Refused(_) => Consequence::BadRequest,
+            | Refused(_)
+            | CannotDo { .. } => Consequence::BadRequest,
             Read { .. }
             | Write { .. }
             | Flush(_)
@@ -237,7 +247,7 @@ impl BlockError {
             OutOfRange { .. } | InvalidResize(_) | Refused(_) => libc::EINVAL,
             BadGuestMemory { .. } => libc::EFAULT,
             ProbedRawHeaderWrite { .. } => libc::EPERM,
-            Unsupported { .. } => libc::EOPNOTSUPP,
+            Unsupported { .. } | CannotDo { .. } => libc::EOPNOTSUPP,
             Locked { .. } => libc::EAGAIN,
             BufferAlloc(_) => libc::ENOMEM,
             _ => libc::EIO,
@@ -248,6 +258,13 @@ impl BlockError {
     /// UNSUPP instead of IOERR).
     pub fn is_unsupported(&self) -> bool {
         self.consequence() == Consequence::Unsupported
+    }
+
+    /// Whether the asker should not have asked (a bad size, a write to
+    /// a read-only disk, an operation the image cannot do): an API
+    /// answers it with a 4xx status, not a 5xx.
+    pub fn is_callers_mistake(&self) -> bool {
+        self.consequence() == Consequence::BadRequest
     }
 }
 
@@ -281,6 +298,15 @@ mod tests {
         let mistake = BlockError::InvalidResize("size must be a multiple of 512 bytes".into());
         assert_eq!(mistake.consequence(), Consequence::BadRequest);
         assert_eq!(mistake.log_level(), log::Level::Debug);
+        let nbd = BlockError::CannotDo {
+            image: "nbd://h:10809/e".into(),
+            reason: "Cannot resize NBD nodes".into(),
+        };
+        assert!(nbd.is_callers_mistake() && !nbd.is_unsupported());
+        assert_eq!(nbd.log_level(), log::Level::Debug);
+        assert_eq!(nbd.errno(), libc::EOPNOTSUPP);
+        assert_eq!(nbd.to_string(), "nbd://h:10809/e: Cannot resize NBD nodes");
+        assert!(!read.is_callers_mistake());
     }
 
     #[test]

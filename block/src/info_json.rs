@@ -14,9 +14,13 @@ use crate::formats::qcow2::snapshot_table::SnapshotInfo;
 use crate::formats::ImageInfo;
 use crate::options::{DiskOptions, EngineKind, ImageType};
 
-/// The bytes the file at `path` occupies on its file system.
+/// The bytes the file at `path` occupies on its file system (none for
+/// an NBD export, as qemu-img shows it).
 pub fn allocated_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
+    if crate::nbd::is_nbd_path(path) {
+        return None;
+    }
     std::fs::metadata(path).ok().map(|m| m.blocks() * 512)
 }
 
@@ -51,7 +55,10 @@ pub fn chain_json(path: &Path, top: ImageInfo) -> Result<Vec<Value>, BlockError>
     Ok(out)
 }
 
-/// The JSON object, keys in qemu-img 7.2's order.
+/// The JSON object, keys in qemu-img 7.2's order; `filename` is the path
+/// as QEMU names it ([`crate::nbd::qemu_filename`]: an NBD URI in its
+/// normal form), `dirty-flag` only for formats that have one (not an
+/// NBD export).
 pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
     let mut m = Map::new();
     if let Some(f) = &info.backing_filename_format {
@@ -62,7 +69,7 @@ pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
         m.insert("snapshots".into(), Value::Array(list));
     }
     m.insert("virtual-size".into(), json!(info.virtual_size));
-    m.insert("filename".into(), json!(path));
+    m.insert("filename".into(), json!(crate::nbd::qemu_filename(path)));
     if let Some(c) = info.cluster_size {
         m.insert("cluster-size".into(), json!(c));
     }
@@ -115,7 +122,9 @@ pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
     if let Some(f) = &info.backing_filename {
         m.insert("backing-filename".into(), json!(f));
     }
-    m.insert("dirty-flag".into(), json!(info.dirty.unwrap_or(false)));
+    if let Some(dirty) = info.dirty {
+        m.insert("dirty-flag".into(), json!(dirty));
+    }
     Value::Object(m)
 }
 

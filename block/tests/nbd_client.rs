@@ -2,7 +2,9 @@
 //! qemu-storage-daemon's NBD export and nbdkit (file and memory). Many
 //! requests in flight, writes split at the server's payload limit,
 //! zeroes, trims and flushes; a qcow2 overlay over an NBD backing file;
-//! reconnection with QEMU's reconnect-delay semantics.
+//! reconnection with QEMU's reconnect-delay semantics and the lines it
+//! logs; what an export cannot do (a typed refusal, the asker's mistake);
+//! errors that name the URI once.
 
 mod nbd_support;
 mod support;
@@ -282,12 +284,22 @@ fn requests_wait_for_a_reconnection_within_the_reconnect_delay() {
     if !testkit::has_command(NbdServer::tool(kind)) {
         return;
     }
+    nbd_support::captured_log::install();
     let dir = scratch("reconnect");
     let img = dir.join("r.raw");
     let data = pattern(8, 8 << 20);
     std::fs::write(&img, &data).unwrap();
-    let mut server = NbdServer::start(kind, &img, "raw", &dir.join("r.sock"), true);
+    let sock = dir.join("r.sock");
+    let mut server = NbdServer::start(kind, &img, "raw", &sock, true);
     let uri = server.uri.clone();
+    // What the client logged about this export (tests run in parallel).
+    let sock_name = sock.to_string_lossy().into_owned();
+    let ours = move |needle: &str| {
+        nbd_support::captured_log::lines_with(needle)
+            .into_iter()
+            .filter(|l| l.contains(&sock_name))
+            .collect::<Vec<_>>()
+    };
     let disk = open(&uri, ",reconnect_delay=20");
     let mut q = disk.queue().unwrap();
     assert_eq!(read_one(&mut q, 0).unwrap(), &data[..4096]);
@@ -302,12 +314,41 @@ fn requests_wait_for_a_reconnection_within_the_reconnect_delay() {
     let (r, waited) = within(60, move || reader.join().unwrap());
     assert_eq!(r.unwrap(), &data[8192..8192 + 4096]);
     assert!(waited >= Duration::from_millis(900), "{waited:?}");
+    // The operator sees each connection's loss and return (a multi-conn
+    // server: the first connection and the queue's own), with how long
+    // the export was away.
+    // The connection the read did not use comes back on its own
+    // schedule (1, 2, 4 s ... after the loss).
+    let back = within(60, {
+        let ours = ours.clone();
+        move || loop {
+            let (lost, back) = (ours("connection lost"), ours("reconnected after"));
+            if !lost.is_empty() && back.len() == lost.len() {
+                return back;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    assert!(
+        back[0].starts_with("WARN: ")
+            && back[0].contains(" s away")
+            && back[0].contains("sent again"),
+        "{back:?}"
+    );
+    let away: f64 = back[0]
+        .split("reconnected after ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no duration in {back:?}"));
+    assert!((0.5..30.0).contains(&away), "{back:?}");
     drop(disk);
 
     // Without a delay requests fail at once; the client reconnects in
     // the background and later requests work again.
     let disk = open(&uri, "");
     let mut q = disk.queue().unwrap();
+    let attempts_before = ours("reconnect attempt").len();
     server.kill();
     // The first request may still be answered by the dying connection.
     let failed = within(30, move || {
@@ -317,6 +358,25 @@ fn requests_wait_for_a_reconnection_within_the_reconnect_delay() {
     });
     let (is_err, took, mut q) = failed;
     assert!(is_err && took < Duration::from_secs(5), "{took:?}");
+    // The first attempt (at once) finds no server, or one that is going
+    // away; it is logged with why.
+    let failed = within(30, {
+        let ours = ours.clone();
+        move || loop {
+            let lines = ours("reconnect attempt");
+            if lines.len() > attempts_before {
+                return lines[attempts_before].clone();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    assert!(
+        failed.starts_with("WARN: ")
+            && failed.contains("reconnect attempt 1 failed")
+            && (failed.contains("Failed to connect to")
+                || failed.contains("the server closed the connection")),
+        "{failed}"
+    );
     server.restart();
     let back = within(60, move || {
         let t = Instant::now();
@@ -350,20 +410,28 @@ fn requests_wait_for_a_reconnection_within_the_reconnect_delay() {
 fn bad_uris_and_missing_servers_are_clear_errors() {
     let dir = scratch("bad-uri");
     let missing = format!("nbd+unix:///?socket={}", dir.join("none.sock").display());
+    let refused = dir.join("none.sock").display().to_string();
     for (path, needle) in [
-        (missing.as_str(), "cannot connect"),
-        ("nbd://127.0.0.1:1/x", "cannot connect"),
-        ("nbd+unix:///x", "needs ?socket=PATH"),
-        ("nbds://h/x", "TLS"),
+        (
+            missing.as_str(),
+            format!("Failed to connect to '{refused}'"),
+        ),
+        (
+            "nbd://127.0.0.1:1/x",
+            "Failed to connect to '127.0.0.1:1'".into(),
+        ),
+        ("nbd+unix:///x", "needs ?socket=PATH".into()),
+        ("nbds://h/x", "TLS".into()),
+        (
+            "nbd:localhost",
+            "expected nbd:unix:PATH or nbd:HOST:PORT".into(),
+        ),
     ] {
         let e = Disk::open(&DiskOptions::new(path)).err().unwrap();
-        let chain = format!(
-            "{e}: {}",
-            std::error::Error::source(&e)
-                .map(|s| s.to_string())
-                .unwrap_or_default()
-        );
-        assert!(chain.contains(needle), "{path}: {chain}");
+        let chain = ch_log::error_chain(&e);
+        assert!(chain.contains(&needle), "{path}: {chain}");
+        // The URI is named once, by the block layer.
+        assert_eq!(chain.matches(path).count(), 1, "{chain}");
     }
     let mut kv =
         block::options::kv::KvList::parse("--disk", "path=a.raw,reconnect_delay=5").unwrap();
@@ -371,4 +439,40 @@ fn bad_uris_and_missing_servers_are_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("reconnect_delay") && e.contains("NBD"), "{e}");
+}
+
+/// What an export cannot do is the asker's mistake, named by its URI,
+/// in qemu's words: a resize to another size (the same size is fine),
+/// snapshots, a backing file. Nothing changes on the server.
+#[test]
+fn what_an_export_cannot_do_is_the_askers_mistake() {
+    let kind = Kind::QemuStorageDaemon;
+    if !testkit::has_command(NbdServer::tool(kind)) {
+        return;
+    }
+    let dir = scratch("cannot");
+    let img = dir.join("c.raw");
+    std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
+    let server = NbdServer::start(kind, &img, "raw", &dir.join("c.sock"), true);
+    let image = block::ExclusiveImage::open(&DiskOptions::new(&server.uri)).unwrap();
+    image.resizer().resize(4 << 20).unwrap();
+    let e = image.resizer().resize(8 << 20).unwrap_err();
+    assert!(e.is_callers_mistake(), "{e:?}");
+    assert_eq!(e.errno(), libc::EOPNOTSUPP);
+    assert_eq!(
+        e.to_string(),
+        format!("{}: Cannot resize NBD nodes", server.uri)
+    );
+    let tools = image.tools();
+    for e in [
+        tools.snapshot_create("s", (0, 0)).unwrap_err(),
+        tools.set_backing_file(Some("b"), Some("raw")).unwrap_err(),
+    ] {
+        assert!(
+            e.is_callers_mistake() && e.to_string().starts_with(&server.uri),
+            "{e}"
+        );
+    }
+    assert_eq!(image.disk().size(), 4 << 20);
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 4 << 20);
 }

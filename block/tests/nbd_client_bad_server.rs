@@ -4,12 +4,14 @@
 //! sent, a wrong magic, a read answered short or outside its range, a
 //! hang-up in the middle of a reply: each fails the request with EIO
 //! (and a protocol violation closes the connection for good), never a
-//! panic or a hang.
+//! panic or a hang. A server that accepts and never speaks is a timeout
+//! that says so.
 
 mod nbd_support;
 mod support;
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use block::{BlockRequest, Disk, DiskOptions, IoMemory, RequestOp};
 use nbd_support::{scratch, within, FakeServer, Misbehave};
@@ -107,5 +109,35 @@ fn a_server_that_answers_correctly_is_read_correctly() {
     assert!(
         server.data.lock().unwrap()[512 * 7..512 * 9] == [0xaa; 1024],
         "the write did not land"
+    );
+}
+
+#[test]
+fn a_server_that_never_speaks_is_a_clear_timeout() {
+    let dir = scratch("silent");
+    let sock = dir.join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    // Accepts every client and keeps it, saying nothing.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming() {
+            held.push(s);
+        }
+    });
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let (e, took) = within(60, move || {
+        let t = std::time::Instant::now();
+        let e = Disk::open(&DiskOptions::new(&uri)).err();
+        (e.map(|e| ch_log::error_chain(&e)), t.elapsed())
+    });
+    let e = e.expect("a silent server was opened");
+    assert!(
+        e.contains("timed out after 10 s waiting for the server's greeting"),
+        "{e}"
+    );
+    assert!(!e.contains("temporarily unavailable"), "{e}");
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(30),
+        "{took:?}"
     );
 }

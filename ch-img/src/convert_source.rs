@@ -54,6 +54,10 @@ impl ConvertSource {
                 BlockError::NoSuchSnapshot { .. } => {
                     CliError::Usage("Failed to load snapshot: Can't find snapshot".into())
                 }
+                // An image without snapshots (raw, an NBD export).
+                BlockError::CannotDo { reason, .. } => {
+                    CliError::Usage(format!("Failed to load snapshot: {reason}"))
+                }
                 source => open_error(path, spec.cache, source),
             })?;
             let start = size;

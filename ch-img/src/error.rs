@@ -34,6 +34,9 @@ pub enum CliError {
     /// The image file itself does not open (qemu-img's words).
     #[error("Could not open '{path}': Could not open '{path}': {reason}")]
     OpenFile { path: String, reason: String },
+    /// An NBD export does not open: the path as given, once, then why.
+    #[error("Could not open '{path}': {reason}")]
+    OpenNbd { path: String, reason: String },
     #[error("Could not open '{path}': force-share=on can only be used with read-only images")]
     ForceShareWritable { path: PathBuf },
     /// `convert` could not create its output (qemu-img's words).
@@ -120,6 +123,31 @@ pub enum CliError {
 
 /// The error and its causes on one line, as qemu-img prints them.
 pub use ch_log::error_chain as chain;
+
+/// `e` and its causes on one line, each OS error as `strerror` words it
+/// (without Rust's " (os error N)"), as qemu-img prints them.
+pub fn chain_without_errno(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        parts.push(match c.downcast_ref::<io::Error>() {
+            Some(io) => os_message(io),
+            None => c.to_string(),
+        });
+        cur = c.source();
+    }
+    parts.join(": ")
+}
+
+/// The errno of a block error as qemu-img prints a failed call's
+/// result: `-95 (Operation not supported)`.
+pub fn errno_message(e: &BlockError) -> String {
+    let errno = e.errno();
+    format!(
+        "-{errno} ({})",
+        os_message(&io::Error::from_raw_os_error(errno))
+    )
+}
 
 /// An OS error as C's `strerror` words it (qemu-img's messages), without
 /// Rust's " (os error N)".

@@ -142,8 +142,26 @@ pub fn force_share(p: &crate::args::Parsed) -> bool {
 /// `Open`, or `DirectRefused` when O_DIRECT was asked for and the open
 /// failed with EINVAL (what file systems without O_DIRECT answer), or
 /// qemu-img's words when the file itself does not open (missing, no
-/// permission).
+/// permission). An NBD export that does not open is named once, by the
+/// path as given, then why (`Failed to connect to 'SOCKET': ...` as
+/// qemu-img says it).
 pub fn open_error(path: &str, cache: CacheMode, source: BlockError) -> CliError {
+    // The export is the image itself, or (another URI) its backing file.
+    let nbd = |uri: &str, why: String| CliError::OpenNbd {
+        path: path.into(),
+        reason: if uri == path {
+            why
+        } else {
+            format!("Could not open backing file: {why}")
+        },
+    };
+    match &source {
+        BlockError::NbdConnect { uri, source: why } => {
+            return nbd(uri, crate::error::chain_without_errno(why.as_ref()))
+        }
+        BlockError::Nbd { uri, reason } => return nbd(uri, reason.clone()),
+        _ => {}
+    }
     match &source {
         BlockError::Open {
             path: failed,

@@ -72,9 +72,16 @@ fn amend_matches_qemu_img() {
         let c = assert_same_amend(&dir, &v3, &["-o", o]);
         assert_eq!(c.code, 0, "{o}: {c:?}");
     }
-    // The progress report, where qemu-img's does not follow its refcount
-    // walk: the same digits.
-    for o in ["compat=0.10", "lazy_refcounts=on", "size=128M"] {
+    // The progress report: the same digits, a refcount width change
+    // included (qemu-img counts it in walks over the refcount table).
+    for o in [
+        "compat=0.10",
+        "lazy_refcounts=on",
+        "size=128M",
+        "refcount_bits=64",
+        "refcount_bits=1",
+        "refcount_bits=8,lazy_refcounts=on",
+    ] {
         assert_same_amend(&dir, &v3, &["-p", "-o", o]);
     }
     // A version 2 image with an internal snapshot.
@@ -231,4 +238,23 @@ fn bitmaps_survive_what_qemu_img_keeps_them_through() {
     let (q, c, _, ci) = both(&dir, &img, &["-o", "compat=0.10"]);
     assert_eq!((q.code, c.code), (0, 0));
     assert_clean(&ci);
+}
+
+/// A refcount width change copies every refcount: `-p` moves at every
+/// percent on a large image, digit for digit as qemu-img's.
+#[test]
+fn refcount_width_progress_moves_at_every_percent() {
+    let dir = TempDir::new("amend-p");
+    let big = image(
+        &dir,
+        "big.qcow2",
+        "compat=1.1",
+        "2G",
+        &["write -P 1 0 64M", "write -z 1G 64M"],
+    );
+    for o in ["refcount_bits=64", "refcount_bits=1"] {
+        let c = assert_same_amend(&dir, &big, &["-p", "-o", o]);
+        let reports = c.stdout.matches("/100%)").count();
+        assert!(reports > 100, "{o}: {reports} reports: {:?}", c.stdout);
+    }
 }

@@ -1,6 +1,6 @@
 //! `ch-img commit` against `qemu-img commit` 7.2: twin images committed
 //! by each tool end up reading and laid out the same, into the direct
-//! backing file or (`-b`) a deeper base.
+//! backing file or (`-b`) a deeper base; `-p` reports at every percent.
 
 mod ch_img_support;
 
@@ -140,4 +140,52 @@ fn commit_into_a_deeper_base_matches_qemu_img() {
         "{}",
         String::from_utf8_lossy(&c.stderr)
     );
+}
+
+/// `commit -p` reports at every percent, also inside one large allocated
+/// extent: no two reports more than a point and a half apart (qemu-img's
+/// own report is timing-driven, so not compared digit for digit),
+/// starting at 0 and ending at 100, then "Image committed.".
+#[test]
+fn commit_progress_moves_at_every_percent() {
+    let dir = TempDir::new("commit-p");
+    let base = dir.file("base.qcow2");
+    let top = dir.file("top.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &base, "256M"]);
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-b",
+        "base.qcow2",
+        "-F",
+        "qcow2",
+        &top,
+    ]);
+    qemu_io("qcow2", &top, &["write -P 3 0 256M"]);
+    let out = ch(&["commit", "-p", &top]);
+    let (reports, rest) = out.rsplit_once('\r').expect("progress reports");
+    assert_eq!(rest, "\nImage committed.\n");
+    let percents: Vec<f64> = reports
+        .split('\r')
+        .map(|r| {
+            r.trim()
+                .strip_prefix('(')
+                .and_then(|r| r.strip_suffix("/100%)"))
+                .and_then(|r| r.parse().ok())
+                .unwrap_or_else(|| panic!("not a report: {r:?}"))
+        })
+        .collect();
+    assert_eq!(percents.first(), Some(&0.0), "{percents:?}");
+    assert_eq!(percents.last(), Some(&100.0), "{percents:?}");
+    assert!(
+        percents.len() > 60,
+        "{} reports: {percents:?}",
+        percents.len()
+    );
+    for w in percents.windows(2) {
+        assert!(w[1] >= w[0] && w[1] - w[0] <= 1.5, "{percents:?}");
+    }
+    qemu_io("qcow2", &base, &["read -P 3 0 256M"]);
 }

@@ -1,7 +1,10 @@
 //! `ch-img` on NBD URIs (QEMU's spellings), against qemu-nbd and nbdkit:
 //! `info`, `map`, `convert`, `compare` and `bench` answer as qemu-img
-//! does on the same URI; `check`, `create` and `convert` to an export are
-//! refused with qemu-img's meaning. Every command runs under `timeout`.
+//! does on the same URI; `check`, `create -f qcow2` and `convert` to an
+//! export without `-n` are refused; a refused export name ends the
+//! handshake with NBD_OPT_ABORT (our daemon logs no warning). Every
+//! command runs under `timeout`. ch_img_nbd_verbs.rs holds every verb
+//! against qemu-img's words.
 
 use std::path::Path;
 use std::process::Output;
@@ -180,7 +183,55 @@ fn bench_writes_and_what_an_export_cannot_do_is_refused() {
     );
     assert!(!gone.status.success());
     assert!(
-        String::from_utf8_lossy(&gone.stderr).contains("cannot connect"),
+        String::from_utf8_lossy(&gone.stderr).contains("Failed to connect to"),
         "{gone:?}"
     );
+}
+
+#[test]
+fn a_refused_export_name_ends_the_handshake_politely() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let dir = TempDir::new("ch-img-nbd-abort");
+    let img = dir.file("d.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &img, "1M"]);
+    let sock = dir.path().join("d.sock");
+    let log = dir.path().join("daemon.log");
+    let daemon = Command::new(integration_tests::project_bin(
+        "storage-daemon",
+        "ch-storage-daemon",
+    ))
+    .args(["-v", "--image", &format!("path={img}"), "--export"])
+    .arg(format!("type=nbd,addr=unix:{},name=disk", sock.display()))
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    let mut daemon = testkit::ChildGuard(daemon);
+    let start = Instant::now();
+    // Ready once it says so (a probing connection would be a client
+    // that hangs up, which the daemon rightly warns of).
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("nbd export 'disk' on")
+    {
+        assert!(start.elapsed() < Duration::from_secs(30), "no export");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let uri = |name: &str| format!("nbd+unix:///{name}?socket={}", sock.display());
+    let wrong = timed(ch_img(), &["info", &uri("nope")]);
+    assert_eq!(wrong.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        err.contains("no export named 'nope'") && err.matches("nbd+unix://").count() == 1,
+        "{err}"
+    );
+    ok(ch_img(), &["info", &uri("disk")]);
+    testkit::signal(daemon.id(), "TERM").unwrap();
+    testkit::exit_within(&mut daemon, "ch-storage-daemon", Duration::from_secs(30));
+    let said = std::fs::read_to_string(&log).unwrap();
+    // The client sent NBD_OPT_ABORT: no hang-up for the server to warn of.
+    assert!(said.contains("ended the handshake"), "{said}");
+    assert!(!said.contains("WARN"), "{said}");
 }

@@ -41,6 +41,7 @@ pub mod amendment;
 pub mod dirty_bits;
 pub mod holes;
 pub(crate) mod identity;
+pub(crate) mod lacking;
 pub mod open;
 pub mod plan_cache;
 pub mod probe;

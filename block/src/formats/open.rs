@@ -12,6 +12,7 @@
 use std::fs::File;
 use std::sync::Arc;
 
+use super::lacking::Lacking;
 use super::probe::probe_image_type;
 use super::raw::RawImage;
 use super::tools::ImageTools;
@@ -42,12 +43,11 @@ pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, Bloc
         given => (given, false),
     };
     match image_type {
-        ImageType::Raw | ImageType::Auto if opts.snapshot.is_some() => {
-            Err(BlockError::Unsupported {
-                path: opts.path.clone(),
-                feature: "internal snapshots in raw images".into(),
-            })
+        ImageType::Raw | ImageType::Auto if opts.snapshot.is_some() => Err(Lacking {
+            image: opts.path.display().to_string(),
+            format: "raw",
         }
+        .snapshot_view()),
         ImageType::Raw | ImageType::Auto => {
             let lock = (opts.lock)
                 .then(|| crate::lock::lock_image(&file, &opts.path, opts.lock_mode()))

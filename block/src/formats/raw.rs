@@ -8,9 +8,9 @@ use std::sync::Arc;
 use super::amendment::{AmendProgress, Amendment};
 use super::dirty_bits::{BitmapAction, DirtyBits};
 use super::identity::IdentityMap;
+use super::lacking::Lacking;
 use super::tools::{
-    unsupported, Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps,
-    Resizable, Snapshots,
+    Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps, Resizable, Snapshots,
 };
 use super::{
     BlockStatus, Compression, FileId, Format, ImageInfo, ReadPlan, Waker, WriteCommit, WriteOutcome,
@@ -144,6 +144,8 @@ impl Format for RawImage {
         ImageInfo {
             format: "raw",
             virtual_size: self.size(),
+            // qemu-img shows a raw file's dirty flag (never set).
+            dirty: Some(false),
             ..Default::default()
         }
     }
@@ -203,25 +205,33 @@ impl FailureUndo for RawImage {
     }
 }
 
+impl RawImage {
+    /// The refusals of the capabilities a raw image lacks, naming it.
+    fn lacking(&self) -> Lacking {
+        Lacking {
+            image: self.path.display().to_string(),
+            format: "raw",
+        }
+    }
+}
+
 impl Snapshots for RawImage {
     fn snapshot_create(&self, _name: &str, _date: (u32, u32)) -> Result<(), BlockError> {
-        Err(unsupported("raw", "internal snapshots"))
+        Err(self.lacking().snapshots())
     }
 
     fn snapshot_delete(&self, _name: &str) -> Result<bool, BlockError> {
-        Err(unsupported("raw", "internal snapshots"))
+        Err(self.lacking().snapshots())
     }
 
     fn snapshot_apply(&self, _name: &str) -> Result<bool, BlockError> {
-        Err(unsupported("raw", "internal snapshots"))
+        Err(self.lacking().snapshots())
     }
 }
 
 impl Amendable for RawImage {
     fn check_amendment(&self, _amendment: &Amendment) -> Result<(), BlockError> {
-        Err(BlockError::Refused(
-            "Format driver 'raw' does not support option amendment".into(),
-        ))
+        Err(self.lacking().amendment())
     }
 
     fn amend(&self, amendment: &Amendment, _progress: AmendProgress<'_>) -> Result<(), BlockError> {
@@ -231,37 +241,22 @@ impl Amendable for RawImage {
 
 impl PersistentBitmaps for RawImage {
     fn read_bitmap(&self, name: &str) -> Result<DirtyBits, BlockError> {
-        Err(BlockError::Refused(format!(
-            "Dirty bitmap '{name}' not found"
-        )))
+        Err(self.lacking().read_bitmap(name))
     }
 
     /// Raw images have no bitmaps: every action fails, as in qemu-img.
     fn change_bitmap(&self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError> {
-        let Some(first) = actions.first() else {
-            return Ok(());
-        };
-        let why = match first {
-            BitmapAction::Add { .. } => format!(
-                "Can't store persistent bitmaps to {}: Operation not supported",
-                self.path.display()
-            ),
-            _ => format!("Dirty bitmap '{name}' not found"),
-        };
-        Err(BlockError::Refused(format!(
-            "Operation {} on bitmap {name} failed: {why}",
-            first.name()
-        )))
+        self.lacking().change_bitmap(name, actions)
     }
 }
 
 impl BackingEdits for RawImage {
     fn set_backing_file(&self, _name: Option<&str>, _fmt: Option<&str>) -> Result<(), BlockError> {
-        Err(unsupported("raw", "backing files"))
+        Err(self.lacking().backing_file())
     }
 
     fn make_empty(&self) -> Result<(), BlockError> {
-        Err(unsupported("raw", "emptying"))
+        Err(self.lacking().backing_file())
     }
 }
 
@@ -271,11 +266,11 @@ impl CompressedWrites for RawImage {
     }
 
     fn write_compressed(&self, _offset: u64, _data: &[u8]) -> Result<bool, BlockError> {
-        Err(unsupported("raw", "compressed writes"))
+        Err(self.lacking().compression())
     }
 
     fn write_compressed_packed(&self, _offset: u64, _packed: &[u8]) -> Result<(), BlockError> {
-        Err(unsupported("raw", "compressed writes"))
+        Err(self.lacking().compression())
     }
 
     /// Raw images have no compressed clusters: nothing to cache.

@@ -16,12 +16,12 @@
 //!
 //! | trait | methods | qcow2 | raw |
 //! |---|---|---|---|
-//! | [`Snapshots`] | `snapshot_create/delete/apply` | `Snapshotter`, `qcow2/snapshot_ops.rs` | unsupported |
-//! | [`BackingEdits`] | `set_backing_file`, `make_empty` | `BackingRewrite`, `qcow2/backing_rewrite.rs` | unsupported |
-//! | [`CompressedWrites`] | `write_compressed(_packed)`, `compression`, `set_compressed_cache` | `CompressedWriter`, `qcow2/compress_write.rs` | unsupported |
+//! | [`Snapshots`] | `snapshot_create/delete/apply` | `Snapshotter`, `qcow2/snapshot_ops.rs` | refused (`lacking.rs`) |
+//! | [`BackingEdits`] | `set_backing_file`, `make_empty` | `BackingRewrite`, `qcow2/backing_rewrite.rs` | refused |
+//! | [`CompressedWrites`] | `write_compressed(_packed)`, `compression`, `set_compressed_cache` | `CompressedWriter`, `qcow2/compress_write.rs` | refused |
 //! | [`Resizable`] | `resize`, `backing_size` | `Resize`, `qcow2/resize.rs` | `raw.rs` |
-//! | [`Amendable`] | `check_amendment`, `amend` | `Amender`, `qcow2/amend.rs` (under the undo) | unsupported |
-//! | [`PersistentBitmaps`] | `read_bitmap`, `change_bitmap` | `BitmapEditor`, `qcow2/bitmap_write.rs` (changes under the undo) | unsupported |
+//! | [`Amendable`] | `check_amendment`, `amend` | `Amender`, `qcow2/amend.rs` (under the undo) | refused |
+//! | [`PersistentBitmaps`] | `read_bitmap`, `change_bitmap` | `BitmapEditor`, `qcow2/bitmap_write.rs` (changes under the undo) | refused |
 //! | [`FailureUndo`] | `undo_on_failure` | `UndoLog`, `qcow2/undo.rs` | `raw.rs` |
 //!
 //! Resizing a disk whose queues are running is the one capability an
@@ -164,12 +164,4 @@ impl<T> ImageTools for T where
         + PersistentBitmaps
         + FailureUndo
 {
-}
-
-/// The error of a capability format `name` does not have.
-pub(crate) fn unsupported(name: &str, what: &str) -> BlockError {
-    BlockError::Unsupported {
-        path: std::path::PathBuf::new(),
-        feature: format!("{what} in {name} images"),
-    }
 }

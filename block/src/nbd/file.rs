@@ -13,7 +13,6 @@
 //! its creator's filter. A queue whose own connection cannot be opened
 //! shares the first one.
 
-use std::path::PathBuf;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -101,9 +100,10 @@ impl NbdFile {
         &self.target.uri
     }
 
-    /// The URI as a path (what images name their files by).
-    pub fn path(&self) -> PathBuf {
-        PathBuf::from(self.target.uri.to_string())
+    /// The export's name in messages: its URI, as every log line of
+    /// the client writes it.
+    pub fn name(&self) -> String {
+        self.target.uri.to_string()
     }
 
     pub fn size(&self) -> u64 {
@@ -184,6 +184,35 @@ impl NbdFile {
             .result
             .map(|_| ())
             .map_err(|source| BlockError::Read { offset, source })
+    }
+
+    /// Writes `buf` at `offset` and waits for the server's answer (tool
+    /// work that is not a queue's: `create` zeroing the first sector).
+    pub fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), BlockError> {
+        let iov = [libc::iovec {
+            iov_base: buf.as_ptr().cast_mut().cast(),
+            iov_len: buf.len(),
+        }];
+        let raw = RawIovecs {
+            ptr: iov.as_ptr(),
+            count: 1,
+        };
+        // SAFETY: `iov` names `buf`, which this call borrows until the
+        // operation has completed (`blocking` waits for it); a WRITE only
+        // reads its memory (the payload is copied when it is submitted).
+        let list = unsafe { IovList::from_raw(&raw) };
+        self.blocking(OpKind::Write, offset, buf.len() as u64, list)
+            .result
+            .map(|_| ())
+            .map_err(|source| BlockError::Write { offset, source })
+    }
+
+    /// Asks the server to make every completed write durable (FLUSH).
+    pub fn flush(&self) -> Result<(), BlockError> {
+        self.blocking(OpKind::Flush, 0, 0, IovList::empty())
+            .result
+            .map(|_| ())
+            .map_err(BlockError::Flush)
     }
 
     /// `base:allocation` extents from `offset` (at least one, covering at

@@ -10,8 +10,10 @@
 //! "keep allocated"), flushes FLUSH. Block status is the export's
 //! `base:allocation`, asked inline (as `qemu-img map` over NBD does).
 //! The tool capabilities (snapshots, backing edits, compressed writes,
-//! resize, amend, persistent bitmaps) are refused: an export's shape is
-//! its server's business; a failed tool operation has nothing to undo.
+//! resize, amend, persistent bitmaps) are refused, in qemu-img's words
+//! where it has them ([`crate::formats::lacking`]; a resize to another
+//! size: "Cannot resize NBD nodes"): an export's shape is its server's
+//! business; a failed tool operation has nothing to undo.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -21,9 +23,9 @@ use crate::error::BlockError;
 use crate::formats::amendment::{AmendProgress, Amendment};
 use crate::formats::dirty_bits::{BitmapAction, DirtyBits};
 use crate::formats::identity::IdentityMap;
+use crate::formats::lacking::Lacking;
 use crate::formats::tools::{
-    unsupported, Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps,
-    Resizable, Snapshots,
+    Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps, Resizable, Snapshots,
 };
 use crate::formats::{
     BlockStatus, Compression, FileId, Format, ImageInfo, ReadPlan, Waker, WriteCommit, WriteOutcome,
@@ -34,12 +36,23 @@ use nbd::wire::consts::state;
 const EXPORT: FileId = FileId(0);
 const NAME: &str = "raw (over NBD)";
 
+/// qemu's NBD driver's refusal of any size but the export's.
+const CANNOT_RESIZE: &str = "Cannot resize NBD nodes";
+
 pub struct NbdImage {
     file: [Arc<NbdFile>; 1],
     map: IdentityMap,
 }
 
 impl NbdImage {
+    /// The refusals of the capabilities an export lacks, naming it.
+    fn lacking(&self) -> Lacking {
+        Lacking {
+            image: self.file[0].name(),
+            format: NAME,
+        }
+    }
+
     pub(crate) fn new(file: Arc<NbdFile>, readonly: bool) -> Self {
         NbdImage {
             file: [file],
@@ -152,8 +165,15 @@ impl Format for NbdImage {
 }
 
 impl Resizable for NbdImage {
-    fn resize(&self, _new_size: u64) -> Result<(), BlockError> {
-        Err(unsupported(NAME, "resizing"))
+    /// Only to the size it has (as qemu's NBD driver allows).
+    fn resize(&self, new_size: u64) -> Result<(), BlockError> {
+        if new_size == self.size() {
+            return Ok(());
+        }
+        Err(BlockError::CannotDo {
+            image: self.file[0].name(),
+            reason: CANNOT_RESIZE.into(),
+        })
     }
 
     fn backing_size(&self) -> Option<u64> {
@@ -163,25 +183,25 @@ impl Resizable for NbdImage {
 
 impl Snapshots for NbdImage {
     fn snapshot_create(&self, _name: &str, _date: (u32, u32)) -> Result<(), BlockError> {
-        Err(unsupported(NAME, "internal snapshots"))
+        Err(self.lacking().snapshots())
     }
 
     fn snapshot_delete(&self, _name: &str) -> Result<bool, BlockError> {
-        Err(unsupported(NAME, "internal snapshots"))
+        Err(self.lacking().snapshots())
     }
 
     fn snapshot_apply(&self, _name: &str) -> Result<bool, BlockError> {
-        Err(unsupported(NAME, "internal snapshots"))
+        Err(self.lacking().snapshots())
     }
 }
 
 impl BackingEdits for NbdImage {
     fn set_backing_file(&self, _name: Option<&str>, _fmt: Option<&str>) -> Result<(), BlockError> {
-        Err(unsupported(NAME, "backing files"))
+        Err(self.lacking().backing_file())
     }
 
     fn make_empty(&self) -> Result<(), BlockError> {
-        Err(unsupported(NAME, "emptying"))
+        Err(self.lacking().backing_file())
     }
 }
 
@@ -191,11 +211,11 @@ impl CompressedWrites for NbdImage {
     }
 
     fn write_compressed(&self, _offset: u64, _data: &[u8]) -> Result<bool, BlockError> {
-        Err(unsupported(NAME, "compressed writes"))
+        Err(self.lacking().compression())
     }
 
     fn write_compressed_packed(&self, _offset: u64, _packed: &[u8]) -> Result<(), BlockError> {
-        Err(unsupported(NAME, "compressed writes"))
+        Err(self.lacking().compression())
     }
 
     fn set_compressed_cache(&self, _host_clusters: usize) {}
@@ -203,7 +223,7 @@ impl CompressedWrites for NbdImage {
 
 impl Amendable for NbdImage {
     fn check_amendment(&self, _amendment: &Amendment) -> Result<(), BlockError> {
-        Err(unsupported(NAME, "option amendment"))
+        Err(self.lacking().amendment())
     }
 
     fn amend(&self, amendment: &Amendment, _progress: AmendProgress<'_>) -> Result<(), BlockError> {
@@ -212,12 +232,12 @@ impl Amendable for NbdImage {
 }
 
 impl PersistentBitmaps for NbdImage {
-    fn read_bitmap(&self, _name: &str) -> Result<DirtyBits, BlockError> {
-        Err(unsupported(NAME, "persistent bitmaps"))
+    fn read_bitmap(&self, name: &str) -> Result<DirtyBits, BlockError> {
+        Err(self.lacking().read_bitmap(name))
     }
 
-    fn change_bitmap(&self, _name: &str, _actions: &[BitmapAction]) -> Result<(), BlockError> {
-        Err(unsupported(NAME, "persistent bitmaps"))
+    fn change_bitmap(&self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError> {
+        self.lacking().change_bitmap(name, actions)
     }
 }
 

@@ -185,8 +185,9 @@ impl Inflight {
     }
 
     /// Queues every command in flight again, oldest first (after a
-    /// reconnection); the commands of orphaned operations are dropped.
-    pub fn encode_all(&mut self, out: &mut Outbox) {
+    /// reconnection), and returns how many; the commands of orphaned
+    /// operations are dropped.
+    pub fn encode_all(&mut self, out: &mut Outbox) -> usize {
         let ops = &self.ops;
         let orphan = |c: &Cmd| {
             ops.get(c.op)
@@ -211,9 +212,10 @@ impl Inflight {
         }
         let mut cookies: Vec<u64> = self.cmds.keys().copied().collect();
         cookies.sort_unstable();
-        for c in cookies {
+        for &c in &cookies {
             self.encode(c, out);
         }
+        cookies.len()
     }
 
     /// What the reply parser should expect for `cookie`.

@@ -15,6 +15,11 @@
 //! thread's back-off), and ends the wait of the requests when the
 //! reconnect delay is over. A new connection must show the same export
 //! (size, read-only flag); then every command in flight is sent again.
+//!
+//! What the operator sees (warnings, so the VMM's default level shows
+//! them): the loss with its reason; each failed attempt with its reason,
+//! the first one and then whenever the reason changes or a minute has
+//! passed; and the reconnection, with how long the export was away.
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
@@ -27,10 +32,50 @@ use super::link::{Link, Shared, State, CONNECT_TIMEOUT};
 const RECV_BUF: usize = 256 << 10;
 /// Longest pause between reconnection attempts (QEMU's).
 const MAX_BACKOFF: Duration = Duration::from_secs(16);
+/// A failed attempt whose reason did not change is logged again after
+/// this long.
+const REPEAT_FAILURE_LOG: Duration = Duration::from_secs(60);
+
+/// One time the export was away: since when, and the failed attempts
+/// to get it back (for the log lines).
+struct Outage {
+    since: Instant,
+    attempts: u32,
+    last_logged: Option<(Instant, String)>,
+}
+
+impl Outage {
+    fn new() -> Self {
+        Outage {
+            since: Instant::now(),
+            attempts: 0,
+            last_logged: None,
+        }
+    }
+
+    /// Logs a failed attempt, unless the same reason was logged less
+    /// than a minute ago.
+    fn failed(&mut self, uri: &impl std::fmt::Display, reason: String) {
+        self.attempts += 1;
+        let now = Instant::now();
+        let repeat = self.last_logged.as_ref().is_some_and(|(at, why)| {
+            *why == reason && now.duration_since(*at) < REPEAT_FAILURE_LOG
+        });
+        if !repeat {
+            log::warn!(
+                "nbd: {uri}: reconnect attempt {} failed after {:.1} s away: {reason}",
+                self.attempts,
+                self.since.elapsed().as_secs_f64()
+            );
+            self.last_logged = Some((now, reason));
+        }
+    }
+}
 
 pub(crate) fn run(shared: &Shared) {
     let mut buf = vec![0u8; RECV_BUF];
     let mut backoff = Duration::ZERO;
+    let mut outage: Option<Outage> = None;
     loop {
         let (fd, want_out) = {
             let st = shared.lock();
@@ -44,9 +89,10 @@ pub(crate) fn run(shared: &Shared) {
             }
         };
         if fd < 0 {
-            reconnect(shared, &mut backoff);
+            reconnect(shared, &mut backoff, outage.get_or_insert_with(Outage::new));
             continue;
         }
+        outage = None;
         backoff = Duration::ZERO;
         let mut fds = [
             libc::pollfd {
@@ -173,7 +219,7 @@ fn same_export(old: &ExportInfo, new: &ExportInfo) -> Result<(), String> {
 
 /// One attempt to reconnect, then a pause (cut short by the end of the
 /// reconnect delay or a shutdown).
-fn reconnect(shared: &Shared, backoff: &mut Duration) {
+fn reconnect(shared: &Shared, backoff: &mut Duration, outage: &mut Outage) {
     let uri = &shared.target.uri;
     let attempt = connect(uri, &shared.target.cfg, CONNECT_TIMEOUT);
     let mut guard = shared.lock();
@@ -184,17 +230,23 @@ fn reconnect(shared: &Shared, backoff: &mut Duration) {
     match attempt {
         Ok((stream, info)) => match same_export(&st.info, &info) {
             Ok(()) if stream.set_nonblocking(true).is_ok() => {
-                log::info!("nbd: {uri}: reconnected");
                 st.parser = ReplyParser::new(info.structured);
                 st.inflight.context = info.base_allocation;
                 st.info = info;
                 st.out.clear();
-                st.inflight.encode_all(&mut st.out);
+                let resent = st.inflight.encode_all(&mut st.out);
                 st.link = Link::Up(stream);
+                log::warn!(
+                    "nbd: {uri}: reconnected after {:.1} s away ({} failed attempt{}); {resent} command{} sent again",
+                    outage.since.elapsed().as_secs_f64(),
+                    outage.attempts,
+                    if outage.attempts == 1 { "" } else { "s" },
+                    if resent == 1 { "" } else { "s" },
+                );
                 *backoff = Duration::ZERO;
                 return;
             }
-            Ok(()) => {}
+            Ok(()) => outage.failed(uri, "cannot make the new socket non-blocking".into()),
             Err(why) => {
                 log::error!(
                     "nbd: {uri}: the new connection shows another export ({why}); giving up"
@@ -204,7 +256,7 @@ fn reconnect(shared: &Shared, backoff: &mut Duration) {
                 return;
             }
         },
-        Err(e) => log::debug!("nbd: {uri}: reconnecting: {e}"),
+        Err(e) => outage.failed(uri, ch_log::error_chain(&e)),
     }
     *backoff = if backoff.is_zero() {
         Duration::from_secs(1)

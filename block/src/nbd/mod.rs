@@ -53,11 +53,23 @@ pub use image::NbdImage;
 use nbd::client::{ClientConfig, NbdUri};
 
 use crate::error::BlockError;
+use crate::formats::lacking::Lacking;
 use crate::formats::probe::QCOW2_MAGIC;
 use crate::formats::Format;
 use crate::io::Engine;
 use crate::options::{DiskOptions, ImageType};
 use link::Target;
+
+/// How QEMU names an opened image path: an NBD URI (any spelling) by
+/// the name QEMU's NBD driver gives the export ([`NbdUri::qemu_name`]),
+/// any other path as it is. qemu-img prints it as `info`'s `image:` and
+/// `filename`, and in `map`'s File column.
+pub fn qemu_filename(path: &str) -> String {
+    match NbdUri::parse(path) {
+        Ok(uri) if is_nbd_path(std::path::Path::new(path)) => uri.qemu_name(),
+        _ => path.to_string(),
+    }
+}
 
 fn nbd_error(path: &str, reason: impl Into<String>) -> BlockError {
     BlockError::Nbd {
@@ -77,6 +89,14 @@ fn connect(path: &str, opts: &DiskOptions) -> Result<Arc<NbdFile>, BlockError> {
         uri,
         reconnect_delay: Duration::from_secs(opts.reconnect_delay),
     })
+    .map_err(|e| match e {
+        // Named as the caller spelled it.
+        BlockError::NbdConnect { source, .. } => BlockError::NbdConnect {
+            uri: path.to_string(),
+            source,
+        },
+        e => e,
+    })
 }
 
 const QCOW2_INSIDE: &str = "holds a qcow2 image: qcow2 inside an NBD export is not supported; \
@@ -85,6 +105,13 @@ const QCOW2_INSIDE: &str = "holds a qcow2 image: qcow2 inside an NBD export is n
 /// Opens the export `opts.path` names as a raw disk.
 pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<NbdImage>, BlockError> {
     let path = opts.path.to_string_lossy().into_owned();
+    if opts.snapshot.is_some() {
+        return Err(Lacking {
+            image: path,
+            format: "raw",
+        }
+        .snapshot_view());
+    }
     if opts.image_type == ImageType::Qcow2 {
         return Err(nbd_error(
             &path,
@@ -106,6 +133,28 @@ pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<NbdImage>, BlockError
         }
     }
     Ok(Arc::new(NbdImage::new(file, opts.readonly)))
+}
+
+/// What `qemu-img create -f raw` does on an export (also the output of
+/// `dd` and `convert`): the export keeps its size, which must be at least
+/// `size` (qemu's "Cannot grow NBD nodes"), and its first sector is
+/// zeroed, so an old image header there is not probed again.
+pub(crate) fn create_raw(path: &str, size: u64) -> Result<(), BlockError> {
+    let file = connect(path, &DiskOptions::new(path))?;
+    if file.read_only() {
+        return Err(nbd_error(path, "the export is read-only"));
+    }
+    if size > file.size() {
+        return Err(BlockError::CannotDo {
+            image: path.to_string(),
+            reason: "Cannot grow NBD nodes".into(),
+        });
+    }
+    let first = vec![0u8; size.min(512) as usize];
+    if !first.is_empty() {
+        file.write_at(0, &first)?;
+    }
+    file.flush()
 }
 
 /// Opens the export `name` as the read-only raw backing image of an

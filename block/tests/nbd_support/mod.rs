@@ -201,3 +201,49 @@ pub fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'stat
     rx.recv_timeout(Duration::from_secs(secs))
         .unwrap_or_else(|_| panic!("did not finish within {secs} s"))
 }
+
+/// Log records of this test process, kept for tests that assert what
+/// the client logs (every record at info and above; tests filter by
+/// their own socket path, as tests run in parallel).
+pub mod captured_log {
+    use std::sync::{Mutex, Once};
+
+    static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    static INSTALL: Once = Once::new();
+
+    struct Capture;
+
+    static CAPTURE: Capture = Capture;
+
+    impl log::Log for Capture {
+        fn enabled(&self, m: &log::Metadata) -> bool {
+            m.level() <= log::Level::Info
+        }
+        fn log(&self, r: &log::Record) {
+            if self.enabled(r.metadata()) {
+                let line = format!("{}: {}", r.level(), r.args());
+                LINES.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        }
+        fn flush(&self) {}
+    }
+
+    /// Starts capturing (once per process).
+    pub fn install() {
+        INSTALL.call_once(|| {
+            log::set_logger(&CAPTURE).expect("no other logger in this test");
+            log::set_max_level(log::LevelFilter::Info);
+        });
+    }
+
+    /// The captured lines that contain `needle`.
+    pub fn lines_with(needle: &str) -> Vec<String> {
+        LINES
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
+    }
+}

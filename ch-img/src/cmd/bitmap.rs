@@ -101,7 +101,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         .tools()
         .change_bitmap(bitmap, &actions)
         .map_err(|e| match e {
-            BlockError::Refused(m) => CliError::Usage(m),
+            BlockError::Refused(m) | BlockError::CannotDo { reason: m, .. } => CliError::Usage(m),
             other => CliError::Bitmap(other),
         })?;
     image.close().map_err(CliError::Close)?;

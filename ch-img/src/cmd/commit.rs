@@ -60,15 +60,18 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let fmt = parse_format(p.value("f"))?;
     let cache = parse_cache(p.value("t"), CacheMode::Writeback, CacheFlag::Target)?;
     // qemu-img opens the image read-write first: refuse one another
-    // process uses in qemu-img's words before anything else.
-    drop(
-        lock_path(std::path::Path::new(path), LockMode::Writer).map_err(|source| {
-            CliError::Open {
-                path: path.into(),
-                source,
-            }
-        })?,
-    );
+    // process uses in qemu-img's words before anything else. An NBD
+    // export has no local lock (its server decides who writes it).
+    if !block::nbd::is_nbd_path(std::path::Path::new(path)) {
+        drop(
+            lock_path(std::path::Path::new(path), LockMode::Writer).map_err(|source| {
+                CliError::Open {
+                    path: path.into(),
+                    source,
+                }
+            })?,
+        );
+    }
     let (layers, base_path, base_fmt) = chain_above_base(path, fmt, p.value("b"))?;
     let base = open_image_cached(&base_path, base_fmt, false, cache)?;
     // The layers are open only inside: released (with their locks) before
@@ -209,7 +212,8 @@ fn commit_layers(
 
 /// Copies what `top` (one layer, opened without its chain) maps itself
 /// below `size` into `base`: data is read and written, zero clusters
-/// become write-zeroes.
+/// become write-zeroes. `progress` hears the position after every
+/// extent and every chunk copied.
 fn copy_allocated(
     top: &ImageIo,
     base: &ImageIo,
@@ -248,6 +252,8 @@ fn copy_allocated(
                     source,
                 })?;
             pos += n as u64;
+            // Every chunk counts: `-p` moves at every percent.
+            progress(pos);
         }
     }
     Ok(())

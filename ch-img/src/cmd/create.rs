@@ -84,9 +84,16 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     if !p.flag("q") {
         println!("{}", formatting_line(&opts));
     }
-    create_image(&opts).map_err(|source| CliError::Create {
-        path: opts.path.clone(),
-        source,
+    create_image(&opts).map_err(|source| match source {
+        // What the target cannot do (an NBD export that is too small),
+        // as qemu-img says it: the file, then the reason.
+        block::BlockError::CannotDo { image, reason } => {
+            CliError::Usage(format!("{image}: {reason}"))
+        }
+        source => CliError::Create {
+            path: opts.path.clone(),
+            source,
+        },
     })?;
     Ok(0)
 }
@@ -161,6 +168,8 @@ fn check_backing(opts: &mut CreateOptions, unsafe_backing: bool) -> Result<(), C
     let opened = open_reader(&resolved, fmt, CacheMode::Writeback, true).map_err(|e| {
         let why = match e {
             CliError::OpenFile { path, reason } => format!("Could not open '{path}': {reason}"),
+            // qemu-img gives the reason alone for an export.
+            CliError::OpenNbd { reason, .. } => reason,
             CliError::Open { source, .. } => backing_open_error(&resolved, &source),
             other => crate::error::chain(&other),
         };
@@ -180,8 +189,11 @@ fn check_backing(opts: &mut CreateOptions, unsafe_backing: bool) -> Result<(), C
 }
 
 /// The backing file's path, resolved against the new image's folder as
-/// the image will resolve it.
+/// the image will resolve it (an NBD URI is not a path: as it is).
 fn backing_path(image: &std::path::Path, backing: &str) -> String {
+    if block::nbd::is_nbd_path(std::path::Path::new(backing)) {
+        return backing.to_string();
+    }
     let path = match image.parent() {
         Some(dir) if !std::path::Path::new(backing).is_absolute() => dir.join(backing),
         _ => backing.into(),

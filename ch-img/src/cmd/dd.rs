@@ -132,9 +132,16 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         sources: source.file_identities(),
         ..Default::default()
     };
-    create_image(&create).map_err(|source| CliError::CreateOutput {
-        path: output.into(),
-        source,
+    create_image(&create).map_err(|source| match source {
+        // What the target cannot do, in qemu-img's words (the file is
+        // named once).
+        block::BlockError::CannotDo { reason, .. } => CliError::Usage(format!(
+            "{output}: error while creating output image: {reason}"
+        )),
+        source => CliError::CreateOutput {
+            path: output.into(),
+            source,
+        },
     })?;
     let target = open_image(output, out_format, false)?;
     let start = start.unwrap_or_else(|| {

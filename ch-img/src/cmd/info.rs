@@ -10,7 +10,9 @@
 //! `backing_fmt`, also without its chain): human reports separated by a
 //! blank line, or a JSON list. As in qemu-img, the whole chain is opened
 //! before anything is printed, so a chain that breaks (a missing file, a
-//! loop) prints only the error.
+//! loop) prints only the error. An NBD URI, in any spelling, is named as
+//! qemu-img names it (`nbd://HOST:PORT/NAME`, `nbd+unix://?socket=PATH`
+//! for the default export), without a dirty flag or disk size.
 
 use std::collections::HashSet;
 
@@ -110,10 +112,12 @@ fn open_layer(path: &str, format: ImageType, force_share: bool) -> Result<ImageI
         .map_err(|source| open_error(path, CacheMode::Writeback, source))
 }
 
-/// qemu-img's human-readable report.
+/// qemu-img's human-readable report (an NBD URI named as QEMU names
+/// the export, [`block::nbd::qemu_filename`]).
 pub fn human_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> String {
     let mut s = format!(
-        "image: {path}\nfile format: {}\nvirtual size: {} ({} bytes)\ndisk size: {}\n",
+        "image: {}\nfile format: {}\nvirtual size: {} ({} bytes)\ndisk size: {}\n",
+        block::nbd::qemu_filename(path),
         info.format,
         human_size(info.virtual_size),
         info.virtual_size,

@@ -22,6 +22,7 @@ use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use block::options::CacheMode;
+use block::BlockError;
 
 use crate::options::{
     force_share, open_header_only, open_reader, open_with, parse_cache, parse_format, CacheFlag,
@@ -93,6 +94,9 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
                             CliError::OpenFile { path, reason } => CliError::Usage(format!(
                                 "Could not open new backing file '{backing}': Could not open '{path}': {reason}"
                             )),
+                            CliError::OpenNbd { reason, .. } => CliError::Usage(format!(
+                                "Could not open new backing file '{backing}': {reason}"
+                            )),
                             other => other,
                         },
                     )?,
@@ -106,7 +110,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         image
             .tools()
             .set_backing_file(name, name.and(backing_fmt))
-            .map_err(|source| CliError::Write { offset: 0, source })
+            .map_err(|source| match source {
+                // What the image cannot do, as qemu-img says it.
+                BlockError::CannotDo { .. } => CliError::Usage(format!(
+                    "Could not change the backing file to '{backing}': {}",
+                    crate::error::os_message(&std::io::Error::from_raw_os_error(source.errno()))
+                )),
+                source => CliError::Write { offset: 0, source },
+            })
     });
     let closed = image.close().map_err(CliError::Close);
     result.and(closed)?;

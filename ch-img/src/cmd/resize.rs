@@ -64,7 +64,12 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // failure (ENOSPC while preallocating, EIO) puts the image back as it
     // was, header, tables and length.
     image.undo_on_failure(|| {
-        image.resize(new_size)?;
+        image.resize(new_size).map_err(|e| match e {
+            // What the image cannot do, in qemu-img's words alone
+            // ("Cannot resize NBD nodes").
+            CliError::Resize(block::BlockError::CannotDo { reason, .. }) => CliError::Usage(reason),
+            e => e,
+        })?;
         if new_size > current {
             preallocate_grown(
                 image.format().as_ref(),

@@ -8,9 +8,13 @@
 //! or name, `-d` deletes the first one with that name
 //! ([`block::formats::Snapshots::snapshot_create`], `snapshot_apply`,
 //! `snapshot_delete`). A change that fails (ENOSPC, EIO) leaves the image
-//! as it was ([`crate::image_io::ImageIo::undo_on_failure`]).
+//! as it was ([`crate::image_io::ImageIo::undo_on_failure`]). An image
+//! without internal snapshots (raw, an NBD export) is refused as qemu-img
+//! 7.2 refuses it: `-c` with the errno, `-a` with the reason, `-d` as a
+//! snapshot not found, `-l` lists nothing.
 
 use block::formats::SnapshotInfo;
+use block::BlockError;
 
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
@@ -51,9 +55,16 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         // A failure puts the image back as it was.
         let result = image.undo_on_failure(|| {
             let created = image.tools().snapshot_create(name, now());
-            created.map_err(|source| CliError::Snapshot {
-                what: what(),
-                source,
+            created.map_err(|source| match source {
+                BlockError::CannotDo { .. } => CliError::Usage(format!(
+                    "Could not {}: {}",
+                    what(),
+                    crate::error::errno_message(&source)
+                )),
+                source => CliError::Snapshot {
+                    what: what(),
+                    source,
+                },
             })
         });
         // Close (flush, clean) whatever happened; report the first error.
@@ -79,9 +90,19 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         };
         let result = image.undo_on_failure(|| {
             if opt == "d" {
-                image.tools().snapshot_delete(name).map_err(failed)
+                match image.tools().snapshot_delete(name) {
+                    // No snapshots at all: none by that name (qemu-img's
+                    // answer).
+                    Err(BlockError::CannotDo { .. }) => Ok(false),
+                    other => other.map_err(failed),
+                }
             } else {
-                image.tools().snapshot_apply(name).map_err(failed)
+                image.tools().snapshot_apply(name).map_err(|e| match e {
+                    BlockError::CannotDo { reason, .. } => {
+                        CliError::Usage(format!("Could not {verb} snapshot '{name}': {reason}"))
+                    }
+                    e => failed(e),
+                })
             }
         });
         let closed = image.close().map_err(failed);

@@ -15,28 +15,37 @@ use crate::stream::Stream;
 
 #[derive(Debug, Error)]
 pub enum ConnectError {
-    #[error("cannot connect to {addr}")]
+    /// The socket could not be connected (qemu-img's words).
+    #[error("Failed to connect to '{addr}'")]
     Connect {
         addr: String,
         #[source]
         source: io::Error,
     },
-    #[error("NBD handshake with {uri}")]
-    Handshake {
-        uri: String,
-        #[source]
-        source: NegotiateError,
+    /// The server did not answer in time: the socket's connect, or a
+    /// step of the handshake (a server that accepts and never speaks).
+    #[error("timed out after {} s {waiting_for}", after.as_secs_f32())]
+    TimedOut {
+        waiting_for: String,
+        after: Duration,
     },
+    #[error("NBD handshake")]
+    Handshake(#[source] NegotiateError),
+}
+
+/// Where `addr` is, for messages: the socket path or `HOST:PORT`.
+fn addr_name(addr: &NbdAddr) -> String {
+    match addr {
+        NbdAddr::Unix(p) => p.display().to_string(),
+        NbdAddr::Tcp { host, port } => format!("{host}:{port}"),
+    }
 }
 
 /// Connects to `addr`; a TCP connect gives up after `timeout` per
 /// resolved address.
 pub fn connect_socket(addr: &NbdAddr, timeout: Duration) -> Result<Stream, ConnectError> {
     let fail = |source| ConnectError::Connect {
-        addr: match addr {
-            NbdAddr::Unix(p) => p.display().to_string(),
-            NbdAddr::Tcp { host, port } => format!("{host}:{port}"),
-        },
+        addr: addr_name(addr),
         source,
     };
     match addr {
@@ -55,27 +64,43 @@ pub fn connect_socket(addr: &NbdAddr, timeout: Duration) -> Result<Stream, Conne
                     Err(e) => last = e,
                 }
             }
+            if matches!(
+                last.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ) {
+                return Err(ConnectError::TimedOut {
+                    waiting_for: format!("connecting to {}", addr_name(addr)),
+                    after: timeout,
+                });
+            }
             Err(fail(last))
         }
     }
 }
 
 /// Connects to `uri` and runs the handshake; every step of it gives up
-/// after `timeout`. The stream comes back blocking, without timeouts.
+/// after `timeout` ([`ConnectError::TimedOut`] names the step). The
+/// stream comes back blocking, without timeouts.
 pub fn connect(
     uri: &NbdUri,
     cfg: &ClientConfig,
     timeout: Duration,
 ) -> Result<(Stream, ExportInfo), ConnectError> {
     let mut s = connect_socket(&uri.addr, timeout)?;
-    let handshake = |source| ConnectError::Handshake {
-        uri: uri.to_string(),
-        source,
+    let setup = |source| {
+        ConnectError::Handshake(NegotiateError::Io {
+            step: "setting the socket's timeouts".into(),
+            source,
+        })
     };
-    s.set_timeouts(Some(timeout))
-        .map_err(|e| handshake(NegotiateError::Io(e)))?;
-    let info = negotiate(&mut s, cfg).map_err(handshake)?;
-    s.set_timeouts(None)
-        .map_err(|e| handshake(NegotiateError::Io(e)))?;
+    s.set_timeouts(Some(timeout)).map_err(setup)?;
+    let info = negotiate(&mut s, cfg).map_err(|e| match e {
+        NegotiateError::TimedOut(waiting_for) => ConnectError::TimedOut {
+            waiting_for,
+            after: timeout,
+        },
+        e => ConnectError::Handshake(e),
+    })?;
+    s.set_timeouts(None).map_err(setup)?;
     Ok((s, info))
 }

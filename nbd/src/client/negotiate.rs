@@ -3,6 +3,13 @@
 //! OPT_GO, falling back to OPT_EXPORT_NAME for servers without OPT_GO.
 //! Block sizes are not requested, so the server may not hold us to a
 //! minimum (it still may tell us its maximum, which we obey).
+//!
+//! A refusal from the server (an `NBD_REP_ERR_*` reply, such as an export
+//! name it does not know) ends the handshake with `NBD_OPT_ABORT` (and
+//! its ACK is read), so the server sees a client that said goodbye
+//! rather than one that vanished.
+//! Every I/O error names the step it met (a read that timed out under the
+//! caller's socket timeouts is [`NegotiateError::TimedOut`]).
 
 use std::io::{self, Read, Write};
 
@@ -60,8 +67,17 @@ impl ExportInfo {
 
 #[derive(Debug, Error)]
 pub enum NegotiateError {
-    #[error("handshake I/O")]
-    Io(#[from] io::Error),
+    #[error("I/O error while {step}")]
+    Io {
+        step: String,
+        #[source]
+        source: io::Error,
+    },
+    /// A read or write gave up under the socket's timeout.
+    #[error("no answer in time while {0}")]
+    TimedOut(String),
+    #[error("the server closed the connection while we were {0}")]
+    Closed(String),
     #[error("not an NBD server (magic {0:#x})")]
     NotNbd(u64),
     #[error("the server speaks the oldstyle handshake, which is not supported")]
@@ -84,19 +100,62 @@ fn malformed(s: impl Into<String>) -> NegotiateError {
     NegotiateError::Malformed(s.into())
 }
 
+impl NegotiateError {
+    /// Whether the server refused what we asked (an error reply): the
+    /// handshake can still be ended politely.
+    fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            NegotiateError::UnknownExport { .. }
+                | NegotiateError::TlsRequired
+                | NegotiateError::Refused { .. }
+        )
+    }
+}
+
+/// An I/O error met while `step` ("waiting for ...", "sending ..."):
+/// a timeout and the end of the stream say so.
+fn io_during(step: impl FnOnce() -> String) -> impl FnOnce(io::Error) -> NegotiateError {
+    move |e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => NegotiateError::TimedOut(step()),
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionReset => NegotiateError::Closed(step()),
+        _ => NegotiateError::Io {
+            step: step(),
+            source: e,
+        },
+    }
+}
+
+/// The protocol's name of an option, for messages.
+fn option_name(option: u32) -> String {
+    match option {
+        opt::EXPORT_NAME => "NBD_OPT_EXPORT_NAME".into(),
+        opt::ABORT => "NBD_OPT_ABORT".into(),
+        opt::LIST => "NBD_OPT_LIST".into(),
+        opt::GO => "NBD_OPT_GO".into(),
+        opt::STRUCTURED_REPLY => "NBD_OPT_STRUCTURED_REPLY".into(),
+        opt::SET_META_CONTEXT => "NBD_OPT_SET_META_CONTEXT".into(),
+        o => format!("option {o}"),
+    }
+}
+
 /// Sends `option` with `data`.
-fn send_option<S: Write>(s: &mut S, option: u32, data: &[u8]) -> io::Result<()> {
+fn send_option<S: Write>(s: &mut S, option: u32, data: &[u8]) -> Result<(), NegotiateError> {
     let mut b = Vec::with_capacity(OptionHeader::SIZE + data.len());
     OptionHeader::new(option, data.len() as u32).encode(&mut b);
     b.extend_from_slice(data);
-    s.write_all(&b)?;
-    s.flush()
+    s.write_all(&b)
+        .and_then(|()| s.flush())
+        .map_err(io_during(|| format!("sending {}", option_name(option))))
 }
 
 /// Reads one reply to `option`.
 fn read_reply<S: Read>(s: &mut S, option: u32) -> Result<(u32, Vec<u8>), NegotiateError> {
+    let waiting = || format!("waiting for the reply to {}", option_name(option));
     let mut h = [0u8; OptionReplyHeader::SIZE];
-    s.read_exact(&mut h)?;
+    s.read_exact(&mut h).map_err(io_during(waiting))?;
     let h = OptionReplyHeader::decode(&h);
     if h.magic != REPLY_MAGIC {
         return Err(malformed(format!("option reply magic {:#x}", h.magic)));
@@ -111,7 +170,7 @@ fn read_reply<S: Read>(s: &mut S, option: u32) -> Result<(u32, Vec<u8>), Negotia
         return Err(malformed(format!("option reply of {} bytes", h.len)));
     }
     let mut data = vec![0u8; h.len as usize];
-    s.read_exact(&mut data)?;
+    s.read_exact(&mut data).map_err(io_during(waiting))?;
     Ok((h.reply, data))
 }
 
@@ -144,8 +203,9 @@ fn refused(option: u32, reply: u32, data: &[u8], export: &str) -> NegotiateError
 /// Reads the server's greeting and answers it; returns whether the
 /// server is fixed newstyle and whether NO_ZEROES was agreed.
 fn greet<S: Read + Write>(s: &mut S) -> Result<(bool, bool), NegotiateError> {
+    let greeting = || "waiting for the server's greeting".to_string();
     let mut b = [0u8; 16];
-    s.read_exact(&mut b)?;
+    s.read_exact(&mut b).map_err(io_during(greeting))?;
     if be64(&b, 0) != NBD_MAGIC {
         return Err(NegotiateError::NotNbd(be64(&b, 0)));
     }
@@ -155,7 +215,7 @@ fn greet<S: Read + Write>(s: &mut S) -> Result<(bool, bool), NegotiateError> {
         m => return Err(malformed(format!("second magic {m:#x}"))),
     }
     let mut f = [0u8; 2];
-    s.read_exact(&mut f)?;
+    s.read_exact(&mut f).map_err(io_during(greeting))?;
     let flags = be16(&f, 0);
     let fixed = flags & handshake::FIXED_NEWSTYLE != 0;
     let no_zeroes = flags & handshake::NO_ZEROES != 0;
@@ -166,20 +226,40 @@ fn greet<S: Read + Write>(s: &mut S) -> Result<(bool, bool), NegotiateError> {
     if no_zeroes {
         client |= u32::from(handshake::NO_ZEROES);
     }
-    s.write_all(&client.to_be_bytes())?;
+    s.write_all(&client.to_be_bytes())
+        .map_err(io_during(|| "sending the client flags".to_string()))?;
     Ok((fixed, no_zeroes))
 }
 
-/// Runs the handshake for `cfg.export`.
+/// Runs the handshake for `cfg.export`; a refusal is answered with
+/// `NBD_OPT_ABORT` before the error returns.
 pub fn negotiate<S: Read + Write>(
     s: &mut S,
     cfg: &ClientConfig,
 ) -> Result<ExportInfo, NegotiateError> {
     let (fixed, no_zeroes) = greet(s)?;
-    let mut info = ExportInfo::default();
     if !fixed {
-        return export_name(s, cfg, no_zeroes, info);
+        return export_name(s, cfg, no_zeroes, ExportInfo::default());
     }
+    negotiate_options(s, cfg, no_zeroes).inspect_err(|e| {
+        if e.is_refusal() {
+            // The server waits for the next option: say goodbye, and
+            // take its ACK (or its hang-up) so it does not write to a
+            // closed socket.
+            if send_option(s, opt::ABORT, &[]).is_ok() {
+                let _ = read_reply(s, opt::ABORT);
+            }
+        }
+    })
+}
+
+/// The options of fixed newstyle, after the greeting.
+fn negotiate_options<S: Read + Write>(
+    s: &mut S,
+    cfg: &ClientConfig,
+    no_zeroes: bool,
+) -> Result<ExportInfo, NegotiateError> {
+    let mut info = ExportInfo::default();
     if cfg.structured {
         send_option(s, opt::STRUCTURED_REPLY, &[])?;
         let (reply, _) = read_reply(s, opt::STRUCTURED_REPLY)?;
@@ -253,7 +333,7 @@ fn export_name<S: Read + Write>(
             name: cfg.export.clone(),
             message: " (the server closed the connection)".into(),
         },
-        _ => NegotiateError::Io(e),
+        _ => io_during(|| "waiting for the reply to NBD_OPT_EXPORT_NAME".to_string())(e),
     })?;
     info.size = be64(&b, 0);
     info.flags = be16(&b, 8);

@@ -2,12 +2,19 @@
 //!
 //! - `nbd://HOST[:PORT]/NAME` (also `nbd+tcp://`): TCP, port 10809 by
 //!   default; an IPv6 host goes in brackets (`nbd://[::1]:10809/x`);
-//! - `nbd+unix:///NAME?socket=PATH`: a Unix socket, no host.
+//! - `nbd+unix:///NAME?socket=PATH`: a Unix socket, no host;
+//! - QEMU's older spelling without `//`: `nbd:unix:PATH[:exportname=NAME]`
+//!   and `nbd:HOST:PORT[:exportname=NAME]` (`nbd:[V6]:PORT`), where the
+//!   name is everything after the first `:exportname=`, as written (no
+//!   percent-decoding), and the port is required.
 //!
-//! The export name is the path after the first `/`, percent-decoded; an
-//! absent or empty path is the empty (default) export name. TLS schemes
-//! (`nbds...`) and RDMA are refused, as are query keys QEMU does not take
-//! (none for TCP, only `socket` for Unix).
+//! In a URI the export name is the path after the first `/`,
+//! percent-decoded; an absent or empty path is the empty (default)
+//! export name. TLS schemes (`nbds...`) and RDMA are refused, as are
+//! query keys QEMU does not take (none for TCP, only `socket` for Unix).
+//!
+//! [`NbdUri::qemu_name`] is the name QEMU gives an opened export (what
+//! `qemu-img info` prints as `image:`), whatever spelling opened it.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -38,12 +45,15 @@ pub struct UriError {
 }
 
 impl NbdUri {
-    /// Whether `s` is spelled as an NBD URI (`nbd:`, `nbd+...:`,
-    /// `nbds...:`), so a path taker should parse it rather than open a
-    /// file of that name.
+    /// Whether `s` is spelled as an NBD URI (`nbd://`, `nbd+...://`,
+    /// `nbds...://`) or in QEMU's older `nbd:...` spelling, so a path
+    /// taker should parse it rather than open a file of that name (QEMU
+    /// takes these names the same way).
     pub fn looks_like(s: &str) -> bool {
         let scheme = s.split_once("://").map(|(scheme, _)| scheme);
-        scheme.is_some_and(|sc| sc == "nbd" || sc.starts_with("nbd+") || sc.starts_with("nbds"))
+        s.starts_with("nbd:")
+            || scheme
+                .is_some_and(|sc| sc == "nbd" || sc.starts_with("nbd+") || sc.starts_with("nbds"))
     }
 
     pub fn parse(s: &str) -> Result<NbdUri, UriError> {
@@ -51,9 +61,14 @@ impl NbdUri {
             uri: s.to_string(),
             reason: reason.to_string(),
         };
+        if !s.contains("://") {
+            if let Some(rest) = s.strip_prefix("nbd:") {
+                return parse_legacy(rest).map_err(|reason| err(&reason));
+            }
+        }
         let (scheme, rest) = s
             .split_once("://")
-            .ok_or_else(|| err("expected SCHEME://"))?;
+            .ok_or_else(|| err("expected SCHEME:// (or nbd:unix:PATH, nbd:HOST:PORT)"))?;
         let unix = match scheme {
             "nbd" | "nbd+tcp" => false,
             "nbd+unix" => true,
@@ -114,6 +129,79 @@ impl NbdUri {
         };
         Ok(NbdUri { addr, export })
     }
+
+    /// The name QEMU's NBD driver gives the export once open (its
+    /// "exact filename"; `qemu-img info` prints it as `image:`):
+    /// `nbd://HOST:PORT[/NAME]` with the port always written and an IPv6
+    /// host without brackets, `nbd+unix:///NAME?socket=PATH` or, for the
+    /// empty name, `nbd+unix://?socket=PATH`; the name and the socket
+    /// path as they are, not percent-encoded.
+    pub fn qemu_name(&self) -> String {
+        let export = if self.export.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", self.export)
+        };
+        match &self.addr {
+            NbdAddr::Tcp { host, port } => format!("nbd://{host}:{port}{export}"),
+            NbdAddr::Unix(p) => format!("nbd+unix://{export}?socket={}", p.display()),
+        }
+    }
+}
+
+/// QEMU's older spelling, after `nbd:`: `unix:PATH` or `HOST:PORT`
+/// (`[V6]:PORT`), then optionally `:exportname=NAME`.
+fn parse_legacy(rest: &str) -> Result<NbdUri, String> {
+    const EXPORT_NAME: &str = ":exportname=";
+    let (server, export) = match rest.find(EXPORT_NAME) {
+        Some(i) => (&rest[..i], &rest[i + EXPORT_NAME.len()..]),
+        None => (rest, ""),
+    };
+    if export.len() > MAX_STRING {
+        return Err("export name longer than 4096 bytes".into());
+    }
+    if export.is_empty() && server.len() < rest.len() {
+        // QEMU refuses it too; the default export is asked by leaving
+        // `:exportname=` out.
+        return Err("empty :exportname= (leave it out for the default export)".into());
+    }
+    let addr = if let Some(path) = server.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err("nbd:unix: needs a socket path (nbd:unix:PATH[:exportname=NAME])".into());
+        }
+        NbdAddr::Unix(PathBuf::from(path))
+    } else {
+        let usage = "expected nbd:unix:PATH or nbd:HOST:PORT, then optionally :exportname=NAME";
+        if server.is_empty() {
+            return Err(format!("no server address: {usage}"));
+        }
+        let (host, port) = match server.strip_prefix('[') {
+            Some(v6) => {
+                let (host, after) = v6.split_once(']').ok_or(usage)?;
+                (host, after.strip_prefix(':').ok_or(usage)?)
+            }
+            None => server.rsplit_once(':').ok_or(usage)?,
+        };
+        if host.is_empty() || host.contains(':') && !server.starts_with('[') {
+            return Err(format!("bad host '{host}': {usage}"));
+        }
+        if port.contains(',') {
+            return Err("socket options after the port (,ipv4 ...) are not supported".into());
+        }
+        let port = port
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("bad port '{port}'"))?;
+        NbdAddr::Tcp {
+            host: host.to_string(),
+            port,
+        }
+    };
+    Ok(NbdUri {
+        addr,
+        export: export.to_string(),
+    })
 }
 
 /// `HOST`, `HOST:PORT`, `[V6]` or `[V6]:PORT`.
@@ -229,6 +317,62 @@ mod tests {
     }
 
     #[test]
+    fn qemus_older_spelling_parses() {
+        let unix = |p: &str, export: &str| NbdUri {
+            addr: NbdAddr::Unix(p.into()),
+            export: export.into(),
+        };
+        assert_eq!(
+            NbdUri::parse("nbd:unix:/run/s").unwrap(),
+            unix("/run/s", "")
+        );
+        assert_eq!(
+            NbdUri::parse("nbd:unix:/run/s:exportname=a b/c").unwrap(),
+            unix("/run/s", "a b/c"),
+            "the name is taken as written"
+        );
+        assert_eq!(
+            NbdUri::parse("nbd:unix:/a:b:exportname=x:exportname=y").unwrap(),
+            unix("/a:b", "x:exportname=y"),
+            "the first :exportname= ends the path"
+        );
+        assert_eq!(NbdUri::parse("nbd:h:99").unwrap(), tcp("h", 99, ""));
+        assert_eq!(
+            NbdUri::parse("nbd:127.0.0.1:10809:exportname=e").unwrap(),
+            tcp("127.0.0.1", 10809, "e")
+        );
+        assert_eq!(
+            NbdUri::parse("nbd:[::1]:7:exportname=%41").unwrap(),
+            tcp("::1", 7, "%41")
+        );
+    }
+
+    #[test]
+    fn qemu_names_the_export_as_qemu_img_info_prints_it() {
+        for (spelled, named) in [
+            ("nbd://127.0.0.1/exp", "nbd://127.0.0.1:10809/exp"),
+            ("nbd+tcp://h:99/exp", "nbd://h:99/exp"),
+            ("nbd://[::1]:10810/", "nbd://::1:10810"),
+            ("nbd://h", "nbd://h:10809"),
+            ("nbd+unix:///?socket=/s", "nbd+unix://?socket=/s"),
+            ("nbd+unix://?socket=/s", "nbd+unix://?socket=/s"),
+            (
+                "nbd+unix:///a%20b%2Fc?socket=/s",
+                "nbd+unix:///a b/c?socket=/s",
+            ),
+            ("nbd:unix:/s:exportname=e", "nbd+unix:///e?socket=/s"),
+            ("nbd:unix:/s", "nbd+unix://?socket=/s"),
+            ("nbd:[::1]:7", "nbd://::1:7"),
+        ] {
+            assert_eq!(
+                NbdUri::parse(spelled).unwrap().qemu_name(),
+                named,
+                "{spelled}"
+            );
+        }
+    }
+
+    #[test]
     fn bad_uris_say_why() {
         for (s, why) in [
             ("nbds://h/x", "TLS"),
@@ -246,7 +390,23 @@ mod tests {
             let e = NbdUri::parse(s).unwrap_err().to_string();
             assert!(e.contains(why), "{s}: {e}");
         }
+        for (s, why) in [
+            ("nbd:", "no server address"),
+            ("nbd:localhost", "expected nbd:unix:PATH"),
+            ("nbd:unix:", "socket path"),
+            ("nbd:h:0", "bad port"),
+            ("nbd:h:nbd", "bad port"),
+            ("nbd:h:1,ipv4", "socket options"),
+            ("nbd:::1:7", "bad host"),
+            ("nbd:[::1:7", "expected nbd:unix:PATH"),
+            ("nbd:unix:/s:exportname=", "empty :exportname="),
+        ] {
+            let e = NbdUri::parse(s).unwrap_err().to_string();
+            assert!(e.contains(why), "{s}: {e}");
+        }
         assert!(NbdUri::looks_like("nbd+unix:///?socket=x"));
+        assert!(NbdUri::looks_like("nbd:unix:/s"));
+        assert!(NbdUri::looks_like("nbd:h:1"));
         assert!(NbdUri::looks_like("nbds://h/"));
         assert!(!NbdUri::looks_like("disk.qcow2"));
         assert!(!NbdUri::looks_like("/a/nbd://b"));

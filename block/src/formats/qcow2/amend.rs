@@ -323,7 +323,7 @@ fn check_refcounts_fit(meta: &mut MetaState, order: u32) -> Result<(), BlockErro
 /// Writes refcount structures of width `1 << order` after the end of the
 /// file, counting every cluster as the current ones do, except the
 /// current table and blocks (free once the header leaves them); then a
-/// barrier.
+/// barrier. Progress is reported as qemu-img reports it ([`WalkReport`]).
 fn new_refcounts(
     meta: &mut MetaState,
     order: u32,
@@ -337,11 +337,55 @@ fn new_refcounts(
     let table_clusters = (meta.rt.len() as u64 * 8).div_ceil(cs);
     old_structures.extend((0..table_clusters).map(|i| (meta.rt_offset >> cb) + i));
     let io = meta.io.clone();
-    let mut count = |c: u64| match old_structures.contains(&c) {
-        true => Ok(0),
-        false => meta.refcount(c),
+    let report = std::cell::RefCell::new(WalkReport::new(meta.rt.len() as u64, progress));
+    let work = layout.end().max(1);
+    let mut count = |c: u64| {
+        report.borrow_mut().advance(c + 1, work);
+        match old_structures.contains(&c) {
+            true => Ok(0),
+            false => meta.refcount(c),
+        }
     };
-    layout.write(&*io, &mut count, progress)?;
+    layout.write(&*io, &mut count, &mut |done, blocks| {
+        if done == blocks {
+            report.borrow_mut().advance(work, work);
+        }
+    })?;
     meta.sync()?;
     Ok(layout)
+}
+
+/// qemu-img reports a refcount width change as three walks over the
+/// refcount table (two that allocate the new blocks, one that writes
+/// them), one unit per table entry: `(units done, 3 * entries)`. Our
+/// change is one pass that counts every cluster; its position is
+/// reported in qemu's units, every unit in turn, so `amend -p` prints
+/// the percentages qemu-img prints, at every percent, as the work goes.
+struct WalkReport<'a> {
+    sent: Option<u64>,
+    total: u64,
+    progress: &'a mut dyn FnMut(u64, u64),
+}
+
+impl<'a> WalkReport<'a> {
+    fn new(table_entries: u64, progress: &'a mut dyn FnMut(u64, u64)) -> Self {
+        WalkReport {
+            sent: None,
+            total: 3 * table_entries.max(1),
+            progress,
+        }
+    }
+
+    /// `done` of `work` is finished: report every unit up to it.
+    fn advance(&mut self, done: u64, work: u64) {
+        let target = u64::try_from(u128::from(self.total) * u128::from(done) / u128::from(work))
+            .unwrap_or(self.total)
+            .min(self.total);
+        let mut next = self.sent.map_or(0, |s| s + 1);
+        while next <= target {
+            (self.progress)(next, self.total);
+            self.sent = Some(next);
+            next += 1;
+        }
+    }
 }

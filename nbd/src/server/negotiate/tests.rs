@@ -50,8 +50,10 @@ fn unknown_exports_are_refused_and_lists_name_ours() {
         export: "nope".into(),
         ..Default::default()
     };
-    let (err, _) = with_server(|s| client_negotiate(s, &cfg).unwrap_err().to_string());
+    let (err, server) = with_server(|s| client_negotiate(s, &cfg).unwrap_err().to_string());
     assert!(err.contains("no export named 'nope'"), "{err}");
+    // The client said goodbye (NBD_OPT_ABORT) rather than vanishing.
+    assert!(matches!(server, Ok(Negotiated::Aborted)), "{server:?}");
     let (list, server) = with_server(|s| list_exports(s).unwrap());
     assert_eq!(list, [("disk".to_string(), "a test disk".to_string())]);
     assert!(matches!(server.unwrap(), Negotiated::Aborted));
@@ -81,4 +83,20 @@ fn broken_framing_ends_the_handshake() {
         s.write_all(&b).unwrap();
     });
     assert!(matches!(server, Err(HandshakeError::OptionTooLong { .. })));
+}
+
+#[test]
+fn a_silent_server_times_out_naming_the_step() {
+    let (mut a, b) = UnixStream::pair().unwrap();
+    a.set_read_timeout(Some(std::time::Duration::from_millis(50)))
+        .unwrap();
+    let err = client_negotiate(&mut a, &ClientConfig::default()).unwrap_err();
+    assert!(
+        matches!(&err, crate::client::NegotiateError::TimedOut(step) if step == "waiting for the server's greeting"),
+        "{err:?}"
+    );
+    // A server that hangs up instead is named as such.
+    drop(b);
+    let err = client_negotiate(&mut a, &ClientConfig::default()).unwrap_err();
+    assert!(err.to_string().contains("closed the connection"), "{err}");
 }
