@@ -24,6 +24,7 @@ const MAX_ANSWER: usize = 4 << 20;
 
 pub const USAGE: &str = "\
 Usage: ch-remote --api-socket PATH COMMAND [ARGS]
+       ch-remote --version | -V
 
 Commands (Cloud Hypervisor's REST API, docs/api.md):
   ping                               vmm.ping: the VMM's version
@@ -33,7 +34,9 @@ Commands (Cloud Hypervisor's REST API, docs/api.md):
   pause | resume                     vm.pause / vm.resume
   shutdown                           vm.shutdown: stop the VM, keep the VMM
   reboot                             vm.reboot (not supported: says why)
-  resize-disk --disk ID --size SIZE  vm.resize-disk (SIZE in bytes, K/M/G/T)
+  resize-disk --disk ID --size SIZE [--shrink]
+                                     vm.resize-disk (SIZE in bytes, K/M/G/T);
+                                       a smaller size needs --shrink
   add-disk DISK                      vm.add-disk; DISK in --disk syntax
                                        (path=PATH,num_queues=N,id=NAME,...)
   remove-device ID                   vm.remove-device
@@ -126,10 +129,14 @@ pub fn call_for(command: &str, args: &[String]) -> Result<Call, ClientError> {
         "resize-disk" => {
             let id = flag(args, "disk")?;
             let size = parse_size(flag(args, "size")?).map_err(usage)?;
+            let mut body = json!({"id": id, "desired_size": size});
+            if args.iter().any(|a| a == "--shrink") {
+                body["shrink"] = json!(true);
+            }
             Ok(Call {
                 method: "PUT",
                 endpoint: "vm.resize-disk",
-                body: Some(json!({"id": id, "desired_size": size}).to_string()),
+                body: Some(body.to_string()),
             })
         }
         "add-disk" => {
@@ -232,6 +239,17 @@ mod tests {
         assert_eq!((c.method, c.endpoint), ("PUT", "vm.resize-disk"));
         let v: serde_json::Value = serde_json::from_str(c.body.as_deref().unwrap()).unwrap();
         assert_eq!(v["desired_size"], 32 << 20);
+        assert_eq!(v.get("shrink"), None);
+        let c = call_for(
+            "resize-disk",
+            &args(&["--shrink", "--disk", "_disk0", "--size", "8M"]),
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_str(c.body.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            (v["desired_size"].as_u64(), v["shrink"].as_bool()),
+            (Some(8 << 20), Some(true))
+        );
         let c = call_for("add-disk", &args(&["path=/a.qcow2,num_queues=2,id=d"])).unwrap();
         let v: serde_json::Value = serde_json::from_str(c.body.as_deref().unwrap()).unwrap();
         assert_eq!(

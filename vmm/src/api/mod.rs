@@ -36,11 +36,23 @@ pub enum ApiRequest {
     VmResume,
     VmShutdown,
     VmReboot,
-    VmResizeDisk { id: String, desired_size: u64 },
+    VmResizeDisk {
+        id: String,
+        desired_size: u64,
+        /// A size below the current one is refused unless this is set.
+        shrink: bool,
+    },
     VmAddDisk(Box<crate::config::DiskConfig>),
-    VmRemoveDevice { id: String },
-    VmSnapshotDisk { id: String, name: String },
-    VmDiskInfo { id: String },
+    VmRemoveDevice {
+        id: String,
+    },
+    VmSnapshotDisk {
+        id: String,
+        name: String,
+    },
+    VmDiskInfo {
+        id: String,
+    },
 }
 
 /// An HTTP status and an optional JSON body.

@@ -82,6 +82,7 @@ pub fn route(method: &str, path: &str, body: &[u8]) -> Result<ApiRequest, ApiRes
             ApiRequest::VmResizeDisk {
                 id: b.id,
                 desired_size: b.desired_size,
+                shrink: b.shrink,
             }
         }
         "vm.add-disk" => {
@@ -181,6 +182,18 @@ mod tests {
             ),
             ("PUT", "/api/v1/vm.add-disk", r#"{"path":"a"}"#, 200),
             ("PUT", "/api/v1/vm.snapshot-disk", r#"{"id":"a"}"#, 400),
+            (
+                "PUT",
+                "/api/v1/vm.resize-disk",
+                r#"{"id":"a","desired_size":512,"shrink":true}"#,
+                200,
+            ),
+            (
+                "PUT",
+                "/api/v1/vm.resize-disk",
+                r#"{"id":"a","desired_size":512,"shrink":"yes"}"#,
+                400,
+            ),
         ] {
             assert_eq!(status(m, p, b), want, "{m} {p} {b}");
         }

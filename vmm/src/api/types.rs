@@ -13,12 +13,15 @@ use serde_json::{json, Map, Value};
 
 use crate::config::{DiskConfig, VhostUserDiskConfig};
 
-/// `vm.resize-disk`.
+/// `vm.resize-disk`; `shrink` (ours) must be true for a size below the
+/// current one, as `ch-img resize --shrink`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResizeDiskBody {
     pub id: String,
     pub desired_size: u64,
+    #[serde(default)]
+    pub shrink: bool,
 }
 
 /// `vm.remove-device`, `vm.disk-info`.

@@ -17,6 +17,7 @@
 
 mod disk_ops;
 mod hotplug;
+mod status;
 mod vm_ops;
 
 use std::os::fd::AsRawFd;
@@ -42,7 +43,8 @@ const EJECT: u64 = 2;
 pub enum VmState {
     Running,
     Paused,
-    /// `vm.shutdown`: vCPUs stopped, disks closed; the VMM still answers.
+    /// `vm.shutdown`: vCPUs stopped, disks closed and off the bus; the
+    /// VMM still answers.
     Shutdown,
 }
 
@@ -75,6 +77,10 @@ pub struct Control<'a> {
     state: VmState,
     removals: Vec<PendingRemoval>,
     eject: EventFd,
+    /// `vm.info`'s view of the disks taken off the bus by `vm.shutdown`.
+    retired: Vec<serde_json::Value>,
+    /// Why disks failed to close when the VM stopped.
+    close_failures: Vec<String>,
 }
 
 impl<'a> Control<'a> {
@@ -101,6 +107,8 @@ impl<'a> Control<'a> {
             state: VmState::Running,
             removals: Vec::new(),
             eject,
+            retired: Vec::new(),
+            close_failures: Vec::new(),
         })
     }
 
@@ -188,7 +196,11 @@ impl<'a> Control<'a> {
                 501,
                 &["vm.reboot is not supported: a guest reset ends this VMM (docs/api.md)"],
             ),
-            ApiRequest::VmResizeDisk { id, desired_size } => self.resize_disk(&id, desired_size),
+            ApiRequest::VmResizeDisk {
+                id,
+                desired_size,
+                shrink,
+            } => self.resize_disk(&id, desired_size, shrink),
             ApiRequest::VmAddDisk(config) => self.add_disk(*config),
             ApiRequest::VmSnapshotDisk { id, name } => self.snapshot_disk(&id, &name),
             ApiRequest::VmDiskInfo { id } => self.disk_info(&id),

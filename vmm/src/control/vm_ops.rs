@@ -34,14 +34,14 @@ impl Control<'_> {
 
     pub(super) fn info(&self) -> ApiResponse {
         let c = self.config;
+        // After vm.shutdown the disks are off the bus; their configuration
+        // is still the VM's.
         let disks: Vec<Value> = self
             .devices
             .disks
             .iter()
-            .map(|d| match &d.backend {
-                DiskBackend::Local { config, .. } => disk_config_json(config),
-                DiskBackend::VhostUser { config } => vhost_user_disk_json(config),
-            })
+            .map(disk_json)
+            .chain(self.retired.iter().cloned())
             .collect();
         let mut tree = Map::new();
         for d in self.devices.disks.iter() {
@@ -159,19 +159,55 @@ impl Control<'_> {
         }
         self.stop_vm();
         log::info!("the VMM keeps serving the API until vmm.shutdown");
-        ApiResponse::no_content()
+        if self.close_failures.is_empty() {
+            return ApiResponse::no_content();
+        }
+        let mut chain = vec!["the VM is shut down, but closing disks failed".to_string()];
+        chain.extend(self.close_failures.iter().cloned());
+        let refs: Vec<&str> = chain.iter().map(String::as_str).collect();
+        ApiResponse::error(500, &refs)
     }
 
-    /// Stops the vCPUs and shuts every device down (disks drained,
-    /// flushed, closed, unlocked); removals still waiting finish now.
+    /// Stops the vCPUs, finishes the removals still waiting, then takes
+    /// every disk off the bus: drained, flushed, closed, its files closed
+    /// and its locks released when this returns. What failed to close is
+    /// kept in `close_failures` (the VMM's exit status reports it).
     pub fn stop_vm(&mut self) {
         if self.state == VmState::Shutdown {
             return;
         }
         stop_vcpus(std::mem::take(&mut self.vcpus), &self.gate);
-        self.devices.shutdown();
         self.state = VmState::Shutdown;
         self.finish_removals_now();
-        log::info!("VM shut down: vCPUs stopped, disks closed");
+        self.retired = self.devices.disks.iter().map(disk_json).collect();
+        let ids: Vec<String> = self.devices.disks.iter().map(|d| d.id.clone()).collect();
+        for id in ids {
+            if let Some(Err(e)) = self.retire_disk(&id) {
+                self.close_failures.push(format!("disk '{id}': {e}"));
+            }
+        }
+        // Whatever else is on the bus.
+        self.devices.shutdown();
+        if self.close_failures.is_empty() {
+            log::info!("VM shut down: vCPUs stopped, disks closed");
+        } else {
+            log::error!(
+                "VM shut down: vCPUs stopped; closing disks failed: {}",
+                self.close_failures.join("; ")
+            );
+        }
+    }
+
+    /// Why disks failed to close when the VM stopped (empty: none did).
+    pub fn close_failures(&self) -> &[String] {
+        &self.close_failures
+    }
+}
+
+/// A disk as `vm.info` lists it.
+fn disk_json(d: &crate::disk_registry::AttachedDisk) -> Value {
+    match &d.backend {
+        DiskBackend::Local { config, .. } => disk_config_json(config),
+        DiskBackend::VhostUser { config } => vhost_user_disk_json(config),
     }
 }
