@@ -6,6 +6,8 @@
 //! A resize below the current size needs `shrink` (the guest's data past
 //! the new end is lost), as `ch-img resize --shrink` does.
 
+use virtio_devices::block::{ControlError, Shrink};
+
 use super::{status, Control};
 use crate::api::ApiResponse;
 use crate::disk_registry::AttachedDisk;
@@ -44,24 +46,22 @@ impl Control<'_> {
             Err(r) => return r,
         };
         let mut dev = d.lock_device().expect("local_disk checked");
-        let current = dev.disk().size();
-        if size < current && !shrink {
-            return ApiResponse::error(
-                400,
-                &[&format!(
-                    "disk '{id}' is {current} bytes: shrinking it to {size} bytes loses \
-                     what the guest has past that; ask with \"shrink\": true \
-                     (ch-remote resize-disk --shrink)"
-                )],
-            );
-        }
-        match dev.resize(size) {
+        let mode = if shrink {
+            Shrink::Allowed
+        } else {
+            Shrink::Refused
+        };
+        match dev.resize(size, mode) {
             Ok(old) => {
                 log::info!("disk {id}: resized from {old} to {size} bytes");
                 ApiResponse::no_content()
             }
             Err(e) => {
                 let what = format!("cannot resize disk '{id}' to {size} bytes");
+                if let ControlError::ShrinkNotAsked { .. } = e {
+                    let hint = r#"ask with "shrink": true (ch-remote resize-disk --shrink)"#;
+                    return ApiResponse::error(400, &[&what, &e.to_string(), hint]);
+                }
                 ApiResponse::from_error_in(status::of_control(&e), Some(&what), &e)
             }
         }

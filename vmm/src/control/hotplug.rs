@@ -206,9 +206,9 @@ impl Control<'_> {
             }
         }
         match &closed {
-            Ok(()) => log::info!("disk {id}: removed from slot {slot}"),
+            Ok(()) => log::info!("disk {id}: taken off slot {slot} and closed"),
             Err(e) => {
-                log::error!("disk {id}: removed from slot {slot}; closing its image failed: {e}")
+                log::error!("disk {id}: taken off slot {slot}; closing its image failed: {e}")
             }
         }
         Some(closed)

@@ -52,6 +52,7 @@ pub(super) fn of_control(e: &ControlError) -> u16 {
     match e {
         ControlError::BadSize(_)
         | ControlError::NoShrink { .. }
+        | ControlError::ShrinkNotAsked { .. }
         | ControlError::ReadOnly
         | ControlError::SnapshotFormat(_)
         | ControlError::BadSnapshotName
