@@ -23,6 +23,9 @@ use e2e_support::{check_clean, create_lazy_qcow2};
 use integration_tests::{json, qemu_img, qemu_img_status, TempDir};
 use testkit::nbd_server::{Kind, NbdServer};
 
+/// SIGSYS's number on x86-64 (signal(7)).
+const SIGSYS: u32 = 31;
+
 /// The status line `ch-remote` prints for a failed request, and its
 /// exit code.
 fn refused(out: &Output, status: u16) -> String {
@@ -43,7 +46,15 @@ fn ok(out: &Output) -> String {
 
 /// Every thread of the VMM runs under a seccomp filter; the NBD threads
 /// under their own (two programs: clone3 refused, then the allow-list).
+/// The process catches SIGSYS (the report of a call a filter traps).
 fn every_thread_is_filtered(pid: u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let caught = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .map(|m| u64::from_str_radix(m.trim(), 16).unwrap())
+        .expect("SigCgt");
+    assert!(caught & (1 << (SIGSYS - 1)) != 0, "{status}");
     let mut nbd_threads = 0;
     for t in std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
@@ -287,6 +298,9 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
     check_clean(&overlay);
     let info = json(&ok(&vm.ch_remote(&["info"])));
     assert_eq!(info["state"], "Shutdown");
+    // The final counts stay readable.
+    let last = json(&ok(&vm.ch_remote(&["counters"])));
+    assert!(last["raw"]["write_ops"].as_u64().unwrap() > 0, "{last}");
     assert_eq!(
         info["config"]["disks"].as_array().unwrap().len(),
         5,

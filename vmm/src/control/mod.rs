@@ -81,6 +81,8 @@ pub struct Control<'a> {
     retired: Vec<serde_json::Value>,
     /// Why disks failed to close when the VM stopped.
     close_failures: Vec<String>,
+    /// `vm.counters`' answer once the disks are off the bus.
+    final_counters: Option<serde_json::Value>,
 }
 
 impl<'a> Control<'a> {
@@ -109,6 +111,7 @@ impl<'a> Control<'a> {
             eject,
             retired: Vec::new(),
             close_failures: Vec::new(),
+            final_counters: None,
         })
     }
 

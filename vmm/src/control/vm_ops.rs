@@ -76,6 +76,14 @@ impl Control<'_> {
     }
 
     pub(super) fn counters(&self) -> ApiResponse {
+        match &self.final_counters {
+            Some(last) => ApiResponse::json(last),
+            None => ApiResponse::json(&self.counters_now()),
+        }
+    }
+
+    /// Each in-VMM disk's counters, summed over its queues.
+    fn counters_now(&self) -> Value {
         let mut all = Map::new();
         for d in self.devices.disks.iter() {
             if let Some(dev) = d.device() {
@@ -92,7 +100,7 @@ impl Control<'_> {
                 all.insert(d.id.clone(), Value::Object(m));
             }
         }
-        ApiResponse::json(&Value::Object(all))
+        Value::Object(all)
     }
 
     pub(super) fn pause(&mut self) -> ApiResponse {
@@ -180,6 +188,7 @@ impl Control<'_> {
         self.state = VmState::Shutdown;
         self.finish_removals_now();
         self.retired = self.devices.disks.iter().map(disk_json).collect();
+        self.final_counters = Some(self.counters_now());
         let ids: Vec<String> = self.devices.disks.iter().map(|d| d.id.clone()).collect();
         for id in ids {
             if let Some(Err(e)) = self.retire_disk(&id) {
