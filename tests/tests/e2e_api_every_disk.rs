@@ -4,8 +4,9 @@
 //! an NBD export, a raw disk over NBD and a vhost-user disk that
 //! `ch-storage-daemon` serves. The test guest uses them all, then one
 //! hot-added overlay over NBD (its queues open their own connections:
-//! the server is multi-conn); then each verb runs on each disk, and
-//! each kind is hot-added and removed again. The VMM must stay up
+//! the server is multi-conn); then each verb runs on each disk, each
+//! kind is hot-added and removed again, and the vhost-user disk is
+//! removed. The VMM must stay up
 //! through all of it (no SIGSYS: NBD sockets are opened on the NBD
 //! connector thread), answer each request with the status the docs give
 //! (a caller's mistake is 4xx), and every one of its threads runs under
@@ -278,6 +279,8 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
     for (id, _) in &hot_disks {
         ok(&vm.ch_remote(&["remove-device", id]));
     }
+    // The vhost-user disk leaves the bus like any other.
+    ok(&vm.ch_remote(&["remove-device", "vu"]));
     ok(&vm.ch_remote(&["resume"]));
     check_clean(&h_qcow2);
     check_clean(&hot_overlay);
@@ -303,7 +306,7 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
     assert!(last["raw"]["write_ops"].as_u64().unwrap() > 0, "{last}");
     assert_eq!(
         info["config"]["disks"].as_array().unwrap().len(),
-        5,
+        4,
         "{info}"
     );
     refused(&vm.ch_remote(&["pause"]), 405);

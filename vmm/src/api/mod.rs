@@ -36,10 +36,10 @@ pub enum ApiRequest {
     VmResume,
     VmShutdown,
     VmReboot,
+    /// A size below the current one is refused unless `shrink` is set.
     VmResizeDisk {
         id: String,
         desired_size: u64,
-        /// A size below the current one is refused unless this is set.
         shrink: bool,
     },
     VmAddDisk(Box<crate::config::DiskConfig>),
