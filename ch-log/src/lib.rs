@@ -1,18 +1,22 @@
 //! What every binary of the project prints on stderr: log records as
 //! `<program>: <LEVEL>: <message>` through the `log` crate's facade, and
-//! an error with its whole chain of sources on one line.
+//! an error with its whole chain of sources on one line. Records may go
+//! to a file instead ([`install_to_file`], `cloud-hypervisor --log-file`).
 //!
 //! A binary calls [`install`] once with its name and level; libraries log
 //! through `log` and format errors with [`error_chain`]. Written here
 //! rather than taken from a logging crate: nothing more than these lines
 //! is needed, and the format is part of what tests and users read.
 
-use std::sync::OnceLock;
+use std::io::Write;
+use std::sync::{Mutex, OnceLock};
 
 struct StderrLogger;
 
 static PROGRAM: OnceLock<&'static str> = OnceLock::new();
 static LOGGER: StderrLogger = StderrLogger;
+/// Where records go instead of stderr, once set.
+static FILE: OnceLock<Mutex<std::fs::File>> = OnceLock::new();
 
 impl log::Log for StderrLogger {
     fn enabled(&self, m: &log::Metadata) -> bool {
@@ -21,7 +25,13 @@ impl log::Log for StderrLogger {
     fn log(&self, r: &log::Record) {
         if self.enabled(r.metadata()) {
             let program = PROGRAM.get().copied().unwrap_or("ch");
-            eprintln!("{program}: {}: {}", r.level(), r.args());
+            match FILE.get() {
+                Some(f) => {
+                    let mut f = f.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let _ = writeln!(f, "{program}: {}: {}", r.level(), r.args());
+                }
+                None => eprintln!("{program}: {}: {}", r.level(), r.args()),
+            }
         }
     }
     fn flush(&self) {}
@@ -33,6 +43,28 @@ pub fn install(program: &'static str, level: log::LevelFilter) {
     let _ = PROGRAM.set(program);
     let _ = log::set_logger(&LOGGER);
     log::set_max_level(level);
+}
+
+/// As [`install`], with the records appended to `file` instead of
+/// stderr (errors a binary prints itself still go to stderr).
+pub fn install_to_file(program: &'static str, level: log::LevelFilter, file: std::fs::File) {
+    let _ = FILE.set(Mutex::new(file));
+    install(program, level);
+}
+
+/// The descriptor records are written to: the log file's once
+/// [`install_to_file`] set one, else stderr's. For code that must write a
+/// record in the log's format without the logger (a signal handler,
+/// which may not take the file's lock).
+pub fn raw_fd() -> std::os::fd::RawFd {
+    use std::os::fd::AsRawFd;
+    match FILE.get() {
+        Some(f) => f
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_raw_fd(),
+        None => 2,
+    }
 }
 
 /// `e` and each of its sources, joined by ": ".

@@ -1,7 +1,8 @@
 //! When a test may skip, in one place; deadlines for tests that start
 //! processes or wait ([`deadline`]); a file system mounted for one test
 //! ([`mount`]); NBD servers nobody here wrote ([`nbd_server`]); a scratch
-//! folder removed when the test ends ([`TempDir`]).
+//! folder removed when the test ends ([`TempDir`]); upstream Cloud
+//! Hypervisor's binaries, a peer of some tests ([`upstream`]).
 //!
 //! A test that needs something from outside the project (qemu-img, fio,
 //! io_uring, FUSE, QEMU) asks [`available`] before it starts. When the
@@ -23,6 +24,8 @@ pub mod mount;
 pub mod nbd_server;
 mod temp_dir;
 pub use temp_dir::TempDir;
+pub mod upstream;
+pub use upstream::{upstream_binary, UPSTREAM_DIR};
 
 /// The environment variable that turns every skip into a failure.
 pub const REQUIRE_ALL: &str = "CH_REQUIRE_ALL";

@@ -53,7 +53,12 @@ fn ping_info_counters_and_shutdown_with_curl() {
     assert_eq!(info["config"]["disks"][0]["id"], "data");
     assert_eq!(info["config"]["disks"][0]["num_queues"], 2);
     assert_eq!(info["config"]["disks"][0]["path"], img.as_str());
-    assert_eq!(info["device_tree"]["data"]["pci_bdf"], "0000:00:01.0");
+    // Upstream's layout: the disk's node under its PCI function's.
+    let tree = &info["device_tree"];
+    assert_eq!(tree["data"]["parent"], "_virtio-pci-data", "{tree}");
+    assert_eq!(tree["_virtio-pci-data"]["pci_bdf"], "0000:00:01.0");
+    assert_eq!(tree["_virtio-pci-data"]["children"][0], "data");
+    assert_eq!(info["config"]["disks"][0]["image_type"], "Qcow2");
 
     // The guest's own count of what it asked, against the VMM's.
     let counters = json(&vm.curl_ok("GET", "vm.counters", None, 200));
@@ -81,9 +86,10 @@ fn ping_info_counters_and_shutdown_with_curl() {
     check_clean(&img);
     let info = json(&vm.curl_ok("GET", "vm.info", None, 200));
     assert_eq!(info["state"], "Shutdown");
+    // As Cloud Hypervisor answers them: 500, the VM is not running.
     for (m, e) in [("PUT", "vm.pause"), ("PUT", "vm.shutdown")] {
-        let body = vm.curl_ok(m, e, None, 405);
-        assert!(body.contains("shut down"), "{body}");
+        let body = vm.curl_ok(m, e, None, 500);
+        assert!(body.contains("not running"), "{body}");
     }
     vm.curl_ok("GET", "vmm.ping", None, 200);
     let socket = vm.socket.clone();
@@ -122,9 +128,9 @@ fn pause_drains_and_resume_loses_nothing() {
     assert_eq!(vm.serial_text(), before, "the guest ran while paused");
     let again = json(&vm.curl_ok("GET", "vm.counters", None, 200));
     assert_eq!(again, counters, "I/O while paused");
-    vm.curl_ok("PUT", "vm.pause", None, 405);
+    vm.curl_ok("PUT", "vm.pause", None, 500);
     vm.curl_ok("PUT", "vm.resume", None, 204);
-    vm.curl_ok("PUT", "vm.resume", None, 405);
+    vm.curl_ok("PUT", "vm.resume", None, 500);
     vm.wait_for(&format!("ok   all {rounds} rounds read back"));
     vm.wait_for("RESULT: PASS");
     let (status, stderr) = vm.shutdown();

@@ -22,7 +22,7 @@ use virtio_devices::transport::TransportError;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::{DiskConfig, SerialMode, VmConfig};
+use crate::config::{LocalDiskConfig, SerialMode, VmConfig};
 use crate::devices::acpi_pm::{self, AcpiPm};
 use crate::devices::bus::{Bus, BusOverlap};
 use crate::devices::cmos::Cmos;
@@ -71,6 +71,8 @@ pub enum DeviceError {
     Bus(#[source] BusOverlap),
     #[error("cannot build the queue workers' seccomp filter")]
     Seccomp(#[source] crate::seccomp::SeccompError),
+    #[error("disk {path} has the backing file {backing}, and backing_files is off")]
+    BackingFilesOff { path: String, backing: String },
     #[error("too many disks: the PCI bus and MMIO window hold {0}")]
     TooManyDisks(usize),
     #[error("cannot set up a vhost-user disk")]
@@ -80,13 +82,13 @@ pub enum DeviceError {
 /// A disk opened from its `--disk` config, by its owner (the tools that
 /// resize and snapshot it come along).
 pub struct OpenedDisk {
-    pub config: DiskConfig,
+    pub config: LocalDiskConfig,
     pub image: ExclusiveImage,
 }
 
 /// Opens every disk (format probe, backing chain, locks, engine choice)
 /// and logs one line per disk with the engine in use.
-pub fn open_disks(configs: &[DiskConfig]) -> Result<Vec<OpenedDisk>, DeviceError> {
+pub fn open_disks(configs: &[LocalDiskConfig]) -> Result<Vec<OpenedDisk>, DeviceError> {
     let max = max_disks();
     if configs.len() > max {
         return Err(DeviceError::TooManyDisks(max));
@@ -95,7 +97,7 @@ pub fn open_disks(configs: &[DiskConfig]) -> Result<Vec<OpenedDisk>, DeviceError
 }
 
 /// Opens one disk (see [`open_disks`]).
-pub fn open_disk(c: &DiskConfig) -> Result<OpenedDisk, DeviceError> {
+pub fn open_disk(c: &LocalDiskConfig) -> Result<OpenedDisk, DeviceError> {
     {
         {
             let image =
@@ -103,6 +105,16 @@ pub fn open_disk(c: &DiskConfig) -> Result<OpenedDisk, DeviceError> {
                     path: c.options.path.display().to_string(),
                     source,
                 })?;
+            let disk = image.disk();
+            if !c.backing_files {
+                if let Some(backing) = disk.format().info().backing_filename {
+                    let path = c.options.path.display().to_string();
+                    if let Err(e) = image.close() {
+                        log::warn!("disk {path}: closing after the refusal failed: {e}");
+                    }
+                    return Err(DeviceError::BackingFilesOff { path, backing });
+                }
+            }
             let disk = image.disk();
             log::info!(
                 "disk {}: {} bytes, engine {} (asked {}), cache={}, {}{}",

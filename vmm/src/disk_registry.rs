@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use virtio_devices::block::{BlockDevice, BlockDeviceConfig, SharedBlockDevice};
 
-use crate::config::{next_free_disk_id, DiskConfig, VhostUserDiskConfig};
+use crate::config::{next_free_disk_id, LocalDiskConfig, VhostUserDiskConfig};
 use crate::device_manager::{DeviceError, OpenedDisk};
 use crate::pci_attach::{AttachedFunction, PciAttach};
 
@@ -20,7 +20,7 @@ use crate::pci_attach::{AttachedFunction, PciAttach};
 pub enum DiskBackend {
     /// Our virtio-blk device over an image we opened.
     Local {
-        config: DiskConfig,
+        config: LocalDiskConfig,
         device: Arc<Mutex<BlockDevice>>,
     },
     /// A vhost-user backend serves it; we only forward.

@@ -4,7 +4,8 @@
 //!
 //! `main` parses the command line ([`config`]), opens the disks
 //! ([`device_manager::open_disks`]), then [`vm::run`] starts the API
-//! server ([`api`], with `--api-socket`), creates the VM, loads the guest
+//! server ([`api`], with `--api-socket`, routing by the endpoint table
+//! [`endpoints`]), creates the VM, loads the guest
 //! ([`boot`]), builds the devices ([`device_manager`]), runs the vCPU
 //! threads ([`vcpu`]) under seccomp ([`seccomp`]) and hands the main
 //! thread to the control loop ([`control`]) until the end.
@@ -16,6 +17,7 @@ pub mod control;
 pub mod device_manager;
 pub mod devices;
 pub mod disk_registry;
+pub mod endpoints;
 pub mod layout;
 pub mod memory;
 pub mod pci_attach;

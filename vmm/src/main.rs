@@ -1,38 +1,64 @@
 //! The `cloud-hypervisor` binary: parse the whole command line, open the
 //! disks, boot, and exit 0 after a clean guest reset/power-off or
-//! SIGTERM/SIGINT, non-zero with a message on any error.
+//! SIGTERM/SIGINT, non-zero with a message on any error: as upstream, 2
+//! for a command line the parser refuses (with its usage), 1 for
+//! anything else (one line).
 
 use std::process::ExitCode;
 
-use vmm::config::{args::USAGE, parse_args, Command};
+use vmm::config::{args, parse_args, Command, ConfigError};
 use vmm::vm::ExitReason;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let config = match parse_args(&args) {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.is_empty() {
+        eprint!("{}", args::help());
+        return ExitCode::from(2);
+    }
+    let config = match parse_args(&argv) {
         Ok(Command::Help) => {
-            print!("{USAGE}");
+            print!("{}", args::help());
             return ExitCode::SUCCESS;
         }
         Ok(Command::Version) => {
-            println!("cloud-hypervisor {}", env!("CARGO_PKG_VERSION"));
+            println!("{}", args::version());
             return ExitCode::SUCCESS;
         }
         Ok(Command::Run(c)) => c,
-        Err(e) => {
-            eprintln!("cloud-hypervisor: {e}");
+        Err(ConfigError::Usage(text)) => {
+            eprint!("{text}");
             return ExitCode::from(2);
         }
+        Err(e) => {
+            eprintln!("cloud-hypervisor: {e}");
+            return ExitCode::FAILURE;
+        }
     };
-    ch_log::install(
-        "cloud-hypervisor",
-        match config.verbosity {
-            0 => log::LevelFilter::Warn,
-            1 => log::LevelFilter::Info,
-            2 => log::LevelFilter::Debug,
-            _ => log::LevelFilter::Trace,
-        },
-    );
+    let level = match config.verbosity {
+        0 => log::LevelFilter::Warn,
+        1 => log::LevelFilter::Info,
+        2 => log::LevelFilter::Debug,
+        _ => log::LevelFilter::Trace,
+    };
+    match &config.log_file {
+        None => ch_log::install("cloud-hypervisor", level),
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path);
+            match file {
+                Ok(f) => ch_log::install_to_file("cloud-hypervisor", level, f),
+                Err(e) => {
+                    eprintln!(
+                        "cloud-hypervisor: cannot open the log file {}: {e}",
+                        path.display()
+                    );
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
 
     if let Err(e) = vmm::vm::prepare_process(config.seccomp) {
         eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));

@@ -18,7 +18,7 @@ use virtio_devices::transport::{MsiMessage, MsiRouter, VirtioPciDevice};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::disk::MAX_QUEUES;
+use crate::config::local_disk::MAX_QUEUES;
 use crate::device_manager::DeviceError;
 use crate::devices::pci::{NotifyRegistry, PciDevices};
 use crate::layout::{PCI_MMIO_END, PCI_MMIO_START};

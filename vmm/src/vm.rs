@@ -139,7 +139,7 @@ pub fn prepare_process(mode: crate::config::SeccompMode) -> Result<(), VmError> 
 
 /// Opens the API socket and starts its threads (before the VM exists, so
 /// a socket that cannot be made fails fast).
-fn start_api(config: &VmConfig) -> Result<Option<(ApiServer, ApiReceiver)>, VmError> {
+fn start_api(config: &VmConfig) -> Result<Option<(ApiServer, ApiReceiver<Control>)>, VmError> {
     let Some(cfg) = &config.api_socket else {
         return Ok(None);
     };
@@ -150,7 +150,9 @@ fn start_api(config: &VmConfig) -> Result<Option<(ApiServer, ApiReceiver)>, VmEr
         ApiSocketConfig::Path(p) => Some(p.clone()),
         ApiSocketConfig::Fd(_) => None,
     };
-    let server = ApiServer::start(listener, sender, filters, path).map_err(VmError::ApiServer)?;
+    let table = Arc::new(crate::endpoints::table());
+    let server =
+        ApiServer::start(listener, table, sender, filters, path).map_err(VmError::ApiServer)?;
     Ok(Some((server, receiver)))
 }
 
@@ -174,7 +176,7 @@ fn run_vm(
     config: &VmConfig,
     disks: Vec<OpenedDisk>,
     exit: &Arc<ExitSignal>,
-    api: Option<ApiReceiver>,
+    api: Option<ApiReceiver<Control>>,
 ) -> Result<ExitReason, VmError> {
     let vm = Vm::new().map_err(VmError::CreateVm)?;
     let mem =
@@ -206,7 +208,8 @@ fn run_vm(
         return Err(VmError::Seccomp(e));
     }
 
-    let mut control = match Control::new(config, devices, handles, gate, exit.clone(), api) {
+    let mut control = match Control::new(config.clone(), devices, handles, gate, exit.clone(), api)
+    {
         Ok(c) => c,
         Err(e) => {
             return Err(VmError::Control(e));

@@ -5,7 +5,8 @@
 //! deadline and a size limit (a full server crate such as tiny_http
 //! spawns threads and reads without either; hyper needs an async
 //! runtime). Keep-alive is not offered: each response says
-//! `Connection: close`.
+//! `Connection: close`. Responses are written in Cloud Hypervisor's form
+//! ([`write_response`]), so its own client reads them.
 //!
 //! Limits: the head within [`MAX_HEAD`] bytes, the body within
 //! [`MAX_BODY`], the whole request within [`REQUEST_DEADLINE`]. A client
@@ -21,6 +22,8 @@ pub const MAX_BODY: usize = 64 << 10;
 /// The whole request must arrive within this.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 const MAX_HEADERS: usize = 32;
+/// The `Server` header, Cloud Hypervisor's.
+pub const SERVER: &str = "Cloud Hypervisor API";
 
 /// A request that arrived whole.
 #[derive(Debug, PartialEq, Eq)]
@@ -176,38 +179,22 @@ fn write_all(s: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {
     s.flush()
 }
 
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        204 => "No Content",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        409 => "Conflict",
-        411 => "Length Required",
-        413 => "Payload Too Large",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        505 => "HTTP Version Not Supported",
-        _ => "",
-    }
-}
-
-/// Writes a whole response.
+/// Writes a whole response as Cloud Hypervisor's server writes it: the
+/// status line without a reason phrase (`HTTP/1.1 200 `, which its
+/// client needs: it parses everything after the version up to the CR as
+/// the number), `Server`, then `Content-Type` and `Content-Length` on
+/// every status but 204 (its client prints a body only after a
+/// `Content-Length`). Unlike it we close the connection after each
+/// answer, and say so.
 pub fn write_response(s: &mut impl Write, status: u16, body: Option<&str>) -> std::io::Result<()> {
-    let mut out = format!("HTTP/1.1 {status} {}\r\n", reason(status));
-    match body {
-        Some(b) => {
-            out.push_str("Content-Type: application/json\r\n");
-            out.push_str(&format!("Content-Length: {}\r\n", b.len()));
-        }
-        None if status != 204 => out.push_str("Content-Length: 0\r\n"),
-        None => {}
+    let mut out = format!("HTTP/1.1 {status} \r\nServer: {SERVER}\r\nConnection: close\r\n");
+    if status != 204 {
+        let body = body.unwrap_or("");
+        out.push_str("Content-Type: application/json\r\n");
+        out.push_str(&format!("Content-Length: {}\r\n", body.len()));
     }
-    out.push_str("Connection: close\r\n\r\n");
-    if let Some(b) = body {
+    out.push_str("\r\n");
+    if let (Some(b), false) = (body, status == 204) {
         out.push_str(b);
     }
     write_all(s, out.as_bytes())
@@ -308,15 +295,22 @@ mod tests {
         let mut out = Vec::new();
         write_response(&mut out, 200, Some("{\"a\":1}")).unwrap();
         let text = String::from_utf8(out).unwrap();
-        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
-        assert!(text.contains("Content-Length: 7\r\n"));
+        assert!(
+            text.starts_with("HTTP/1.1 200 \r\nServer: Cloud Hypervisor API\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("Content-Type: application/json\r\nContent-Length: 7\r\n"));
         assert!(text.contains("Connection: close\r\n"));
         assert!(text.ends_with("\r\n\r\n{\"a\":1}"));
         let mut out = Vec::new();
         write_response(&mut out, 204, None).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
+            "HTTP/1.1 204 \r\nServer: Cloud Hypervisor API\r\nConnection: close\r\n\r\n"
         );
+        let mut out = Vec::new();
+        write_response(&mut out, 404, None).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.ends_with("Content-Length: 0\r\n\r\n"), "{text}");
     }
 }

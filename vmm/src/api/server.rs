@@ -17,8 +17,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::endpoint::Endpoint;
 use super::http::{read_request, write_response};
-use super::{routes, ApiResponse, ApiSender};
+use super::response::ApiResponse;
+use super::{routes, ApiSender};
+
+/// The endpoint table the connection threads route by.
+pub type Table<C> = Arc<Vec<Endpoint<C>>>;
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 8;
@@ -37,11 +42,12 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// Starts serving `listener`; requests go to `sender`. The accepting
-    /// thread installs `filters` first.
-    pub(crate) fn start(
+    /// Starts serving `listener`; requests are routed by `table` and go
+    /// to `sender`. The accepting thread installs `filters` first.
+    pub(crate) fn start<C: 'static>(
         listener: UnixListener,
-        sender: ApiSender,
+        table: Table<C>,
+        sender: ApiSender<C>,
         filters: Vec<seccompiler::BpfProgram>,
         path: Option<PathBuf>,
     ) -> std::io::Result<ApiServer> {
@@ -55,7 +61,7 @@ impl ApiServer {
                     log::error!("api: cannot install the seccomp filter, not serving: {e}");
                     return;
                 }
-                accept_loop(&accepting, sender, stop)
+                accept_loop(&accepting, &table, sender, stop)
             })?;
         Ok(ApiServer {
             acceptor: Some(acceptor),
@@ -83,7 +89,12 @@ impl ApiServer {
     }
 }
 
-fn accept_loop(listener: &UnixListener, sender: ApiSender, stopping: Arc<AtomicBool>) {
+fn accept_loop<C: 'static>(
+    listener: &UnixListener,
+    table: &Table<C>,
+    sender: ApiSender<C>,
+    stopping: Arc<AtomicBool>,
+) {
     let active = Arc::new(AtomicUsize::new(0));
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
     loop {
@@ -114,11 +125,11 @@ fn accept_loop(listener: &UnixListener, sender: ApiSender, stopping: Arc<AtomicB
             continue;
         }
         active.fetch_add(1, Ordering::AcqRel);
-        let (sender, count) = (sender.clone(), active.clone());
+        let (sender, count, table) = (sender.clone(), active.clone(), table.clone());
         let spawned = std::thread::Builder::new()
             .name("api-conn".into())
             .spawn(move || {
-                serve(stream, &sender);
+                serve(stream, &table, &sender);
                 count.fetch_sub(1, Ordering::AcqRel);
             });
         match spawned {
@@ -151,12 +162,12 @@ fn refuse_gently(mut stream: UnixStream) {
 }
 
 /// One request, one answer.
-fn serve(mut stream: UnixStream, sender: &ApiSender) {
+fn serve<C: 'static>(mut stream: UnixStream, table: &[Endpoint<C>], sender: &ApiSender<C>) {
     let response = match read_request(&mut stream) {
         Ok(req) => {
             log::info!("api: {} {}", req.method, req.path);
-            match routes::route(&req.method, &req.path, &req.body) {
-                Ok(request) => sender.call(request, ANSWER_TIMEOUT),
+            match routes::route(table, &req.method, &req.path, &req.body) {
+                Ok(r) => sender.call(r.name, r.job, ANSWER_TIMEOUT),
                 Err(refused) => refused,
             }
         }

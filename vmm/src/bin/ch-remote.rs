@@ -1,5 +1,6 @@
 //! `ch-remote --api-socket PATH COMMAND [ARGS]`: the API's command-line
-//! client (Cloud Hypervisor's verbs). A thin front end over
+//! client, with Cloud Hypervisor's verbs and their syntax (the endpoint
+//! table's, [`vmm::endpoints`]). A thin front end over
 //! [`vmm::api::client`]: prints the answer's JSON body on success (exit
 //! 0), the error on stderr otherwise (exit 1; 2 for a usage error).
 //! `--version` (`-V`) prints `ch-remote vVERSION`, as Cloud Hypervisor's
@@ -8,12 +9,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use vmm::api::client::{call_for, error_text, send, ClientError, USAGE};
+use vmm::api::client::{call_for, error_text, send, usage, ClientError};
 
 fn main() -> ExitCode {
+    let table = vmm::endpoints::table();
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() || args.iter().any(|a| a == "--help" || a == "-h") {
-        print!("{USAGE}");
+        print!("{}", usage(&table));
         return if args.is_empty() {
             ExitCode::from(2)
         } else {
@@ -45,7 +47,7 @@ fn main() -> ExitCode {
         eprintln!("ch-remote: no command given (see --help)");
         return ExitCode::from(2);
     };
-    let call = match call_for(command, rest) {
+    let call = match call_for(&table, command, rest) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ch-remote: {e}");

@@ -1,15 +1,25 @@
-//! Walks argv: each `--option VALUE` (or `--option=VALUE`) goes to its
-//! group's parser. Enters as the process arguments (without argv[0]);
-//! leaves as a [`Command`].
+//! The command line, in Cloud Hypervisor's form: clap, as upstream uses
+//! it, with upstream's flags and syntax (`--cpus boot=N`, `--memory
+//! size=`, `--disk KEY=VALUE,...` repeatable or with several values,
+//! `-v` counted, ...). Each option's value goes to its group's parser
+//! ([`super::disk`], [`super::cpus`], ...). Upstream's flags this VMM does
+//! not implement are known to the parser (hidden from `--help`) so that
+//! each is refused by name, in one line, instead of being taken for a
+//! typo or ignored ([`UNSUPPORTED`]).
+//!
+//! Enters as the process arguments (without argv[0]); leaves as a
+//! [`Command`].
 
 use std::path::PathBuf;
 
-use super::api_socket::{parse_api_socket, ApiSocketConfig};
+use clap::{Arg, ArgAction, ArgMatches};
+
+use super::api_socket::parse_api_socket;
 use super::cpus::{parse_cpus, CpusConfig};
 use super::disk::parse_disk;
-use super::memory::{parse_memory, MemoryConfig};
+use super::disk_resolve::ResolvedDisk;
+use super::memory::parse_memory;
 use super::serial::{parse_serial, SerialMode};
-use super::vhost_user_disk::{is_vhost_user, parse_vhost_user_disk};
 use super::{ConfigError, SeccompMode, VmConfig};
 use block::options::kv::KvError;
 
@@ -21,139 +31,200 @@ pub enum Command {
     Version,
 }
 
-pub const USAGE: &str = "\
-Usage: cloud-hypervisor --kernel PATH [OPTIONS]
+/// Upstream's flags that this VMM does not implement, each with why.
+pub const UNSUPPORTED: &[(&str, &str)] = &[
+    ("balloon", "there is no virtio-balloon device"),
+    ("debug-console", "there is no debug console (port 0xe9)"),
+    ("device", "there is no VFIO device assignment"),
+    ("event-monitor", "events are not reported yet"),
+    ("firmware", "only --kernel (PVH ELF or bzImage) boots"),
+    ("fs", "there is no virtio-fs device"),
+    (
+        "generic-vhost-user",
+        "only vhost-user block disks (--disk vhost_user=on)",
+    ),
+    ("landlock", "there is no Landlock sandbox (seccomp only)"),
+    (
+        "landlock-rules",
+        "there is no Landlock sandbox (seccomp only)",
+    ),
+    ("log-format", "log lines have one fixed format"),
+    ("memory-zone", "guest RAM is one region (--memory)"),
+    ("net", "there is no network device (virtio-blk disks only)"),
+    ("no-shutdown", "a guest power-off always ends the VMM"),
+    ("numa", "there is no NUMA topology"),
+    ("pci-segment", "there is one PCI segment"),
+    ("platform", "there are no platform options"),
+    ("pmem", "there is no virtio-pmem device"),
+    ("pvpanic", "there is no pvpanic device"),
+    (
+        "rate-limit-group",
+        "throttling is per disk (--disk bw_*/ops_* keys)",
+    ),
+    ("restore", "there are no VM snapshots"),
+    ("rng", "there is no virtio-rng device"),
+    ("rtc", "there is no virtio-rtc device"),
+    ("tpm", "there is no TPM device"),
+    ("user-device", "there are no vfio-user devices"),
+    ("vdpa", "there are no vDPA devices"),
+    ("vsock", "there is no virtio-vsock device"),
+    ("watchdog", "there is no virtio-watchdog device"),
+];
 
-Boots a guest kernel under KVM with virtio-blk disks (virtio-pci, MSI-X).
+const DISK_HELP: &str = "Disk parameters (repeatable)
+\"path=<disk_image_path>|nbd://<host>[:<port>]/<export>|nbd+unix:///<export>?socket=<socket_path>,\
+readonly=on|off,direct=on|off,num_queues=<number_of_queues>,queue_size=<size_of_each_queue>,\
+vhost_user=on|off,socket=<vhost_user_socket_path>,bw_size=<bytes>,bw_one_time_burst=<bytes>,\
+bw_refill_time=<ms>,ops_size=<io_ops>,ops_one_time_burst=<io_ops>,ops_refill_time=<ms>,\
+id=<device_id>,queue_affinity=<list_of_queue_indices_with_their_associated_cpuset>,\
+serial=<serial_number>,backing_files=on|off,image_type=<auto|raw|qcow2>,\
+lock_granularity=byte-range,cache=none|writeback|writethrough|directsync|unsafe,\
+engine=auto|io_uring|aio|threads|sync,poll_us=<0..1000>,reconnect_delay=<seconds>\"
+(engine=aio needs cache=none|directsync; iommu=off, pci_segment=0, sparse=on; docs/disk-options.md)";
 
-Options:
-  --kernel PATH          ELF vmlinux with a PVH note, or a bzImage
-  --initramfs PATH       initial ramdisk
-  --cmdline STRING       kernel command line
-  --cpus boot=N[,model=host|x86-64-v1][,hide=[FEATURE,...]]
-                         number of vCPUs (default 1); the CPU model: KVM's
-                           CPUID (host, default) or the x86-64 baseline,
-                           minus the hidden features (/proc/cpuinfo names)
-  --memory size=SIZE[,shared=on|off]
-                         guest RAM, K/M/G suffixes (default 512M);
-                           shared=on puts it in a memfd mapped shared
-                           (needed by vhost_user disks)
-  --disk KEY=VALUE,...   a virtio-blk disk (repeatable); keys:
-                           path=PATH|nbd://HOST[:PORT]/NAME|
-                           nbd+unix:///NAME?socket=SOCK (required),
-                           reconnect_delay=SECONDS (NBD), readonly=on|off,
-                           direct=on|off, cache=none|writeback|writethrough|
-                           directsync|unsafe, num_queues=N, queue_size=N,
-                           image_type=auto|raw|qcow2,
-                           engine=auto|io_uring|aio|threads|sync (aio needs
-                           cache=none|directsync), id=NAME, serial=STRING,
-                           bw_size=BYTES, bw_one_time_burst=BYTES,
-                           bw_refill_time=MS, ops_size=N,
-                           ops_one_time_burst=N, ops_refill_time=MS,
-                           queue_affinity=[QUEUE@[CPUS],...],
-                           poll_us=0..1000 (docs/disk-options.md)
-  --disk vhost_user=on,socket=PATH[,num_queues=N][,queue_size=N][,id=NAME]
-                         a virtio-blk disk served by a vhost-user backend
-                           (e.g. ch-storage-daemon); needs --memory
-                           shared=on; the image keys belong to the backend
-  --api-socket path=PATH|fd=N
-                         serve the HTTP API (Cloud Hypervisor's REST API,
-                           docs/api.md) on a Unix socket; ch-remote is its
-                           client
-  --serial MODE          tty (default), file=PATH or off
-  --seccomp MODE         true (default), false or log
-  -v                     more logging (repeatable)
-  --version              print the version
-  --help                 print this help
-";
+/// The parser: our flags with help, upstream's others hidden.
+pub fn cli() -> clap::Command {
+    let value =
+        |name: &'static str, help: &'static str| Arg::new(name).long(name).help(help).num_args(1);
+    let mut cmd = clap::Command::new("cloud-hypervisor")
+        .version(concat!("v", env!("CARGO_PKG_VERSION")))
+        .about("Launch a VM under KVM with virtio-blk disks over raw and qcow2 images.")
+        .next_line_help(true)
+        .arg(value(
+            "api-socket",
+            "HTTP API socket (UNIX domain socket): path=<path> or fd=<fd>",
+        ))
+        .arg(value("cmdline", "Kernel command line").allow_hyphen_values(true))
+        .arg(value(
+            "console",
+            "Virtio console: \"off|null\" (there is no virtio console; use --serial)",
+        ))
+        .arg(value(
+            "cpus",
+            "boot=<boot_vcpus>,max=<max_vcpus, equal to boot>,model=host|x86-64-v1,\
+             hide=[<feature>,...] [default: boot=1]",
+        ))
+        .arg(
+            Arg::new("disk")
+                .long("disk")
+                .help(DISK_HELP)
+                .num_args(1..)
+                .action(ArgAction::Append),
+        )
+        .arg(value("initramfs", "Path to initramfs image"))
+        .arg(value(
+            "kernel",
+            "Path to the kernel to load: an ELF vmlinux with a PVH note, or a bzImage",
+        ))
+        .arg(value(
+            "log-file",
+            "Log file. Standard error is used if not specified",
+        ))
+        .arg(value(
+            "memory",
+            "Memory parameters \"size=<guest_memory_size>,shared=on|off\" [default: size=512M]",
+        ))
+        .arg(value(
+            "seccomp",
+            "[default: true] [possible values: true, false, log]",
+        ))
+        .arg(value(
+            "serial",
+            "Control serial port: \"off|null|tty|file=<path>\" [default: tty]",
+        ))
+        .arg(
+            Arg::new("v")
+                .short('v')
+                .long("verbose")
+                .help("Sets the level of debugging output")
+                .action(ArgAction::Count),
+        );
+    for (name, _) in UNSUPPORTED {
+        cmd = cmd.arg(
+            Arg::new(*name)
+                .long(*name)
+                .num_args(0..)
+                .action(ArgAction::Append)
+                .allow_hyphen_values(false)
+                .hide(true),
+        );
+    }
+    cmd
+}
+
+/// `--help`'s text.
+pub fn help() -> String {
+    cli().render_help().to_string()
+}
+
+/// `--version`'s text.
+pub fn version() -> String {
+    cli().render_version().trim_end().to_string()
+}
+
+fn one(m: &ArgMatches, name: &str) -> Option<String> {
+    m.get_one::<String>(name).cloned()
+}
+
+fn seccomp_mode(v: &str) -> Result<SeccompMode, ConfigError> {
+    match v {
+        "true" | "on" => Ok(SeccompMode::Enforce),
+        "false" | "off" => Ok(SeccompMode::Off),
+        "log" => Ok(SeccompMode::Log),
+        _ => Err(KvError::BadValue {
+            option: "--seccomp",
+            key: "mode".into(),
+            value: v.into(),
+            reason: "expected true, false or log".into(),
+        }
+        .into()),
+    }
+}
 
 pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
-    let mut kernel: Option<PathBuf> = None;
-    let mut initramfs: Option<PathBuf> = None;
-    let mut cmdline: Option<String> = None;
-    let mut cpus: Option<CpusConfig> = None;
-    let mut memory: Option<MemoryConfig> = None;
-    let mut serial: Option<SerialMode> = None;
-    let mut seccomp: Option<SeccompMode> = None;
-    let mut api_socket: Option<ApiSocketConfig> = None;
-    let mut disks = Vec::new();
-    let mut vhost_user_disks = Vec::new();
-    let mut verbosity: u8 = 0;
-
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        match name {
-            "--help" | "-h" => return Ok(Command::Help),
-            "--version" | "-V" => return Ok(Command::Version),
-            "-v" | "--verbose" => {
-                verbosity = verbosity.saturating_add(1);
-                continue;
+    let argv = std::iter::once("cloud-hypervisor".to_string()).chain(args.iter().cloned());
+    let m = match cli().try_get_matches_from(argv) {
+        Ok(m) => m,
+        Err(e) => {
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp => Ok(Command::Help),
+                clap::error::ErrorKind::DisplayVersion => Ok(Command::Version),
+                _ => Err(ConfigError::Usage(e.render().to_string())),
             }
-            s if s.starts_with("-v") && s[1..].bytes().all(|b| b == b'v') => {
-                let n = u8::try_from(s.len() - 1).unwrap_or(u8::MAX);
-                verbosity = verbosity.saturating_add(n);
-                continue;
-            }
-            _ => {}
         }
-        let value = |it: &mut std::slice::Iter<'_, String>| -> Result<String, ConfigError> {
-            match inline.clone() {
-                Some(v) => Ok(v),
-                None => it
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| ConfigError::MissingArgumentValue(name.to_string())),
+    };
+    if let Some((flag, why)) = UNSUPPORTED.iter().find(|(n, _)| m.contains_id(n)) {
+        return Err(ConfigError::Unsupported { flag, why });
+    }
+    if let Some(c) = one(&m, "console") {
+        if c != "off" && c != "null" {
+            return Err(KvError::BadValue {
+                option: "--console",
+                key: "mode".into(),
+                value: c,
+                reason: "there is no virtio console here: only off or null (use --serial)".into(),
             }
-        };
-        fn once<T>(slot: &mut Option<T>, name: &str, v: T) -> Result<(), ConfigError> {
-            if slot.is_some() {
-                return Err(ConfigError::RepeatedArgument(name.to_string()));
-            }
-            *slot = Some(v);
-            Ok(())
-        }
-        match name {
-            "--kernel" => once(&mut kernel, name, PathBuf::from(value(&mut it)?))?,
-            "--initramfs" => once(&mut initramfs, name, PathBuf::from(value(&mut it)?))?,
-            "--cmdline" => once(&mut cmdline, name, value(&mut it)?)?,
-            "--cpus" => once(&mut cpus, name, parse_cpus(&value(&mut it)?)?)?,
-            "--memory" => once(&mut memory, name, parse_memory(&value(&mut it)?)?)?,
-            "--serial" => once(&mut serial, name, parse_serial(&value(&mut it)?)?)?,
-            "--api-socket" => once(&mut api_socket, name, parse_api_socket(&value(&mut it)?)?)?,
-            "--seccomp" => {
-                let v = value(&mut it)?;
-                let mode = match v.as_str() {
-                    "true" | "on" => SeccompMode::Enforce,
-                    "false" | "off" => SeccompMode::Off,
-                    "log" => SeccompMode::Log,
-                    _ => {
-                        return Err(KvError::BadValue {
-                            option: "--seccomp",
-                            key: "mode".into(),
-                            value: v,
-                            reason: "expected true, false or log".into(),
-                        }
-                        .into())
-                    }
-                };
-                once(&mut seccomp, name, mode)?
-            }
-            "--disk" => {
-                let v = value(&mut it)?;
-                if is_vhost_user(&v)? {
-                    vhost_user_disks.push(parse_vhost_user_disk(&v)?);
-                } else {
-                    disks.push(parse_disk(&v)?);
-                }
-            }
-            _ => return Err(ConfigError::UnknownArgument(arg.clone())),
+            .into());
         }
     }
-    let kernel = kernel.ok_or(ConfigError::MissingKernel)?;
+    let cpus = one(&m, "cpus").map(|v| parse_cpus(&v)).transpose()?;
+    let memory = one(&m, "memory").map(|v| parse_memory(&v)).transpose()?;
+    let serial = one(&m, "serial").map(|v| parse_serial(&v)).transpose()?;
+    let api_socket = one(&m, "api-socket")
+        .map(|v| parse_api_socket(&v))
+        .transpose()?;
+    let seccomp = one(&m, "seccomp").map(|v| seccomp_mode(&v)).transpose()?;
+    let mut disks = Vec::new();
+    let mut vhost_user_disks = Vec::new();
+    for v in m.get_many::<String>("disk").into_iter().flatten() {
+        match parse_disk(v)?.resolve()? {
+            ResolvedDisk::Local(d) => disks.push(d),
+            ResolvedDisk::VhostUser(d) => vhost_user_disks.push(d),
+        }
+    }
+    let kernel = one(&m, "kernel")
+        .map(PathBuf::from)
+        .ok_or(ConfigError::MissingKernel)?;
     let memory = memory.unwrap_or_default();
     if !vhost_user_disks.is_empty() && !memory.shared {
         return Err(ConfigError::VhostUserNeedsSharedMemory);
@@ -181,11 +252,11 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
             *id = Some(super::next_free_disk_id(&mut next, &taken));
         }
     }
-    let cpus = cpus.unwrap_or_default();
+    let cpus: CpusConfig = cpus.unwrap_or_default();
     Ok(Command::Run(Box::new(VmConfig {
         kernel,
-        initramfs,
-        cmdline: cmdline.unwrap_or_default(),
+        initramfs: one(&m, "initramfs").map(PathBuf::from),
+        cmdline: one(&m, "cmdline").unwrap_or_default(),
         cpus: cpus.boot,
         cpu_model: cpus.model,
         memory: memory.size,
@@ -194,13 +265,15 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
         vhost_user_disks,
         serial: serial.unwrap_or(SerialMode::Tty),
         seccomp: seccomp.unwrap_or_default(),
-        verbosity,
+        verbosity: m.get_count("v"),
         api_socket,
+        log_file: one(&m, "log-file").map(PathBuf::from),
     })))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::ApiSocketConfig;
     use super::*;
 
     fn args(s: &[&str]) -> Vec<String> {
@@ -330,18 +403,13 @@ mod tests {
             Ok(Command::Version)
         ));
         assert_eq!(run(&[]).unwrap_err(), ConfigError::MissingKernel);
-        assert!(matches!(
-            run(&["--kernel", "k", "--bogus"]),
-            Err(ConfigError::UnknownArgument(_))
-        ));
-        assert!(matches!(
-            run(&["--kernel"]),
-            Err(ConfigError::MissingArgumentValue(_))
-        ));
-        assert!(matches!(
-            run(&["--kernel", "k", "--kernel", "j"]),
-            Err(ConfigError::RepeatedArgument(_))
-        ));
+        for bad in [
+            &["--kernel", "k", "--bogus"][..],
+            &["--kernel"],
+            &["--kernel", "k", "--kernel", "j"],
+        ] {
+            assert!(matches!(run(bad), Err(ConfigError::Usage(_))), "{bad:?}");
+        }
         let e = run(&["--kernel", "k", "--seccomp", "maybe"])
             .unwrap_err()
             .to_string();
@@ -357,5 +425,69 @@ mod tests {
             ]),
             Err(ConfigError::DuplicateDiskId(_))
         ));
+    }
+
+    #[test]
+    fn upstream_syntax() {
+        // Several values after one --disk, as upstream's clap takes them.
+        let c = run(&[
+            "--kernel",
+            "k",
+            "--disk",
+            "path=a",
+            "path=b",
+            "--disk",
+            "path=c,image_type=raw",
+            "--console",
+            "off",
+            "--cpus",
+            "boot=2,max=2",
+            "--log-file",
+            "/tmp/l",
+            "--cmdline",
+            "-x console=ttyS0",
+        ])
+        .unwrap();
+        assert_eq!(c.disks.len(), 3);
+        assert_eq!(c.cpus, 2);
+        assert_eq!(c.cmdline, "-x console=ttyS0");
+        assert_eq!(c.log_file, Some(PathBuf::from("/tmp/l")));
+        let e = run(&["--kernel", "k", "--console", "tty"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--console") && e.contains("tty"), "{e}");
+        let e = run(&["--kernel", "k", "--cpus", "boot=2,max=4"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max"), "{e}");
+    }
+
+    #[test]
+    fn upstream_flags_we_lack_are_refused_by_name() {
+        for (flag, _) in UNSUPPORTED {
+            for tail in [&[][..], &["x=1"][..]] {
+                let mut a = vec!["--kernel", "k"];
+                let long = format!("--{flag}");
+                a.push(&long);
+                a.extend_from_slice(tail);
+                match run(&a) {
+                    Err(e @ ConfigError::Unsupported { .. }) => {
+                        let msg = e.to_string();
+                        assert!(msg.contains(&long) && !msg.contains('\n'), "{msg}")
+                    }
+                    other => panic!("{a:?}: {other:?}"),
+                }
+            }
+        }
+        let help = help();
+        assert!(
+            !help.contains("--net"),
+            "unsupported flags stay out of --help"
+        );
+        assert!(help.contains("--disk") && help.contains("--api-socket"));
+        assert_eq!(
+            version(),
+            concat!("cloud-hypervisor v", env!("CARGO_PKG_VERSION"))
+        );
     }
 }

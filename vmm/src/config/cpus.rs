@@ -1,4 +1,4 @@
-//! `--cpus boot=N[,model=NAME][,hide=[FEATURE,...]]`: the number of vCPUs
+//! `--cpus boot=N[,max=N][,model=NAME][,hide=[FEATURE,...]]`: the number of vCPUs
 //! and the CPU model the guest sees. Enters as the option string, leaves
 //! as a [`CpusConfig`].
 //!
@@ -38,6 +38,14 @@ pub fn parse_cpus(s: &str) -> Result<CpusConfig, ConfigError> {
             _ => Err(format!("expected a number from 1 to {MAX_VCPUS}")),
         })?
         .unwrap_or(1);
+    // Upstream's `max` (CPU hotplug's ceiling): there is no CPU hotplug,
+    // so only `max` equal to `boot` is taken.
+    kv.take_parsed("max", |v| match v.parse::<u8>() {
+        Ok(n) if n == boot => Ok(n),
+        _ => Err(format!(
+            "expected {boot}, the boot count (there is no CPU hotplug)"
+        )),
+    })?;
     let base = kv
         .take_parsed("model", |v| {
             BaseModel::by_name(v).ok_or_else(|| format!("expected one of {}", BaseModel::NAMES))
@@ -82,6 +90,11 @@ mod tests {
             .contains("boot"));
         assert!(parse_cpus("boot=65").is_err());
         assert!(parse_cpus("max=4").unwrap_err().to_string().contains("max"));
+        assert_eq!(parse_cpus("boot=4,max=4").unwrap().boot, 4);
+        assert!(parse_cpus("boot=2,max=4")
+            .unwrap_err()
+            .to_string()
+            .contains("hotplug"));
     }
 
     #[test]

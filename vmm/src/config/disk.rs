@@ -1,124 +1,75 @@
-//! `--disk`: one virtio-blk device. Keys: `path`, `readonly`, `direct`,
-//! `cache` (QEMU's five modes), `num_queues`, `queue_size`, `image_type`,
-//! `engine` (auto, io_uring, aio, threads, sync), `id`, `serial`, and
-//! Cloud Hypervisor's throttling keys `bw_size`, `bw_one_time_burst`,
-//! `bw_refill_time`, `ops_size`, `ops_one_time_burst`, `ops_refill_time`,
-//! and `queue_affinity=[QUEUE@[CPUS],...]` (CPUS: numbers and ranges).
-//! Our own key `poll_us=N` (0 to 1000, default 32) is the ceiling of each
-//! queue worker's adaptive spin before it sleeps; 0 turns it off
-//! (docs/disk-options.md, "Polling"; QEMU's iothread `poll-max-ns` plays
-//! this part).
+//! `--disk`: one virtio-blk device, in Cloud Hypervisor's `key=value`
+//! syntax, parsed into the same [`DiskConfig`] the API's `vm.add-disk`
+//! body is (the checks and the meaning of each key are
+//! [`super::disk_resolve`]'s, once for both).
 //!
-//! `vhost_user=on` makes the disk a vhost-user one, parsed by
-//! [`super::vhost_user_disk`] instead; `vhost_user=off` is accepted here.
+//! Keys (upstream's): `path`, `readonly`, `direct`, `iommu`, `num_queues`,
+//! `queue_size`, `vhost_user`, `socket`, the throttling keys `bw_size`,
+//! `bw_one_time_burst`, `bw_refill_time`, `ops_size`,
+//! `ops_one_time_burst`, `ops_refill_time`, `id`, `pci_segment`,
+//! `pci_device_id`, `rate_limit_group`, `queue_affinity=[QUEUE@[CPUS],...]`
+//! (CPUS: numbers and ranges), `serial`, `backing_files`, `sparse`,
+//! `image_type`, `lock_granularity`; ours: `cache` (QEMU's five modes),
+//! `engine` (auto, io_uring, aio, threads, sync), `poll_us=N` (0 to
+//! 1000, default 32: the ceiling of each queue worker's adaptive spin
+//! before it sleeps; docs/disk-options.md, "Polling"; QEMU's iothread
+//! `poll-max-ns` plays this part) and `reconnect_delay` (NBD paths).
 //!
-//! Enters as the option's string; leaves as a [`DiskConfig`] holding the
-//! block crate's [`DiskOptions`] plus the device's queue settings. Nothing is
-//! opened here.
+//! Enters as the option's string; leaves as a [`DiskConfig`] whose
+//! values are well-typed (numbers are numbers, `on|off` a bool). What a
+//! disk is built from after the checks is a
+//! [`super::local_disk::LocalDiskConfig`]. Nothing is opened here.
 
-use block::options::kv::KvError;
-use block::options::take_image_options;
-use block::DiskOptions;
-use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
-use virtio_devices::block::DEFAULT_POLL_US;
+use block::options::kv::{parse_on_off, split_top_level, KvError, KvList};
 
+use super::disk_config::{
+    DiskConfig, ImageTypeName, LockGranularity, QueueAffinity, RateLimiterConfig, TokenBucket,
+};
+use super::local_disk::MAX_POLL_US;
 use super::ConfigError;
-use block::options::kv::{parse_on_off, split_top_level, KvList};
 
-/// Most queues per disk: the vCPU count is small on our machines and each
-/// queue is a thread.
-pub const MAX_QUEUES: u16 = 64;
-/// Largest split virtqueue.
-pub const MAX_QUEUE_SIZE: u16 = 32768;
-/// The virtio-blk serial (GET_ID) is at most 20 bytes.
-pub const MAX_SERIAL: usize = 20;
-
-#[derive(Clone, Debug)]
-pub struct DiskConfig {
-    pub options: DiskOptions,
-    pub num_queues: u16,
-    pub queue_size: u16,
-    pub id: Option<String>,
-    pub serial: Option<String>,
-    /// Throttling of each of the disk's queues (nothing by default).
-    pub rate_limit: RateLimitConfig,
-    /// Host CPUs per queue index (`None`: not pinned).
-    pub queue_affinity: Vec<Option<Vec<usize>>>,
-    /// Ceiling of the queue workers' adaptive spin in microseconds (0: none).
-    pub poll_us: u32,
-}
-
-/// Largest `poll_us` (the device caps its spin at 1 ms).
-pub const MAX_POLL_US: u32 = 1000;
-
-/// `[0@[0,2-3],1@[1]]`: for each listed queue (below `num_queues`, once),
-/// the host CPUs its worker may run on, each one this process may use.
-fn parse_queue_affinity(
-    num_queues: u16,
-) -> impl Fn(&str) -> Result<Vec<Option<Vec<usize>>>, String> {
-    move |s| {
-        let inner = s
+/// `[0@[0,2-3],1@[1]]`: for each listed queue, its host CPUs (ranges
+/// expanded, in order, each once). Which queues and CPUs are allowed is
+/// checked later.
+fn parse_queue_affinity(s: &str) -> Result<Vec<QueueAffinity>, String> {
+    let inner = s
+        .strip_prefix('[')
+        .and_then(|s| s.strip_suffix(']'))
+        .ok_or("expected [QUEUE@[CPUS],...]")?;
+    let mut out = Vec::new();
+    for item in split_top_level(inner).ok_or("unbalanced brackets")? {
+        let (queue, cpus) = item
+            .split_once('@')
+            .ok_or_else(|| format!("'{item}': expected QUEUE@[CPUS]"))?;
+        let queue_index: usize = queue
+            .parse()
+            .map_err(|_| format!("queue '{queue}': expected a queue number"))?;
+        let list = cpus
             .strip_prefix('[')
             .and_then(|s| s.strip_suffix(']'))
-            .ok_or("expected [QUEUE@[CPUS],...]")?;
-        let allowed = allowed_cpus()?;
-        let mut out = vec![None; usize::from(num_queues)];
-        for item in split_top_level(inner).ok_or("unbalanced brackets")? {
-            let (queue, cpus) = item
-                .split_once('@')
-                .ok_or_else(|| format!("'{item}': expected QUEUE@[CPUS]"))?;
-            let q: usize = queue
-                .parse()
-                .ok()
-                .filter(|&q| q < usize::from(num_queues))
-                .ok_or_else(|| format!("queue '{queue}': expected 0 to {}", num_queues - 1))?;
-            if out[q].is_some() {
-                return Err(format!("queue {q} is given twice"));
+            .ok_or_else(|| format!("'{cpus}': expected [CPUS]"))?;
+        let mut host_cpus = Vec::new();
+        for range in list.split(',') {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            let (a, b): (usize, usize) = match (a.parse(), b.parse()) {
+                (Ok(a), Ok(b)) if a <= b => (a, b),
+                _ => return Err(format!("'{range}': expected a CPU or a range A-B")),
+            };
+            if b - a >= 4096 {
+                return Err(format!("'{range}': more than 4096 CPUs"));
             }
-            let list = cpus
-                .strip_prefix('[')
-                .and_then(|s| s.strip_suffix(']'))
-                .ok_or_else(|| format!("'{cpus}': expected [CPUS]"))?;
-            let mut set = Vec::new();
-            for range in list.split(',') {
-                let (a, b) = range.split_once('-').unwrap_or((range, range));
-                let (a, b): (usize, usize) = match (a.parse(), b.parse()) {
-                    (Ok(a), Ok(b)) if a <= b => (a, b),
-                    _ => return Err(format!("'{range}': expected a CPU or a range A-B")),
-                };
-                for cpu in a..=b {
-                    if !allowed.contains(&cpu) {
-                        return Err(format!("CPU {cpu} is not available to this process"));
-                    }
-                    if !set.contains(&cpu) {
-                        set.push(cpu);
-                    }
+            for cpu in a..=b {
+                if !host_cpus.contains(&cpu) {
+                    host_cpus.push(cpu);
                 }
             }
-            out[q] = Some(set);
         }
-        Ok(out)
+        out.push(QueueAffinity {
+            queue_index,
+            host_cpus,
+        });
     }
-}
-
-/// The CPUs this process may run on (`sched_getaffinity`).
-fn allowed_cpus() -> Result<Vec<usize>, String> {
-    // SAFETY: an all-zero cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a writable cpu_set_t of the size passed; pid 0 is
-    // the calling thread.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Err(format!(
-            "sched_getaffinity: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok((0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `cpu` is below CPU_SETSIZE, the set's capacity.
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect())
+    Ok(out)
 }
 
 /// A whole number of at least `min`.
@@ -129,13 +80,14 @@ fn parse_u64(min: u64) -> impl Fn(&str) -> Result<u64, String> {
     }
 }
 
+fn parse_number<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    s.parse().map_err(|_| "expected a whole number".to_string())
+}
+
 /// One token bucket from `{prefix}_size`, `{prefix}_one_time_burst` and
 /// `{prefix}_refill_time` (milliseconds): size and refill time are both
 /// needed once any of the three is given.
-fn take_bucket(
-    kv: &mut KvList,
-    keys: [&'static str; 3],
-) -> Result<Option<TokenBucketConfig>, ConfigError> {
+fn take_bucket(kv: &mut KvList, keys: [&'static str; 3]) -> Result<Option<TokenBucket>, KvError> {
     let [size_key, burst_key, refill_key] = keys;
     let size = kv.take_parsed(size_key, parse_u64(1))?;
     let burst = kv.take_parsed(burst_key, parse_u64(0))?;
@@ -146,113 +98,105 @@ fn take_bucket(
     };
     match (size, refill) {
         (None, None) if burst.is_none() => Ok(None),
-        (Some(size), Some(refill_time_ms)) => Ok(Some(TokenBucketConfig {
+        (Some(size), Some(refill_time)) => Ok(Some(TokenBucket {
             size,
             one_time_burst: burst.unwrap_or(0),
-            refill_time_ms,
+            refill_time,
         })),
-        (None, _) => Err(missing(size_key).into()),
-        (_, None) => Err(missing(refill_key).into()),
+        (None, _) => Err(missing(size_key)),
+        (_, None) => Err(missing(refill_key)),
     }
 }
 
-fn parse_count(min: u16, max: u16, power_of_two: bool) -> impl Fn(&str) -> Result<u16, String> {
-    move |s| {
-        let n: u16 = s
-            .parse()
-            .map_err(|_| format!("expected a number from {min} to {max}"))?;
-        if n < min || n > max {
-            return Err(format!("expected a number from {min} to {max}"));
-        }
-        if power_of_two && !n.is_power_of_two() {
-            return Err("expected a power of two".into());
-        }
-        Ok(n)
+fn parse_image_type(s: &str) -> Result<ImageTypeName, String> {
+    match s {
+        "auto" => Ok(ImageTypeName::Unknown),
+        "raw" => Ok(ImageTypeName::Raw),
+        "qcow2" => Ok(ImageTypeName::Qcow2),
+        "vhd" => Ok(ImageTypeName::FixedVhd),
+        "vhdx" => Ok(ImageTypeName::Vhdx),
+        _ => Err("expected auto, raw or qcow2".into()),
     }
 }
 
-/// `num_queues` (default 1) and `queue_size` (default 128), shared with
-/// vhost-user disks.
-pub(super) fn parse_queue_shape(kv: &mut KvList) -> Result<(u16, u16), ConfigError> {
-    let num_queues = kv
-        .take_parsed("num_queues", parse_count(1, MAX_QUEUES, false))?
-        .unwrap_or(1);
-    let queue_size = kv
-        .take_parsed("queue_size", parse_count(2, MAX_QUEUE_SIZE, true))?
-        .unwrap_or(128);
-    Ok((num_queues, queue_size))
-}
-
-/// `id=NAME`, shared with vhost-user disks.
-pub(super) fn parse_disk_id(kv: &mut KvList) -> Result<Option<String>, ConfigError> {
-    Ok(kv.take_parsed("id", |s| {
-        if s.is_empty()
-            || !s
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-        {
-            Err("expected letters, digits, '_', '-' or '.'".into())
-        } else {
-            Ok(s.to_string())
-        }
-    })?)
-}
-
+/// `--disk`'s string as a [`DiskConfig`] (syntax and types only).
 pub fn parse_disk(s: &str) -> Result<DiskConfig, ConfigError> {
     let mut kv = KvList::parse("--disk", s)?;
-    let options = take_image_options(&mut kv)?;
-    let (num_queues, queue_size) = parse_queue_shape(&mut kv)?;
-    let id = parse_disk_id(&mut kv)?;
-    // `vhost_user=off` (or absent) is this parser's; `on` goes to
-    // super::vhost_user_disk (see args.rs).
-    kv.take_parsed("vhost_user", parse_on_off)?;
-    let serial = kv.take_parsed("serial", |s| {
-        if s.len() > MAX_SERIAL || !s.bytes().all(|b| b.is_ascii_graphic()) {
-            Err(format!(
-                "expected at most {MAX_SERIAL} printable ASCII characters"
-            ))
-        } else {
-            Ok(s.to_string())
-        }
-    })?;
-    let rate_limit = RateLimitConfig {
-        bandwidth: take_bucket(&mut kv, ["bw_size", "bw_one_time_burst", "bw_refill_time"])?,
-        ops: take_bucket(
-            &mut kv,
-            ["ops_size", "ops_one_time_burst", "ops_refill_time"],
-        )?,
+    let text = |v: &str| Ok::<_, String>(v.to_string());
+    let defaults = DiskConfig::default();
+    let mut c = DiskConfig {
+        path: kv.take("path")?,
+        readonly: kv.take_parsed("readonly", parse_on_off)?.unwrap_or(false),
+        direct: kv.take_parsed("direct", parse_on_off)?,
+        iommu: kv.take_parsed("iommu", parse_on_off)?.unwrap_or(false),
+        num_queues: kv
+            .take_parsed("num_queues", parse_number)?
+            .unwrap_or(defaults.num_queues),
+        queue_size: kv
+            .take_parsed("queue_size", parse_number)?
+            .unwrap_or(defaults.queue_size),
+        vhost_user: kv.take_parsed("vhost_user", parse_on_off)?.unwrap_or(false),
+        vhost_socket: kv.take_parsed("socket", text)?,
+        id: kv.take_parsed("id", text)?,
+        pci_segment: kv.take_parsed("pci_segment", parse_number)?.unwrap_or(0),
+        pci_device_id: kv.take_parsed("pci_device_id", parse_number)?,
+        rate_limit_group: kv.take_parsed("rate_limit_group", text)?,
+        queue_affinity: kv.take_parsed("queue_affinity", parse_queue_affinity)?,
+        serial: kv.take_parsed("serial", text)?,
+        backing_files: kv.take_parsed("backing_files", parse_on_off)?,
+        sparse: kv.take_parsed("sparse", parse_on_off)?.unwrap_or(true),
+        image_type: kv
+            .take_parsed("image_type", parse_image_type)?
+            .unwrap_or_default(),
+        lock_granularity: kv
+            .take_parsed("lock_granularity", |v| match v {
+                "byte-range" => Ok(LockGranularity::ByteRange),
+                "full" => Ok(LockGranularity::Full),
+                _ => Err("expected byte-range or full".to_string()),
+            })?
+            .unwrap_or_default(),
+        cache: kv.take("cache")?,
+        engine: kv.take("engine")?,
+        poll_us: kv.take_parsed("poll_us", |v| {
+            v.parse::<u32>()
+                .map_err(|_| format!("expected a number from 0 to {MAX_POLL_US}"))
+        })?,
+        reconnect_delay: kv.take_parsed("reconnect_delay", parse_number)?,
+        ..defaults
     };
-    let queue_affinity = kv
-        .take_parsed("queue_affinity", parse_queue_affinity(num_queues))?
-        .unwrap_or_default();
-    let poll_us = kv
-        .take_parsed("poll_us", |s| match s.parse::<u32>() {
-            Ok(n) if n <= MAX_POLL_US => Ok(n),
-            _ => Err(format!("expected a number from 0 to {MAX_POLL_US}")),
-        })?
-        .unwrap_or(DEFAULT_POLL_US);
+    let bandwidth = take_bucket(&mut kv, ["bw_size", "bw_one_time_burst", "bw_refill_time"])?;
+    let ops = take_bucket(
+        &mut kv,
+        ["ops_size", "ops_one_time_burst", "ops_refill_time"],
+    )?;
+    if bandwidth.is_some() || ops.is_some() {
+        c.rate_limiter_config = Some(RateLimiterConfig { bandwidth, ops });
+    }
     kv.finish()?;
-    Ok(DiskConfig {
-        options,
-        num_queues,
-        queue_size,
-        id,
-        serial,
-        rate_limit,
-        queue_affinity,
-        poll_us,
-    })
+    Ok(c)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::disk_resolve::{DiskConfigError, ResolvedDisk};
+    use crate::config::local_disk::LocalDiskConfig;
     use block::options::CacheMode;
     use block::{EngineKind, ImageType};
+    use virtio_devices::block::rate_limit::TokenBucketConfig;
+    use virtio_devices::block::DEFAULT_POLL_US;
+
+    /// `--disk`'s string parsed and resolved as a local disk.
+    fn parse_local(s: &str) -> Result<LocalDiskConfig, ConfigError> {
+        match parse_disk(s)?.resolve()? {
+            ResolvedDisk::Local(l) => Ok(l),
+            other => panic!("{s}: {other:?}"),
+        }
+    }
 
     #[test]
     fn all_keys() {
-        let d = parse_disk(
+        let d = parse_local(
             "path=/i.qcow2,readonly=on,direct=on,num_queues=4,queue_size=256,\
              image_type=qcow2,engine=io_uring,id=disk0,serial=ABC123",
         )
@@ -268,7 +212,7 @@ mod tests {
 
     #[test]
     fn throttling_keys() {
-        let d = parse_disk(
+        let d = parse_local(
             "path=x,bw_size=1048576,bw_refill_time=100,ops_size=100,\
              ops_one_time_burst=50,ops_refill_time=1000",
         )
@@ -289,7 +233,7 @@ mod tests {
                 refill_time_ms: 1000
             })
         );
-        assert!(!parse_disk("path=x").unwrap().rate_limit.is_enabled());
+        assert!(!parse_local("path=x").unwrap().rate_limit.is_enabled());
         // Size and refill time come together.
         for (arg, key) in [
             ("path=x,bw_size=10", "bw_refill_time"),
@@ -297,7 +241,7 @@ mod tests {
             ("path=x,bw_one_time_burst=10", "bw_size"),
         ] {
             assert!(
-                matches!(parse_disk(arg), Err(ConfigError::Kv(KvError::MissingKey { key: k, .. })) if k == key),
+                matches!(parse_local(arg), Err(ConfigError::Kv(KvError::MissingKey { key: k, .. })) if k == key),
                 "{arg}"
             );
         }
@@ -306,19 +250,19 @@ mod tests {
             ("path=x,ops_size=1,ops_refill_time=0", "ops_refill_time"),
             ("path=x,ops_size=-1,ops_refill_time=1", "ops_size"),
         ] {
-            let e = parse_disk(arg).unwrap_err().to_string();
+            let e = parse_local(arg).unwrap_err().to_string();
             assert!(e.contains(key), "{arg}: {e}");
         }
     }
 
     #[test]
     fn queue_affinity() {
-        let d = parse_disk("path=x,num_queues=3,queue_affinity=[0@[0],2@[0-1,0]]").unwrap();
+        let d = parse_local("path=x,num_queues=3,queue_affinity=[0@[0],2@[0-1,0]]").unwrap();
         assert_eq!(
             d.queue_affinity,
             vec![Some(vec![0]), None, Some(vec![0, 1])]
         );
-        assert!(parse_disk("path=x").unwrap().queue_affinity.is_empty());
+        assert!(parse_local("path=x").unwrap().queue_affinity.is_empty());
         for bad in [
             "path=x,queue_affinity=[1@[0]]",
             "path=x,num_queues=2,queue_affinity=[0@[0],0@[1]]",
@@ -328,22 +272,22 @@ mod tests {
             "path=x,queue_affinity=[0@[100000]]",
             "path=x,queue_affinity=[0@[0]",
         ] {
-            let e = parse_disk(bad).unwrap_err().to_string();
+            let e = parse_local(bad).unwrap_err().to_string();
             assert!(e.contains("queue_affinity"), "{bad}: {e}");
         }
     }
 
     #[test]
     fn poll_us() {
-        assert_eq!(parse_disk("path=x").unwrap().poll_us, DEFAULT_POLL_US);
-        assert_eq!(parse_disk("path=x,poll_us=0").unwrap().poll_us, 0);
-        assert_eq!(parse_disk("path=x,poll_us=50").unwrap().poll_us, 50);
+        assert_eq!(parse_local("path=x").unwrap().poll_us, DEFAULT_POLL_US);
+        assert_eq!(parse_local("path=x,poll_us=0").unwrap().poll_us, 0);
+        assert_eq!(parse_local("path=x,poll_us=50").unwrap().poll_us, 50);
         for bad in [
             "path=x,poll_us=1001",
             "path=x,poll_us=-1",
             "path=x,poll_us=a",
         ] {
-            let e = parse_disk(bad).unwrap_err().to_string();
+            let e = parse_local(bad).unwrap_err().to_string();
             assert!(
                 e.contains("poll_us") && e.contains("0 to 1000"),
                 "{bad}: {e}"
@@ -353,13 +297,13 @@ mod tests {
 
     #[test]
     fn vhost_user_off_is_an_ordinary_disk() {
-        assert_eq!(parse_disk("path=x,vhost_user=off").unwrap().num_queues, 1);
-        assert!(parse_disk("path=x,vhost_user=maybe").is_err());
+        assert_eq!(parse_local("path=x,vhost_user=off").unwrap().num_queues, 1);
+        assert!(parse_local("path=x,vhost_user=maybe").is_err());
     }
 
     #[test]
     fn defaults() {
-        let d = parse_disk("path=x").unwrap();
+        let d = parse_local("path=x").unwrap();
         assert!(!d.options.readonly && !d.options.direct);
         assert_eq!(d.options.engine, EngineKind::Auto);
         assert_eq!(d.options.image_type, ImageType::Auto);
@@ -406,7 +350,7 @@ mod tests {
                 false,
             ),
         ] {
-            let d = parse_disk(arg).unwrap();
+            let d = parse_local(arg).unwrap();
             assert_eq!(
                 (d.options.engine, d.options.cache, d.options.direct),
                 (engine, cache, direct),
@@ -433,7 +377,7 @@ mod tests {
                 "012345678901234567890",
             ),
         ] {
-            let e = parse_disk(arg).unwrap_err().to_string();
+            let e = parse_local(arg).unwrap_err().to_string();
             assert!(e.contains(key) && e.contains(value), "{arg}: {e}");
         }
         // Values that parse but conflict name both keys.
@@ -456,12 +400,78 @@ mod tests {
             ),
             ("path=x,engine=aio,direct=off", "engine=aio", "direct=off"),
         ] {
-            let e = parse_disk(arg).unwrap_err().to_string();
+            let e = parse_local(arg).unwrap_err().to_string();
             assert!(e.contains(first) && e.contains(second), "{arg}: {e}");
         }
         assert!(matches!(
-            parse_disk("readonly=on"),
-            Err(ConfigError::Kv(KvError::MissingKey { key: "path", .. }))
+            parse_local("readonly=on"),
+            Err(ConfigError::Disk(DiskConfigError::Missing("path")))
         ));
+    }
+
+    // vhost-user disks: the same parser, resolved to a backend's disk.
+    use crate::config::vhost_user_disk::VhostUserDiskConfig;
+
+    fn resolve(s: &str) -> Result<ResolvedDisk, String> {
+        parse_disk(s)
+            .map_err(|e| e.to_string())?
+            .resolve()
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn keys_and_defaults() {
+        let Ok(ResolvedDisk::VhostUser(d)) =
+            resolve("vhost_user=on,socket=/s,num_queues=2,queue_size=256,id=d")
+        else {
+            panic!("not a vhost-user disk")
+        };
+        assert_eq!(
+            d,
+            VhostUserDiskConfig {
+                socket: "/s".into(),
+                num_queues: 2,
+                queue_size: 256,
+                id: Some("d".into()),
+            }
+        );
+        let Ok(ResolvedDisk::VhostUser(d)) = resolve("vhost_user=true,socket=/s") else {
+            panic!("not a vhost-user disk")
+        };
+        assert_eq!((d.num_queues, d.queue_size), (1, 128));
+        assert!(matches!(
+            resolve("path=x,vhost_user=off"),
+            Ok(ResolvedDisk::Local(_))
+        ));
+    }
+
+    #[test]
+    fn refuses_backend_keys_and_missing_socket() {
+        for (kv, key) in [
+            ("path=x", "path"),
+            ("readonly=on", "readonly"),
+            ("direct=on", "direct"),
+            ("cache=none", "cache"),
+            ("image_type=qcow2", "image_type"),
+            ("engine=sync", "engine"),
+            ("serial=x", "serial"),
+            ("bw_size=1,bw_refill_time=1", "rate_limiter_config"),
+            ("ops_size=1,ops_refill_time=1", "rate_limiter_config"),
+            ("queue_affinity=[0@[0]]", "queue_affinity"),
+            ("poll_us=1", "poll_us"),
+            ("backing_files=on", "backing_files"),
+        ] {
+            let e = resolve(&format!("vhost_user=on,socket=/s,{kv}")).unwrap_err();
+            assert!(e.contains(key) && e.contains("backend"), "{kv}: {e}");
+        }
+        for (s, word) in [
+            ("vhost_user=on", "socket"),
+            ("vhost_user=on,socket=/s,num_queues=0", "num_queues"),
+            ("vhost_user=on,socket=/s,bogus=1", "bogus"),
+            ("vhost_user=maybe", "vhost_user"),
+        ] {
+            let e = resolve(s).unwrap_err();
+            assert!(e.contains(word), "{s}: {e}");
+        }
     }
 }

@@ -1,15 +1,21 @@
 //! The command line: `cloud-hypervisor --kernel ... --disk ...`.
 //!
-//! [`args::parse_args`] walks argv and hands each option's value to its
-//! group's parser ([`disk`], [`vhost_user_disk`], [`cpus`], [`memory`],
-//! [`serial`], [`api_socket`]), all built
-//! on the generic `key=value` syntax of `block::options::kv`. The result is a complete
-//! [`VmConfig`] (or help / version); nothing is opened until it is.
+//! [`args::parse_args`] parses argv (clap) and hands each option's value
+//! to its group's parser ([`disk`], [`cpus`], [`memory`], [`serial`],
+//! [`api_socket`]), all built on the generic `key=value` syntax of
+//! `block::options::kv`. A disk is parsed into Cloud Hypervisor's
+//! [`DiskConfig`] ([`disk_config`], the type the API shares) and checked
+//! once by [`disk_resolve`] into a [`LocalDiskConfig`] ([`local_disk`])
+//! or a [`VhostUserDiskConfig`]. The result is a complete [`VmConfig`] (or
+//! help / version); nothing is opened until it is.
 
 pub mod api_socket;
 pub mod args;
 pub mod cpus;
 pub mod disk;
+pub mod disk_config;
+pub mod disk_resolve;
+pub mod local_disk;
 pub mod memory;
 pub mod serial;
 pub mod size;
@@ -22,7 +28,9 @@ use thiserror::Error;
 
 pub use api_socket::ApiSocketConfig;
 pub use args::{parse_args, Command};
-pub use disk::DiskConfig;
+pub use disk_config::DiskConfig;
+pub use disk_resolve::{DiskConfigError, ResolvedDisk};
+pub use local_disk::LocalDiskConfig;
 pub use memory::MemoryConfig;
 pub use serial::SerialMode;
 pub use vhost_user_disk::VhostUserDiskConfig;
@@ -51,7 +59,7 @@ pub struct VmConfig {
     pub memory: u64,
     /// Guest RAM in a memfd mapped shared (`--memory shared=on`).
     pub shared_memory: bool,
-    pub disks: Vec<DiskConfig>,
+    pub disks: Vec<LocalDiskConfig>,
     /// `--disk vhost_user=on,...`: disks a vhost-user backend serves.
     pub vhost_user_disks: Vec<VhostUserDiskConfig>,
     pub serial: SerialMode,
@@ -60,6 +68,8 @@ pub struct VmConfig {
     pub verbosity: u8,
     /// `--api-socket`: the HTTP API's Unix socket, if any.
     pub api_socket: Option<ApiSocketConfig>,
+    /// `--log-file`: where log records go instead of stderr.
+    pub log_file: Option<PathBuf>,
 }
 
 /// The id of the `n`-th disk that was given none (Cloud Hypervisor's
@@ -84,18 +94,21 @@ pub fn next_free_disk_id(next: &mut usize, taken: &[&str]) -> String {
 pub enum ConfigError {
     #[error(transparent)]
     Kv(#[from] KvError),
-    #[error("unknown argument '{0}' (see --help)")]
-    UnknownArgument(String),
-    #[error("{0} needs a value")]
-    MissingArgumentValue(String),
-    #[error("{0} given twice")]
-    RepeatedArgument(String),
+    /// A command line clap refuses, as clap renders it (with usage).
+    #[error("{0}")]
+    Usage(String),
+    /// One of upstream's flags this VMM does not implement.
+    #[error("--{flag} is not supported by this VMM: {why}")]
+    Unsupported {
+        flag: &'static str,
+        why: &'static str,
+    },
+    #[error("--disk: {0}")]
+    Disk(#[from] DiskConfigError),
     #[error("--kernel is required")]
     MissingKernel,
     #[error("two disks share the id '{0}'")]
     DuplicateDiskId(String),
-    #[error("--disk vhost_user=on: key '{0}' belongs to the vhost-user backend (give it to the backend, e.g. ch-storage-daemon --image/--export)")]
-    VhostUserBackendKey(&'static str),
     #[error("--disk vhost_user=on needs --memory shared=on (the backend maps guest RAM)")]
     VhostUserNeedsSharedMemory,
 }

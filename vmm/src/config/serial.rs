@@ -1,4 +1,4 @@
-//! `--serial tty|file=PATH|off`: where the 8250 at 0x3F8 writes. Enters as
+//! `--serial tty|file=PATH|off|null`: where the 8250 at 0x3F8 writes. Enters as
 //! the option string, leaves as a [`SerialMode`]; the file is not opened
 //! here.
 
@@ -38,7 +38,8 @@ pub fn parse_serial(s: &str) -> Result<SerialMode, ConfigError> {
             option: "--serial",
             key: "mode".into(),
             value: s.to_string(),
-            reason: "expected tty, file=PATH or off".into(),
+            reason: "expected tty, file=PATH, off or null (pty and socket= are not supported)"
+                .into(),
         }
         .into());
     };

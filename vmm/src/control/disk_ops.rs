@@ -12,7 +12,7 @@ use super::{status, Control};
 use crate::api::ApiResponse;
 use crate::disk_registry::AttachedDisk;
 
-impl Control<'_> {
+impl Control {
     /// The in-VMM disk `id`, or the answer that says why not.
     fn local_disk(&self, id: &str, what: &str) -> Result<&AttachedDisk, ApiResponse> {
         if let Some(r) = self.refuse_when_shut(what) {
@@ -40,7 +40,7 @@ impl Control<'_> {
         Ok(d)
     }
 
-    pub(super) fn resize_disk(&mut self, id: &str, size: u64, shrink: bool) -> ApiResponse {
+    pub(crate) fn resize_disk(&mut self, id: &str, size: u64, shrink: bool) -> ApiResponse {
         let d = match self.local_disk(id, "vm.resize-disk") {
             Ok(d) => d,
             Err(r) => return r,
@@ -67,7 +67,7 @@ impl Control<'_> {
         }
     }
 
-    pub(super) fn snapshot_disk(&mut self, id: &str, name: &str) -> ApiResponse {
+    pub(crate) fn snapshot_disk(&mut self, id: &str, name: &str) -> ApiResponse {
         let d = match self.local_disk(id, "vm.snapshot-disk") {
             Ok(d) => d,
             Err(r) => return r,
@@ -87,7 +87,7 @@ impl Control<'_> {
 
     /// `ch-img info --backing-chain --output=json` of the live image:
     /// the open image's facts, then each backing file's, opened read-only.
-    pub(super) fn disk_info(&self, id: &str) -> ApiResponse {
+    pub(crate) fn disk_info(&self, id: &str) -> ApiResponse {
         let d = match self.local_disk(id, "vm.disk-info") {
             Ok(d) => d,
             Err(r) => return r,

@@ -10,21 +10,21 @@
 //! within [`EJECT_TIMEOUT`] (or a paused VM, which cannot) gets the
 //! function taken away all the same, as a surprise removal.
 
-use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{status, Control, PendingRemoval, VmState};
+use crate::api::endpoint::Responder;
 use crate::api::types::PciDeviceInfo;
 use crate::api::ApiResponse;
-use crate::config::DiskConfig;
+use crate::config::{DiskConfig, ResolvedDisk};
 use crate::device_manager::{open_disk, DeviceError};
 use crate::disk_registry::DiskBackend;
 
 /// How long a removal waits for the guest to eject the slot.
 pub const EJECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-impl Control<'_> {
+impl Control {
     fn lock_hotplug(&self) -> std::sync::MutexGuard<'_, crate::devices::pci_hotplug::PciHotplug> {
         self.devices
             .hotplug
@@ -32,7 +32,22 @@ impl Control<'_> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn add_disk(&mut self, config: DiskConfig) -> ApiResponse {
+    pub(crate) fn add_disk(&mut self, asked: DiskConfig) -> ApiResponse {
+        let config = match asked.resolve() {
+            Ok(ResolvedDisk::Local(c)) => c,
+            Ok(ResolvedDisk::VhostUser(_)) => {
+                return ApiResponse::error(
+                    400,
+                    &[
+                        "invalid disk configuration",
+                        "'vhost_user' = true is not supported here: vhost-user disks are given at boot (--disk vhost_user=on)",
+                    ],
+                )
+            }
+            Err(e) => {
+                return ApiResponse::error(400, &["invalid disk configuration", &e.to_string()])
+            }
+        };
         if let Some(r) = self.refuse_when_shut("vm.add-disk") {
             return r;
         }
@@ -74,7 +89,7 @@ impl Control<'_> {
         ApiResponse::json(&PciDeviceInfo { id, bdf })
     }
 
-    pub(super) fn remove_device(&mut self, id: String, reply: SyncSender<ApiResponse>) {
+    pub(crate) fn remove_device(&mut self, id: String, reply: Responder) {
         let refused = if let Some(r) = self.refuse_when_shut("vm.remove-device") {
             Some(r)
         } else if self.removals.iter().any(|r| r.id == id) {
@@ -91,7 +106,7 @@ impl Control<'_> {
             None
         };
         if let Some(r) = refused {
-            let _ = reply.send(r);
+            reply.send(r);
             return;
         }
         let slot = self
@@ -102,7 +117,7 @@ impl Control<'_> {
             .unwrap_or_default();
         if self.state == VmState::Paused {
             // A paused guest cannot eject: take the device away now.
-            let _ = reply.send(self.finish_removal(&id));
+            reply.send(self.finish_removal(&id));
             return;
         }
         self.lock_hotplug().request_removal(slot);
@@ -123,7 +138,7 @@ impl Control<'_> {
             if let Some(i) = self.removals.iter().position(|r| r.slot == slot) {
                 let r = self.removals.remove(i);
                 log::info!("disk {}: the guest ejected slot {slot}", r.id);
-                let _ = r.reply.send(self.finish_removal(&r.id));
+                r.reply.send(self.finish_removal(&r.id));
             } else if let Some(id) = self.devices.disks.find_by_slot(slot).map(|d| d.id.clone()) {
                 log::info!("disk {id}: the guest ejected slot {slot} unasked; removing it");
                 let _ = self.finish_removal(&id);
@@ -144,14 +159,14 @@ impl Control<'_> {
                 r.id,
                 r.slot
             );
-            let _ = r.reply.send(self.finish_removal(&r.id));
+            r.reply.send(self.finish_removal(&r.id));
         }
     }
 
     /// Every waiting removal, now (the VM is going away).
     pub(super) fn finish_removals_now(&mut self) {
         for r in std::mem::take(&mut self.removals) {
-            let _ = r.reply.send(self.finish_removal(&r.id));
+            r.reply.send(self.finish_removal(&r.id));
         }
     }
 

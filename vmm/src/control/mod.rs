@@ -3,11 +3,12 @@
 //!
 //! Sources (one epoll): the exit eventfd (guest reset or power-off,
 //! SIGTERM/SIGINT, a fatal vCPU error), API requests ([`crate::api`]:
-//! each arrives as a message with a reply channel), and the PCI hotplug
+//! each arrives as a job, made from its row of the endpoint table
+//! (`crate::endpoints`), with a reply channel), and the PCI hotplug
 //! eject eventfd (the guest released a slot). Every request is answered
-//! from here: VM state changes ([`vm_ops`]), disk operations
-//! ([`disk_ops`]: counters, resize, snapshot, info), hotplug
-//! ([`hotplug`]: add, remove). A removal waits for the guest's eject
+//! from here by its handler, a method of [`Control`]: VM state changes
+//! ([`vm_ops`]), disk operations ([`disk_ops`]: counters, resize,
+//! snapshot, info), hotplug ([`hotplug`]: add, remove). A removal waits for the guest's eject
 //! without blocking the loop: it is parked in `removals` and answered
 //! when the eject arrives or its deadline passes.
 //!
@@ -17,6 +18,7 @@
 
 mod disk_ops;
 mod hotplug;
+mod info;
 mod status;
 mod vm_ops;
 
@@ -27,7 +29,8 @@ use std::time::Instant;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::api::{ApiReceiver, ApiRequest, ApiResponse};
+use crate::api::endpoint::Responder;
+use crate::api::{ApiReceiver, ApiResponse};
 use crate::config::VmConfig;
 use crate::device_manager::DeviceManager;
 use crate::vcpu::VcpuHandle;
@@ -63,36 +66,36 @@ struct PendingRemoval {
     id: String,
     slot: usize,
     deadline: Instant,
-    reply: std::sync::mpsc::SyncSender<ApiResponse>,
+    reply: Responder,
 }
 
 /// Everything the loop acts on.
-pub struct Control<'a> {
-    pub config: &'a VmConfig,
+pub struct Control {
+    pub config: VmConfig,
     pub devices: DeviceManager,
     pub vcpus: Vec<VcpuHandle>,
     pub gate: Arc<PauseGate>,
     pub exit: Arc<ExitSignal>,
-    pub api: Option<ApiReceiver>,
+    pub api: Option<ApiReceiver<Control>>,
     state: VmState,
     removals: Vec<PendingRemoval>,
     eject: EventFd,
     /// `vm.info`'s view of the disks taken off the bus by `vm.shutdown`.
-    retired: Vec<serde_json::Value>,
+    retired: Vec<crate::config::DiskConfig>,
     /// Why disks failed to close when the VM stopped.
     close_failures: Vec<String>,
     /// `vm.counters`' answer once the disks are off the bus.
     final_counters: Option<serde_json::Value>,
 }
 
-impl<'a> Control<'a> {
+impl Control {
     pub fn new(
-        config: &'a VmConfig,
+        config: VmConfig,
         devices: DeviceManager,
         vcpus: Vec<VcpuHandle>,
         gate: Arc<PauseGate>,
         exit: Arc<ExitSignal>,
-        api: Option<ApiReceiver>,
+        api: Option<ApiReceiver<Control>>,
     ) -> std::io::Result<Self> {
         let eject = devices
             .hotplug
@@ -175,47 +178,15 @@ impl<'a> Control<'a> {
         let _ = api.wake.read();
         let messages: Vec<_> = api.messages.try_iter().collect();
         for m in messages {
-            log::debug!("control: {:?}", m.request);
-            if let ApiRequest::VmRemoveDevice { id } = m.request {
-                self.remove_device(id, m.reply);
-                continue;
-            }
-            let answer = self.handle(m.request);
-            // The client may have gone; nothing to do then.
-            let _ = m.reply.send(answer);
+            log::debug!("control: {}", m.name);
+            (m.job)(self, Responder::new(m.reply));
         }
     }
 
-    fn handle(&mut self, request: ApiRequest) -> ApiResponse {
-        match request {
-            ApiRequest::VmmPing => vm_ops::ping(),
-            ApiRequest::VmmShutdown => self.vmm_shutdown(),
-            ApiRequest::VmInfo => self.info(),
-            ApiRequest::VmCounters => self.counters(),
-            ApiRequest::VmPause => self.pause(),
-            ApiRequest::VmResume => self.resume(),
-            ApiRequest::VmShutdown => self.vm_shutdown(),
-            ApiRequest::VmReboot => ApiResponse::error(
-                501,
-                &["vm.reboot is not supported: a guest reset ends this VMM (docs/api.md)"],
-            ),
-            ApiRequest::VmResizeDisk {
-                id,
-                desired_size,
-                shrink,
-            } => self.resize_disk(&id, desired_size, shrink),
-            ApiRequest::VmAddDisk(config) => self.add_disk(*config),
-            ApiRequest::VmSnapshotDisk { id, name } => self.snapshot_disk(&id, &name),
-            ApiRequest::VmDiskInfo { id } => self.disk_info(&id),
-            ApiRequest::VmRemoveDevice { .. } => {
-                unreachable!("removals are answered by remove_device")
-            }
-        }
-    }
-
-    /// A request that needs a running (or paused) VM, in a shut one.
+    /// A request that needs a running (or paused) VM, in a shut one: 500,
+    /// as Cloud Hypervisor answers it.
     fn refuse_when_shut(&self, what: &str) -> Option<ApiResponse> {
         (self.state == VmState::Shutdown)
-            .then(|| ApiResponse::error(405, &[&format!("{what}: the VM is shut down")]))
+            .then(|| ApiResponse::error(500, &[what, "the VM is not running"]))
     }
 }

@@ -71,6 +71,8 @@ pub(super) fn of_device(e: &DeviceError) -> u16 {
             BlockDeviceError::InvalidConfig(_) => 400,
             BlockDeviceError::Close(e) => of_block(e),
         },
+        // The request said backing_files=off for an image that has one.
+        DeviceError::BackingFilesOff { .. } => 400,
         DeviceError::TooManyDisks(_) => 409,
         _ => 500,
     }

@@ -1,5 +1,6 @@
-//! The VM-wide requests: `vmm.ping`, `vmm.shutdown`, `vm.info`,
-//! `vm.counters`, `vm.pause`, `vm.resume`, `vm.shutdown`.
+//! The VM-wide requests: `vmm.shutdown`, `vm.counters`, `vm.pause`,
+//! `vm.resume`, `vm.shutdown`, `vm.reboot` (`vmm.ping` and `vm.info` are
+//! [`super::info`]'s).
 //!
 //! Pause stops the vCPUs first (the gate, [`crate::vcpu_pause`]), then
 //! pauses every in-VMM disk, which answers once its requests in flight
@@ -9,73 +10,18 @@
 use serde_json::{json, Map, Value};
 
 use super::{Control, VmState};
-use crate::api::types::{disk_config_json, vhost_user_disk_json, VmmPingResponse};
 use crate::api::ApiResponse;
-use crate::config::SerialMode;
-use crate::disk_registry::DiskBackend;
 use crate::vm::{stop_vcpus, ExitReason};
 
-pub(super) fn ping() -> ApiResponse {
-    ApiResponse::json(&VmmPingResponse {
-        build_version: format!("cloud-hypervisor {}", env!("CARGO_PKG_VERSION")),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        pid: std::process::id(),
-        features: Vec::new(),
-    })
-}
-
-impl Control<'_> {
-    pub(super) fn vmm_shutdown(&mut self) -> ApiResponse {
+impl Control {
+    pub(crate) fn vmm_shutdown(&mut self) -> ApiResponse {
         // The VM is stopped and its disks closed by the caller of `run`
         // (vm::run) once the loop returns; the answer goes out first.
         self.exit.request(ExitReason::ApiShutdown);
         ApiResponse::no_content()
     }
 
-    pub(super) fn info(&self) -> ApiResponse {
-        let c = self.config;
-        // After vm.shutdown the disks are off the bus; their configuration
-        // is still the VM's.
-        let disks: Vec<Value> = self
-            .devices
-            .disks
-            .iter()
-            .map(disk_json)
-            .chain(self.retired.iter().cloned())
-            .collect();
-        let mut tree = Map::new();
-        for d in self.devices.disks.iter() {
-            tree.insert(
-                d.id.clone(),
-                json!({"id": d.id, "resources": [], "children": [], "pci_bdf": d.function.bdf()}),
-            );
-        }
-        let serial = match &c.serial {
-            SerialMode::Tty => json!({"mode": "Tty"}),
-            SerialMode::Off => json!({"mode": "Off"}),
-            SerialMode::File(p) => json!({"mode": "File", "file": p.display().to_string()}),
-        };
-        let mut payload = Map::new();
-        payload.insert("kernel".into(), json!(c.kernel.display().to_string()));
-        payload.insert("cmdline".into(), json!(c.cmdline));
-        if let Some(i) = &c.initramfs {
-            payload.insert("initramfs".into(), json!(i.display().to_string()));
-        }
-        ApiResponse::json(&json!({
-            "config": {
-                "cpus": {"boot_vcpus": c.cpus, "max_vcpus": c.cpus},
-                "memory": {"size": c.memory, "shared": c.shared_memory},
-                "payload": payload,
-                "disks": disks,
-                "serial": serial,
-            },
-            "state": self.state.name(),
-            "memory_actual_size": c.memory,
-            "device_tree": tree,
-        }))
-    }
-
-    pub(super) fn counters(&self) -> ApiResponse {
+    pub(crate) fn counters(&self) -> ApiResponse {
         match &self.final_counters {
             Some(last) => ApiResponse::json(last),
             None => ApiResponse::json(&self.counters_now()),
@@ -103,14 +49,14 @@ impl Control<'_> {
         Value::Object(all)
     }
 
-    pub(super) fn pause(&mut self) -> ApiResponse {
+    pub(crate) fn pause(&mut self) -> ApiResponse {
         if let Some(r) = self.refuse_when_shut("vm.pause") {
             return r;
         }
         match self.state {
             VmState::Running => {}
             s => {
-                return ApiResponse::error(405, &[&format!("cannot pause: the VM is {}", s.name())])
+                return ApiResponse::error(500, &[&format!("cannot pause: the VM is {}", s.name())])
             }
         }
         if let Err(e) = self.gate.pause(&self.vcpus) {
@@ -140,13 +86,13 @@ impl Control<'_> {
         ApiResponse::no_content()
     }
 
-    pub(super) fn resume(&mut self) -> ApiResponse {
+    pub(crate) fn resume(&mut self) -> ApiResponse {
         if let Some(r) = self.refuse_when_shut("vm.resume") {
             return r;
         }
         if self.state != VmState::Paused {
             return ApiResponse::error(
-                405,
+                500,
                 &[&format!("cannot resume: the VM is {}", self.state.name())],
             );
         }
@@ -161,7 +107,14 @@ impl Control<'_> {
         ApiResponse::no_content()
     }
 
-    pub(super) fn vm_shutdown(&mut self) -> ApiResponse {
+    pub(crate) fn reboot(&mut self) -> ApiResponse {
+        ApiResponse::error(
+            501,
+            &["vm.reboot is not supported yet: a guest reset ends this VMM (docs/api.md)"],
+        )
+    }
+
+    pub(crate) fn vm_shutdown(&mut self) -> ApiResponse {
         if let Some(r) = self.refuse_when_shut("vm.shutdown") {
             return r;
         }
@@ -187,7 +140,7 @@ impl Control<'_> {
         stop_vcpus(std::mem::take(&mut self.vcpus), &self.gate);
         self.state = VmState::Shutdown;
         self.finish_removals_now();
-        self.retired = self.devices.disks.iter().map(disk_json).collect();
+        self.retired = self.disk_configs();
         self.final_counters = Some(self.counters_now());
         let ids: Vec<String> = self.devices.disks.iter().map(|d| d.id.clone()).collect();
         for id in ids {
@@ -210,13 +163,5 @@ impl Control<'_> {
     /// Why disks failed to close when the VM stopped (empty: none did).
     pub fn close_failures(&self) -> &[String] {
         &self.close_failures
-    }
-}
-
-/// A disk as `vm.info` lists it.
-fn disk_json(d: &crate::disk_registry::AttachedDisk) -> Value {
-    match &d.backend {
-        DiskBackend::Local { config, .. } => disk_config_json(config),
-        DiskBackend::VhostUser { config } => vhost_user_disk_json(config),
     }
 }

@@ -18,12 +18,17 @@
 //! The handler runs in the middle of whatever the thread was doing, so it
 //! does only what is async-signal-safe: no allocation, no lock, no `log`.
 //! The line is formatted into a buffer on the stack ([`Report`]) and
-//! written with one write(2); the thread's name comes from
+//! written with one write(2) to where the log goes (stderr, or the
+//! `--log-file`: its descriptor is taken at [`install`]); the thread's name comes from
 //! prctl(PR_GET_NAME) and the call's name from the `syscalls` crate's
 //! table (a `const` lookup). Every filter allows write, gettid and
 //! prctl(PR_GET_NAME).
 
 use std::io;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// Where the report goes (the log's descriptor, set by [`install`]).
+static REPORT_FD: AtomicI32 = AtomicI32::new(libc::STDERR_FILENO);
 
 /// The first fields of the kernel's `siginfo_t` for SIGSYS (`_sigsys` in
 /// its union, which the `libc` crate does not name).
@@ -140,8 +145,10 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, context: *mu
     let tid = unsafe { libc::syscall(libc::SYS_gettid) };
     let report = Report::new(thread_name(&mut name), tid as u64, nr);
     let line = report.as_bytes();
-    // SAFETY: writes the line's bytes, which outlive the call, to stderr.
-    unsafe { libc::write(libc::STDERR_FILENO, line.as_ptr().cast(), line.len()) };
+    let fd = REPORT_FD.load(Ordering::Relaxed);
+    // SAFETY: writes the line's bytes, which outlive the call, to the
+    // log's descriptor, which stays open for the life of the process.
+    unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
     // SAFETY: the kernel passes the interrupted thread's ucontext; its
     // general registers hold the trapped call's arguments.
     let regs = unsafe { &(*context.cast::<libc::ucontext_t>()).uc_mcontext.gregs };
@@ -168,9 +175,11 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, context: *mu
     unsafe { libc::_exit(128 + libc::SIGSYS) };
 }
 
-/// Installs the SIGSYS handler for the whole process. Call it before
-/// any filter is installed.
+/// Installs the SIGSYS handler for the whole process, reporting where
+/// the log goes now. Call it after the log is set up and before any
+/// filter is installed.
 pub fn install() -> io::Result<()> {
+    REPORT_FD.store(ch_log::raw_fd(), Ordering::Relaxed);
     // SAFETY: a zeroed sigaction is a valid starting point; the fields
     // set below make it a SA_SIGINFO handler with an empty mask.
     let mut action: libc::sigaction = unsafe { std::mem::zeroed() };

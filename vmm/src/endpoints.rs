@@ -1,0 +1,174 @@
+//! The endpoint table: every API endpoint this VMM serves, one row each
+//! (name, method, body type, handler, and the `ch-remote` verb that
+//! calls it). The API server routes by it (`crate::api::routes`) and
+//! `ch-remote` builds its requests and usage from it
+//! (`crate::api::client`); the handlers are the control loop's
+//! (`crate::control`). A new endpoint is a row here and its handler.
+//!
+//! The rows follow Cloud Hypervisor's names and `ch-remote`'s verbs and
+//! argument syntax; `vm.snapshot-disk` and `vm.disk-info` are ours
+//! (docs/api.md has the table against upstream's).
+
+use crate::api::endpoint::{Endpoint, Flag, FlagKind, Method, VerbArgs};
+use crate::api::types::{IdBody, ResizeDiskBody, SnapshotDiskBody};
+use crate::config::DiskConfig;
+use crate::control::Control;
+
+const RESIZE_DISK_FLAGS: &[Flag] = &[
+    Flag {
+        flag: "disk",
+        field: "id",
+        kind: FlagKind::Text,
+    },
+    Flag {
+        flag: "size",
+        field: "desired_size",
+        kind: FlagKind::Size,
+    },
+    Flag {
+        flag: "shrink",
+        field: "shrink",
+        kind: FlagKind::Switch,
+    },
+];
+
+const SNAPSHOT_DISK_FLAGS: &[Flag] = &[
+    Flag {
+        flag: "disk",
+        field: "id",
+        kind: FlagKind::Text,
+    },
+    Flag {
+        flag: "name",
+        field: "name",
+        kind: FlagKind::Text,
+    },
+];
+
+const ID: VerbArgs = VerbArgs::One {
+    field: "id",
+    what: "the device id",
+};
+
+type E = Endpoint<Control>;
+
+/// Every endpoint, in the order `ch-remote --help` lists them.
+pub fn table() -> Vec<E> {
+    use Method::{Get, Put};
+    vec![
+        E::new("vmm.ping", Get, |c| c.ping()).verb(
+            "ping",
+            VerbArgs::None,
+            "",
+            "the VMM's version and features",
+        ),
+        E::new("vmm.shutdown", Put, |c| c.vmm_shutdown()).verb(
+            "shutdown-vmm",
+            VerbArgs::None,
+            "",
+            "stop the VM and end the VMM",
+        ),
+        E::new("vm.info", Get, |c| c.info()).verb(
+            "info",
+            VerbArgs::None,
+            "",
+            "the configuration, state and device tree",
+        ),
+        E::new("vm.counters", Get, |c| c.counters()).verb(
+            "counters",
+            VerbArgs::None,
+            "",
+            "I/O counters per disk",
+        ),
+        E::new("vm.pause", Put, |c| c.pause()).verb(
+            "pause",
+            VerbArgs::None,
+            "",
+            "stop the vCPUs and drain the disks",
+        ),
+        E::new("vm.resume", Put, |c| c.resume()).verb(
+            "resume",
+            VerbArgs::None,
+            "",
+            "resume a paused VM",
+        ),
+        E::new("vm.shutdown", Put, |c| c.vm_shutdown()).verb(
+            "shutdown",
+            VerbArgs::None,
+            "",
+            "stop the VM, keep the VMM",
+        ),
+        E::new("vm.reboot", Put, |c| c.reboot()).verb(
+            "reboot",
+            VerbArgs::None,
+            "",
+            "not supported yet: says why",
+        ),
+        E::with_body("vm.resize-disk", "ResizeDisk", |c, b: ResizeDiskBody| {
+            c.resize_disk(&b.id, b.desired_size, b.shrink)
+        })
+        .verb(
+            "resize-disk",
+            VerbArgs::Flags(RESIZE_DISK_FLAGS),
+            "--disk ID --size SIZE [--shrink]",
+            "SIZE in bytes, K/M/G/T suffixes; a smaller size needs --shrink",
+        ),
+        E::with_body("vm.add-disk", "DiskConfig", |c, d: DiskConfig| {
+            c.add_disk(d)
+        })
+        .verb(
+            "add-disk",
+            VerbArgs::Disk,
+            "DISK",
+            "hot-add a disk; DISK in --disk syntax (path=PATH,num_queues=N,id=NAME,...)",
+        ),
+        E::with_body_later("vm.remove-device", "Id", |c, b: IdBody, r| {
+            c.remove_device(b.id, r)
+        })
+        .verb("remove-device", ID, "ID", "unplug a disk"),
+        E::with_body(
+            "vm.snapshot-disk",
+            "SnapshotDisk",
+            |c, b: SnapshotDiskBody| c.snapshot_disk(&b.id, &b.name),
+        )
+        .verb(
+            "snapshot-disk",
+            VerbArgs::Flags(SNAPSHOT_DISK_FLAGS),
+            "--disk ID --name NAME",
+            "internal qcow2 snapshot of a running disk",
+        ),
+        E::with_body("vm.disk-info", "Id", |c, b: IdBody| c.disk_info(&b.id)).verb(
+            "disk-info",
+            VerbArgs::One {
+                field: "id",
+                what: "the disk id",
+            },
+            "ID",
+            "ch-img info of a running disk's image",
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_verbs_are_unique() {
+        let t = table();
+        for (i, e) in t.iter().enumerate() {
+            assert!(
+                t[i + 1..].iter().all(|o| o.name != e.name),
+                "{} twice",
+                e.name
+            );
+            let verb = e.verb.as_ref().expect("every endpoint has a verb").name;
+            assert!(
+                t[i + 1..]
+                    .iter()
+                    .all(|o| o.verb.as_ref().map(|v| v.name) != Some(verb)),
+                "{verb} twice"
+            );
+        }
+    }
+}
