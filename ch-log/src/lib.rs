@@ -52,6 +52,21 @@ pub fn install_to_file(program: &'static str, level: log::LevelFilter, file: std
     install(program, level);
 }
 
+/// The descriptor records are written to: the log file's once
+/// [`install_to_file`] set one, else stderr's. For code that must write a
+/// record in the log's format without the logger (a signal handler,
+/// which may not take the file's lock).
+pub fn raw_fd() -> std::os::fd::RawFd {
+    use std::os::fd::AsRawFd;
+    match FILE.get() {
+        Some(f) => f
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_raw_fd(),
+        None => 2,
+    }
+}
+
 /// `e` and each of its sources, joined by ": ".
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

@@ -1,8 +1,9 @@
 //! End-to-end: the API socket (`--api-socket`) with the test guest under
 //! the real `cloud-hypervisor`, driven with `curl --unix-socket` and
 //! `ch-remote`: ping, info, counters that match what the guest did,
-//! pause/resume with I/O running across it, vm.shutdown then
-//! vmm.shutdown, an owner-only socket removed at exit.
+//! pause/resume with I/O running across it, vm.shutdown (the disk closed
+//! and unlocked at its answer) then vmm.shutdown, an owner-only socket
+//! removed at exit; `ch-remote --version`.
 
 mod e2e_api_support;
 mod e2e_support;
@@ -80,6 +81,9 @@ fn ping_info_counters_and_shutdown_with_curl() {
         !dirty_flag(&img),
         "the disk is closed cleanly by vm.shutdown"
     );
+    // ... and unlocked by the time it answers: qemu-img check, which
+    // takes the image's lock, works at once.
+    check_clean(&img);
     let info = json(&vm.curl_ok("GET", "vm.info", None, 200));
     assert_eq!(info["state"], "Shutdown");
     // As Cloud Hypervisor answers them: 500, the VM is not running.
@@ -162,8 +166,31 @@ fn ch_remote_drives_the_api() {
         json(&ok(vm.ch_remote(&["ping"])))["version"],
         env!("CARGO_PKG_VERSION")
     );
+    // Printed as Cloud Hypervisor's ch-remote prints its own, no socket
+    // needed.
+    for flag in ["--version", "-V"] {
+        let out = testkit::output_within(
+            std::process::Command::new(integration_tests::project_bin("vmm", "ch-remote"))
+                .arg(flag),
+            testkit::COMMAND_LIMIT,
+        );
+        assert!(out.status.success(), "{flag}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("ch-remote v{}\n", env!("CARGO_PKG_VERSION"))
+        );
+    }
     assert_eq!(json(&ok(vm.ch_remote(&["info"])))["state"], "Running");
     ok(vm.ch_remote(&["resize-disk", "--disk", "_disk0", "--size", "32M"]));
+    // Smaller needs --shrink; qcow2 does not shrink even then.
+    for shrink in [&[][..], &["--shrink"][..]] {
+        let mut args = vec!["resize-disk", "--disk", "_disk0", "--size", "16M"];
+        args.extend(shrink);
+        let out = vm.ch_remote(&args);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("(400)"), "{err}");
+    }
     vm.wait_for("reading at the new end fails");
     vm.wait_for("info parked");
     ok(vm.ch_remote(&["pause"]));

@@ -204,9 +204,10 @@ fn bad_add_disk_requests_are_refused_and_the_vm_goes_on() {
             "readonly: invalid type",
         ),
         (r#"{"num_queues":1}"#.to_string(), 400, "path"),
+        // A path that names nothing is the caller's mistake.
         (
             r#"{"path":"/nonexistent/x.qcow2"}"#.to_string(),
-            500,
+            400,
             "nonexistent",
         ),
         (

@@ -11,7 +11,7 @@ use std::time::Duration;
 use block::{DiskOptions, EngineKind, ExclusiveImage, ImageType};
 use common::*;
 use virtio_bindings::virtio_blk::*;
-use virtio_devices::block::{BlockDevice, BlockDeviceConfig, ControlError};
+use virtio_devices::block::{BlockDevice, BlockDeviceConfig, ControlError, Shrink};
 use virtio_host_driver::{BlockHarness, DriverOptions};
 
 const OK: u8 = VIRTIO_BLK_S_OK as u8;
@@ -102,7 +102,7 @@ fn raw_resize_grows_and_shrinks_with_a_config_interrupt() {
     assert_eq!(capacity(&h), 2048);
     let d = h.queue(0).unwrap();
     assert_eq!(d.run(VIRTIO_BLK_T_IN, 2048, 512).unwrap().status, IOERR);
-    assert_eq!(h.device.resize(2 << 20).unwrap(), 1 << 20);
+    assert_eq!(h.device.resize(2 << 20, Shrink::Refused).unwrap(), 1 << 20);
     assert_eq!(capacity(&h), 4096);
     assert_eq!(h.interrupt.config_count(), 1);
     assert_eq!(std::fs::metadata(&raw).unwrap().len(), 2 << 20);
@@ -115,12 +115,18 @@ fn raw_resize_grows_and_shrinks_with_a_config_interrupt() {
     d.kick().unwrap();
     assert_eq!(d.wait_slot(s).unwrap().status, OK);
     assert_eq!(d.run(VIRTIO_BLK_T_IN, 4096, 512).unwrap().status, IOERR);
-    // Raw may shrink; bad sizes are refused and change nothing.
-    assert_eq!(h.device.resize(1 << 19).unwrap(), 2 << 20);
+    // Raw may shrink when asked to in so many words; bad sizes are
+    // refused and change nothing.
+    assert!(matches!(
+        h.device.resize(1 << 19, Shrink::Refused),
+        Err(ControlError::ShrinkNotAsked { old, new }) if old == 2 << 20 && new == 1 << 19
+    ));
+    assert_eq!(capacity(&h), 4096);
+    assert_eq!(h.device.resize(1 << 19, Shrink::Allowed).unwrap(), 2 << 20);
     assert_eq!(capacity(&h), 1024);
     for bad in [0, 1000] {
         assert!(matches!(
-            h.device.resize(bad),
+            h.device.resize(bad, Shrink::Allowed),
             Err(ControlError::BadSize(_))
         ));
     }
@@ -139,10 +145,10 @@ fn qcow2_grows_only_and_takes_snapshots_between_requests() {
     };
     let mut h = owned(&qcow2, ImageType::Qcow2, 1);
     assert!(matches!(
-        h.device.resize(1 << 19),
+        h.device.resize(1 << 19, Shrink::Allowed),
         Err(ControlError::NoShrink { .. })
     ));
-    h.device.resize(4 << 20).unwrap();
+    h.device.resize(4 << 20, Shrink::Refused).unwrap();
     assert_eq!(capacity(&h), 8192);
     let d = h.queue(0).unwrap();
     let s = d.post_data(VIRTIO_BLK_T_OUT, 8000, &[5u8; 4096]).unwrap();
@@ -206,7 +212,7 @@ fn raw_images_have_no_internal_snapshots() {
     let plain = open(&raw, ImageType::Raw, false).unwrap();
     let mut dev = BlockDevice::new(plain, BlockDeviceConfig::default()).unwrap();
     assert!(matches!(
-        dev.resize(2 << 20),
+        dev.resize(2 << 20, Shrink::Refused),
         Err(ControlError::NoImageTools)
     ));
 }

@@ -25,6 +25,11 @@ const RESIZE_DISK_FLAGS: &[Flag] = &[
         field: "desired_size",
         kind: FlagKind::Size,
     },
+    Flag {
+        flag: "shrink",
+        field: "shrink",
+        kind: FlagKind::Switch,
+    },
 ];
 
 const SNAPSHOT_DISK_FLAGS: &[Flag] = &[
@@ -100,13 +105,13 @@ pub fn table() -> Vec<E> {
             "not supported yet: says why",
         ),
         E::with_body("vm.resize-disk", "ResizeDisk", |c, b: ResizeDiskBody| {
-            c.resize_disk(&b.id, b.desired_size)
+            c.resize_disk(&b.id, b.desired_size, b.shrink)
         })
         .verb(
             "resize-disk",
             VerbArgs::Flags(RESIZE_DISK_FLAGS),
-            "--disk ID --size SIZE",
-            "SIZE in bytes, K/M/G/T suffixes",
+            "--disk ID --size SIZE [--shrink]",
+            "SIZE in bytes, K/M/G/T suffixes; a smaller size needs --shrink",
         ),
         E::with_body("vm.add-disk", "DiskConfig", |c, d: DiskConfig| {
             c.add_disk(d)

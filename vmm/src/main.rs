@@ -60,7 +60,10 @@ fn main() -> ExitCode {
         }
     }
 
-    vmm::seccomp::fix_malloc_arena_limit();
+    if let Err(e) = vmm::vm::prepare_process(config.seccomp) {
+        eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
+        return ExitCode::FAILURE;
+    }
     let disks = match vmm::device_manager::open_disks(&config.disks) {
         Ok(d) => d,
         Err(e) => {

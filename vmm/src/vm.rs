@@ -6,7 +6,9 @@
 //! flushed and closed.
 //!
 //! Enters as a validated config; leaves as an [`ExitReason`] that `main`
-//! turns into the process exit code.
+//! turns into the process exit code, or an error (also when the VM ended
+//! as asked but a disk failed its last flush or close: the exit status
+//! must tell a supervisor so).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -108,6 +110,31 @@ pub enum VmError {
     ApiServer(#[source] std::io::Error),
     #[error("the control loop failed")]
     Control(#[source] std::io::Error),
+    /// The VM ended as asked, but a disk's last flush or close failed
+    /// (its data may not all be on stable storage).
+    #[error("the VM ended ({reason:?}), but closing its disks failed: {failures}")]
+    CloseDisks {
+        reason: ExitReason,
+        failures: String,
+    },
+    #[error("cannot install the SIGSYS handler")]
+    Sigsys(#[source] std::io::Error),
+    #[error("cannot start the NBD connector thread")]
+    NbdConnector(#[source] std::io::Error),
+}
+
+/// What the process needs before it opens a disk or installs a filter:
+/// glibc's arena limit fixed, the SIGSYS report installed, and the NBD
+/// connector thread started under its own filter (every NBD connection
+/// is opened there, see [`crate::seccomp`]).
+pub fn prepare_process(mode: crate::config::SeccompMode) -> Result<(), VmError> {
+    seccomp::fix_malloc_arena_limit();
+    seccomp::sigsys::install().map_err(VmError::Sigsys)?;
+    let programs = seccomp::filters(ThreadKind::Nbd, mode).map_err(VmError::Seccomp)?;
+    block::nbd::start_connector(move || {
+        seccomp::apply_programs(&programs).map_err(|e| ch_log::error_chain(&e))
+    })
+    .map_err(VmError::NbdConnector)
 }
 
 /// Opens the API socket and starts its threads (before the VM exists, so
@@ -189,8 +216,22 @@ fn run_vm(
         }
     };
     let result = control.run().map_err(VmError::Control);
-    log::info!("VM exit: {result:?}");
+    match &result {
+        Ok(reason) => log::info!("VM exit: {reason:?}"),
+        Err(e) => log::error!("VM exit: {}", ch_log::error_chain(e)),
+    }
     control.stop_vm();
+    let result = match (result, control.close_failures()) {
+        (Ok(reason), failures)
+            if !failures.is_empty() && !matches!(reason, ExitReason::Fatal(_)) =>
+        {
+            Err(VmError::CloseDisks {
+                reason,
+                failures: failures.join("; "),
+            })
+        }
+        (result, _) => result,
+    };
     // Devices hold the VM (MSI routes) and guest memory; the VM must go
     // before the memory its slots point at (see `Vm::map_memory`).
     drop(control);

@@ -6,18 +6,15 @@
 //! Queues share the first connection, unless the server advertises
 //! multi-conn: then each queue gets a connection of its own (a FLUSH on
 //! any of them covers writes completed on all, which is what multi-conn
-//! promises). Those connections are opened by a connector thread started
-//! at open: the thread that creates a queue may run under a seccomp
-//! filter that allows no `socket` or `connect` (the VMM's vCPU and queue
-//! threads), and a connection's own thread, which reconnects, inherits
-//! its creator's filter. A queue whose own connection cannot be opened
-//! shares the first one.
+//! promises). Every connection, the first and the queues' own, is opened
+//! through [`super::connector`]: the thread that opens an image or
+//! creates a queue may run under a seccomp filter that allows no `socket`
+//! or `connect` (the VMM's control loop, vCPU and queue threads). A queue
+//! whose own connection cannot be opened shares the first one.
 
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
-use nbd::client::{ConnectError, ExportInfo, Extent, NbdUri};
+use nbd::client::{ExportInfo, Extent, NbdUri};
 use nbd::wire::consts::flag;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -30,15 +27,12 @@ use super::sink::{Sink, Waiter};
 use crate::error::BlockError;
 use crate::io::RawIovecs;
 
-type ConnectReply = Sender<Result<Connection, ConnectError>>;
-
 pub struct NbdFile {
     target: Target,
     first: Arc<Connection>,
     info: ExportInfo,
-    /// Opens per-queue connections (multi-conn servers only).
-    connector: Mutex<Option<Sender<ConnectReply>>>,
-    connector_thread: Mutex<Option<JoinHandle<()>>>,
+    /// Whether each queue gets a connection of its own (multi-conn).
+    per_queue: bool,
 }
 
 impl std::fmt::Debug for NbdFile {
@@ -50,29 +44,12 @@ impl std::fmt::Debug for NbdFile {
 impl NbdFile {
     pub(crate) fn open(target: Target) -> Result<Arc<NbdFile>, BlockError> {
         let uri = target.uri.to_string();
-        let first = Connection::open(target.clone()).map_err(|e| BlockError::NbdConnect {
+        let first = super::connector::open(target.clone()).map_err(|e| BlockError::NbdConnect {
             uri: uri.clone(),
             source: Box::new(e),
         })?;
         let info = first.info();
-        let (connector, connector_thread) = if info.has(flag::CAN_MULTI_CONN) {
-            let (tx, rx) = channel::<ConnectReply>();
-            let t = target.clone();
-            let thread = std::thread::Builder::new()
-                .name("nbd-connector".into())
-                .spawn(move || {
-                    for reply in rx {
-                        let _ = reply.send(Connection::open(t.clone()));
-                    }
-                })
-                .map_err(|e| BlockError::Nbd {
-                    uri: uri.clone(),
-                    reason: format!("cannot start the connector thread: {e}"),
-                })?;
-            (Some(tx), Some(thread))
-        } else {
-            (None, None)
-        };
+        let per_queue = info.has(flag::CAN_MULTI_CONN);
         log::info!(
             "nbd: {uri}: {} bytes, {}{}",
             info.size,
@@ -81,7 +58,7 @@ impl NbdFile {
             } else {
                 "writable"
             },
-            if connector.is_some() {
+            if per_queue {
                 ", multi-conn: one connection per queue"
             } else {
                 ""
@@ -91,8 +68,7 @@ impl NbdFile {
             target,
             first: Arc::new(first),
             info,
-            connector: Mutex::new(connector),
-            connector_thread: Mutex::new(connector_thread),
+            per_queue,
         }))
     }
 
@@ -124,21 +100,12 @@ impl NbdFile {
     }
 
     fn queue_connection(&self) -> Arc<Connection> {
-        let connector = self
-            .connector
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let Some(connector) = connector else {
-            return self.first.clone();
-        };
-        let (tx, rx) = channel();
-        if connector.send(tx).is_err() {
+        if !self.per_queue {
             return self.first.clone();
         }
-        match rx.recv() {
-            Ok(Ok(c)) => Arc::new(c),
-            Ok(Err(e)) => {
+        match super::connector::open(self.target.clone()) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
                 let cause = std::error::Error::source(&e)
                     .map(|s| format!(": {s}"))
                     .unwrap_or_default();
@@ -148,7 +115,6 @@ impl NbdFile {
                 );
                 self.first.clone()
             }
-            Err(_) => self.first.clone(),
         }
     }
 
@@ -224,19 +190,5 @@ impl NbdFile {
             source,
         })?;
         Ok(o.extents)
-    }
-}
-
-impl Drop for NbdFile {
-    fn drop(&mut self) {
-        *self.connector.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        if let Some(t) = self
-            .connector_thread
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            let _ = t.join();
-        }
     }
 }

@@ -22,7 +22,9 @@
 //! on the export's first connection.
 //!
 //! Queues share one connection unless the server advertises multi-conn,
-//! then each queue has its own ([`file`]). A lost connection is
+//! then each queue has its own ([`file`]). A program that confines its
+//! threads with seccomp opens every connection on one connector thread
+//! whose filter allows sockets ([`connector`], [`start_connector`]). A lost connection is
 //! reconnected with QEMU's `reconnect-delay` semantics (the disk key
 //! `reconnect_delay`); a server that breaks the protocol is disconnected
 //! for good.
@@ -34,6 +36,7 @@
 //! their rings.
 
 mod connection;
+mod connector;
 mod engine;
 mod file;
 mod image;
@@ -48,6 +51,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::options::is_nbd_path;
+pub use connector::start_connector;
 pub use file::NbdFile;
 pub use image::NbdImage;
 use nbd::client::{ClientConfig, NbdUri};

@@ -36,7 +36,12 @@ impl ApiVm {
     /// Boots the test guest with `cmdline` and the VMM arguments `args`,
     /// the API on `dir/api.sock`, the serial port in `dir/serial.log`.
     pub fn start(dir: &TempDir, cmdline: &str, args: &[&str]) -> ApiVm {
-        let socket = dir.file("api.sock");
+        Self::start_at(dir, &dir.file("api.sock"), cmdline, args)
+    }
+
+    /// As [`ApiVm::start`], with the API socket at `socket`.
+    pub fn start_at(dir: &TempDir, socket: &str, cmdline: &str, args: &[&str]) -> ApiVm {
+        let socket = socket.to_string();
         let serial = dir.file("serial.log");
         let mut child = Command::new(vmm_binary())
             .arg("--kernel")

@@ -4,6 +4,8 @@
 //! ELF and a bzImage) for boot paths the test guest does not take.
 #![allow(dead_code)]
 
+pub mod vhost_user_daemon;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

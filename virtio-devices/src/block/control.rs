@@ -30,6 +30,14 @@ use super::queue_worker::WorkerCommand;
 use super::BlockDevice;
 use crate::device::{ActivateError, ActivatedQueue, InterruptKind, VirtioDevice, VirtioInterrupt};
 
+/// Whether a resize may make the disk smaller (as `ch-img resize
+/// --shrink`): what lies past the new end is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shrink {
+    Refused,
+    Allowed,
+}
+
 /// How long a pause waits for the workers to drain what is in flight.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -49,6 +57,13 @@ pub enum ControlError {
         old: u64,
         new: u64,
     },
+    /// A smaller size without [`Shrink::Allowed`]: the data past the new
+    /// end would be lost, so the asker must say so.
+    #[error(
+        "the disk is {old} bytes: shrinking it to {new} bytes loses the data past {new}; \
+         shrinking must be asked for explicitly"
+    )]
+    ShrinkNotAsked { old: u64, new: u64 },
     #[error("internal snapshots need a qcow2 image, this one is {0}")]
     SnapshotFormat(&'static str),
     #[error("a snapshot named '{0}' exists already")]
@@ -148,9 +163,10 @@ impl BlockDevice {
     }
 
     /// Sets the disk's virtual size to `new_size` bytes and tells the
-    /// driver (config change interrupt). Raw images may shrink; qcow2
-    /// images only grow, as in Cloud Hypervisor. Returns the old size.
-    pub fn resize(&mut self, new_size: u64) -> Result<u64, ControlError> {
+    /// driver (config change interrupt). Raw images may shrink when
+    /// `shrink` allows it; qcow2 images only grow, as in Cloud
+    /// Hypervisor. Returns the old size.
+    pub fn resize(&mut self, new_size: u64, shrink: Shrink) -> Result<u64, ControlError> {
         let image = self.image.as_ref().ok_or(ControlError::NoImageTools)?;
         if self.disk.readonly() {
             return Err(ControlError::ReadOnly);
@@ -166,6 +182,9 @@ impl BlockDevice {
                 old,
                 new: new_size,
             });
+        }
+        if new_size < old && shrink == Shrink::Refused {
+            return Err(ControlError::ShrinkNotAsked { old, new: new_size });
         }
         if new_size == old {
             return Ok(old);

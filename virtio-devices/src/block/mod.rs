@@ -33,5 +33,5 @@ pub mod rate_limit;
 pub mod request_parser;
 
 pub use config_space::{BlockDeviceConfig, DEFAULT_POLL_US};
-pub use control::{ControlError, SharedBlockDevice};
+pub use control::{ControlError, SharedBlockDevice, Shrink};
 pub use device::{BlockDevice, BlockDeviceError, StoppedQueue, VIRTIO_ID_BLOCK};

@@ -27,7 +27,8 @@ const MAX_ANSWER: usize = 4 << 20;
 /// `ch-remote --help`: every verb of `table`.
 pub fn usage<C>(table: &[Endpoint<C>]) -> String {
     let mut out = String::from(
-        "Usage: ch-remote --api-socket PATH COMMAND [ARGS]\n\n\
+        "Usage: ch-remote --api-socket PATH COMMAND [ARGS]\n       \
+         ch-remote --version | -V\n\n\
          Commands (Cloud Hypervisor's REST API, docs/api.md):\n",
     );
     let rows: Vec<(String, &Endpoint<C>, &str)> = table

@@ -9,11 +9,14 @@
 
 use serde::{Deserialize, Serialize};
 
-/// `vm.resize-disk`.
+/// `vm.resize-disk`; `shrink` (ours) must be true for a size below the
+/// current one, as `ch-img resize --shrink`.
 #[derive(Debug, Deserialize, Serialize)]
 pub struct ResizeDiskBody {
     pub id: String,
     pub desired_size: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shrink: bool,
 }
 
 /// `vm.remove-device`, `vm.disk-info`.

@@ -3,6 +3,8 @@
 //! table's, [`vmm::endpoints`]). A thin front end over
 //! [`vmm::api::client`]: prints the answer's JSON body on success (exit
 //! 0), the error on stderr otherwise (exit 1; 2 for a usage error).
+//! `--version` (`-V`) prints `ch-remote vVERSION`, as Cloud Hypervisor's
+//! ch-remote does.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +33,11 @@ fn main() -> ExitCode {
             .remove(i)
             .strip_prefix("--api-socket=")
             .map(PathBuf::from);
+    }
+    // Before the command only: a value after it may be spelt so.
+    if matches!(args.first().map(String::as_str), Some("--version" | "-V")) {
+        println!("ch-remote v{}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
     }
     let Some(socket) = socket else {
         eprintln!("ch-remote: --api-socket PATH is required (see --help)");

@@ -1,31 +1,16 @@
 //! Requests on one running disk: `vm.resize-disk`, `vm.snapshot-disk`,
 //! `vm.disk-info`. The disk's device does the work with its queues
-//! paused ([`virtio_devices::block::control`]); this maps its errors to
-//! Cloud Hypervisor's status codes: 404 for an unknown id, 400 for what
-//! the request itself gets wrong, 409 for a name taken, 500 when the
-//! image fails.
+//! paused ([`virtio_devices::block::control`]); its errors become status
+//! codes through [`super::status`] (404 is for an unknown id).
+//!
+//! A resize below the current size needs `shrink` (the guest's data past
+//! the new end is lost), as `ch-img resize --shrink` does.
 
-use virtio_devices::block::ControlError;
+use virtio_devices::block::{ControlError, Shrink};
 
-use super::Control;
+use super::{status, Control};
 use crate::api::ApiResponse;
 use crate::disk_registry::AttachedDisk;
-
-fn status_of(e: &ControlError) -> u16 {
-    match e {
-        ControlError::BadSize(_)
-        | ControlError::NoShrink { .. }
-        | ControlError::ReadOnly
-        | ControlError::SnapshotFormat(_)
-        | ControlError::BadSnapshotName
-        | ControlError::NoImageTools => 400,
-        ControlError::SnapshotExists(_) => 409,
-        ControlError::DrainTimeout(_)
-        | ControlError::Resize(_)
-        | ControlError::Flush(_)
-        | ControlError::Snapshot(_) => 500,
-    }
-}
 
 impl Control {
     /// The in-VMM disk `id`, or the answer that says why not.
@@ -55,20 +40,29 @@ impl Control {
         Ok(d)
     }
 
-    pub(crate) fn resize_disk(&mut self, id: &str, size: u64) -> ApiResponse {
+    pub(crate) fn resize_disk(&mut self, id: &str, size: u64, shrink: bool) -> ApiResponse {
         let d = match self.local_disk(id, "vm.resize-disk") {
             Ok(d) => d,
             Err(r) => return r,
         };
         let mut dev = d.lock_device().expect("local_disk checked");
-        match dev.resize(size) {
+        let mode = if shrink {
+            Shrink::Allowed
+        } else {
+            Shrink::Refused
+        };
+        match dev.resize(size, mode) {
             Ok(old) => {
                 log::info!("disk {id}: resized from {old} to {size} bytes");
                 ApiResponse::no_content()
             }
             Err(e) => {
                 let what = format!("cannot resize disk '{id}' to {size} bytes");
-                ApiResponse::from_error_in(status_of(&e), Some(&what), &e)
+                if let ControlError::ShrinkNotAsked { .. } = e {
+                    let hint = r#"ask with "shrink": true (ch-remote resize-disk --shrink)"#;
+                    return ApiResponse::error(400, &[&what, &e.to_string(), hint]);
+                }
+                ApiResponse::from_error_in(status::of_control(&e), Some(&what), &e)
             }
         }
     }
@@ -86,7 +80,7 @@ impl Control {
             }
             Err(e) => {
                 let what = format!("cannot snapshot disk '{id}' as '{name}'");
-                ApiResponse::from_error_in(status_of(&e), Some(&what), &e)
+                ApiResponse::from_error_in(status::of_control(&e), Some(&what), &e)
             }
         }
     }
@@ -104,7 +98,7 @@ impl Control {
         };
         match block::info_json::chain_json(&path, info) {
             Ok(v) => ApiResponse::json(&v),
-            Err(e) => ApiResponse::from_error(500, &e),
+            Err(e) => ApiResponse::from_error(status::of_block(&e), &e),
         }
     }
 }

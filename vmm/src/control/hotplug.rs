@@ -13,7 +13,7 @@
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Control, PendingRemoval, VmState};
+use super::{status, Control, PendingRemoval, VmState};
 use crate::api::endpoint::Responder;
 use crate::api::types::PciDeviceInfo;
 use crate::api::ApiResponse;
@@ -73,20 +73,16 @@ impl Control {
                 }
             }
         }
+        let failed = |e: DeviceError| {
+            ApiResponse::from_error_in(status::of_device(&e), Some("cannot add the disk"), &e)
+        };
         let opened = match open_disk(&config) {
             Ok(o) => o,
-            Err(e) => {
-                // What the request asked for against the image: 400.
-                let status = match e {
-                    DeviceError::BackingFilesOff { .. } => 400,
-                    _ => 500,
-                };
-                return ApiResponse::from_error_in(status, Some("cannot add the disk"), &e);
-            }
+            Err(e) => return failed(e),
         };
         let (id, slot, bdf) = match self.devices.disks.add_local(opened) {
             Ok(d) => (d.id.clone(), d.function.slot, d.function.bdf()),
-            Err(e) => return ApiResponse::from_error_in(500, Some("cannot add the disk"), &e),
+            Err(e) => return failed(e),
         };
         self.lock_hotplug().announce_added(slot);
         log::info!("disk {id} hot-added at {bdf}");
@@ -177,9 +173,27 @@ impl Control {
     /// Takes disk `id` off the bus, then drains, flushes and closes it,
     /// and answers once its image is closed and unlocked.
     fn finish_removal(&mut self, id: &str) -> ApiResponse {
-        let Some(disk) = self.devices.disks.detach(id) else {
+        let Some(closed) = self.retire_disk(id) else {
             return ApiResponse::error(404, &[&format!("no device with id '{id}'")]);
         };
+        match closed {
+            Ok(()) => ApiResponse::no_content(),
+            Err(e) => ApiResponse::error(
+                500,
+                &[
+                    &format!("disk '{id}' was removed, but closing its image failed"),
+                    &e,
+                ],
+            ),
+        }
+    }
+
+    /// Takes disk `id` off the bus, then drains, flushes and closes it;
+    /// when this returns its image's files are closed and its locks
+    /// released. `None` if there is no such disk; the error says why
+    /// closing failed (the disk is gone all the same).
+    pub(super) fn retire_disk(&mut self, id: &str) -> Option<Result<(), String>> {
+        let disk = self.devices.disks.detach(id)?;
         let slot = disk.function.slot;
         self.lock_hotplug().forget(slot);
         let closed = match disk.device() {
@@ -187,7 +201,7 @@ impl Control {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .close()
-                .map_err(|e| e.to_string()),
+                .map_err(|e| ch_log::error_chain(&e)),
             None => Ok(()),
         };
         disk.function
@@ -206,16 +220,12 @@ impl Control {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
-        log::info!("disk {id}: removed from slot {slot}");
-        match closed {
-            Ok(()) => ApiResponse::no_content(),
-            Err(e) => ApiResponse::error(
-                500,
-                &[
-                    &format!("disk '{id}' was removed, but closing its image failed"),
-                    &e,
-                ],
-            ),
+        match &closed {
+            Ok(()) => log::info!("disk {id}: taken off slot {slot} and closed"),
+            Err(e) => {
+                log::error!("disk {id}: taken off slot {slot}; closing its image failed: {e}")
+            }
         }
+        Some(closed)
     }
 }

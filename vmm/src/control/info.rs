@@ -36,15 +36,26 @@ impl Control {
         })
     }
 
-    pub(crate) fn info(&mut self) -> ApiResponse {
-        let c = &self.config;
-        let mut disks = Vec::new();
-        let mut tree = Map::new();
-        for d in self.devices.disks.iter() {
-            disks.push(match &d.backend {
+    /// The disks on the bus as `vm.info`'s `config` lists them.
+    pub(super) fn disk_configs(&self) -> Vec<DiskConfig> {
+        self.devices
+            .disks
+            .iter()
+            .map(|d| match &d.backend {
                 DiskBackend::Local { config, .. } => DiskConfig::from_local(config, probed_type(d)),
                 DiskBackend::VhostUser { config } => DiskConfig::from_vhost_user(config),
-            });
+            })
+            .collect()
+    }
+
+    pub(crate) fn info(&mut self) -> ApiResponse {
+        let c = &self.config;
+        // After vm.shutdown the disks are off the bus; their configuration
+        // is still the VM's.
+        let mut disks = self.disk_configs();
+        disks.extend(self.retired.iter().cloned());
+        let mut tree = Map::new();
+        for d in self.devices.disks.iter() {
             let nodes = DeviceNode::virtio_pci(
                 &d.id,
                 d.function.bdf(),

@@ -19,6 +19,7 @@
 mod disk_ops;
 mod hotplug;
 mod info;
+mod status;
 mod vm_ops;
 
 use std::os::fd::AsRawFd;
@@ -45,7 +46,8 @@ const EJECT: u64 = 2;
 pub enum VmState {
     Running,
     Paused,
-    /// `vm.shutdown`: vCPUs stopped, disks closed; the VMM still answers.
+    /// `vm.shutdown`: vCPUs stopped, disks closed and off the bus; the
+    /// VMM still answers.
     Shutdown,
 }
 
@@ -78,6 +80,12 @@ pub struct Control {
     state: VmState,
     removals: Vec<PendingRemoval>,
     eject: EventFd,
+    /// `vm.info`'s view of the disks taken off the bus by `vm.shutdown`.
+    retired: Vec<crate::config::DiskConfig>,
+    /// Why disks failed to close when the VM stopped.
+    close_failures: Vec<String>,
+    /// `vm.counters`' answer once the disks are off the bus.
+    final_counters: Option<serde_json::Value>,
 }
 
 impl Control {
@@ -104,6 +112,9 @@ impl Control {
             state: VmState::Running,
             removals: Vec::new(),
             eject,
+            retired: Vec::new(),
+            close_failures: Vec::new(),
+            final_counters: None,
         })
     }
 

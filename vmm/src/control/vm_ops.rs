@@ -22,6 +22,14 @@ impl Control {
     }
 
     pub(crate) fn counters(&self) -> ApiResponse {
+        match &self.final_counters {
+            Some(last) => ApiResponse::json(last),
+            None => ApiResponse::json(&self.counters_now()),
+        }
+    }
+
+    /// Each in-VMM disk's counters, summed over its queues.
+    fn counters_now(&self) -> Value {
         let mut all = Map::new();
         for d in self.devices.disks.iter() {
             if let Some(dev) = d.device() {
@@ -38,7 +46,7 @@ impl Control {
                 all.insert(d.id.clone(), Value::Object(m));
             }
         }
-        ApiResponse::json(&Value::Object(all))
+        Value::Object(all)
     }
 
     pub(crate) fn pause(&mut self) -> ApiResponse {
@@ -112,19 +120,48 @@ impl Control {
         }
         self.stop_vm();
         log::info!("the VMM keeps serving the API until vmm.shutdown");
-        ApiResponse::no_content()
+        if self.close_failures.is_empty() {
+            return ApiResponse::no_content();
+        }
+        let mut chain = vec!["the VM is shut down, but closing disks failed".to_string()];
+        chain.extend(self.close_failures.iter().cloned());
+        let refs: Vec<&str> = chain.iter().map(String::as_str).collect();
+        ApiResponse::error(500, &refs)
     }
 
-    /// Stops the vCPUs and shuts every device down (disks drained,
-    /// flushed, closed, unlocked); removals still waiting finish now.
+    /// Stops the vCPUs, finishes the removals still waiting, then takes
+    /// every disk off the bus: drained, flushed, closed, its files closed
+    /// and its locks released when this returns. What failed to close is
+    /// kept in `close_failures` (the VMM's exit status reports it).
     pub fn stop_vm(&mut self) {
         if self.state == VmState::Shutdown {
             return;
         }
         stop_vcpus(std::mem::take(&mut self.vcpus), &self.gate);
-        self.devices.shutdown();
         self.state = VmState::Shutdown;
         self.finish_removals_now();
-        log::info!("VM shut down: vCPUs stopped, disks closed");
+        self.retired = self.disk_configs();
+        self.final_counters = Some(self.counters_now());
+        let ids: Vec<String> = self.devices.disks.iter().map(|d| d.id.clone()).collect();
+        for id in ids {
+            if let Some(Err(e)) = self.retire_disk(&id) {
+                self.close_failures.push(format!("disk '{id}': {e}"));
+            }
+        }
+        // Whatever else is on the bus.
+        self.devices.shutdown();
+        if self.close_failures.is_empty() {
+            log::info!("VM shut down: vCPUs stopped, disks closed");
+        } else {
+            log::error!(
+                "VM shut down: vCPUs stopped; closing disks failed: {}",
+                self.close_failures.join("; ")
+            );
+        }
+    }
+
+    /// Why disks failed to close when the VM stopped (empty: none did).
+    pub fn close_failures(&self) -> &[String] {
+        &self.close_failures
     }
 }
