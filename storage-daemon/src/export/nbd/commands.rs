@@ -23,7 +23,7 @@ use nbd::server::{replies, Command, Request};
 use nbd::wire::consts::{cmd_flag, error, state};
 use nbd::wire::nbd_error_from_errno;
 
-use super::ExportShared;
+use super::shared::ExportShared;
 
 /// Most extents in one BLOCK_STATUS answer (QEMU's server sends at most
 /// 1 MiB of them).
