@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use super::bus::BusDevice;
-use crate::boot::acpi::dsdt::S5_SLEEP_TYPE;
 use crate::vm::{ExitReason, ExitSignal};
 
 /// Register offsets from the port base (the FADT points at them).
@@ -20,6 +19,8 @@ pub const RESET_OFFSET: u16 = 2;
 pub const RESET_VALUE: u8 = 0x01;
 /// Registers in the block.
 pub const PORT_COUNT: u64 = 3;
+/// The SLP_TYP value that powers off; the DSDT's `\_S5` declares it.
+pub const S5_SLEEP_TYPE: u8 = 5;
 
 const SLP_EN: u8 = 1 << 5;
 const WAK_STS: u8 = 1 << 7;
