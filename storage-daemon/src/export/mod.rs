@@ -9,6 +9,8 @@
 //! stop taking requests, waits for every request in flight and joins its
 //! threads, so the daemon can then close the image clean.
 
+#[cfg(test)]
+mod error_answers;
 pub mod fuse;
 pub mod nbd;
 mod running;

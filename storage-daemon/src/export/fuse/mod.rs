@@ -29,7 +29,7 @@ mod io;
 mod limits;
 mod mount;
 mod reader_gate;
-mod reply;
+pub(super) mod reply;
 mod request;
 mod uring;
 mod uring_payload;

@@ -23,7 +23,7 @@
 //! (the kernel shuts the read side down), lets each finish the requests
 //! it has in flight and send their replies, and joins the threads.
 
-mod commands;
+pub(super) mod commands;
 mod connection;
 mod listen;
 mod poll;
