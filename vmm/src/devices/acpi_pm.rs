@@ -8,19 +8,14 @@
 
 use std::sync::Arc;
 
+use super::acpi_pm_registers::{
+    RESET_OFFSET, RESET_VALUE, S5_SLEEP_TYPE, SLEEP_CONTROL_OFFSET, SLEEP_STATUS_OFFSET,
+};
 use super::bus::BusDevice;
 use crate::vm::{ExitReason, ExitSignal};
 
-/// Register offsets from the port base (the FADT points at them).
-pub const SLEEP_CONTROL_OFFSET: u16 = 0;
-pub const SLEEP_STATUS_OFFSET: u16 = 1;
-pub const RESET_OFFSET: u16 = 2;
-/// What the guest writes to the reset register (FADT RESET_VALUE).
-pub const RESET_VALUE: u8 = 0x01;
 /// Registers in the block.
 pub const PORT_COUNT: u64 = 3;
-/// The SLP_TYP value that powers off; the DSDT's `\_S5` declares it.
-pub const S5_SLEEP_TYPE: u8 = 5;
 
 const SLP_EN: u8 = 1 << 5;
 const WAK_STS: u8 = 1 << 7;

@@ -24,7 +24,7 @@ use acpi_tables::aml::{
 use super::encoded::{encode, Encoded};
 use super::ged::{self, GedEvent};
 use super::hotplug;
-use crate::devices::acpi_pm::S5_SLEEP_TYPE;
+use crate::devices::acpi_pm_registers::S5_SLEEP_TYPE;
 use crate::layout::{COM1_IRQ, COM1_PORT, GED_IRQ, PCI_CONFIG_PORT, PCI_MMIO_END, PCI_MMIO_START};
 
 /// The events the GED signals, each with the method its interrupt runs.

@@ -13,7 +13,7 @@ use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
 
 use super::encoded::encode;
-use crate::devices::acpi_pm::{
+use crate::devices::acpi_pm_registers::{
     RESET_OFFSET, RESET_VALUE, SLEEP_CONTROL_OFFSET, SLEEP_STATUS_OFFSET,
 };
 use crate::layout::ACPI_PM_PORT;

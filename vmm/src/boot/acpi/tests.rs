@@ -67,7 +67,7 @@ fn fadt_is_hardware_reduced_with_reset_and_sleep_registers() {
     let pm = u64::from(crate::layout::ACPI_PM_PORT);
     assert_eq!(fadt[116..120], [1, 8, 0, 1]);
     assert_eq!(u64_at(fadt, 120), pm + 2);
-    assert_eq!(fadt[128], crate::devices::acpi_pm::RESET_VALUE);
+    assert_eq!(fadt[128], crate::devices::acpi_pm_registers::RESET_VALUE);
     assert_eq!(u64_at(fadt, 248), pm, "sleep control");
     assert_eq!(u64_at(fadt, 260), pm + 1, "sleep status");
     let dsdt = at(&all, u64_at(fadt, 140));
