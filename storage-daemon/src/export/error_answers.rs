@@ -62,6 +62,7 @@ kinds!(
     BlockError::Resize(_),
     BlockError::InvalidResize(_),
     BlockError::Refused(_),
+    BlockError::CannotDo { .. },
     BlockError::Corrupt,
     BlockError::NoSuchFile(_),
     BlockError::BufferAlloc(_),
@@ -163,6 +164,10 @@ fn samples() -> Vec<BlockError> {
         BlockError::Resize(text()),
         BlockError::InvalidResize(text()),
         BlockError::Refused(text()),
+        BlockError::CannotDo {
+            image: text(),
+            reason: text(),
+        },
         BlockError::Corrupt,
         BlockError::NoSuchFile(3),
         BlockError::BufferAlloc(4096),
