@@ -251,6 +251,7 @@ fn create_qcow2_image(opts: &CreateOptions) -> Result<(), BlockError> {
         sources.extend(
             backing
                 .files()
+                .local()
                 .iter()
                 .filter_map(|f| FileIdentity::of(f).ok()),
         );

@@ -74,8 +74,9 @@ impl Disk {
         })?;
         let block_size = format
             .files()
+            .alignments()
             .iter()
-            .map(|f| crate::io::align::file_alignment(f).offset)
+            .map(|a| a.offset)
             .fold(crate::SECTOR_SIZE as u32, u32::max);
         Ok(Disk {
             format,
@@ -143,27 +144,12 @@ impl Disk {
 
     /// A queue on a given engine (`Auto` means sync here).
     pub fn queue_with_engine(&self, kind: EngineKind) -> Result<DiskQueue, BlockError> {
-        // An image with no local file (an NBD export) needs no file engine.
-        let kind = if self.format.files().is_empty() {
-            EngineKind::Sync
-        } else {
-            kind
-        };
         let eventfd = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?);
-        let engine: Box<dyn Engine> = if kind == EngineKind::Threads {
-            let pool = self
-                .pool
-                .get_or_init(|| Arc::new(WorkerPool::new(threads::DEFAULT_MAX_THREADS)));
-            Box::new(threads::ThreadsEngine::new(
-                self.format.files(),
-                eventfd,
-                pool.clone(),
-            ))
-        } else {
-            crate::io::new_engine(kind, self.format.files(), eventfd)?
-        };
-        // Ops on NBD files go to their own engines (crate::nbd).
-        let engine = crate::nbd::queue_engine(engine, self.format.as_ref());
+        let engine = block_engines::queue_engine(kind, self.format.files(), eventfd, || {
+            self.pool
+                .get_or_init(|| Arc::new(WorkerPool::new(threads::DEFAULT_MAX_THREADS)))
+                .clone()
+        })?;
         Ok(self.queue_on(engine))
     }
 

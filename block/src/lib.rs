@@ -34,11 +34,9 @@
 //! or writes from ([`request::IoMemory`]); it leaves as exactly one
 //! completion per request, which hands that memory back.
 
-pub mod aligned;
 pub mod check;
 pub mod create;
 pub mod disk;
-pub mod error;
 pub mod error_log;
 pub mod exclusive;
 pub mod formats;
@@ -52,6 +50,8 @@ pub mod padded;
 pub mod prealloc;
 pub mod request;
 
+pub use block_engines as engines;
+pub use block_engines::{aligned, error};
 pub use disk::{Disk, DiskQueue};
 pub use error::{BlockError, Consequence};
 pub use exclusive::{ExclusiveImage, Resizer};

@@ -151,7 +151,7 @@ pub fn preallocate_grown(
     if mode == Preallocation::Off || new_size <= old_size {
         return Ok(());
     }
-    let files = format.files();
+    let files = format.files().local();
     let Some(image) = files.first() else {
         return Ok(());
     };

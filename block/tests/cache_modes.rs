@@ -32,7 +32,7 @@ fn ops_for_write_and_flush(cache: CacheMode) -> u64 {
     o.direct = cache.direct();
     let disk = Disk::open(&o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let inner = new_engine(EngineKind::Threads, disk.format().files(), efd).unwrap();
+    let inner = new_engine(EngineKind::Threads, disk.format().files().local(), efd).unwrap();
     let (engine, stats) = FaultEngine::new(inner, FaultPlan::default());
     let mut q = disk.queue_on(Box::new(engine));
     let done = run_batch_polling(&mut q, vec![write_req(0, 0, vec![7u8; 4096])]);

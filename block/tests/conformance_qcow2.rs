@@ -207,7 +207,7 @@ fn faulty_case(engine: EngineKind, direct: bool) {
     o.image_type = ImageType::Qcow2;
     let disk = Disk::open(&o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let inner = new_engine(engine, disk.format().files(), efd).unwrap();
+    let inner = new_engine(engine, disk.format().files().local(), efd).unwrap();
     let plan = FaultPlan {
         short: true,
         short_align: if direct { 4096 } else { 1 },

@@ -124,7 +124,7 @@ fn auto_with_uring_takes_it_for_every_preallocation() {
 /// full one, a sparse one and a buffered open to io_uring.
 #[test]
 fn disk_open_resolves_auto_to_io_uring_for_every_preallocation() {
-    let uring = block::io::probe::uring_support();
+    let uring = block::engines::probe::uring_support();
     let aio = block::io::aio::aio_support();
     if !testkit::available("io_uring", uring) || !testkit::available("Linux AIO", aio) {
         return;

@@ -86,7 +86,7 @@ fn run_with(kind: EngineKind, free: Free) {
     o.engine = kind;
     let disk = Disk::open(&o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let inner = new_engine(kind, disk.format().files(), efd).unwrap();
+    let inner = new_engine(kind, disk.format().files().local(), efd).unwrap();
     let (hold, gate) = HoldEngine::new(inner);
     let mut qa = disk.queue_on(Box::new(hold));
     // The sync engine finishes the discard (and so frees H, if nothing
@@ -198,7 +198,7 @@ fn a_discard_does_not_free_a_cluster_under_an_in_flight_write_sync() {
 
 #[test]
 fn a_discard_does_not_free_a_cluster_under_an_in_flight_write_uring() {
-    if !testkit::available("io_uring", block::io::probe::uring_support()) {
+    if !testkit::available("io_uring", block::engines::probe::uring_support()) {
         return;
     }
     run(EngineKind::IoUring);
@@ -221,7 +221,7 @@ fn a_partial_write_after_write_zeroes_does_not_free_a_cluster_under_an_in_flight
 
 #[test]
 fn a_partial_write_after_write_zeroes_does_not_free_a_cluster_under_an_in_flight_write_uring() {
-    if !testkit::available("io_uring", block::io::probe::uring_support()) {
+    if !testkit::available("io_uring", block::engines::probe::uring_support()) {
         return;
     }
     run_with(EngineKind::IoUring, Free::ZeroThenPartialWrite);

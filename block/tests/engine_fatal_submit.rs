@@ -29,7 +29,7 @@ fn image(dir: &TempDir, blocks: usize) -> (std::path::PathBuf, Vec<u8>) {
 }
 
 fn run(direct: bool) {
-    if !testkit::available("io_uring", block::io::probe::uring_support()) {
+    if !testkit::available("io_uring", block::engines::probe::uring_support()) {
         return;
     }
     let dir = temp_dir("fatal-submit");
@@ -39,7 +39,7 @@ fn run(direct: bool) {
     o.direct = direct;
     let disk = Disk::open(&o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let mut engine = UringEngine::new(disk.format().files(), efd, 4).unwrap();
+    let mut engine = UringEngine::new(disk.format().files().local(), efd, 4).unwrap();
     // The first enters run, the fourth fails (the engine enters the
     // kernel several times while a batch is built: early submission and
     // a full 4-entry SQ).

@@ -84,7 +84,7 @@ fn reads_of_one_cluster_in_one_batch_read_it_once() {
         EngineKind::Threads,
     ] {
         if kind == EngineKind::IoUring
-            && !testkit::available("io_uring", block::io::probe::uring_support())
+            && !testkit::available("io_uring", block::engines::probe::uring_support())
         {
             continue;
         }
@@ -122,7 +122,7 @@ fn a_failed_cluster_read_fails_every_waiting_read_once() {
         EngineKind::Threads,
     ] {
         if kind == EngineKind::IoUring
-            && !testkit::available("io_uring", block::io::probe::uring_support())
+            && !testkit::available("io_uring", block::engines::probe::uring_support())
         {
             continue;
         }
@@ -166,7 +166,7 @@ fn queue_inflated_clusters_come_back_a_few_per_drain() {
         EngineKind::Threads,
     ] {
         if kind == EngineKind::IoUring
-            && !testkit::available("io_uring", block::io::probe::uring_support())
+            && !testkit::available("io_uring", block::engines::probe::uring_support())
         {
             continue;
         }

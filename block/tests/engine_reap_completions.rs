@@ -77,7 +77,7 @@ fn request(user_data: u64, op: RequestOp, offset: u64, memory: IoMemory) -> Bloc
 fn reap_completions_hands_out_requests_and_leaves_the_eventfd_set() {
     for engine in ENGINES {
         if engine == EngineKind::IoUring
-            && !testkit::available("io_uring", block::io::probe::uring_support())
+            && !testkit::available("io_uring", block::engines::probe::uring_support())
         {
             continue;
         }

@@ -313,7 +313,7 @@ fn tiny_sq_of_four_entries_does_not_stall() {
     let o = DiskOptions::new("scripted");
     let disk = Disk::from_format(fmt.clone(), &o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let engine = UringEngine::new(&fmt.files, efd, 4).unwrap();
+    let engine = UringEngine::new(fmt.files.local(), efd, 4).unwrap();
     let (engine, stats) = FaultEngine::new(
         Box::new(engine),
         FaultPlan {
@@ -407,7 +407,7 @@ fn raw_faulty(
     o.lock = false;
     let disk = Disk::open(&o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let inner = new_engine(EngineKind::Sync, disk.format().files(), efd).unwrap();
+    let inner = new_engine(EngineKind::Sync, disk.format().files().local(), efd).unwrap();
     let (engine, stats) = FaultEngine::new(inner, plan);
     let q = disk.queue_on(Box::new(engine));
     (disk, q, stats)

@@ -99,7 +99,7 @@ fn fill(disk: &Disk, rng: &mut Rng, model: &mut [u8]) -> usize {
 /// writes (data, new L2 tables, new refcount blocks).
 fn run(engine: EngineKind, cluster_size: &str, steps: u64) {
     if engine == EngineKind::IoUring
-        && !testkit::available("io_uring", block::io::probe::uring_support())
+        && !testkit::available("io_uring", block::engines::probe::uring_support())
     {
         return;
     }

@@ -58,7 +58,7 @@ fn locks_go_at_close_while_the_descriptors_live_on() {
         }
         for engine in [EngineKind::Sync, EngineKind::IoUring] {
             if engine == EngineKind::IoUring
-                && !testkit::available("io_uring", block::io::probe::uring_support())
+                && !testkit::available("io_uring", block::engines::probe::uring_support())
             {
                 continue;
             }
@@ -80,7 +80,7 @@ fn locks_go_at_close_while_the_descriptors_live_on() {
                 assert!(!writer_can_lock(&base_path), "{case}: backing not locked");
             }
             // What a forked child would hold: every file of the chain.
-            let held: Vec<Arc<File>> = disk.format().files().to_vec();
+            let held: Vec<Arc<File>> = disk.format().files().local().to_vec();
             disk.close().unwrap();
             drop(disk);
             assert!(

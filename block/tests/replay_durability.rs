@@ -207,7 +207,7 @@ fn crash_images_from_sync_engine_runs() {
 
 #[test]
 fn crash_images_from_io_uring_runs() {
-    if !testkit::available("io_uring", block::io::probe::uring_support()) {
+    if !testkit::available("io_uring", block::engines::probe::uring_support()) {
         return;
     }
     // Seeds 0, 3, 6, 9 (+2^20): both cluster sizes and queue counts.

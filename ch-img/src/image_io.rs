@@ -68,6 +68,7 @@ impl ImageIo {
     pub fn file_identities(&self) -> Vec<FileIdentity> {
         self.format()
             .files()
+            .local()
             .iter()
             .filter_map(|f| FileIdentity::of(f).ok())
             .collect()
@@ -170,7 +171,7 @@ impl ImageIo {
         if self.cache.direct() || !self.cache.flushes() {
             return;
         }
-        let Some(file) = self.format().files().first() else {
+        let Some(file) = self.format().files().local().first() else {
             return;
         };
         // SAFETY: a plain syscall on a file descriptor the image keeps
@@ -192,7 +193,7 @@ impl ImageIo {
         if self.cache.direct() || self.format().name() != "raw" {
             return;
         }
-        let Some(file) = self.format().files().first() else {
+        let Some(file) = self.format().files().local().first() else {
             return;
         };
         let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {

@@ -66,7 +66,7 @@ fn run(engine: EngineKind, limit: RateLimitConfig, qd: u16, sectors: u32, total:
 
 fn engines() -> Vec<EngineKind> {
     let mut e = vec![EngineKind::Sync];
-    if testkit::available("io_uring", block::io::probe::uring_support()) {
+    if testkit::available("io_uring", block::engines::probe::uring_support()) {
         e.push(EngineKind::IoUring);
     }
     e

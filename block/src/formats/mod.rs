@@ -30,7 +30,6 @@
 //! snapshot an open may read in place of the disk ([`SnapshotRef`]):
 //! front ends need no path into a format's modules for them.
 
-use std::fs::File;
 use std::sync::Arc;
 
 use vmm_sys_util::eventfd::EventFd;
@@ -49,8 +48,8 @@ pub mod qcow2;
 pub mod raw;
 pub mod tools;
 
-pub use crate::io::FileId;
 pub use amendment::{AmendProgress, AmendStep, Amendment};
+pub use block_engines::{FileId, ImageFiles};
 pub use dirty_bits::{BitmapAction, DirtyBits};
 pub use open::open_format;
 pub use plan_cache::PlanCache;
@@ -264,16 +263,10 @@ pub trait Format: Send + Sync {
     /// Virtual disk size in bytes.
     fn size(&self) -> u64;
 
-    /// Every file of the chain, indexed by [`FileId`]. Engines dup them per
-    /// queue. Index 0 is the image's own file.
-    fn files(&self) -> &[Arc<File>];
-
-    /// Files served over NBD, numbered after the local ones:
-    /// `FileId(files().len() + i)` is `remote_files()[i]`. Their ops go
-    /// to the queue's NBD engine (see [`crate::nbd`]).
-    fn remote_files(&self) -> &[Arc<crate::nbd::NbdFile>] {
-        &[]
-    }
+    /// Every file of the chain, indexed by [`FileId`]: the image's own
+    /// first, local or remote (which engine a file's ops go to is the
+    /// engines' business). A queue's engine opens them.
+    fn files(&self) -> &ImageFiles;
 
     /// Files a flush must fdatasync (the writable ones).
     fn flush_files(&self) -> Vec<FileId>;

@@ -13,7 +13,8 @@ use super::tools::{
     Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps, Resizable, Snapshots,
 };
 use super::{
-    BlockStatus, Compression, FileId, Format, ImageInfo, ReadPlan, Waker, WriteCommit, WriteOutcome,
+    BlockStatus, Compression, FileId, Format, ImageFiles, ImageInfo, ReadPlan, Waker, WriteCommit,
+    WriteOutcome,
 };
 use crate::error::BlockError;
 use crate::lock::ImageLock;
@@ -24,7 +25,7 @@ const IMAGE: FileId = FileId(0);
 
 pub struct RawImage {
     path: PathBuf,
-    files: [Arc<File>; 1],
+    files: ImageFiles,
     size: AtomicU64,
     map: IdentityMap,
     probed: bool,
@@ -47,7 +48,7 @@ impl RawImage {
         })?;
         Ok(RawImage {
             path: path.to_owned(),
-            files: [file],
+            files: ImageFiles::new(vec![file], Vec::new()),
             size: AtomicU64::new(size),
             map: IdentityMap {
                 file: IMAGE,
@@ -70,7 +71,7 @@ impl Format for RawImage {
         self.size.load(Ordering::Acquire)
     }
 
-    fn files(&self) -> &[Arc<File>] {
+    fn files(&self) -> &ImageFiles {
         &self.files
     }
 
@@ -127,7 +128,7 @@ impl Format for RawImage {
         self.map.check_range(self.size(), offset, len)?;
         // Holes of the file read as zeroes; qemu-img map reports them so.
         let (hole, until) =
-            super::holes::extent_at(&self.files[0], offset).unwrap_or((false, u64::MAX));
+            super::holes::extent_at(&self.files.local()[0], offset).unwrap_or((false, u64::MAX));
         Ok(BlockStatus {
             len: len.min(until - offset),
             depth: 0,
@@ -169,7 +170,7 @@ impl Resizable for RawImage {
         if self.map.readonly {
             return Err(BlockError::ReadOnly);
         }
-        self.files[0]
+        self.files.local()[0]
             .set_len(new_size)
             .map_err(|e| BlockError::Resize(format!("{}: {e}", self.path.display())))?;
         self.size.store(new_size, Ordering::Release);
@@ -192,7 +193,7 @@ impl FailureUndo for RawImage {
         let old = self.size.load(Ordering::Acquire);
         let result = op();
         if result.is_err() && !self.map.readonly && self.size.load(Ordering::Acquire) != old {
-            if let Err(e) = self.files[0].set_len(old) {
+            if let Err(e) = self.files.local()[0].set_len(old) {
                 log::error!(
                     "{}: could not undo a failed resize: {e}",
                     self.path.display()

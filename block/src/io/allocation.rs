@@ -68,6 +68,7 @@ pub fn fully_allocated(format: &dyn Format) -> Result<Allocated, String> {
         }
         let f = format
             .files()
+            .local()
             .get(usize::from(file.0))
             .ok_or("the image names a file it does not have")?;
         let Some(range_unwritten) = range_blocks(f, host, st.len)? else {

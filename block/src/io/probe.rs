@@ -17,53 +17,16 @@
 //! (Before that change io_uring wrote there at 0.6 x AIO's rate, and
 //! `auto` put such images' writes on AIO.)
 //! An explicit `engine=aio` is honoured with a warning where that does not
-//! hold, and fails when the kernel refuses AIO ([`super::aio::aio_support`]).
+//! hold, and fails when the kernel refuses AIO ([`aio_support`]).
 //!
 //! Enters as the user's [`EngineKind`], the O_DIRECT flag and the opened
 //! format; leaves as a concrete [`EngineKind`] (never `Auto`).
 
-use std::sync::OnceLock;
-
-use io_uring::{opcode, IoUring, Probe};
-
 use super::allocation::Allocated;
 use crate::formats::Format;
-use crate::options::EngineKind;
-
-/// The opcodes the uring engine issues.
-const NEEDED: &[(u8, &str)] = &[
-    (opcode::Readv::CODE, "READV"),
-    (opcode::Writev::CODE, "WRITEV"),
-    (opcode::Fsync::CODE, "FSYNC"),
-    (opcode::Fallocate::CODE, "FALLOCATE"),
-];
-
-/// `Ok(())` when io_uring is usable here, else why not (cached).
-pub fn uring_support() -> Result<(), String> {
-    static RESULT: OnceLock<Result<(), String>> = OnceLock::new();
-    RESULT.get_or_init(probe_kernel).clone()
-}
-
-fn probe_kernel() -> Result<(), String> {
-    let ring = IoUring::new(4).map_err(|e| format!("io_uring_setup failed: {e}"))?;
-    let mut probe = Probe::new();
-    ring.submitter()
-        .register_probe(&mut probe)
-        .map_err(|e| format!("IORING_REGISTER_PROBE failed: {e}"))?;
-    let missing: Vec<&str> = NEEDED
-        .iter()
-        .filter(|(code, _)| !probe.is_supported(*code))
-        .map(|(_, name)| *name)
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "kernel lacks io_uring opcodes {}",
-            missing.join(", ")
-        ))
-    }
-}
+use block_engines::aio::aio_support;
+use block_engines::probe::uring_support;
+use block_engines::EngineKind;
 
 /// What the kernel offers (each `Err` says why not).
 pub struct KernelSupport {
@@ -77,7 +40,7 @@ impl KernelSupport {
     pub fn probe() -> Self {
         KernelSupport {
             uring: uring_support(),
-            aio: super::aio::aio_support(),
+            aio: aio_support(),
         }
     }
 }
@@ -187,7 +150,7 @@ pub fn resolve_engine(
         _ => false,
     };
     let aio = if aio_candidate {
-        super::aio::aio_support()
+        aio_support()
     } else {
         Err("not probed: the policy cannot choose it here".into())
     };

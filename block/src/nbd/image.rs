@@ -1,10 +1,9 @@
 //! [`NbdImage`]: a raw disk whose bytes are an NBD export (the guest
 //! view a qemu-nbd, qemu-storage-daemon or nbdkit serves).
 //!
-//! It plans like a raw file, but its one file is remote: it has no local
-//! [`Format::files`], and [`Format::remote_files`] names the export, so
-//! every planned op is file id 0 of the remote files and goes to the
-//! queue's [`super::engine::NbdEngine`]. Discards become TRIM (a hint),
+//! It plans like a raw file, but its one file is remote: its
+//! [`Format::files`] are the export alone, so every planned op is file
+//! 0, a remote file, and goes to the queue's NBD engine. Discards become TRIM (a hint),
 //! write-zeroes WRITE_ZEROES (the server may punch holes: NBD's NO_HOLE
 //! is not sent, as the block layer's plan does not carry the guest's
 //! "keep allocated"), flushes FLUSH. Block status is the export's
@@ -15,10 +14,9 @@
 //! size: "Cannot resize NBD nodes"): an export's shape is its server's
 //! business; a failed tool operation has nothing to undo.
 
-use std::fs::File;
 use std::sync::Arc;
 
-use super::file::NbdFile;
+use super::NbdFile;
 use crate::error::BlockError;
 use crate::formats::amendment::{AmendProgress, Amendment};
 use crate::formats::dirty_bits::{BitmapAction, DirtyBits};
@@ -28,7 +26,8 @@ use crate::formats::tools::{
     Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps, Resizable, Snapshots,
 };
 use crate::formats::{
-    BlockStatus, Compression, FileId, Format, ImageInfo, ReadPlan, Waker, WriteCommit, WriteOutcome,
+    BlockStatus, Compression, FileId, Format, ImageFiles, ImageInfo, ReadPlan, Waker, WriteCommit,
+    WriteOutcome,
 };
 use nbd::wire::consts::state;
 
@@ -40,7 +39,9 @@ const NAME: &str = "raw (over NBD)";
 const CANNOT_RESIZE: &str = "Cannot resize NBD nodes";
 
 pub struct NbdImage {
-    file: [Arc<NbdFile>; 1],
+    file: Arc<NbdFile>,
+    /// The export as the image's one file (remote file 0).
+    files: ImageFiles,
     map: IdentityMap,
 }
 
@@ -48,14 +49,15 @@ impl NbdImage {
     /// The refusals of the capabilities an export lacks, naming it.
     fn lacking(&self) -> Lacking {
         Lacking {
-            image: self.file[0].name(),
+            image: self.file.name(),
             format: NAME,
         }
     }
 
     pub(crate) fn new(file: Arc<NbdFile>, readonly: bool) -> Self {
         NbdImage {
-            file: [file],
+            files: ImageFiles::new(Vec::new(), vec![file.clone()]),
+            file,
             map: IdentityMap {
                 file: EXPORT,
                 readonly,
@@ -66,15 +68,11 @@ impl NbdImage {
 
 impl Format for NbdImage {
     fn size(&self) -> u64 {
-        self.file[0].size()
+        self.file.size()
     }
 
-    fn files(&self) -> &[Arc<File>] {
-        &[]
-    }
-
-    fn remote_files(&self) -> &[Arc<NbdFile>] {
-        &self.file
+    fn files(&self) -> &ImageFiles {
+        &self.files
     }
 
     fn flush_files(&self) -> Vec<FileId> {
@@ -126,8 +124,8 @@ impl Format for NbdImage {
 
     fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
         self.map.check_range(self.size(), offset, len)?;
-        let (len, flags) = if self.file[0].has_block_status() && len > 0 {
-            let e = self.file[0].block_status(offset, len)?;
+        let (len, flags) = if self.file.has_block_status() && len > 0 {
+            let e = self.file.block_status(offset, len)?;
             let first = e[0];
             (u64::from(first.len).clamp(1, len), first.flags)
         } else {
@@ -171,7 +169,7 @@ impl Resizable for NbdImage {
             return Ok(());
         }
         Err(BlockError::CannotDo {
-            image: self.file[0].name(),
+            image: self.file.name(),
             reason: CANNOT_RESIZE.into(),
         })
     }

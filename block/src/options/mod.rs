@@ -11,6 +11,8 @@ use std::str::FromStr;
 mod cache;
 pub mod kv;
 
+pub use block_engines::nbd::is_nbd_path;
+pub use block_engines::EngineKind;
 pub use cache::CacheMode;
 use kv::{parse_on_off, KvError, KvList};
 
@@ -36,61 +38,6 @@ impl FromStr for ImageType {
                 "unknown image type '{s}' (expected auto, raw or qcow2)"
             )),
         }
-    }
-}
-
-/// Which I/O engine executes the plans.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum EngineKind {
-    /// io_uring when the kernel offers a ring with every opcode we use;
-    /// else aio on O_DIRECT images that are fully allocated; else threads.
-    /// Resolved once, at open, by [`crate::io::probe`].
-    #[default]
-    Auto,
-    IoUring,
-    /// Linux native AIO (needs O_DIRECT to be asynchronous).
-    Aio,
-    /// A pool of worker threads per disk.
-    Threads,
-    Sync,
-}
-
-impl EngineKind {
-    pub const ALL: [EngineKind; 5] = [
-        EngineKind::Auto,
-        EngineKind::IoUring,
-        EngineKind::Aio,
-        EngineKind::Threads,
-        EngineKind::Sync,
-    ];
-
-    /// The name `engine=` takes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EngineKind::Auto => "auto",
-            EngineKind::IoUring => "io_uring",
-            EngineKind::Aio => "aio",
-            EngineKind::Threads => "threads",
-            EngineKind::Sync => "sync",
-        }
-    }
-}
-
-impl std::fmt::Display for EngineKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for EngineKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        EngineKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| {
-                format!("unknown engine '{s}' (expected auto, io_uring, aio, threads or sync)")
-            })
     }
 }
 
@@ -183,12 +130,6 @@ pub enum SnapshotRef {
         id: Option<String>,
         name: Option<String>,
     },
-}
-
-/// Whether an image path is an NBD URI (`nbd://HOST[:PORT]/NAME`,
-/// `nbd+unix:///NAME?socket=PATH`): opened through `crate::nbd`.
-pub fn is_nbd_path(path: &std::path::Path) -> bool {
-    path.to_str().is_some_and(nbd::client::NbdUri::looks_like)
 }
 
 /// Longest `reconnect_delay` accepted (an hour).
@@ -293,17 +234,6 @@ mod tests {
         );
         assert_eq!(kv.take("num_queues").unwrap().as_deref(), Some("2"));
         kv.finish().unwrap();
-    }
-
-    #[test]
-    fn engine_names_round_trip_and_the_error_lists_them_all() {
-        for k in EngineKind::ALL {
-            assert_eq!(k.as_str().parse::<EngineKind>(), Ok(k));
-        }
-        let err = "native".parse::<EngineKind>().unwrap_err();
-        for name in ["'native'", "auto", "io_uring", "aio", "threads", "sync"] {
-            assert!(err.contains(name), "{err}");
-        }
     }
 
     fn parse(s: &str) -> Result<DiskOptions, KvError> {

@@ -225,7 +225,7 @@ pub fn faulty_queue(
     o.engine = kind;
     let disk = Disk::from_format(format.clone(), &o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let inner = new_engine(kind, &format.files, efd).unwrap();
+    let inner = new_engine(kind, format.files.local(), efd).unwrap();
     let (engine, stats) = FaultEngine::new(inner, plan);
     let q = disk.queue_on(Box::new(engine));
     (disk, q, stats)

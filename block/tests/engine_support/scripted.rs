@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use block::error::BlockError;
 use block::formats::{
-    BlockStatus, CompressedExtent, FileId, Format, HostWrite, ImageInfo, ReadPiece, ReadPlan,
-    ReadSource, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan,
+    BlockStatus, CompressedExtent, FileId, Format, HostWrite, ImageFiles, ImageInfo, ReadPiece,
+    ReadPlan, ReadSource, Waker, WriteCommit, WriteData, WriteOutcome, WritePlan,
 };
 
 /// How guest ranges map to the files.
@@ -31,7 +31,7 @@ pub enum Layout {
 }
 
 pub struct ScriptedFormat {
-    pub files: Vec<Arc<File>>,
+    pub files: ImageFiles,
     pub size: u64,
     pub layout: Layout,
     pub commits: AtomicU64,
@@ -47,7 +47,7 @@ pub struct ScriptedFormat {
 impl ScriptedFormat {
     pub fn new(files: Vec<Arc<File>>, size: u64, layout: Layout) -> Self {
         ScriptedFormat {
-            files,
+            files: ImageFiles::new(files, Vec::new()),
             size,
             layout,
             commits: AtomicU64::new(0),
@@ -76,7 +76,7 @@ impl Format for ScriptedFormat {
         self.size
     }
 
-    fn files(&self) -> &[Arc<File>] {
+    fn files(&self) -> &ImageFiles {
         &self.files
     }
 

@@ -343,7 +343,7 @@ pub fn record(dir: &Path, img: &Path, cfg: &Config, seed: u64) -> Recording {
     let mut queues: Vec<DiskQueue> = (0..cfg.queues)
         .map(|_| {
             let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-            let engine = new_engine(cfg.engine, qcow2.files(), efd).unwrap();
+            let engine = new_engine(cfg.engine, qcow2.files().local(), efd).unwrap();
             disk.queue_on(Box::new(RecordingEngine::new(engine, log.clone())))
         })
         .collect();

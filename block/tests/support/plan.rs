@@ -58,7 +58,7 @@ pub fn read(f: &dyn Format, offset: u64, len: usize) -> Vec<u8> {
         cached, plan,
         "plan through the queue's table snapshots at {offset}+{len}"
     );
-    let files = f.files();
+    let files = f.files().local();
     let mut out = vec![0u8; len];
     let mut pos = 0usize;
     for p in plan {
@@ -113,7 +113,7 @@ fn pread(f: &File, off: u64, buf: &mut [u8]) {
 
 /// Executes a write plan's ops with `data` as the request memory.
 pub fn execute(f: &dyn Format, plan: &WritePlan, data: &[u8]) {
-    let files = f.files();
+    let files = f.files().local();
     for op in &plan.ops {
         match op {
             HostWrite::Data {

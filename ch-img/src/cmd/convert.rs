@@ -285,7 +285,12 @@ fn output_backing(
 /// With `-n`: the existing output must not be one of the files the
 /// sources read (`-U` lets the open pass the locks).
 fn refuse_a_source(dst: &str, output: &ImageIo, sources: &[FileIdentity]) -> Result<(), CliError> {
-    let own = output.format().files().first().map(|f| FileIdentity::of(f));
+    let own = output
+        .format()
+        .files()
+        .local()
+        .first()
+        .map(|f| FileIdentity::of(f));
     match own {
         Some(Ok(id)) if sources.contains(&id) => Err(CliError::Create {
             path: dst.into(),

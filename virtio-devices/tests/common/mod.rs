@@ -61,7 +61,7 @@ pub fn qcow2_from_raw(dir: &TempDir, raw: &Path) -> Option<PathBuf> {
 /// fail the test.
 pub fn open_engine(path: &Path, engine: EngineKind) -> Option<Disk> {
     if engine == EngineKind::IoUring
-        && !testkit::available("io_uring", block::io::probe::uring_support())
+        && !testkit::available("io_uring", block::engines::probe::uring_support())
     {
         return None;
     }

@@ -343,10 +343,12 @@ impl DiskConfig {
             Some(k) => Ok(k),
             None if self.disable_io_uring => Ok(EngineKind::Threads),
             // `auto` picks Linux AIO only for O_DIRECT without io_uring.
-            None if self.disable_aio && direct => Ok(match block::io::probe::uring_support() {
-                Ok(()) => EngineKind::IoUring,
-                Err(_) => EngineKind::Threads,
-            }),
+            None if self.disable_aio && direct => {
+                Ok(match block::engines::probe::uring_support() {
+                    Ok(()) => EngineKind::IoUring,
+                    Err(_) => EngineKind::Threads,
+                })
+            }
             None => Ok(EngineKind::Auto),
         }
     }

@@ -43,8 +43,12 @@ impl Backing {
         }
         let mut plan = ReadPlan::new();
         self.image.plan_read(offset, avail as u64, &mut plan)?;
-        let remote = self.image.remote_files();
-        super::plan_exec::execute_read(&self.cow_files, remote, &plan, &mut buf[..avail])
+        super::plan_exec::execute_read(
+            &self.cow_files,
+            self.image.files(),
+            &plan,
+            &mut buf[..avail],
+        )
     }
 }
 

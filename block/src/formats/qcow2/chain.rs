@@ -15,13 +15,14 @@ use std::sync::Arc;
 use super::backing::Backing;
 use super::header::Header;
 use crate::error::BlockError;
-use crate::formats::FileId;
+use crate::formats::{FileId, ImageFiles};
 
 /// See the module docs.
 pub(crate) struct Chain {
     pub path: PathBuf,
-    /// This image, its data file (if any), then the backing chain's files.
-    pub files: Vec<Arc<File>>,
+    /// This image, its data file (if any), then the backing chain's
+    /// local files; its remote files (an NBD backing file) after them.
+    pub files: ImageFiles,
     /// Buffered descriptors in the same order (metadata and COW reads).
     pub cow_files: Vec<Arc<File>>,
     pub backing: Option<Backing>,

@@ -234,7 +234,7 @@ impl CompressedWriter<'_> {
         self.cached.store(true, Ordering::Release);
         compressed.insert(&*meta.io, cs, guest, raw, host, packed)?;
         if compressed.is_full(meta.compressed_tail, cs) {
-            compressed.write_out(meta, &self.chain.files[0], false)?;
+            compressed.write_out(meta, &self.chain.files.local()[0], false)?;
         }
         Ok(())
     }

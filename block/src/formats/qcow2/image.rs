@@ -206,7 +206,7 @@ impl Qcow2Image {
         let State {
             meta, compressed, ..
         } = &mut *st;
-        compressed.write_out(meta, &self.chain.files[0], true)
+        compressed.write_out(meta, &self.chain.files.local()[0], true)
     }
 
     /// Writes the cache out when guest clusters in `offset..offset+len`
@@ -224,7 +224,7 @@ impl Qcow2Image {
         let State {
             meta, compressed, ..
         } = &mut *st;
-        compressed.write_out(meta, &self.chain.files[0], true)
+        compressed.write_out(meta, &self.chain.files.local()[0], true)
     }
 
     /// The lock of an image a tool may change (refused on read-only

@@ -36,7 +36,7 @@ use super::snapshot_table::{read_snapshot_table, TableLocation};
 use super::snapshot_view::view_snapshot;
 use super::state::State;
 use crate::error::BlockError;
-use crate::formats::FileId;
+use crate::formats::{FileId, ImageFiles};
 use crate::options::DiskOptions;
 
 /// The smallest unit the page cache tracks; a cluster smaller than this
@@ -142,6 +142,7 @@ fn open_chain(
         )?),
         _ => None,
     };
+    let mut remote = Vec::new();
     if let Some(b) = &backing {
         if files.len() + b.image.files().len() > usize::from(u16::MAX) {
             return Err(BlockError::InvalidImage {
@@ -149,7 +150,9 @@ fn open_chain(
                 reason: "too many files in the chain".into(),
             });
         }
-        files.extend(b.image.files().iter().cloned());
+        // The backing image's remote files stay after all local ones.
+        files.extend(b.image.files().local().iter().cloned());
+        remote.extend(b.image.files().remote_files().iter().cloned());
         cow_files.extend(b.cow_files.iter().cloned());
     }
     let backing_unopened = opts.no_backing && !opts.readonly && header.backing_file.is_some();
@@ -176,7 +179,7 @@ fn open_chain(
         state: Mutex::new(State::new(meta, header.incompatible)),
         chain: Chain {
             path,
-            files,
+            files: ImageFiles::new(files, remote),
             cow_files,
             backing,
             backing_base,

@@ -2,9 +2,10 @@
 //! descriptors: the copy-on-write source of partial-cluster writes (data
 //! from a backing image or an old compressed cluster) and tests.
 //!
-//! A plan, the chain's buffered files (indexed like `Format::files`) and
-//! its NBD exports (`Format::remote_files`, numbered after them) enter;
-//! the bytes leave in the caller's buffer. Not a data path engine.
+//! A plan, the chain's buffered descriptors of its local files (indexed
+//! like `Format::files`) and its files (for the remote ones, NBD exports
+//! read through their connections) enter; the bytes leave in the
+//! caller's buffer. Not a data path engine.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -12,12 +13,11 @@ use std::sync::Arc;
 use super::compressed::inflate_cluster;
 use super::meta_io::{read_at, MetaKind};
 use crate::error::BlockError;
-use crate::formats::{ReadPiece, ReadSource};
-use crate::nbd::NbdFile;
+use crate::formats::{ImageFiles, ReadPiece, ReadSource};
 
 pub(crate) fn execute_read(
     files: &[Arc<File>],
-    remote: &[Arc<NbdFile>],
+    chain: &ImageFiles,
     plan: &[ReadPiece],
     buf: &mut [u8],
 ) -> Result<(), BlockError> {
@@ -45,17 +45,8 @@ pub(crate) fn execute_read(
                 })?;
                 out.copy_from_slice(src);
             }
-            ReadSource::Host { file, offset } => match usize::from(file.0).checked_sub(files.len())
-            {
-                // Numbered after the local files: an NBD export.
-                Some(i) => match remote.get(i) {
-                    Some(r) => r.read_at(*offset, out)?,
-                    None => {
-                        return Err(file_of(files, file.0)
-                            .err()
-                            .unwrap_or(BlockError::NoSuchFile(file.0)))
-                    }
-                },
+            ReadSource::Host { file, offset } => match chain.remote(*file) {
+                Some(r) => r.read_at(*offset, out)?,
                 None => read_at(file_of(files, file.0)?, MetaKind::GuestData, *offset, out)?,
             },
             ReadSource::Compressed(c) => {

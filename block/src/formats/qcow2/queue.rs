@@ -11,7 +11,6 @@
 //! A compressed cluster still in the compressed-write cache is written
 //! out before any plan that touches it (see `compressed_cache`).
 
-use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -29,8 +28,8 @@ use super::zero::ZeroPlanner;
 use crate::error::BlockError;
 use crate::formats::holes::file_size;
 use crate::formats::{
-    BlockStatus, Compression, FileId, Format, ImageInfo, PlanCache, ReadPlan, Waker, WriteCommit,
-    WriteOutcome,
+    BlockStatus, Compression, FileId, Format, ImageFiles, ImageInfo, PlanCache, ReadPlan, Waker,
+    WriteCommit, WriteOutcome,
 };
 
 impl Format for Qcow2Image {
@@ -38,16 +37,8 @@ impl Format for Qcow2Image {
         self.size.load(Ordering::Acquire)
     }
 
-    fn files(&self) -> &[Arc<File>] {
+    fn files(&self) -> &ImageFiles {
         &self.chain.files
-    }
-
-    /// The backing chain's NBD exports (a qcow2 file itself is local).
-    fn remote_files(&self) -> &[Arc<crate::nbd::NbdFile>] {
-        self.chain
-            .backing
-            .as_ref()
-            .map_or(&[], |b| b.image.remote_files())
     }
 
     fn flush_files(&self) -> Vec<FileId> {

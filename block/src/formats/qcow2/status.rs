@@ -52,7 +52,7 @@ impl<'a> StatusWalker<'a> {
                 None => {
                     let p = prealloc_detect::looks_metadata_preallocated(
                         &mut st.meta,
-                        &self.chain.files[0],
+                        &self.chain.files.local()[0],
                     );
                     st.metadata_prealloc = Some(p);
                     p
@@ -81,7 +81,7 @@ impl<'a> StatusWalker<'a> {
                 // Metadata preallocation: a hole in the file reads as zero.
                 let (run, zero) = if prealloc {
                     prealloc_detect::file_extent(
-                        &self.chain.files[usize::from(data_file.0)],
+                        &self.chain.files.local()[usize::from(data_file.0)],
                         host,
                         run,
                     )

@@ -21,7 +21,7 @@ use super::table::{OpKind, OpSlot};
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::formats::{FileId, Format, PlanCache, Waker, WriteCommit, WriteOutcome, WritePlan};
-use crate::io::align::{file_alignment, DioAlign};
+use crate::io::align::DioAlign;
 use crate::io::memory::{iovecs_aligned, HostSegments, IOV_MAX};
 use crate::request::{BlockRequest, RequestOp};
 
@@ -101,14 +101,8 @@ impl OpBuilder {
         let zero_page = AlignedBuf::new(ZERO_PAGE, 4096).unwrap_or_else(|| {
             std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u8; ZERO_PAGE]>())
         });
-        let files = format.files().to_vec();
-        // NBD files (numbered after the local ones) have no alignment.
-        let remote = std::iter::repeat_n(DioAlign::NONE, format.remote_files().len());
-        let align = files
-            .iter()
-            .map(|f| file_alignment(f))
-            .chain(remote)
-            .collect();
+        let files = format.files().local().to_vec();
+        let align = format.files().alignments();
         OpBuilder {
             format,
             files,

@@ -105,6 +105,7 @@ impl ExportState {
             .disk
             .format()
             .files()
+            .local()
             .first()
             .and_then(|f| f.metadata().ok())
             .map(|m| m.blocks())

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{Engine, HostOp, RawIovecs};
-use crate::formats::FileId;
+use crate::FileId;
 
 /// Blocks in the fixture file.
 pub const BLOCKS: usize = 16;

@@ -5,7 +5,7 @@
 //!
 //! File ids say where an op goes: the local files are `0..n` (the file
 //! engine's own numbering, unchanged), the NBD files `n..` in the order of
-//! [`crate::formats::Format::remote_files`].
+//! [`crate::files::ImageFiles::remote_files`].
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -14,8 +14,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::engine::NbdEngine;
 use crate::error::BlockError;
-use crate::formats::FileId;
-use crate::io::{Engine, EngineCompletion, HostOp, OpToken};
+use crate::FileId;
+use crate::{Engine, EngineCompletion, HostOp, OpToken};
 
 pub(crate) struct RoutedEngine {
     local: Box<dyn Engine>,

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::io::blocking::run_op;
-use crate::io::{EngineCompletion, HostOp, OpToken};
+use crate::blocking::run_op;
+use crate::{EngineCompletion, HostOp, OpToken};
 
 /// Workers per disk (QEMU's thread-pool-max default).
 pub const DEFAULT_MAX_THREADS: usize = 64;

@@ -368,8 +368,8 @@ impl Drop for AioEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::formats::FileId;
-    use crate::io::test_blocks::{BlockFile, ReadBuffers};
+    use crate::test_blocks::{BlockFile, ReadBuffers};
+    use crate::FileId;
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
     fn engine(fx: &BlockFile, depth: u32) -> (AioEngine, Arc<EventFd>) {

@@ -1,5 +1,7 @@
-//! The block crate's error type. Variants are named after the operation
-//! that failed, and carry the underlying cause as a `#[source]`.
+//! The block layer's error type, on its bottom floor so that every floor
+//! (engines, formats, executor, disk) fails with it. Variants are named
+//! after the operation that failed, and carry the underlying cause as a
+//! `#[source]`.
 //!
 //! Each error also knows its consequence ([`BlockError::consequence`]):
 //! whether the operation is not offered, the request was the asker's
@@ -11,7 +13,7 @@
 //! byte, FUSE and NBD send the errno, an API answers a 4xx for the
 //! asker's mistakes ([`BlockError::is_callers_mistake`]) and a 5xx for
 //! the rest, and all of them log a failed request through
-//! [`crate::error_log`].
+//! the block crate's `error_log`.
 
 use std::io;
 use std::path::PathBuf;
@@ -26,8 +28,8 @@ pub enum BlockError {
         #[source]
         source: io::Error,
     },
-    /// Another process holds the image's locks (see [`crate::lock`]); the
-    /// text is qemu's: the permission `perm`, which either we wanted
+    /// Another process holds the image's locks (the block crate's `lock`);
+    /// the text is qemu's: the permission `perm`, which either we wanted
     /// (`shared` false) or others hold and we would not share.
     #[error("Failed to get {}\"{perm}\" lock\nIs another process using the image [{}]?", if *shared { "shared " } else { "" }, path.display())]
     Locked {

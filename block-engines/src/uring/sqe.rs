@@ -2,11 +2,11 @@
 
 use io_uring::{opcode, squeue, types};
 
-use crate::io::HostOp;
+use crate::HostOp;
 
 /// The SQE for `op` (without user data).
 pub fn to_sqe(op: &HostOp) -> squeue::Entry {
-    let fixed = |file: crate::formats::FileId| types::Fixed(u32::from(file.0));
+    let fixed = |file: crate::FileId| types::Fixed(u32::from(file.0));
     match *op {
         HostOp::Readv {
             file,

@@ -4,13 +4,13 @@
 //!
 //! The addresses are kept as integers so the list can travel to the
 //! connection's thread; every access is an `unsafe fn` whose caller
-//! promises what [`crate::io::Engine::push`]'s caller promised: the
+//! promises what [`crate::Engine::push`]'s caller promised: the
 //! memory is alive and not otherwise used until the op's completion has
 //! been reaped. The connection keeps that promise by copying only while
 //! the op is in its table, under the table's lock, and by completing the
 //! op only after the last copy.
 
-use crate::io::RawIovecs;
+use crate::RawIovecs;
 
 #[derive(Debug, Default)]
 pub(crate) struct IovList {

@@ -105,8 +105,8 @@ impl Drop for ThreadsEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::formats::FileId;
-    use crate::io::test_blocks::{BlockFile, ReadBuffers};
+    use crate::test_blocks::{BlockFile, ReadBuffers};
+    use crate::FileId;
     use pool::IDLE_EXIT;
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
 

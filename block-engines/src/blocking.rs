@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use super::HostOp;
-use crate::formats::FileId;
+use crate::FileId;
 
 /// The descriptor of `file` among `files`.
 pub(crate) fn fd_of(files: &[Arc<File>], file: FileId) -> io::Result<i32> {

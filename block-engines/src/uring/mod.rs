@@ -425,12 +425,12 @@ unsafe impl Send for UringEngine {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::formats::FileId;
-    use crate::io::RawIovecs;
+    use crate::FileId;
+    use crate::RawIovecs;
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
 
     fn engine(entries: u32) -> Option<(UringEngine, std::path::PathBuf)> {
-        if !testkit::available("io_uring", crate::io::probe::uring_support()) {
+        if !testkit::available("io_uring", crate::probe::uring_support()) {
             return None;
         }
         let path =
@@ -632,7 +632,7 @@ mod tests {
     /// (no waiting enter, no other system call) must still see them all.
     #[test]
     fn a_reap_loop_sees_completions_posted_by_task_work() {
-        if !testkit::available("io_uring", crate::io::probe::uring_support()) {
+        if !testkit::available("io_uring", crate::probe::uring_support()) {
             return;
         }
         use std::os::unix::fs::OpenOptionsExt;

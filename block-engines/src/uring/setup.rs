@@ -140,7 +140,7 @@ mod tests {
 
     #[test]
     fn restricted_ring_refuses_other_opcodes_and_raw_fds() {
-        if !testkit::available("io_uring", crate::io::probe::uring_support()) {
+        if !testkit::available("io_uring", crate::probe::uring_support()) {
             return;
         }
         let efd = EventFd::new(EFD_NONBLOCK).unwrap();

@@ -13,8 +13,9 @@
 //! whose own connection cannot be opened shares the first one.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use nbd::client::{ExportInfo, Extent, NbdUri};
+use nbd::client::{ClientConfig, ExportInfo, Extent, NbdUri};
 use nbd::wire::consts::flag;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -25,7 +26,7 @@ use super::iov::IovList;
 use super::link::Target;
 use super::sink::{Sink, Waiter};
 use crate::error::BlockError;
-use crate::io::RawIovecs;
+use crate::RawIovecs;
 
 pub struct NbdFile {
     target: Target,
@@ -42,7 +43,33 @@ impl std::fmt::Debug for NbdFile {
 }
 
 impl NbdFile {
-    pub(crate) fn open(target: Target) -> Result<Arc<NbdFile>, BlockError> {
+    /// Connects to the export `path` names (an NBD URI), with QEMU's
+    /// `reconnect-delay` of `reconnect_delay`. Errors name `path` as the
+    /// caller spelled it.
+    pub fn connect(path: &str, reconnect_delay: Duration) -> Result<Arc<NbdFile>, BlockError> {
+        let uri = NbdUri::parse(path).map_err(|e| BlockError::Nbd {
+            uri: path.to_string(),
+            reason: e.reason,
+        })?;
+        NbdFile::open(Target {
+            cfg: ClientConfig {
+                export: uri.export.clone(),
+                structured: true,
+                block_status: true,
+            },
+            uri,
+            reconnect_delay,
+        })
+        .map_err(|e| match e {
+            BlockError::NbdConnect { source, .. } => BlockError::NbdConnect {
+                uri: path.to_string(),
+                source,
+            },
+            e => e,
+        })
+    }
+
+    fn open(target: Target) -> Result<Arc<NbdFile>, BlockError> {
         let uri = target.uri.to_string();
         let first = super::connector::open(target.clone()).map_err(|e| BlockError::NbdConnect {
             uri: uri.clone(),

@@ -17,7 +17,7 @@ use super::inflight::{OpKind, OpRequest};
 use super::iov::IovList;
 use super::sink::{Outcome, QueueSink, Sink};
 use crate::error::BlockError;
-use crate::io::{Engine, EngineCompletion, HostOp, OpToken};
+use crate::{Engine, EngineCompletion, HostOp, OpToken};
 use nbd::wire::consts::flag;
 
 pub(crate) struct NbdEngine {

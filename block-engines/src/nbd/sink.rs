@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::io::EngineCompletion;
+use crate::EngineCompletion;
 use nbd::client::Extent;
 
 /// What an operation ended with.
