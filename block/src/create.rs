@@ -64,7 +64,7 @@ fn bad(opts: &CreateOptions, option: &str, why: impl std::fmt::Display) -> Block
 /// names the option). When writing the new file fails (say, ENOSPC while
 /// preallocating), the partial file is removed.
 pub fn create_image(opts: &CreateOptions) -> Result<(), BlockError> {
-    if crate::nbd::is_nbd_path(&opts.path) {
+    if block_engines::nbd::is_nbd_path(&opts.path) {
         return create_on_export(opts);
     }
     let r = match opts.format {
@@ -116,7 +116,7 @@ fn create_on_export(opts: &CreateOptions) -> Result<(), BlockError> {
             opts.preallocation
         )));
     }
-    crate::nbd::create_raw(&image, opts.size)
+    crate::formats::nbd_image::create_raw(&image, opts.size)
 }
 
 /// Refuses the options a raw image does not take.

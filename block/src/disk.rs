@@ -23,12 +23,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::error::BlockError;
+use crate::executor::{DiskShared, Executor};
 use crate::formats::Format;
-use crate::io::executor::{DiskShared, Executor};
-use crate::io::threads::{self, WorkerPool};
-use crate::io::Engine;
 use crate::options::{DiskOptions, EngineKind};
 use crate::request::{BlockRequest, Completion, IoMemory, RequestOp};
+use block_engines::threads::{self, WorkerPool};
+use block_engines::Engine;
 
 /// The blocking helpers move at most this much per request (so O_DIRECT
 /// bounce buffers stay within the executor's per-request budget).
@@ -62,7 +62,7 @@ impl Disk {
     /// Wraps an already opened format (tests, tools) and resolves its
     /// engine; fails when an explicit `engine=aio` cannot work here.
     pub fn from_format(format: Arc<dyn Format>, options: &DiskOptions) -> Result<Disk, BlockError> {
-        let engine = crate::io::probe::resolve_engine(
+        let engine = crate::engine_choice::resolve_engine(
             options.engine,
             options.direct,
             format.as_ref(),
@@ -302,7 +302,7 @@ impl DiskQueue {
     }
 
     /// The O_DIRECT alignment this queue's files need (1 when buffered).
-    pub fn alignment(&self) -> crate::io::align::DioAlign {
+    pub fn alignment(&self) -> block_engines::align::DioAlign {
         self.exec.alignment()
     }
 }

@@ -44,7 +44,8 @@ use std::sync::Arc;
 
 use crate::disk::Disk;
 use crate::error::BlockError;
-use crate::formats::tools::{open_image_tools, ImageTools};
+use crate::formats::open::open_image_tools;
+use crate::formats::tools::ImageTools;
 use crate::options::DiskOptions;
 
 /// An image opened by its one owner (a tool, the storage daemon).

@@ -18,7 +18,7 @@ use crate::options::{DiskOptions, EngineKind, ImageType};
 /// an NBD export, as qemu-img shows it).
 pub fn allocated_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
-    if crate::nbd::is_nbd_path(path) {
+    if block_engines::nbd::is_nbd_path(path) {
         return None;
     }
     std::fs::metadata(path).ok().map(|m| m.blocks() * 512)
@@ -48,7 +48,7 @@ pub fn chain_json(path: &Path, top: ImageInfo) -> Result<Vec<Value>, BlockError>
                 Some("qcow2") => ImageType::Qcow2,
                 _ => ImageType::Auto,
             };
-            let image = crate::formats::tools::open_image_tools(&o)?;
+            let image = crate::formats::open_image_tools(&o)?;
             layer = Some((backing.into(), image.info()));
         }
     }
@@ -56,7 +56,7 @@ pub fn chain_json(path: &Path, top: ImageInfo) -> Result<Vec<Value>, BlockError>
 }
 
 /// The JSON object, keys in qemu-img 7.2's order; `filename` is the path
-/// as QEMU names it ([`crate::nbd::qemu_filename`]: an NBD URI in its
+/// as QEMU names it ([`block_engines::nbd::qemu_filename`]: an NBD URI in its
 /// normal form), `dirty-flag` only for formats that have one (not an
 /// NBD export).
 pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
@@ -69,7 +69,10 @@ pub fn json_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> Value {
         m.insert("snapshots".into(), Value::Array(list));
     }
     m.insert("virtual-size".into(), json!(info.virtual_size));
-    m.insert("filename".into(), json!(crate::nbd::qemu_filename(path)));
+    m.insert(
+        "filename".into(),
+        json!(block_engines::nbd::qemu_filename(path)),
+    );
     if let Some(c) = info.cluster_size {
         m.insert("cluster-size".into(), json!(c));
     }

@@ -1,49 +1,55 @@
-//! Disk images and the I/O engines that move their data.
+//! Disk images: their formats, the executor that runs a format's plans
+//! on the engines, and the disk handles queues and tools use.
 //!
-//! The crate has three layers:
+//! The block layer is four floors, each knowing only the floors below it
+//! (`module-cycles` holds every crate to having no module cycle; Cargo
+//! holds the bottom floor apart):
 //!
-//! - [`formats`]: raw and qcow2. A format answers "where does guest range X
-//!   live?" with a plan of host extents ([`formats::ReadPlan`],
-//!   [`formats::WritePlan`]) and performs the metadata updates (allocation,
-//!   L2 and refcount writes, discard). It never moves guest data itself.
-//!   What queues call is the queue-facing trait [`formats::Format`]; the
-//!   image-tool capabilities (snapshots, backing edits, compressed writes,
-//!   make-empty, resize) are separate traits in [`formats::tools`].
-//! - [`io`]: engines that execute plans against host files: `sync`
-//!   (preadv/pwritev in the calling thread), `threads` (a worker pool per
-//!   disk), `aio` (Linux native AIO per queue) and `uring` (one io_uring
-//!   per queue). All implement one trait, so every format runs on every
-//!   engine.
-//! - [`disk`]: the handle that joins them. A [`disk::Disk`] is the shared,
-//!   opened image; [`disk::DiskQueue`] is the per-queue handle a virtio queue
-//!   worker (or `ch-img`) submits [`request::BlockRequest`]s to and drains
-//!   [`request::Completion`]s from. Both hold only a [`formats::Format`].
-//! - [`nbd`]: the NBD client, a protocol layer below the formats: an
-//!   export opens as a raw disk or serves as a qcow2 overlay's backing
-//!   file, and its ops run on the queue's engine like a file's.
-//! - [`exclusive`]: the owner's open, [`ExclusiveImage`]: a `Disk` for I/O
-//!   plus the tool capabilities ([`formats::ImageTools`]), which no `Disk`
-//!   or `DiskQueue` can reach; and [`Resizer`], the one capability an owner
-//!   may lend to threads running queues.
+//! 1. **Files and engines** (the `block-engines` crate, re-exported as
+//!    [`engines`]): a [`engines::FileId`] and the files it names, local
+//!    or remote (an NBD export, reached through its connections); the
+//!    engines that run host operations on them (`sync`, `threads`,
+//!    `aio`, `uring`, the NBD engine), all completing through the
+//!    queue's eventfd; the error type, [`BlockError`].
+//! 2. **Formats** ([`formats`]): raw, qcow2 and a raw disk over an NBD
+//!    export. A format answers "where does guest range X live?" with a
+//!    plan of host extents ([`formats::ReadPlan`], [`formats::WritePlan`])
+//!    and performs the metadata updates itself; it never moves guest data.
+//!    What queues call is [`formats::Format`]; the image-tool capabilities
+//!    are separate traits in [`formats::tools`]. With them: the options an
+//!    image is opened with ([`options`]), its locks ([`lock`]), creating
+//!    ([`create`]) and checking ([`check`]) images, and `info`'s JSON
+//!    ([`info_json`]).
+//! 3. **The executor** ([`executor`]): runs a format's plans on a queue's
+//!    engine: bounce buffers, splitting, completion accounting, the
+//!    compressed-cluster inflation; over the request model ([`request`]).
+//! 4. **The disk** (top): [`Disk`], the shared opened image, and
+//!    [`DiskQueue`], the per-queue handle a virtio queue worker (or
+//!    `ch-img`) submits [`BlockRequest`]s to and drains [`Completion`]s
+//!    from, with the engine a disk's queues use ([`engine_choice`]);
+//!    [`ExclusiveImage`], the owner's open, with the tool capabilities no
+//!    `Disk` or `DiskQueue` can reach, and [`Resizer`], the one an owner
+//!    may lend to threads running queues ([`exclusive`]). The write seam
+//!    and image switch of live operations (docs/live-operations.md) go
+//!    on this floor.
 //!
-//! - [`error`] and [`error_log`]: what a failure means (its consequence,
-//!   errno and log level), and the one rate-limited log of failed
-//!   requests that every front end writes through.
+//! [`error_log`] is the one rate-limited log of failed requests that
+//! every front end writes through.
 //!
 //! Data enters as a batch of requests, each owning the memory it reads into
-//! or writes from ([`request::IoMemory`]); it leaves as exactly one
-//! completion per request, which hands that memory back.
+//! or writes from ([`IoMemory`]); it leaves as exactly one completion per
+//! request, which hands that memory back.
 
 pub mod check;
 pub mod create;
 pub mod disk;
+pub mod engine_choice;
 pub mod error_log;
 pub mod exclusive;
+pub mod executor;
 pub mod formats;
 pub mod info_json;
-pub mod io;
 pub mod lock;
-pub mod nbd;
 pub mod new_file;
 pub mod options;
 pub mod padded;
@@ -56,7 +62,4 @@ pub use disk::{Disk, DiskQueue};
 pub use error::{BlockError, Consequence};
 pub use exclusive::{ExclusiveImage, Resizer};
 pub use options::{DiskOptions, EngineKind, ImageType};
-pub use request::{BlockRequest, Completion, IoMemory, RequestOp};
-
-/// The sector size of the block layer's request model (virtio-blk's unit).
-pub const SECTOR_SIZE: u64 = 512;
+pub use request::{BlockRequest, Completion, IoMemory, RequestOp, SECTOR_SIZE};

@@ -14,6 +14,9 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 
+/// The sector size of the block layer's request model (virtio-blk's unit).
+pub const SECTOR_SIZE: u64 = 512;
+
 /// What a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RequestOp {

@@ -9,10 +9,10 @@ mod support;
 
 use std::sync::Arc;
 
+use block::engines::new_engine;
 use block::formats::qcow2::meta_faults::FaultyMetaIo;
 use block::formats::qcow2::meta_io::MetaIo;
 use block::formats::qcow2::open_qcow2;
-use block::io::new_engine;
 use block::options::CacheMode;
 use block::{Disk, DiskOptions, EngineKind, ImageType, RequestOp};
 use engine_support::faults::{FaultEngine, FaultPlan};

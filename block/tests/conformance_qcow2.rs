@@ -194,7 +194,7 @@ cases! {
 /// seventh op: real qcow2 plans (copy-on-write parts, several ops per
 /// request) must still come out right.
 fn faulty_case(engine: EngineKind, direct: bool) {
-    use block::io::new_engine;
+    use block::engines::new_engine;
     use engine_support::faults::{FaultEngine, FaultPlan};
     use std::sync::Arc;
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};

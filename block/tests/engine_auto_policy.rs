@@ -9,8 +9,8 @@
 
 mod support;
 
-use block::io::allocation::{fully_allocated, Allocated};
-use block::io::probe::{choose_engine, KernelSupport};
+use block::engine_choice::allocation::{fully_allocated, Allocated};
+use block::engine_choice::{choose_engine, KernelSupport};
 use block::{Disk, DiskOptions, EngineKind, ImageType};
 use support::*;
 
@@ -76,7 +76,7 @@ fn a_qcow2_written_everywhere_counts_and_an_overlay_does_not() {
 fn auto_without_uring_follows_the_allocation() {
     let kernel = KernelSupport {
         uring: Err("pretend".into()),
-        aio: block::io::aio::aio_support(),
+        aio: block::engines::aio::aio_support(),
     };
     if !testkit::available("Linux AIO", kernel.aio.clone()) {
         return;
@@ -100,7 +100,7 @@ fn auto_without_uring_follows_the_allocation() {
 fn auto_with_uring_takes_it_for_every_preallocation() {
     let kernel = KernelSupport {
         uring: Ok(()),
-        aio: block::io::aio::aio_support(),
+        aio: block::engines::aio::aio_support(),
     };
     if !testkit::available("Linux AIO", kernel.aio.clone()) {
         return;
@@ -125,7 +125,7 @@ fn auto_with_uring_takes_it_for_every_preallocation() {
 #[test]
 fn disk_open_resolves_auto_to_io_uring_for_every_preallocation() {
     let uring = block::engines::probe::uring_support();
-    let aio = block::io::aio::aio_support();
+    let aio = block::engines::aio::aio_support();
     if !testkit::available("io_uring", uring) || !testkit::available("Linux AIO", aio) {
         return;
     }

@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use block::io::new_engine;
+use block::engines::new_engine;
 use block::{Completion, Disk, DiskOptions, DiskQueue, EngineKind, ImageType, RequestOp};
 use engine_support::hold::HoldEngine;
 use engine_support::*;

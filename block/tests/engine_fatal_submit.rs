@@ -11,8 +11,8 @@ mod support;
 
 use std::sync::Arc;
 
+use block::engines::uring::UringEngine;
 use block::error::BlockError;
-use block::io::uring::UringEngine;
 use block::{Disk, DiskOptions, ImageType};
 use engine_support::*;
 use support::*;

@@ -193,7 +193,7 @@ fn queue_inflated_clusters_come_back_a_few_per_drain() {
         }
         assert_eq!(out.len(), 16);
         assert!(
-            drains >= 16 / block::io::INFLATIONS_PER_DRAIN,
+            drains >= 16 / block::executor::INFLATIONS_PER_DRAIN,
             "{kind:?}: {drains} drains inflated 16 clusters"
         );
         out.sort_by_key(|c| c.user_data);

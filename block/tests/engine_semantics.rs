@@ -11,8 +11,8 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use block::engines::{new_engine, uring::UringEngine, Engine};
 use block::error::BlockError;
-use block::io::{new_engine, uring::UringEngine, Engine};
 use block::{Disk, DiskOptions, DiskQueue, EngineKind};
 use engine_support::faults::{faulty_queue, FaultEngine, FaultPlan, FaultStats};
 use engine_support::scripted::{Layout, ScriptedFormat};

@@ -3,7 +3,9 @@
 //! the way the compiler does for the cases this workspace writes: a
 //! module's children, its items, its `use` bindings (re-exports
 //! included, followed to their source), then its globs; `crate`, `self`
-//! and `super` move through the tree.
+//! and `super` move through the tree. A path through a binding that
+//! leaves the crate (`pub use other_crate::error;`, then
+//! `crate::error::E`) leaves it too: it names nothing here.
 
 use std::collections::BTreeSet;
 
@@ -16,6 +18,9 @@ pub(crate) enum Target {
     /// An item of this module, or something inside one (a variant, an
     /// associated function).
     Item(ModId),
+    /// Something outside the crate (another crate's item, through a
+    /// `use` of it), or a local, a generic or a prelude name.
+    Outside,
 }
 
 /// Bounds following `use` chains (a glob loop, say).
@@ -24,12 +29,16 @@ const MAX_HOPS: usize = 32;
 /// What `segments`, written in module `at`, names; `None` when it leaves
 /// the crate or names a local, a generic or a prelude name.
 pub(crate) fn resolve(tree: &Tree, at: ModId, segments: &[String]) -> Option<Target> {
-    Resolver {
+    match (Resolver {
         tree,
         seen: BTreeSet::new(),
         hops: 0,
-    }
+    })
     .path(at, segments)
+    {
+        Some(Target::Outside) => None,
+        t => t,
+    }
 }
 
 struct Resolver<'t> {
@@ -51,9 +60,11 @@ impl Resolver<'_> {
             "self" => at,
             "super" => self.tree.modules[at].parent?,
             "Self" => return None,
-            name => match self.lookup(at, name)? {
-                Target::Module(m) => m,
-                item => return Some(item),
+            name => match self.lookup(at, name) {
+                Some(Target::Module(m)) => m,
+                Some(item) => return Some(item),
+                // Another crate, a local, a generic or a prelude name.
+                None => return Some(Target::Outside),
             },
         };
         for seg in rest {
@@ -107,7 +118,12 @@ impl Resolver<'_> {
         if !bound.is_empty() {
             // Two bindings of one name live in different namespaces (a
             // type and a function, say); prefer one that stays here.
-            return bound.iter().find_map(|p| self.path(m, p));
+            let found: Vec<Target> = bound.iter().filter_map(|p| self.path(m, p)).collect();
+            return found
+                .iter()
+                .find(|t| **t != Target::Outside)
+                .or(found.first())
+                .copied();
         }
         let globs = module.globs.clone();
         for glob in globs {

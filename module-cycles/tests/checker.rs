@@ -120,6 +120,24 @@ fn comments_strings_other_crates_and_mod_declarations_make_no_edge() {
 }
 
 #[test]
+fn a_path_through_a_reexport_of_another_crate_makes_no_edge() {
+    // lib.rs re-exports another crate's module as `error`; a path through
+    // it names that crate's item, not anything lib.rs defines.
+    let r = report(&[
+        (
+            "src/lib.rs",
+            "pub mod a;\npub use other::error;\npub use a::f;\n",
+        ),
+        (
+            "src/a.rs",
+            "use crate::error::Failure;\npub fn f() -> crate::error::Kind { g() }\n",
+        ),
+    ]);
+    assert!(r.cycles.is_empty(), "{r}");
+    assert_eq!(r.edges, 1, "only lib -> a: {r}");
+}
+
+#[test]
 fn naming_a_module_is_not_an_edge_but_using_its_items_is() {
     let files = |b_uses: &str| {
         report(&[

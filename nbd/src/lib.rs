@@ -17,8 +17,8 @@
 //!   or TCP socket.
 //!
 //! Who drives the sockets lives elsewhere: the storage daemon's NBD export
-//! (one thread per connection over a block queue) and the block crate's
-//! NBD client (`block::nbd`, a protocol layer below the formats). The two
+//! (one thread per connection over a block queue) and the block layer's
+//! NBD client (`block_engines::nbd`, a file below the formats). The two
 //! parsers are what the fuzz targets feed (`nbd/fuzz`).
 //!
 //! Hand-written because no maintained crate does this: the `nbd` crate on

@@ -131,7 +131,7 @@ pub fn prepare_process(mode: crate::config::SeccompMode) -> Result<(), VmError> 
     seccomp::fix_malloc_arena_limit();
     seccomp::sigsys::install().map_err(VmError::Sigsys)?;
     let programs = seccomp::filters(ThreadKind::Nbd, mode).map_err(VmError::Seccomp)?;
-    block::nbd::start_connector(move || {
+    block::engines::nbd::start_connector(move || {
         seccomp::apply_programs(&programs).map_err(|e| ch_log::error_chain(&e))
     })
     .map_err(VmError::NbdConnector)

@@ -10,12 +10,12 @@
 use std::path::Path;
 
 use crate::error::BlockError;
-pub use crate::formats::qcow2::check::{CheckReport, Repair};
+pub use crate::formats::check_report::{CheckReport, Repair};
 
 /// Checks the image at `path` (and repairs it when asked).
 pub fn check_image(path: &Path, repair: Option<Repair>) -> Result<CheckReport, BlockError> {
     use std::os::unix::fs::FileExt;
-    if crate::nbd::is_nbd_path(path) {
+    if block_engines::nbd::is_nbd_path(path) {
         // An NBD export opens as raw, which has nothing to check.
         return Err(BlockError::Unsupported {
             path: path.to_owned(),

@@ -1,7 +1,7 @@
 //! Opening an image: the file (O_DIRECT, read-only), the lock, the format
 //! probe, and the format's own open (which opens its backing chain).
 //!
-//! An NBD URI opens as a raw disk over the export ([`crate::nbd`]).
+//! An NBD URI opens as a raw disk over the export ([`super::nbd_image`]).
 //!
 //! Options enter; an opened image leaves, its files locked the way qemu
 //! locks them when `opts.lock` is set (see [`crate::lock`]): as the
@@ -34,8 +34,8 @@ pub fn open_image_tools(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, Block
 
 /// Opens `opts.path` with every capability (the owner's open).
 pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, BlockError> {
-    if crate::nbd::is_nbd_path(&opts.path) {
-        return Ok(crate::nbd::open_image(opts)?);
+    if block_engines::nbd::is_nbd_path(&opts.path) {
+        return Ok(crate::formats::nbd_image::open_image(opts)?);
     }
     let file = open_file(opts)?;
     let (image_type, probed) = match opts.image_type {

@@ -6,7 +6,7 @@
 //! [`crate::DiskQueue`] and the executor hold, and it has no way to reach
 //! the traits here (no downcast, no accessor). The object that has them is
 //! an [`ImageTools`], which only [`crate::ExclusiveImage`] (and
-//! [`open_image_tools`], for tests that drive a format without a disk)
+//! [`super::open::open_image_tools`], for tests that drive a format without a disk)
 //! hands out: whoever opened the image owns it, creates its queues, and
 //! decides when no request is in flight.
 //!
@@ -32,8 +32,6 @@ use super::amendment::{AmendProgress, Amendment};
 use super::dirty_bits::{BitmapAction, DirtyBits};
 use super::{Compression, Format};
 use crate::error::BlockError;
-
-pub use super::open::open_image_tools;
 
 /// Internal snapshots. Each call flushes cached metadata first and leaves
 /// the image consistent on disk; no request may be in flight meanwhile.

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use block::engines::{new_engine, Engine, EngineCompletion, HostOp, OpToken, RawIovecs};
 use block::error::BlockError;
-use block::io::{new_engine, Engine, EngineCompletion, HostOp, OpToken, RawIovecs};
 use block::{Disk, DiskOptions, DiskQueue, EngineKind};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use block::engines::{Engine, EngineCompletion, HostOp, OpToken};
 use block::error::BlockError;
-use block::io::{Engine, EngineCompletion, HostOp, OpToken};
 use vmm_sys_util::eventfd::EventFd;
 
 pub struct HoldEngine {

@@ -20,10 +20,10 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use block::engines::{Engine, EngineCompletion, HostOp, OpToken};
 use block::error::BlockError;
 use block::formats::qcow2::meta_io::{MetaIo, MetaKind};
 use block::formats::FileId;
-use block::io::{Engine, EngineCompletion, HostOp, OpToken};
 use vmm_sys_util::eventfd::EventFd;
 
 /// Where a host write came from.

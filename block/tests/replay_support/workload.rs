@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use block::engines::new_engine;
 use block::formats::qcow2::meta_io::MetaIo;
 use block::formats::qcow2::open_qcow2;
 use block::formats::Format;
-use block::io::new_engine;
 use block::{
     BlockRequest, Completion, Disk, DiskOptions, DiskQueue, EngineKind, IoMemory, RequestOp,
 };

@@ -70,7 +70,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // An NBD export has no local file to lock (its server has the image);
     // it is opened first, as qemu-img opens it, so a server that is not
     // there is reported as such.
-    let _locks = if block::nbd::is_nbd_path(Path::new(path)) {
+    let _locks = if block::engines::nbd::is_nbd_path(Path::new(path)) {
         drop(open_reader(path, fmt, cache, shared)?);
         None
     } else {

@@ -62,7 +62,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // qemu-img opens the image read-write first: refuse one another
     // process uses in qemu-img's words before anything else. An NBD
     // export has no local lock (its server decides who writes it).
-    if !block::nbd::is_nbd_path(std::path::Path::new(path)) {
+    if !block::engines::nbd::is_nbd_path(std::path::Path::new(path)) {
         drop(
             lock_path(std::path::Path::new(path), LockMode::Writer).map_err(|source| {
                 CliError::Open {

@@ -95,7 +95,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "Compression not supported for this file format".into(),
         ));
     }
-    if block::nbd::is_nbd_path(std::path::Path::new(dst)) && !skip_create {
+    if block::engines::nbd::is_nbd_path(std::path::Path::new(dst)) && !skip_create {
         return Err(CliError::Usage(format!(
             "ch-img convert cannot create an image on an NBD export ({dst}); use -n to write into it"
         )));
@@ -174,7 +174,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let held = if spec
         .paths
         .iter()
-        .any(|p| block::nbd::is_nbd_path(std::path::Path::new(p)))
+        .any(|p| block::engines::nbd::is_nbd_path(std::path::Path::new(p)))
     {
         drop(source);
         None

@@ -191,7 +191,7 @@ fn check_backing(opts: &mut CreateOptions, unsafe_backing: bool) -> Result<(), C
 /// The backing file's path, resolved against the new image's folder as
 /// the image will resolve it (an NBD URI is not a path: as it is).
 fn backing_path(image: &std::path::Path, backing: &str) -> String {
-    if block::nbd::is_nbd_path(std::path::Path::new(backing)) {
+    if block::engines::nbd::is_nbd_path(std::path::Path::new(backing)) {
         return backing.to_string();
     }
     let path = match image.parent() {

@@ -113,11 +113,11 @@ fn open_layer(path: &str, format: ImageType, force_share: bool) -> Result<ImageI
 }
 
 /// qemu-img's human-readable report (an NBD URI named as QEMU names
-/// the export, [`block::nbd::qemu_filename`]).
+/// the export, [`block::engines::nbd::qemu_filename`]).
 pub fn human_info(path: &str, info: &ImageInfo, actual: Option<u64>) -> String {
     let mut s = format!(
         "image: {}\nfile format: {}\nvirtual size: {} ({} bytes)\ndisk size: {}\n",
-        block::nbd::qemu_filename(path),
+        block::engines::nbd::qemu_filename(path),
         info.format,
         human_size(info.virtual_size),
         info.virtual_size,

@@ -187,16 +187,16 @@ fn hex(v: u64) -> String {
 
 /// The file names of the chain, top first: the image as given, then each
 /// backing file as its overlay names it (resolved); an NBD export as
-/// QEMU names it ([`block::nbd::qemu_filename`]).
+/// QEMU names it ([`block::engines::nbd::qemu_filename`]).
 fn chain_names(path: &str, image: &ImageIo) -> Vec<String> {
-    let mut names = vec![block::nbd::qemu_filename(path)];
+    let mut names = vec![block::engines::nbd::qemu_filename(path)];
     let mut info = image.format().info();
     // Bounded: a looping chain cannot be opened in the first place.
     while let Some(next) = info.full_backing_filename.clone() {
         if names.len() > 64 {
             break;
         }
-        names.push(block::nbd::qemu_filename(&next));
+        names.push(block::engines::nbd::qemu_filename(&next));
         match open_reader(&next, block::ImageType::Auto, CacheMode::Writeback, true) {
             Ok(img) => info = img.format().info(),
             Err(_) => break,

@@ -5,8 +5,8 @@
 //! the server said about the export ([`ExportInfo`]). In the transmission
 //! phase the caller encodes requests with [`crate::wire::RequestHeader`]
 //! and feeds every received byte to a [`ReplyParser`], which reports what
-//! each reply says about the request it answers. The block crate's NBD
-//! client (`block::nbd`) drives this from its connection threads.
+//! each reply says about the request it answers. The block layer's NBD
+//! client (`block_engines::nbd`) drives this from its connection threads.
 
 mod connect;
 mod negotiate;

@@ -28,7 +28,7 @@
 //!   waking the control loop (an eventfd write). No file opening, no
 //!   ioctl, no image I/O.
 //! - [`ThreadKind::Nbd`]: the NBD client's connector thread
-//!   (`block::nbd::start_connector`) and the reply threads of the
+//!   (`block::engines::nbd::start_connector`) and the reply threads of the
 //!   connections it opens: creating and connecting sockets (Unix and
 //!   TCP, with name resolution, so `openat` for the resolver's files),
 //!   the handshake, receiving replies, reconnecting, starting threads

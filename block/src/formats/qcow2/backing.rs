@@ -3,7 +3,7 @@
 //! directories, and keeping buffered descriptors for copy-on-write reads.
 //!
 //! A backing name that is an NBD URI opens the export as a raw backing
-//! image ([`crate::nbd`]), with the overlay's `reconnect_delay`.
+//! image ([`crate::formats::nbd_image`]), with the overlay's `reconnect_delay`.
 //!
 //! A backing name (untrusted, from the overlay's header) and the overlay's
 //! options enter [`find_backing`]; an opened read-only [`Backing`] (raw
@@ -63,7 +63,7 @@ fn refuse(path: &Path, reason: impl Into<String>) -> BlockError {
 /// URI is taken as it is).
 pub(crate) fn resolve(overlay: &Path, name: &str) -> PathBuf {
     let p = Path::new(name);
-    if crate::nbd::is_nbd_path(p) {
+    if block_engines::nbd::is_nbd_path(p) {
         return p.to_owned();
     }
     if p.is_absolute() {
@@ -96,8 +96,8 @@ pub(crate) fn find_backing(
     opts: &DiskOptions,
     chain: &[PathBuf],
 ) -> Result<BackingFile, BlockError> {
-    if crate::nbd::is_nbd_path(Path::new(name)) {
-        let image = crate::nbd::open_backing(name, fmt, opts)?;
+    if block_engines::nbd::is_nbd_path(Path::new(name)) {
+        let image = crate::formats::nbd_image::open_backing(name, fmt, opts)?;
         return Ok(BackingFile::Opened(Backing {
             image,
             cow_files: Vec::new(),

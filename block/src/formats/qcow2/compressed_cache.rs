@@ -46,7 +46,7 @@ use super::meta::MetaState;
 use super::meta_io::{read_at, write_at, MetaIo, MetaKind};
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
-use crate::io::align::{file_alignment, DioAlign};
+use block_engines::align::{file_alignment, DioAlign};
 
 /// Host clusters cached before complete ones are written, by default.
 pub const DEFAULT_CAPACITY: usize = 64;

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use super::backing::{find_backing, resolve, Backing, BackingFile};
 use super::bitmap_directory::bitmaps_of;
 use super::chain::Chain;
-use super::check::{check_qcow2, Repair};
+use super::check::check_qcow2;
 use super::guard::REPAIR_HINT;
 use super::header::{clear_unknown_autoclear, read_header, Header};
 use super::image::{new_image_id, Qcow2Image};
@@ -36,6 +36,7 @@ use super::snapshot_table::{read_snapshot_table, TableLocation};
 use super::snapshot_view::view_snapshot;
 use super::state::State;
 use crate::error::BlockError;
+use crate::formats::check_report::Repair;
 use crate::formats::{FileId, ImageFiles};
 use crate::options::DiskOptions;
 

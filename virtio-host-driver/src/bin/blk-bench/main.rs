@@ -40,9 +40,9 @@ fn config_json(o: &Options) -> serde_json::Value {
 fn single(o: &Options) -> Result<(), String> {
     // The time the device's queue threads spend inside io_submit /
     // io_uring_enter (what blocks native AIO on sparse images).
-    block::io::submit_stats::enable();
+    block::engines::submit_stats::enable();
     let s = workload::run_ours(o)?;
-    let submit = block::io::submit_stats::take();
+    let submit = block::engines::submit_stats::take();
     if o.json {
         let mut v = s.to_json();
         v["config"] = config_json(o);

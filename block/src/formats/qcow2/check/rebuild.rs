@@ -105,7 +105,7 @@ pub(super) fn rewrite_snapshot_table(
         return Ok(false);
     }
     messages.push("Repairing the snapshot table (entries without version 3's extra data)".into());
-    let file = super::open_image(path, true)?;
+    let file = super::image_file::open_image(path, true)?;
     let (mut header, file_size) = read_header(&file, path)?;
     clear_unknown_autoclear(&file, path, &mut header, false)?;
     let file = Arc::new(file);

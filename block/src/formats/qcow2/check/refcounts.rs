@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 
+use super::image_file::open_image;
 use super::references::{Findings, References, Walker};
-use super::{CheckReport, Repair};
 use crate::error::BlockError;
+use crate::formats::check_report::{CheckReport, Repair};
 use crate::formats::qcow2::bitmap_directory::bitmaps_of;
 use crate::formats::qcow2::features::{INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
 use crate::formats::qcow2::header::read_header_with;
@@ -84,7 +85,7 @@ struct RefcountFix {
 }
 
 fn check_once(path: &Path, repair: Option<Repair>) -> Result<Pass, BlockError> {
-    let file = super::open_image(path, repair.is_some())?;
+    let file = open_image(path, repair.is_some())?;
     let (header, file_size) = read_header_with(&file, path, false)?;
     // A bitmap directory qemu refuses to load fails the check, as it
     // fails `qemu-img check` (the image does not open).
@@ -305,7 +306,7 @@ fn report_of(
 /// Clears the dirty bit after a repair left no corruption, and the
 /// corrupt bit too after `-r all` (version 3 only; v2 has no such bits).
 fn clear_flags(path: &Path, repair: Repair) -> Result<(), BlockError> {
-    let file = super::open_image(path, true)?;
+    let file = open_image(path, true)?;
     let mut version = [0u8; 4];
     read_at(&file, MetaKind::Header, 4, &mut version)?;
     if u32::from_be_bytes(version) < 3 {

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use testkit::TempDir;
 
-use super::{check_qcow2 as check_image, Repair};
+use super::check_qcow2 as check_image;
 use crate::create::{create_image, CreateOptions};
+use crate::formats::check_report::Repair;
 use crate::options::{DiskOptions, ImageType};
 use crate::Disk;
 

@@ -14,12 +14,12 @@ use super::build::{align_range, direct_ok, iovec_of, BounceBudget, OpBuilder, BO
 use super::table::{OpBuffer, OpKind, OpSlot};
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
+use crate::executor::memory::{HostSegments, IOV_MAX};
 use crate::formats::probe::looks_like_image_header;
 use crate::formats::{FileId, HostWrite, WriteData};
-use crate::io::align::DioAlign;
-use crate::io::memory::{HostSegments, IOV_MAX};
 use crate::request::BlockRequest;
 use crate::SECTOR_SIZE;
+use block_engines::align::DioAlign;
 
 impl OpBuilder {
     pub(super) fn write_ops(

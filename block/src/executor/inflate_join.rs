@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use crate::formats::{CompressedExtent, FileId};
-use crate::io::OpToken;
+use block_engines::OpToken;
 
 /// A compressed cluster's bytes in the image.
 pub(super) type ClusterKey = (FileId, u64, u64);

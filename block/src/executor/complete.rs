@@ -18,7 +18,7 @@ use super::accounting::{Next, OpEnd, RequestEnd};
 use super::Executor;
 use crate::error::BlockError;
 use crate::formats::CompressedExtent;
-use crate::io::EngineCompletion;
+use block_engines::EngineCompletion;
 
 impl Executor {
     /// Accounts one reaped op and acts on the outcome.

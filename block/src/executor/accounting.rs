@@ -24,8 +24,8 @@ use super::table::{split_token, token, AfterRead, InFlight, OpBuffer, OpKind, Op
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::formats::{CompressedExtent, Format, Waker};
-use crate::io::{EngineCompletion, OpToken};
 use crate::request::{Completion, IoMemory};
+use block_engines::{EngineCompletion, OpToken};
 
 /// What to do with an op after its result was accounted.
 pub(super) enum Next {
@@ -452,9 +452,9 @@ fn after_read(entry: &mut InFlight, i: usize) -> Result<(), BlockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::memory::HostSegments;
     use crate::formats::raw::RawImage;
     use crate::formats::FileId;
-    use crate::io::memory::HostSegments;
     use std::path::Path;
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 

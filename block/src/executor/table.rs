@@ -10,10 +10,10 @@ use std::sync::Arc;
 use super::barrier::Barrier;
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
+use crate::executor::memory::HostSegments;
 use crate::formats::{CompressedExtent, FileId, WriteCommit};
-use crate::io::memory::HostSegments;
-use crate::io::OpToken;
 use crate::request::IoMemory;
+use block_engines::OpToken;
 
 /// What an op does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

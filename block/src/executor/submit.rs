@@ -13,8 +13,8 @@ use super::rmw::{new_owner, partial_blocks};
 use super::table::{token, AfterRead, InFlight, OpKind};
 use super::Executor;
 use crate::error::BlockError;
-use crate::io::{HostOp, RawIovecs};
 use crate::request::{BlockRequest, RequestOp};
+use block_engines::{HostOp, RawIovecs};
 
 impl Executor {
     /// Admits, builds and pushes `req` (see the module docs).

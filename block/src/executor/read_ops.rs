@@ -15,9 +15,9 @@ use super::build::{align_range, direct_ok, iovec_of, BounceBudget, OpBuilder, BO
 use super::compressed::CompressedReads;
 use super::table::{AfterRead, OpBuffer, OpKind, OpSlot};
 use crate::error::BlockError;
+use crate::executor::inflate::MAX_CLUSTER_SIZE;
+use crate::executor::memory::HostSegments;
 use crate::formats::{CompressedExtent, FileId, ReadPlan, ReadSource};
-use crate::io::inflate::MAX_CLUSTER_SIZE;
-use crate::io::memory::HostSegments;
 use crate::request::BlockRequest;
 
 impl OpBuilder {

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use super::barrier::WriteTracker;
 use super::rmw::RmwLocks;
-use crate::io::inflate::InflateCache;
+use crate::executor::inflate::InflateCache;
 
 /// State shared by every queue of one disk.
 #[derive(Default)]

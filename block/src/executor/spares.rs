@@ -9,8 +9,8 @@
 //! memory held stays small and bounded.
 
 use super::table::OpSlot;
+use crate::executor::memory::HostSegments;
 use crate::formats::ReadPlan;
-use crate::io::memory::HostSegments;
 
 /// At most this many spare vectors of each kind.
 pub const MAX_SPARES: usize = 256;

@@ -6,9 +6,9 @@
 //!
 //! | Part | Where | Job |
 //! | --- | --- | --- |
-//! | [`OpBuilder`] | `build.rs`, `read_ops.rs`, `write_ops.rs` | plan one request with the format and return its ops (bounce buffers, zero page, recycled vectors); the per-request bounce budget is a value of that call |
+//! | [`OpBuilder`] | `build.rs`, `read_ops.rs`, `write_ops.rs`, `memory.rs` | plan one request with the format and return its ops (bounce buffers, zero page, recycled vectors, the request memory's iovecs); the per-request bounce budget is a value of that call |
 //! | [`Accounting`] | `accounting.rs`, `table.rs` | own each request in flight (the [`table`]) until its last op is reaped; short transfers, first error, commit/abort, deferred commits, one completion per request |
-//! | [`CompressedReads`] | `compressed.rs`, `inflate_join.rs` | read compressed clusters, inflate them (pool or this thread), join reads of a cluster already being read |
+//! | [`CompressedReads`] | `compressed.rs`, `inflate_join.rs`, `inflate.rs`, `inflate_pool.rs` | read compressed clusters, inflate them (the process's [`inflate_pool`] or this thread) into the disk's inflate cache, join reads of a cluster already being read |
 //! | [`RmwLocks`], [`WriteTracker`] | `rmw.rs`, `barrier.rs` | partial-block locks of unaligned O_DIRECT writes (shared by the disk's queues), and write barriers for commits that free clusters (each queue numbers its writes in its own [`WriteLane`]) |
 //!
 //! The flow: requests enter through [`Executor::submit_batch`]; `submit.rs`
@@ -29,34 +29,37 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::BlockError;
 use crate::formats::Format;
-use crate::io::align::DioAlign;
-use crate::io::{Engine, EngineCompletion};
 use crate::request::{BlockRequest, Completion};
+use block_engines::align::DioAlign;
+use block_engines::{Engine, EngineCompletion};
 
 pub use compressed::INFLATIONS_PER_DRAIN;
 
 mod accounting;
-pub mod barrier;
+pub(crate) mod barrier;
 mod build;
 mod complete;
 mod compressed;
+pub mod inflate;
 mod inflate_join;
+pub mod inflate_pool;
+pub(crate) mod memory;
 mod read_ops;
-pub mod rmw;
+pub(crate) mod rmw;
 mod shared;
 mod spares;
 mod submit;
-pub mod table;
+pub(crate) mod table;
 mod write_ops;
 
 use accounting::Accounting;
 use barrier::WriteLane;
 use build::OpBuilder;
 use compressed::CompressedReads;
-pub use shared::DiskShared;
+pub(crate) use shared::DiskShared;
 
 /// See the module docs.
-pub struct Executor {
+pub(crate) struct Executor {
     engine: Box<dyn Engine>,
     /// The queue's completion eventfd, also the waker of blocked writes.
     eventfd: Arc<EventFd>,

@@ -4,7 +4,7 @@
 //! `engine=auto`: io_uring where the kernel gives a ring with every
 //! opcode the uring engine uses ([`uring_support`]); else Linux AIO, only
 //! for an image opened O_DIRECT that is fully allocated
-//! ([`super::allocation`]), because `io_submit` otherwise blocks the
+//! ([`allocation`]), because `io_submit` otherwise blocks the
 //! queue while the file system allocates; else the thread pool.
 //!
 //! The engine matrix (docs/performance.md, "Engine x preallocation matrix")
@@ -22,8 +22,10 @@
 //! Enters as the user's [`EngineKind`], the O_DIRECT flag and the opened
 //! format; leaves as a concrete [`EngineKind`] (never `Auto`).
 
-use super::allocation::Allocated;
+pub mod allocation;
+
 use crate::formats::Format;
+use allocation::Allocated;
 use block_engines::aio::aio_support;
 use block_engines::probe::uring_support;
 use block_engines::EngineKind;
@@ -143,7 +145,7 @@ pub fn resolve_engine(
             EngineKind::Auto => uring.is_err(),
             _ => false,
         };
-    let mut allocation = walk.then(|| super::allocation::fully_allocated(format));
+    let mut allocation = walk.then(|| allocation::fully_allocated(format));
     let aio_candidate = match kind {
         EngineKind::Aio => true,
         EngineKind::Auto => matches!(allocation, Some(Ok(_))),

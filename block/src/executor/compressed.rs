@@ -29,10 +29,10 @@ use vmm_sys_util::eventfd::EventFd;
 use super::inflate_join::InflateJoins;
 use super::shared::DiskShared;
 use crate::aligned::AlignedBuf;
+use crate::executor::inflate::InflateCache;
+use crate::executor::inflate_pool::{inflates_in_queue, InflateDone, InflateJob, InflateReplies};
 use crate::formats::CompressedExtent;
-use crate::io::inflate::InflateCache;
-use crate::io::inflate_pool::{inflates_in_queue, InflateDone, InflateJob, InflateReplies};
-use crate::io::OpToken;
+use block_engines::OpToken;
 
 /// Clusters a drain inflates in the queue's thread before it hands the
 /// requests finished so far back (the best of 1, 2, 4, 8, 16 and
@@ -113,7 +113,7 @@ impl CompressedReads {
         if inflates_in_queue(ext.algorithm) {
             self.backlog.push_back(job);
         } else {
-            crate::io::inflate_pool::submit(job);
+            crate::executor::inflate_pool::submit(job);
         }
     }
 

@@ -20,10 +20,10 @@ use super::spares::Spares;
 use super::table::{OpKind, OpSlot};
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
+use crate::executor::memory::{iovecs_aligned, HostSegments, IOV_MAX};
 use crate::formats::{FileId, Format, PlanCache, Waker, WriteCommit, WriteOutcome, WritePlan};
-use crate::io::align::DioAlign;
-use crate::io::memory::{iovecs_aligned, HostSegments, IOV_MAX};
 use crate::request::{BlockRequest, RequestOp};
+use block_engines::align::DioAlign;
 
 /// Size of the shared zero page.
 const ZERO_PAGE: usize = 1 << 20;

@@ -23,8 +23,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::aligned::AlignedBuf;
+use crate::executor::inflate::inflate;
 use crate::formats::CompressedExtent;
-use crate::io::inflate::inflate;
 
 /// Upper bound on pool threads, whatever the core count.
 pub const MAX_THREADS: usize = 8;
