@@ -1,8 +1,8 @@
-//! The `cloud-hypervisor` binary: parse the whole command line, open the
-//! disks, boot, and exit 0 after a clean guest reset/power-off or
-//! SIGTERM/SIGINT, non-zero with a message on any error: as upstream, 2
-//! for a command line the parser refuses (with its usage), 1 for
-//! anything else (one line).
+//! The `cloud-hypervisor` binary: parse the whole command line, start
+//! the VMM (and the command line's VM, if it describes one), and exit 0
+//! after a guest power-off, SIGTERM/SIGINT or `vmm.shutdown`, non-zero
+//! with a message on any error: as upstream, 2 for a command line the
+//! parser refuses (with its usage), 1 for anything else (one line).
 
 use std::process::ExitCode;
 
@@ -60,27 +60,29 @@ fn main() -> ExitCode {
         }
     }
 
-    if let Err(e) = vmm::vm::prepare_process(config.seccomp) {
-        eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
-        return ExitCode::FAILURE;
+    if let Some(monitor) = &config.event_monitor {
+        let started = open_event_monitor(monitor).and_then(|f| {
+            vmm::vm::start_event_monitor(f, config.seccomp).map_err(|e| ch_log::error_chain(&e))
+        });
+        if let Err(e) = started {
+            eprintln!("cloud-hypervisor: {e}");
+            return ExitCode::FAILURE;
+        }
     }
-    let disks = match vmm::device_manager::open_disks(&config.disks) {
-        Ok(d) => d,
+    let code = run(*config);
+    vmm::events::finish(std::time::Duration::from_secs(5));
+    code
+}
+
+fn run(config: vmm::config::RunConfig) -> ExitCode {
+    let builder = match vmm::vm::prepare_process(config.seccomp) {
+        Ok(b) => b,
         Err(e) => {
             eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
-    // The guest owns the terminal while it runs (restored on drop).
-    let _raw_terminal = if config.serial == vmm::config::SerialMode::Tty {
-        vmm::terminal::RawTerminal::enter().unwrap_or_else(|e| {
-            log::warn!("cannot put the terminal in raw mode: {e}");
-            None
-        })
-    } else {
-        None
-    };
-    match vmm::vm::run(&config, disks) {
+    match vmm::vm::run(config, builder) {
         Ok(ExitReason::Fatal(msg)) => {
             eprintln!("cloud-hypervisor: fatal: {msg}");
             ExitCode::FAILURE
@@ -92,6 +94,32 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The event monitor's file: created (truncated) at `path=`, as
+/// upstream's, or the inherited descriptor `fd=` (which must be open for
+/// writing).
+fn open_event_monitor(m: &vmm::config::EventMonitorConfig) -> Result<std::fs::File, String> {
+    use std::os::fd::FromRawFd;
+    match m {
+        vmm::config::EventMonitorConfig::Path(p) => std::fs::File::create(p)
+            .map_err(|e| format!("--event-monitor: cannot create {}: {e}", p.display())),
+        vmm::config::EventMonitorConfig::Fd(fd) => {
+            // SAFETY: F_GETFL only reads the descriptor's flags.
+            let flags = unsafe { libc::fcntl(*fd, libc::F_GETFL) };
+            if flags < 0 {
+                let e = std::io::Error::last_os_error();
+                return Err(format!("--event-monitor: fd={fd} is not open: {e}"));
+            }
+            if flags & libc::O_ACCMODE == libc::O_RDONLY {
+                return Err(format!("--event-monitor: fd={fd} is not open for writing"));
+            }
+            // SAFETY: the descriptor is open (checked above) and the
+            // command line hands it to us: nothing else in the process
+            // owns it.
+            Ok(unsafe { std::fs::File::from_raw_fd(*fd) })
         }
     }
 }

@@ -22,7 +22,7 @@ pub mod pci_config;
 pub mod virtio_pci;
 
 pub use msix::{MsiMessage, MsiRouter};
-pub use virtio_pci::{BarMoved, TransportError, VirtioPciDevice};
+pub use virtio_pci::{BarMoved, DeviceEvent, EventObserver, TransportError, VirtioPciDevice};
 
 /// PCI vendor ID of virtio devices.
 pub const VIRTIO_PCI_VENDOR: u16 = 0x1af4;

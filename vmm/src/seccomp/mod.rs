@@ -70,7 +70,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-use lists::{API, COMMON, MAIN, MAIN_IOCTLS, NBD, NBD_IOCTLS, VCPU, WORKER};
+use lists::{API, BUILDER, COMMON, MAIN, MAIN_IOCTLS, NBD, NBD_IOCTLS, VCPU, WORKER};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
@@ -86,6 +86,8 @@ pub enum ThreadKind {
     QueueWorker,
     Api,
     Nbd,
+    Builder,
+    EventMonitor,
 }
 
 #[derive(Debug, Error)]
@@ -197,7 +199,27 @@ pub fn filters(kind: ThreadKind, mode: SeccompMode) -> Result<Vec<BpfProgram>, S
         ThreadKind::Nbd => {
             threads_only(&list(NBD), vec![ioctl_rules(NBD_IOCTLS)?], false, mismatch)
         }
+        ThreadKind::Builder => threads_only(
+            &list(BUILDER),
+            vec![ioctl_rules(&builder_ioctls())?],
+            false,
+            mismatch,
+        ),
+        ThreadKind::EventMonitor => Ok(vec![
+            fail_with(OPENING, libc::EACCES)?,
+            allow_list(&list_opening(&[]), Vec::new(), mismatch)?,
+        ]),
     }
+}
+
+/// What the `vm-builder` thread may send `ioctl`: making a VM and its
+/// vCPUs, and what the vCPU threads it starts send.
+fn builder_ioctls() -> Vec<u64> {
+    hypervisor::ioctls::BUILD_IOCTLS
+        .iter()
+        .chain(hypervisor::ioctls::VCPU_THREAD_IOCTLS)
+        .copied()
+        .collect()
 }
 
 /// A program under which each of `syscalls` fails with `errno` and
