@@ -84,7 +84,6 @@ fn upstream_flags_we_lack_are_refused_in_one_line() {
         &["--device", "path=/sys/x"],
         &["--watchdog"],
         &["--pvpanic"],
-        &["--event-monitor", "path=/tmp/ev"],
         &["--net", "tap=a", "tap=b"],
     ] {
         let mut a = vec!["--kernel", &missing_kernel];

@@ -95,7 +95,6 @@ impl Control {
 
     pub(crate) fn vm_boot(&mut self) -> ApiResponse {
         if self.vm.is_some() {
-            emit("vm", "booting", &[]);
             return ApiResponse::error(500, &["vm.boot", "the VM is already booted"]);
         }
         match self.boot() {
@@ -168,9 +167,10 @@ impl Control {
 
     pub(crate) fn vmm_shutdown(&mut self) -> ApiResponse {
         // The VM is stopped and its disks closed by `end` once the loop
-        // returns; the answer goes out first.
+        // returns; the answer goes out first (200 and no body, as
+        // upstream answers).
         self.exit.request(ExitReason::ApiShutdown);
-        ApiResponse::no_content()
+        ApiResponse::ok_empty()
     }
 
     /// The VMM is ending: the VM stops (disks closed), the config goes.

@@ -209,11 +209,14 @@ impl Control {
 
     /// An exit asked for, taken (a signal is one too). The eventfd is
     /// drained before the signal flag is read, so a signal that comes
-    /// later still wakes the loop.
+    /// later still wakes the loop; a signal wins over a reset (a guest
+    /// that resets at once must not keep the VMM from ending).
     fn exit_requested(&self) -> Option<ExitReason> {
-        self.exit
-            .take()
-            .or_else(|| crate::signals::take_pending().map(ExitReason::Signal))
+        let taken = self.exit.take();
+        match (taken, crate::signals::take_pending()) {
+            (None | Some(ExitReason::Reset), Some(sig)) => Some(ExitReason::Signal(sig)),
+            (taken, _) => taken,
+        }
     }
 
     fn serve_api(&mut self) {

@@ -119,6 +119,9 @@ pub(super) const MAIN: &[libc::c_long] = &[
     libc::SYS_shutdown,
     libc::SYS_unlink,
     libc::SYS_unlinkat,
+    // Checking a disk's queue_affinity against the CPUs this process
+    // may use (vm.boot, vm.add-disk).
+    libc::SYS_sched_getaffinity,
 ];
 
 /// `FS_IOC_FIEMAP` (`_IOWR('f', 11, struct fiemap)`).
