@@ -22,7 +22,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Ops that reached the engine for one write and one flush.
 fn ops_for_write_and_flush(cache: CacheMode) -> u64 {
-    let dir = TempDir::new("cache-modes");
+    let dir = temp_dir("cache-modes");
     let path = dir.join("disk.raw");
     std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
     let mut o = DiskOptions::new(&path);
@@ -58,7 +58,7 @@ fn unsafe_ignores_flushes_and_the_others_keep_them() {
 
 /// Metadata fdatasyncs of an allocating write, a flush and a close.
 fn qcow2_metadata_syncs(cache: CacheMode, create_opts: &str) -> u64 {
-    let dir = TempDir::new("cache-modes-qcow2");
+    let dir = temp_dir("cache-modes-qcow2");
     let path = dir.join("disk.qcow2");
     qemu_create("qcow2", s(&path), "8M", create_opts);
     let mut o = DiskOptions::new(&path);

@@ -92,7 +92,7 @@ fn make(dir: &TempDir, kind: Kind) -> (std::path::PathBuf, Vec<u8>) {
 }
 
 fn case(engine: EngineKind, direct: bool, kind: Kind) {
-    let dir = TempDir::new(&format!("conf-qcow2-{kind:?}"));
+    let dir = temp_dir(&format!("conf-qcow2-{kind:?}"));
     let (img, model) = make(&dir, kind);
     let mut o = DiskOptions::new(&img);
     o.engine = engine;
@@ -199,7 +199,7 @@ fn faulty_case(engine: EngineKind, direct: bool) {
     use std::sync::Arc;
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-    let dir = TempDir::new("conf-qcow2-faults");
+    let dir = temp_dir("conf-qcow2-faults");
     let (img, model) = make(&dir, Kind::Backing);
     let mut o = DiskOptions::new(&img);
     o.engine = engine;

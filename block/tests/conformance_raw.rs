@@ -9,7 +9,7 @@ use engine_support::conformance as body;
 use support::*;
 
 fn raw_case(engine: EngineKind, direct: bool) {
-    let dir = TempDir::new("conf-raw");
+    let dir = temp_dir("conf-raw");
     let path = dir.join("disk.raw");
     let size = 4u64 << 20;
     qemu_create("raw", path.to_str().unwrap(), &size.to_string(), "");

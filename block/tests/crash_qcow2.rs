@@ -187,7 +187,7 @@ fn round(dir: &Path, seed: u64, lazy: bool) {
 
 #[test]
 fn crash_kill9_mid_writes_never_corrupts() {
-    let dir = TempDir::new("ch-crash");
+    let dir = temp_dir("ch-crash");
     for seed in 1..=ROUNDS {
         round(dir.path(), seed, false);
     }
@@ -198,7 +198,7 @@ fn crash_kill9_mid_writes_never_corrupts() {
 /// without losing flushed data.
 #[test]
 fn crash_with_lazy_refcounts_is_repaired_by_check() {
-    let dir = TempDir::new("ch-crash-lazy");
+    let dir = temp_dir("ch-crash-lazy");
     for seed in 1001..=1020 {
         round(dir.path(), seed, true);
     }

@@ -257,7 +257,7 @@ fn repaired_copies_are_clean(dir: &TempDir, img: &std::path::Path, seed: u64) {
 
 #[test]
 fn killed_snapshot_operations_lose_nothing() {
-    let dir = TempDir::new("snapcrash");
+    let dir = temp_dir("snapcrash");
     let rounds = std::env::var("SNAPCRASH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())

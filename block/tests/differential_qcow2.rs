@@ -104,7 +104,7 @@ fn run(c: &Config) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(c.seed);
-    let dir = TempDir::new(c.name);
+    let dir = temp_dir(c.name);
     let img = dir.join("img.qcow2");
     let img_s = img.to_str().unwrap();
     let mut rng = Rng::scrambled(seed);

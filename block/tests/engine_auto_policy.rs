@@ -23,7 +23,7 @@ fn open(path: &std::path::Path, fmt: ImageType) -> Disk {
 }
 
 fn allocated(fmt: &str, prealloc: &str) -> Result<Allocated, String> {
-    let dir = TempDir::new("auto-policy");
+    let dir = temp_dir("auto-policy");
     let path = dir.join(format!("img.{fmt}"));
     qemu_create(fmt, s(&path), "4M", &format!("preallocation={prealloc}"));
     let t = if fmt == "raw" {
@@ -55,7 +55,7 @@ fn qcow2_preallocation_modes() {
 
 #[test]
 fn a_qcow2_written_everywhere_counts_and_an_overlay_does_not() {
-    let dir = TempDir::new("auto-policy-written");
+    let dir = temp_dir("auto-policy-written");
     let base = dir.join("base.qcow2");
     qemu_create("qcow2", s(&base), "4M", "");
     qemu_io("qcow2", &base, &["write -q -P 0x5a 0 4M"]);
@@ -129,7 +129,7 @@ fn disk_open_resolves_auto_to_io_uring_for_every_preallocation() {
     if !testkit::available("io_uring", uring) || !testkit::available("Linux AIO", aio) {
         return;
     }
-    let dir = TempDir::new("auto-policy-open");
+    let dir = temp_dir("auto-policy-open");
     let resolved = |prealloc: &str, direct: bool| {
         let path = dir.join(format!("{prealloc}.qcow2"));
         if !path.exists() {

@@ -258,7 +258,7 @@ enum Start {
 }
 
 fn run(engine: EngineKind, direct: bool, start: Start) {
-    let dir = TempDir::new("concurrency");
+    let dir = temp_dir("concurrency");
     let base = dir.join("base.raw");
     let img = dir.join("img.qcow2");
     let backing: Vec<u8> = (0..SIZE).map(backing_byte).collect();

@@ -75,7 +75,7 @@ fn run(kind: EngineKind) {
 }
 
 fn run_with(kind: EngineKind, free: Free) {
-    let dir = TempDir::new("discard-race");
+    let dir = temp_dir("discard-race");
     let path = dir.join("img.qcow2");
     let p = path.to_str().unwrap();
     qemu_create("qcow2", p, "4M", "cluster_size=65536");

@@ -6,13 +6,13 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use block::{BlockError, Disk, DiskOptions, ImageType};
-use support::TempDir;
+use support::{temp_dir, TempDir};
 
 mod engine_support;
 mod support;
 
 fn temp_image(name: &str, size: u64) -> (TempDir, PathBuf) {
-    let dir = TempDir::new(name);
+    let dir = temp_dir(name);
     let path = dir.path().join("disk.raw");
     let f = OpenOptions::new()
         .create(true)

@@ -32,7 +32,7 @@ fn run(direct: bool) {
     if !testkit::available("io_uring", block::io::probe::uring_support()) {
         return;
     }
-    let dir = TempDir::new("fatal-submit");
+    let dir = temp_dir("fatal-submit");
     let (path, data) = image(&dir, 16);
     let mut o = DiskOptions::new(&path);
     o.image_type = ImageType::Raw;

@@ -88,7 +88,7 @@ fn reads_of_one_cluster_in_one_batch_read_it_once() {
         {
             continue;
         }
-        let dir = TempDir::new("inflate-join");
+        let dir = temp_dir("inflate-join");
         let (_disk, mut q, stats, model) = setup(&dir, kind, FaultPlan::default());
         // 32 reads of 4 KiB over both clusters, all in flight together.
         let reqs = (0..32u64).map(|i| read_req(i, i * 4096, 4096)).collect();
@@ -126,7 +126,7 @@ fn a_failed_cluster_read_fails_every_waiting_read_once() {
         {
             continue;
         }
-        let dir = TempDir::new("inflate-join-fail");
+        let dir = temp_dir("inflate-join-fail");
         // The first push (cluster 0's read) fails with EIO.
         let plan = FaultPlan {
             fail_pushes: vec![1],
@@ -170,7 +170,7 @@ fn queue_inflated_clusters_come_back_a_few_per_drain() {
         {
             continue;
         }
-        let dir = TempDir::new("inflate-backlog");
+        let dir = temp_dir("inflate-backlog");
         let (_disk, mut q, stats, model) =
             setup_clusters(&dir, kind, FaultPlan::default(), 16, Compression::Zstd);
         let reqs: Vec<_> = (0..16u64)

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use block::{BlockRequest, Completion, Disk, DiskOptions, EngineKind, ImageType, IoMemory};
 use block::{DiskQueue, RequestOp};
-use support::TempDir;
+use support::{temp_dir, TempDir};
 
 mod support;
 
@@ -81,7 +81,7 @@ fn reap_completions_hands_out_requests_and_leaves_the_eventfd_set() {
         {
             continue;
         }
-        let dir = TempDir::new("reap");
+        let dir = temp_dir("reap");
         let (disk, _path) = open(&dir, engine);
         let mut q = disk.queue().unwrap();
         // Nothing in flight: nothing out, no wait.

@@ -75,7 +75,7 @@ fn split_expected_with(data: &[u8], offset: u64, piece: u64) -> Vec<u8> {
 fn short_transfers_are_resubmitted_until_complete() {
     for kind in ENGINES {
         for direct in [false, true] {
-            let dir = TempDir::new("short");
+            let dir = temp_dir("short");
             let fmt = split_format_with(&dir, 1 << 20, direct, 32768);
             let plan = FaultPlan {
                 short: true,
@@ -107,7 +107,7 @@ fn short_transfers_are_resubmitted_until_complete() {
 #[test]
 fn eagain_is_retried_not_reported() {
     for kind in ENGINES {
-        let dir = TempDir::new("eagain");
+        let dir = temp_dir("eagain");
         let fmt = split_format(&dir, 1 << 20, false);
         let plan = FaultPlan {
             eagain_every: Some(3),
@@ -136,7 +136,7 @@ fn eagain_is_retried_not_reported() {
 #[test]
 fn a_failed_op_fails_its_request_once_and_aborts_the_commit() {
     for kind in ENGINES {
-        let dir = TempDir::new("fail-nth");
+        let dir = temp_dir("fail-nth");
         let fmt = split_format(&dir, 1 << 20, false);
         // Request 0 is one write of 16 ops (pushes 1..=16); fail push 7.
         // Requests 1..=4 are single-op reads (pushes 17..=20); fail 18.
@@ -172,7 +172,7 @@ fn a_failed_op_fails_its_request_once_and_aborts_the_commit() {
 #[test]
 fn out_of_range_in_a_batch_fails_alone_and_the_rest_run() {
     for kind in ENGINES {
-        let dir = TempDir::new("oor-batch");
+        let dir = temp_dir("oor-batch");
         let fmt = split_format(&dir, 1 << 20, false);
         let (_disk, mut q, stats) = faulty_queue(fmt, kind, FaultPlan::default());
         let reqs = vec![
@@ -194,7 +194,7 @@ fn out_of_range_in_a_batch_fails_alone_and_the_rest_run() {
 #[test]
 fn blocked_writes_are_parked_and_replanned_on_wake() {
     for kind in ENGINES {
-        let dir = TempDir::new("blocked");
+        let dir = temp_dir("blocked");
         let fmt = split_format(&dir, 1 << 20, false);
         fmt.block_writes.store(2, Ordering::SeqCst);
         let (_disk, mut q, _stats) = faulty_queue(fmt.clone(), kind, FaultPlan::default());
@@ -219,7 +219,7 @@ fn blocked_writes_are_parked_and_replanned_on_wake() {
 fn reads_past_a_short_backing_file_are_zero() {
     for kind in ENGINES {
         for direct in [false, true] {
-            let dir = TempDir::new("eof");
+            let dir = temp_dir("eof");
             let img = open_file(&dir.join("img"), direct);
             img.set_len(1 << 20).unwrap();
             let backing_path = dir.join("backing");
@@ -253,7 +253,7 @@ fn compressed_clusters_inflate_once_for_sequential_reads() {
     use std::io::Write;
     for kind in ENGINES {
         for direct in [false, true] {
-            let dir = TempDir::new("compressed");
+            let dir = temp_dir("compressed");
             let path = dir.join("img");
             let cluster = 65536u32;
             let c0 = pattern(cluster as usize, 11);
@@ -308,7 +308,7 @@ fn compressed_clusters_inflate_once_for_sequential_reads() {
 
 #[test]
 fn tiny_sq_of_four_entries_does_not_stall() {
-    let dir = TempDir::new("tiny-sq");
+    let dir = temp_dir("tiny-sq");
     let fmt = split_format(&dir, 4 << 20, false);
     let o = DiskOptions::new("scripted");
     let disk = Disk::from_format(fmt.clone(), &o).unwrap();
@@ -339,7 +339,7 @@ fn tiny_sq_of_four_entries_does_not_stall() {
 #[test]
 fn dropping_a_queue_with_io_in_flight_reaps_every_op() {
     for kind in ENGINES {
-        let dir = TempDir::new("drop");
+        let dir = temp_dir("drop");
         let fmt = split_format(&dir, 4 << 20, true);
         let (_disk, mut q, stats) = faulty_queue(fmt.clone(), kind, FaultPlan::default());
         let mem = guest_memory(8 << 20);
@@ -372,7 +372,7 @@ fn dropping_a_queue_with_io_in_flight_reaps_every_op() {
 
 #[test]
 fn drain_clears_the_eventfd_and_loses_no_wakeup() {
-    let dir = TempDir::new("eventfd");
+    let dir = temp_dir("eventfd");
     let fmt = split_format(&dir, 1 << 20, false);
     let (_disk, mut q, _stats) = faulty_queue(fmt, EngineKind::IoUring, FaultPlan::default());
     q.submit_batch_requests(vec![read_req(1, 0, 4096)]);
@@ -415,7 +415,7 @@ fn raw_faulty(
 
 #[test]
 fn zero_range_unsupported_falls_back_to_writing_zeroes() {
-    let dir = TempDir::new("zero-fallback");
+    let dir = temp_dir("zero-fallback");
     let plan = FaultPlan {
         fail_pushes: vec![1],
         fail_errno: libc::EOPNOTSUPP,
@@ -443,7 +443,7 @@ fn zero_range_unsupported_falls_back_to_writing_zeroes() {
 
 #[test]
 fn unsupported_punch_hole_is_ignored_and_flush_errors_are_flush_errors() {
-    let dir = TempDir::new("punch-flush");
+    let dir = temp_dir("punch-flush");
     let plan = FaultPlan {
         fail_pushes: vec![1, 2],
         fail_errno: libc::EOPNOTSUPP,
@@ -470,7 +470,7 @@ fn unsupported_punch_hole_is_ignored_and_flush_errors_are_flush_errors() {
 
 #[test]
 fn oversized_unaligned_direct_requests_fail_instead_of_allocating() {
-    let dir = TempDir::new("bounce-budget");
+    let dir = temp_dir("bounce-budget");
     let size = 80u64 << 20;
     let fmt = split_format_with(&dir, size, true, size);
     let (_disk, mut q, stats) = faulty_queue(fmt, EngineKind::Sync, FaultPlan::default());
@@ -509,7 +509,7 @@ fn oversized_unaligned_direct_requests_fail_instead_of_allocating() {
 #[test]
 fn unaligned_direct_writes_sharing_a_block_both_survive() {
     for kind in ENGINES {
-        let dir = TempDir::new("rmw");
+        let dir = temp_dir("rmw");
         let path = dir.join("raw.img");
         std::fs::write(&path, vec![0xabu8; 1 << 20]).unwrap();
         let mut o = DiskOptions::new(&path);

@@ -37,7 +37,7 @@ fn open_owned(path: &std::path::Path) -> ExclusiveImage {
 
 #[test]
 fn owner_does_io_and_snapshots_between_requests() {
-    let d = TempDir::new("exclusive-snap");
+    let d = temp_dir("exclusive-snap");
     let p = qcow2(&d, "a.qcow2", 4 * MIB, None);
     let image = open_owned(&p);
     image.disk().write_at(0, &[1; 4096]).unwrap();
@@ -55,7 +55,7 @@ fn owner_does_io_and_snapshots_between_requests() {
 
 #[test]
 fn resizer_zeroes_growth_over_a_longer_backing_file() {
-    let d = TempDir::new("exclusive-grow");
+    let d = temp_dir("exclusive-grow");
     let base = qcow2(&d, "base.qcow2", 4 * MIB, None);
     {
         let b = open_owned(&base);
@@ -82,7 +82,7 @@ fn resizer_zeroes_growth_over_a_longer_backing_file() {
 
 #[test]
 fn qcow2_refuses_a_shrink_while_an_allocating_write_is_in_flight() {
-    let d = TempDir::new("exclusive-shrink");
+    let d = temp_dir("exclusive-shrink");
     let p = qcow2(&d, "a.qcow2", 4 * MIB, None);
     let f = open(&p, false);
     let WriteOutcome::Ready(plan) = f.plan_write(3 * MIB, 4096, &waker()).unwrap() else {

@@ -171,7 +171,7 @@ fn run_one(engine: EngineKind, cluster_size: &str, free_pages: u64) {
         "  qemu-img check: {}",
         text.trim().lines().next().unwrap_or("")
     );
-    let out_dir = TempDir::new("full-disk-out");
+    let out_dir = temp_dir("full-disk-out");
     let theirs = out_dir.join("theirs.raw");
     qemu_img(&["convert", "-f", "qcow2", "-O", "raw", s(&img), s(&theirs)]);
     assert!(

@@ -18,7 +18,7 @@ const LIMIT: Duration = Duration::from_secs(20);
 
 /// A 4 MiB qcow2 image with some data, made by qemu-img.
 fn base_image(dir: &TempDir, name: &str) -> String {
-    let img = dir.join_string(name);
+    let img = dir.file(name);
     qemu_create("qcow2", &img, "4M", "");
     qemu_io("qcow2", Path::new(&img), &["write -P 0x5a 0 128k"]);
     img
@@ -85,7 +85,7 @@ fn check_does_not_panic(case: &str, path: &str) {
 }
 
 fn hostile(case: &str, build: impl FnOnce(&TempDir) -> String, expect: &str) {
-    let dir = TempDir::new(case);
+    let dir = temp_dir(case);
     let img = build(&dir);
     let err = expect_error(case, &img);
     let msg = format!("{err}: {}", err.source_chain());
@@ -190,8 +190,8 @@ fn backing_chain_that_loops() {
     hostile(
         "backing-loop",
         |d| {
-            let a = d.join_string("a.qcow2");
-            let b = d.join_string("b.qcow2");
+            let a = d.file("a.qcow2");
+            let b = d.file("b.qcow2");
             qemu_img(&[
                 "create", "-q", "-f", "qcow2", "-u", "-b", "b.qcow2", "-F", "qcow2", &a, "1M",
             ]);
@@ -210,7 +210,7 @@ fn backing_path_is_a_directory() {
         "backing-dir",
         |d| {
             std::fs::create_dir_all(d.join("somedir")).unwrap();
-            let a = d.join_string("a.qcow2");
+            let a = d.file("a.qcow2");
             qemu_img(&[
                 "create", "-q", "-f", "qcow2", "-u", "-b", "somedir", "-F", "raw", &a, "1M",
             ]);
@@ -226,7 +226,7 @@ fn garbage_in_a_compressed_cluster() {
         "compressed-garbage",
         |d| {
             let src = base_image(d, "src.qcow2");
-            let img = d.join_string("c.qcow2");
+            let img = d.file("c.qcow2");
             qemu_img(&["convert", "-c", "-O", "qcow2", &src, &img]);
             // The first L2 entry is a compressed descriptor: overwrite the
             // bytes it points at.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use block::create::{create_image, CreateOptions};
 use block::lock::{lock_image, LockMode};
 use block::{BlockError, Disk, DiskOptions, EngineKind, ImageType, IoMemory, RequestOp};
-use support::TempDir;
+use support::temp_dir;
 
 mod support;
 
@@ -47,7 +47,7 @@ fn locks_go_at_close_while_the_descriptors_live_on() {
         (ImageType::Qcow2, Some(ImageType::Qcow2)),
     ] {
         let case = format!("{top:?} over {base:?}");
-        let dir = TempDir::new("image-locks");
+        let dir = temp_dir("image-locks");
         let img = dir.path().join("top");
         let base_path = dir.path().join("base");
         if let Some(b) = base {

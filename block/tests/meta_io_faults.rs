@@ -77,7 +77,7 @@ fn os_error(e: &BlockError) -> Option<i32> {
 
 #[test]
 fn failed_l2_write_is_retried_by_the_next_flush() {
-    let d = TempDir::new("meta-l2-retry");
+    let d = temp_dir("meta-l2-retry");
     let p = make(&d, "img.qcow2");
     let (disk, img) = open_disk(&p);
     let data: Vec<Vec<u8>> = (0..3).map(|i| pattern(i, 4096)).collect();
@@ -103,7 +103,7 @@ fn failed_l2_write_is_retried_by_the_next_flush() {
 
 #[test]
 fn failed_refcount_drop_is_retried_by_the_next_flush() {
-    let d = TempDir::new("meta-release-retry");
+    let d = temp_dir("meta-release-retry");
     let p = make(&d, "img.qcow2");
     {
         let (disk, _) = open_disk(&p);
@@ -154,7 +154,7 @@ fn failed_refcount_drop_is_retried_by_the_next_flush() {
 #[test]
 fn metadata_write_errors_fail_the_request_and_the_queue_goes_on() {
     for errno in [libc::EIO, libc::ENOSPC] {
-        let d = TempDir::new("meta-write-error");
+        let d = temp_dir("meta-write-error");
         let p = make(&d, "img.qcow2");
         // The first metadata write of any kind (the new L2 table of the
         // first allocating write) fails.
@@ -177,7 +177,7 @@ fn metadata_write_errors_fail_the_request_and_the_queue_goes_on() {
 
 #[test]
 fn fdatasync_errors_fail_the_flush() {
-    let d = TempDir::new("meta-sync-error");
+    let d = temp_dir("meta-sync-error");
     let p = make(&d, "img.qcow2");
     let (disk, img) = open_disk(&p);
     disk.write_at(0, &pattern(3, 4096)).unwrap();
@@ -192,7 +192,7 @@ fn fdatasync_errors_fail_the_flush() {
 
 #[test]
 fn short_metadata_writes_are_finished() {
-    let d = TempDir::new("meta-short");
+    let d = temp_dir("meta-short");
     let p = make(&d, "img.qcow2");
     let short = |kind| MetaFault {
         target: FaultTarget::Write {
@@ -240,7 +240,7 @@ fn cluster_of(seed: u64, random: usize) -> Vec<u8> {
 
 #[test]
 fn compressed_clusters_written_without_the_cache_go_through_the_seam() {
-    let d = TempDir::new("meta-compressed-uncached");
+    let d = temp_dir("meta-compressed-uncached");
     let p = d.join("img.qcow2");
     qemu_create("qcow2", s(&p), "4M", "");
     let img = open_image(&p, false);
@@ -268,7 +268,7 @@ fn compressed_clusters_written_without_the_cache_go_through_the_seam() {
 
 #[test]
 fn the_compressed_cache_of_a_buffered_image_writes_through_the_seam() {
-    let d = TempDir::new("meta-compressed-cache-write");
+    let d = temp_dir("meta-compressed-cache-write");
     let p = d.join("img.qcow2");
     qemu_create("qcow2", s(&p), "4M", "");
     let img = open_image(&p, false);
@@ -298,7 +298,7 @@ fn the_compressed_cache_of_a_buffered_image_writes_through_the_seam() {
 
 #[test]
 fn the_compressed_cache_reads_host_clusters_it_no_longer_holds_through_the_seam() {
-    let d = TempDir::new("meta-compressed-cache-read");
+    let d = temp_dir("meta-compressed-cache-read");
     let p = d.join("img.qcow2");
     qemu_create("qcow2", s(&p), "4M", "");
     let img = open_image(&p, false);
@@ -357,7 +357,7 @@ fn the_compressed_cache_reads_host_clusters_it_no_longer_holds_through_the_seam(
 
 #[test]
 fn the_size_reserve_and_its_trim_go_through_the_seam() {
-    let d = TempDir::new("meta-set-len");
+    let d = temp_dir("meta-set-len");
     let p = make(&d, "img.qcow2");
     let (disk, img) = open_disk(&p);
     let faults = arm(&img, &[MetaFault::fail_set_len(1, libc::ENOSPC)]);
@@ -387,7 +387,7 @@ fn the_size_reserve_and_its_trim_go_through_the_seam() {
 
 #[test]
 fn info_reads_snapshots_and_bitmaps_through_the_seam() {
-    let d = TempDir::new("meta-info");
+    let d = temp_dir("meta-info");
     let p = d.join("img.qcow2");
     qemu_create("qcow2", s(&p), "4M", "");
     run("qemu-img", &["snapshot", "-c", "s1", s(&p)]);
@@ -418,7 +418,7 @@ fn amend_sample(d: &TempDir) -> (std::path::PathBuf, Vec<u8>) {
 
 #[test]
 fn the_tables_reloaded_after_an_amend_are_read_through_the_seam_and_undone() {
-    let d = TempDir::new("meta-amend-reload");
+    let d = temp_dir("meta-amend-reload");
     let (p, before) = amend_sample(&d);
     let img = open_image(&p, false);
     let wider = Amendment {
@@ -447,7 +447,7 @@ fn the_tables_reloaded_after_an_amend_are_read_through_the_seam_and_undone() {
 
 #[test]
 fn an_undo_whose_reload_fails_leaves_the_file_and_refuses_writes() {
-    let d = TempDir::new("meta-undo-reload");
+    let d = temp_dir("meta-undo-reload");
     let (p, before) = amend_sample(&d);
     let img = open_image(&p, false);
     let wider = Amendment {

@@ -84,7 +84,7 @@ fn host_offsets(path: &std::path::Path) -> Vec<Option<u64>> {
 fn the_conformance_body_on_preallocated_images() {
     for mode in MODES {
         for engine in ENGINES {
-            let dir = TempDir::new("prealloc-body");
+            let dir = temp_dir("prealloc-body");
             let path = make(&dir, mode);
             let disk = open(&path, engine);
             let seed = 0x9e11 ^ engine as u64 ^ (mode as u64) << 8;
@@ -101,7 +101,7 @@ fn the_conformance_body_on_preallocated_images() {
 fn writes_land_in_the_preallocated_clusters() {
     for mode in MODES {
         for engine in ENGINES {
-            let dir = TempDir::new("prealloc-writes");
+            let dir = temp_dir("prealloc-writes");
             let path = make(&dir, mode);
             let before = host_offsets(&path);
             assert!(
@@ -155,7 +155,7 @@ fn writes_land_in_the_preallocated_clusters() {
 fn grown_area_preallocation_never_overwrites_metadata() {
     use std::os::unix::fs::FileExt;
     for mode in MODES {
-        let dir = TempDir::new("prealloc-grow-overlap");
+        let dir = temp_dir("prealloc-grow-overlap");
         let path = make(&dir, Preallocation::Off);
         let disk = open(&path, EngineKind::Sync);
         disk.write_at(0, &[0x5a; 65536]).unwrap();

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use block::request::GuestSegment;
 use block::{BlockRequest, Disk, DiskOptions, EngineKind, ImageType, IoMemory, RequestOp};
-use support::{qemu_create, TempDir};
+use support::{qemu_create, temp_dir};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 const BS: u64 = 64 << 10;
@@ -126,7 +126,7 @@ fn median(v: &mut [f64]) -> f64 {
 fn allocating_sequential_64k_writes_at_qd32() {
     let rounds = env("QCOW2_BENCH_ROUNDS", 5).max(1);
     let count = env("QCOW2_BENCH_COUNT", 4096).max(1);
-    let d = TempDir::new("allocbench");
+    let d = temp_dir("allocbench");
     let (a, b) = (d.join("a.img"), d.join("b.img"));
     println!(
         "{count} x 64 KiB sequential writes, QD {QD}, fresh {IMAGE}-byte images, {rounds} rounds"

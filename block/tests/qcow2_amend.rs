@@ -74,7 +74,7 @@ fn amend_with(
 
 /// Every fault position in turn, for each kind of fault.
 fn amend_fails_cleanly(base: &Path, amendment: &Amendment, check_done: impl Fn(&Path)) {
-    let dir = TempDir::new("amend-faults");
+    let dir = temp_dir("amend-faults");
     let before = facts(base);
     let faults: [fn(u64) -> MetaFault; 3] = [
         |n| MetaFault::fail_write(None, n, libc::EIO),
@@ -127,7 +127,7 @@ fn sample(dir: &TempDir) -> std::path::PathBuf {
 
 #[test]
 fn downgrade_fails_cleanly_or_completes() {
-    let dir = TempDir::new("amend-down");
+    let dir = temp_dir("amend-down");
     let img = sample(&dir);
     let a = Amendment {
         version: Some(2),
@@ -143,7 +143,7 @@ fn downgrade_fails_cleanly_or_completes() {
 
 #[test]
 fn refcount_width_change_fails_cleanly_or_completes() {
-    let dir = TempDir::new("amend-rc");
+    let dir = temp_dir("amend-rc");
     let img = sample(&dir);
     for bits in [64, 2] {
         let a = Amendment {
@@ -160,7 +160,7 @@ fn refcount_width_change_fails_cleanly_or_completes() {
 
 #[test]
 fn upgrade_fails_cleanly_or_completes() {
-    let dir = TempDir::new("amend-up");
+    let dir = temp_dir("amend-up");
     let img = dir.join("v2.qcow2");
     qemu_create("qcow2", s(&img), "8M", "compat=0.10,cluster_size=4096");
     qemu_io("qcow2", &img, &["write -P 9 0 100k"]);
@@ -179,7 +179,7 @@ fn upgrade_fails_cleanly_or_completes() {
 
 #[test]
 fn refusals_change_nothing() {
-    let dir = TempDir::new("amend-refused");
+    let dir = temp_dir("amend-refused");
     let img = sample(&dir);
     let keep = std::fs::read(&img).unwrap();
     let image = open_rw(&img);

@@ -15,7 +15,7 @@ use support::*;
 #[test]
 #[ignore = "benchmark: prints a table"]
 fn allocating_writes_per_second() {
-    let d = TempDir::new("bench");
+    let d = temp_dir("bench");
     println!("| L2 publication | barriers | allocating 4 KiB writes/s |");
     println!("| --- | --- | --- |");
     for (write_through, barriers) in [(true, true), (false, true), (false, false)] {

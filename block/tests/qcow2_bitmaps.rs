@@ -60,7 +60,7 @@ fn sample(dir: &TempDir) -> std::path::PathBuf {
 const NAMES: &[&str] = &["b0", "fine", "new"];
 
 fn change_fails_cleanly(actions: &[(&str, Vec<BitmapAction>)]) {
-    let dir = TempDir::new("bitmap-faults");
+    let dir = temp_dir("bitmap-faults");
     let base = sample(&dir);
     let (before, before_bits) = (facts(&base), bits(&base, NAMES));
     let faults: [fn(u64) -> MetaFault; 3] = [
@@ -134,7 +134,7 @@ fn clearing_and_removing_fail_cleanly_or_complete() {
 
 #[test]
 fn a_refused_action_changes_nothing() {
-    let dir = TempDir::new("bitmap-refused");
+    let dir = temp_dir("bitmap-refused");
     let img = sample(&dir);
     let keep = std::fs::read(&img).unwrap();
     let image = open(&img, false);
@@ -163,7 +163,7 @@ fn a_refused_action_changes_nothing() {
 /// QEMU recorded in the sources.
 #[test]
 fn merged_bits_cover_the_sources() {
-    let dir = TempDir::new("bitmap-merge");
+    let dir = temp_dir("bitmap-merge");
     let img = sample(&dir);
     {
         let image = open(&img, false);

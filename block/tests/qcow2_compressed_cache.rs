@@ -56,7 +56,7 @@ fn reads_of_cached_clusters_come_from_memory_and_write_nothing() {
     for direct in [false, true] {
         for (capacity, make) in [(64, cluster as fn(usize) -> Vec<u8>), (1, half_random)] {
             let what = format!("direct={direct} capacity={capacity}");
-            let dir = TempDir::new("compressed-cache-read");
+            let dir = temp_dir("compressed-cache-read");
             let img = dir.join("c.qcow2");
             qemu_create("qcow2", s(&img), "4M", "cluster_size=65536");
             let f = open_direct(&img, direct);
@@ -112,7 +112,7 @@ fn reads_of_cached_clusters_come_from_memory_and_write_nothing() {
 #[test]
 fn cached_compressed_clusters_read_back_and_close_clean() {
     for (direct, capacity) in [(false, 2), (true, 2), (true, 64), (false, 0), (true, 0)] {
-        let dir = TempDir::new("compressed-cache");
+        let dir = temp_dir("compressed-cache");
         let img = dir.join("c.qcow2");
         qemu_create("qcow2", s(&img), "4M", "cluster_size=65536");
         let f = open_direct(&img, direct);

@@ -94,7 +94,7 @@ fn fuzz_one(d: &TempDir, name: &str, create_opts: &str, writes: &[&str], meta_en
 
 #[test]
 fn flipped_metadata_bytes_never_panic() {
-    let d = TempDir::new("corrupt");
+    let d = temp_dir("corrupt");
     fuzz_one(
         &d,
         "plain",

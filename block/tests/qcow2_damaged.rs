@@ -333,7 +333,7 @@ fn make(d: &TempDir, c: &Case, i: usize) -> PathBuf {
 
 #[test]
 fn damaged_images_are_never_made_worse_and_are_checked_and_repaired_like_qemu_img() {
-    let d = TempDir::new("damaged");
+    let d = temp_dir("damaged");
     let mut failures = Vec::new();
     println!("| damage | qemu-img check (exit, corruptions, leaks) | ch-img check | qemu-img -r all clean | ch-img -r all clean |");
     println!("| --- | --- | --- | --- | --- |");
@@ -440,7 +440,7 @@ fn damaged_images_are_never_made_worse_and_are_checked_and_repaired_like_qemu_im
 
 #[test]
 fn discards_and_zeroing_never_punch_metadata() {
-    let d = TempDir::new("damaged-discard");
+    let d = temp_dir("damaged-discard");
     for (i, zero) in [false, true].into_iter().enumerate() {
         let p = d.join(format!("d{i}.qcow2"));
         qemu_create("qcow2", s(&p), "4M", "");

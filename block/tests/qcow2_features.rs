@@ -29,7 +29,7 @@ fn patch(p: &std::path::Path, off: u64, bytes: &[u8]) {
 
 #[test]
 fn writes_after_internal_snapshot_copy_shared_clusters() {
-    let d = TempDir::new("snap");
+    let d = temp_dir("snap");
     let p = d.join("s.qcow2");
     qemu_create("qcow2", s(&p), "8M", "");
     run("qemu-io", &["-c", "write -P 0x31 0 1M", s(&p)]);
@@ -58,7 +58,7 @@ fn writes_after_internal_snapshot_copy_shared_clusters() {
 
 #[test]
 fn refcount_table_grows_when_full() {
-    let d = TempDir::new("rtgrow");
+    let d = temp_dir("rtgrow");
     let p = d.join("g.qcow2");
     // 512-byte clusters, 64-bit refcounts: one refcount block covers 64
     // clusters and the one-cluster table covers 2 MiB of file.
@@ -77,7 +77,7 @@ fn refcount_table_grows_when_full() {
 
 #[test]
 fn external_data_file_reads_and_writes() {
-    let d = TempDir::new("datafile");
+    let d = temp_dir("datafile");
     for raw in [false, true] {
         let p = d.join(format!("x{raw}.qcow2"));
         let data = d.join(format!("x{raw}.data"));
@@ -127,7 +127,7 @@ fn external_data_file_reads_and_writes() {
 
 #[test]
 fn v2_discard_over_backing_reads_zero() {
-    let d = TempDir::new("v2backing");
+    let d = temp_dir("v2backing");
     let base = d.join("base.raw");
     std::fs::write(&base, vec![0x77u8; 1 << 20]).unwrap();
     let top = d.join("top.qcow2");
@@ -146,7 +146,7 @@ fn v2_discard_over_backing_reads_zero() {
 
 #[test]
 fn hostile_headers_are_refused_by_name() {
-    let d = TempDir::new("hostile");
+    let d = temp_dir("hostile");
     let mk = |name: &str| {
         let p = d.join(name);
         qemu_create("qcow2", s(&p), "1G", "");
@@ -207,7 +207,7 @@ fn hostile_headers_are_refused_by_name() {
 
 #[test]
 fn dirty_images_are_repaired_read_write_and_corrupt_ones_open_read_only_only() {
-    let d = TempDir::new("dirty");
+    let d = temp_dir("dirty");
     let p = d.join("d.qcow2");
     qemu_create("qcow2", s(&p), "4M", "lazy_refcounts=on");
     patch(&p, 72, &1u64.to_be_bytes());
@@ -236,7 +236,7 @@ fn incompatible_bits(p: &std::path::Path) -> u64 {
 /// top of it keep the image consistent.
 #[test]
 fn image_left_dirty_by_a_killed_qemu_is_repaired_on_read_write_open() {
-    let d = TempDir::new("crashdirty");
+    let d = temp_dir("crashdirty");
     let p = d.join("d.qcow2");
     qemu_create("qcow2", s(&p), "8M", "lazy_refcounts=on");
     // qemu-io exits by SIGKILL, so only its status differs from `run`.
@@ -274,7 +274,7 @@ fn image_left_dirty_by_a_killed_qemu_is_repaired_on_read_write_open() {
 
 #[test]
 fn backing_chain_errors() {
-    let d = TempDir::new("chain");
+    let d = temp_dir("chain");
     let mkq = |name: &str, backing: &str| {
         let p = d.join(name);
         create_image(&CreateOptions {
@@ -314,7 +314,7 @@ fn backing_chain_errors() {
 
 #[test]
 fn unknown_autoclear_bits_are_cleared_on_read_write_open() {
-    let d = TempDir::new("autoclear");
+    let d = temp_dir("autoclear");
     let p = d.join("a.qcow2");
     qemu_create("qcow2", s(&p), "4M", "");
     patch(&p, 88, &((1u64 << 7) | 1).to_be_bytes());
@@ -334,7 +334,7 @@ fn unknown_autoclear_bits_are_cleared_on_read_write_open() {
 
 #[test]
 fn overlay_size_comes_from_the_backing_image() {
-    let d = TempDir::new("sizefrombacking");
+    let d = temp_dir("sizefrombacking");
     std::fs::write(d.join("base.raw"), vec![0u8; 3 << 20]).unwrap();
     let top = d.join("top.qcow2");
     create_image(&CreateOptions {
@@ -366,7 +366,7 @@ fn overlay_size_comes_from_the_backing_image() {
 /// is harmless to qemu-img and to us.
 #[test]
 fn file_size_runs_ahead_of_allocation_and_is_trimmed_on_close() {
-    let d = TempDir::new("reserve");
+    let d = temp_dir("reserve");
     let p = d.join("r.qcow2");
     qemu_create("qcow2", s(&p), "64M", "");
     let r = Reference::new(d.join("ref.raw"), 64 << 20);
@@ -415,7 +415,7 @@ fn qemu_end_offset(p: &std::path::Path) -> u64 {
 /// refused by name; buffered and read-only direct opens still work.
 #[test]
 fn direct_writes_to_sub_page_clusters_are_refused() {
-    let d = TempDir::new("subpage-direct");
+    let d = temp_dir("subpage-direct");
     let p = d.join("small.qcow2");
     create_image(&CreateOptions {
         path: p.clone(),

@@ -13,7 +13,7 @@ fn info_json(p: &std::path::Path) -> String {
 
 #[test]
 fn created_images_match_qemu_img_info() {
-    let d = TempDir::new("create");
+    let d = temp_dir("create");
     for (name, cs, compat, rb, lazy, ext) in [
         ("default", None, None, None, false, false),
         ("v2", Some(4096), Some("0.10"), None, false, false),
@@ -69,7 +69,7 @@ fn created_images_match_qemu_img_info() {
 
 #[test]
 fn raw_create_and_bad_options() {
-    let d = TempDir::new("rawcreate");
+    let d = temp_dir("rawcreate");
     let p = d.join("r.raw");
     create_image(&CreateOptions {
         path: p.clone(),
@@ -130,7 +130,7 @@ fn raw_create_and_bad_options() {
 
 #[test]
 fn reads_what_qemu_wrote() {
-    let d = TempDir::new("qemuwrote");
+    let d = temp_dir("qemuwrote");
     for (name, opts) in [
         ("v3", "cluster_size=65536"),
         ("v2", "compat=0.10,cluster_size=4096"),
@@ -201,7 +201,7 @@ fn exercise(p: &std::path::Path, r: &Reference, size: u64, seed: u64, rounds: us
 
 #[test]
 fn writes_pass_qemu_check_and_compare() {
-    let d = TempDir::new("writes");
+    let d = temp_dir("writes");
     let size = 24u64 << 20;
     for (name, cs, compat, rb) in [
         ("v3-64k", 65536u64, "1.1", 16u32),
@@ -229,7 +229,7 @@ fn writes_pass_qemu_check_and_compare() {
 
 #[test]
 fn overlay_copies_on_write_from_backing() {
-    let d = TempDir::new("backing");
+    let d = temp_dir("backing");
     let size = 8u64 << 20;
     for base_fmt in ["qcow2", "raw"] {
         let base = d.join(format!("base.{base_fmt}"));
@@ -284,7 +284,7 @@ fn overlay_copies_on_write_from_backing() {
 
 #[test]
 fn compressed_clusters_read_and_rewrite() {
-    let d = TempDir::new("compressed");
+    let d = temp_dir("compressed");
     let src = d.join("src.raw");
     let r = Reference::new(src.clone(), 4 << 20);
     for i in 0..64u64 {
@@ -322,7 +322,7 @@ fn compressed_clusters_read_and_rewrite() {
 
 #[test]
 fn allocation_in_flight_blocks_overlapping_writes() {
-    let d = TempDir::new("inflight");
+    let d = temp_dir("inflight");
     let p = d.join("i.qcow2");
     qemu_create("qcow2", s(&p), "4M", "");
     let f = open(&p, false);
@@ -363,7 +363,7 @@ fn allocation_in_flight_blocks_overlapping_writes() {
 
 #[test]
 fn locks_are_seen_by_qemu_and_qemu_locks_are_seen_by_us() {
-    let d = TempDir::new("lock");
+    let d = temp_dir("lock");
     let p = d.join("l.qcow2");
     qemu_create("qcow2", s(&p), "4M", "");
     let f = open(&p, false);
@@ -442,7 +442,7 @@ fn locks_are_seen_by_qemu_and_qemu_locks_are_seen_by_us() {
 
 #[test]
 fn extended_l2_reads_and_writes() {
-    let d = TempDir::new("extl2");
+    let d = temp_dir("extl2");
     let base = d.join("base.raw");
     std::fs::write(&base, vec![0x29u8; 4 << 20]).unwrap();
     for with_backing in [false, true] {
@@ -508,7 +508,7 @@ fn extended_l2_reads_and_writes() {
 
 #[test]
 fn resize_grows_and_lazy_refcounts_mark_dirty() {
-    let d = TempDir::new("resize");
+    let d = temp_dir("resize");
     let p = d.join("r.qcow2");
     create_image(&CreateOptions {
         path: p.clone(),
@@ -539,7 +539,7 @@ fn resize_grows_and_lazy_refcounts_mark_dirty() {
 
 #[test]
 fn refcounts_reach_the_file_before_l2_entries() {
-    let d = TempDir::new("ordering");
+    let d = temp_dir("ordering");
     let p = d.join("o.qcow2");
     qemu_create("qcow2", s(&p), "4M", "");
     // Leave a free cluster inside the file (qemu-img check ignores
@@ -573,7 +573,7 @@ fn refcounts_reach_the_file_before_l2_entries() {
 #[test]
 fn plans_have_one_host_write_per_contiguous_extent() {
     use block::formats::{HostWrite, WriteData, WriteOutcome};
-    let d = TempDir::new("planshape");
+    let d = temp_dir("planshape");
     let p = d.join("p.qcow2");
     let base = d.join("b.raw");
     std::fs::write(&base, vec![0x44u8; 1 << 20]).unwrap();
@@ -678,7 +678,7 @@ fn parse_map(json: &str) -> Vec<MapEntry> {
 
 #[test]
 fn block_status_matches_qemu_img_map() {
-    let d = TempDir::new("map");
+    let d = temp_dir("map");
     let base = d.join("base.qcow2");
     qemu_create("qcow2", s(&base), "2M", "");
     run("qemu-io", &["-c", "write -P 1 0 1M", s(&base)]);
@@ -718,7 +718,7 @@ fn block_status_matches_qemu_img_map() {
 
 #[test]
 fn backing_files_are_locked_shared() {
-    let d = TempDir::new("locksh");
+    let d = temp_dir("locksh");
     let base = d.join("base.qcow2");
     qemu_create("qcow2", s(&base), "4M", "");
     let top = d.join("top.qcow2");
@@ -748,7 +748,7 @@ fn backing_files_are_locked_shared() {
 /// file); the others keep showing the backing data, as qemu-img map sees.
 #[test]
 fn extended_l2_writes_allocate_only_touched_subclusters() {
-    let d = TempDir::new("extl2sub");
+    let d = temp_dir("extl2sub");
     let base = d.join("base.raw");
     std::fs::write(&base, pattern(9, 1 << 20)).unwrap();
     let p = d.join("o.qcow2");

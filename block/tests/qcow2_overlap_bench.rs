@@ -47,7 +47,7 @@ fn overlap_check_cost_per_planned_write() {
     let plans = env("OVERLAP_BENCH_PLANS", 200_000);
     let rounds = env("OVERLAP_BENCH_ROUNDS", 5);
     let size = gib << 30;
-    let d = TempDir::new("overlap-bench");
+    let d = temp_dir("overlap-bench");
     let p = d.join("b.qcow2");
     qemu_create(
         "qcow2",

@@ -183,7 +183,7 @@ fn run_shape(d: &TempDir, sh: &Shape, seed: u64) {
 
 #[test]
 fn random_operations_on_many_image_shapes() {
-    let d = TempDir::new("random");
+    let d = temp_dir("random");
     let shapes = [
         Shape {
             name: "plain",

@@ -141,7 +141,7 @@ fn run_shape(d: &TempDir, name: &str, create: &str, seed: u64) {
 
 #[test]
 fn random_snapshot_operations_between_random_io() {
-    let d = TempDir::new("snaprandom");
+    let d = temp_dir("snaprandom");
     for (i, (name, create)) in [
         ("c64k", "cluster_size=65536"),
         ("c4k", "cluster_size=4096"),

@@ -112,7 +112,7 @@ fn record(dir: &TempDir, seed: u64, engine: EngineKind) -> (Config, Recording) {
 /// Records run `seed`, builds `images` crash images from its log and
 /// checks each; panics naming the seed, image and crash point.
 fn replay_run(seed: u64, engine: EngineKind, images: usize, tally: &mut Tally) {
-    let dir = TempDir::new("replay");
+    let dir = temp_dir("replay");
     let (cfg, rec) = record(&dir, seed, engine);
     let timeline = Timeline::new(&rec.events);
     let oracle = Oracle::new(&timeline, &rec.initial);
@@ -245,7 +245,7 @@ fn crash_images_of_past_failures() {
 /// oracle says so.
 #[test]
 fn dropping_the_flush_barriers_loses_acknowledged_writes() {
-    let dir = TempDir::new("replay-nobarrier");
+    let dir = temp_dir("replay-nobarrier");
     // 4 KiB clusters, 1 queue, no backing file: seed 0.
     let (_, rec) = record(&dir, 0, EngineKind::Sync);
     let mut timeline = Timeline::new(&rec.events);

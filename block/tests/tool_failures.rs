@@ -61,7 +61,7 @@ fn every_fault_leaves_the_file(
     errno: i32,
     op: &dyn Fn(&dyn ImageTools) -> Result<(), BlockError>,
 ) {
-    let d = TempDir::new(&format!("tool-fail-{case}"));
+    let d = temp_dir(&format!("tool-fail-{case}"));
     let p = image(&d);
     let before = std::fs::read(&p).unwrap();
     // Without a fault: how many writes and syncs the operation makes.

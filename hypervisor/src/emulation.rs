@@ -36,7 +36,6 @@ use kvm_bindings::{
 };
 
 use crate::error::Result;
-use crate::vcpu::Vcpu;
 
 const INT3: u8 = 0xcc;
 const FWAIT: u8 = 0x9b;
@@ -214,9 +213,26 @@ fn fwait_effect(cr0: u64, fsw: u16, fcw: u16) -> FwaitEffect {
     }
 }
 
+/// The state of a stopped vCPU that completing INT3 or FWAIT reads and
+/// changes. The vCPU implements it, so this module sits below the vCPU
+/// and knows nothing of how a vCPU is run.
+pub(crate) trait CompletingCpu {
+    /// Moves RIP past an instruction of `len` bytes.
+    fn advance_rip(&self, len: u64) -> Result<()>;
+    /// Injects exception `vector` (no error code) for the next entry;
+    /// false, and nothing changed, if one is already pending.
+    fn inject_exception(&self, vector: u8) -> Result<bool>;
+    fn cr0(&self) -> Result<u64>;
+    /// The x87 status word and control word.
+    fn x87_status_and_control(&self) -> Result<(u16, u16)>;
+}
+
 /// Completes the instruction of `error` on `vcpu` if it is INT3 or FWAIT,
 /// as the hardware would; anything else is fatal.
-pub(crate) fn complete(vcpu: &Vcpu, mut error: InternalError) -> Result<InternalErrorOutcome> {
+pub(crate) fn complete(
+    vcpu: &impl CompletingCpu,
+    mut error: InternalError,
+) -> Result<InternalErrorOutcome> {
     let (Some(rip), Some(insn)) = (error.rip, error.completable()) else {
         return Ok(InternalErrorOutcome::Fatal(error));
     };

@@ -43,9 +43,9 @@ pub enum HypervisorError {
         source: errno::Error,
     },
     #[error("cannot register ioeventfd at {0:?}")]
-    RegisterIoevent(crate::vm::IoEventAddress, #[source] errno::Error),
+    RegisterIoevent(crate::io_event::IoEventAddress, #[source] errno::Error),
     #[error("cannot unregister ioeventfd at {0:?}")]
-    UnregisterIoevent(crate::vm::IoEventAddress, #[source] errno::Error),
+    UnregisterIoevent(crate::io_event::IoEventAddress, #[source] errno::Error),
     #[error("cannot set the GSI routing table")]
     SetGsiRouting(#[source] errno::Error),
     #[error("GSI routing table is full ({0} entries)")]

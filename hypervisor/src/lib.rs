@@ -12,6 +12,8 @@
 //! - [`cpuid`]: the fixes applied to KVM's supported CPUID per vCPU.
 //! - [`emulation`]: `KVM_EXIT_INTERNAL_ERROR` reports, and the INT3 and
 //!   FWAIT completions for hosts whose KVM emulates guest code.
+//! - [`io_event`]: [`IoEventAddress`], where a guest write signals an
+//!   eventfd (the VM registers them; its errors name them).
 //! - [`ioctls`]: the KVM ioctl numbers used at run time, for seccomp.
 //!
 //! Data enters as guest physical addresses, host mappings and eventfds from
@@ -21,6 +23,7 @@ pub mod cpu_model;
 pub mod cpuid;
 pub mod emulation;
 pub mod error;
+pub mod io_event;
 pub mod ioctls;
 pub mod vcpu;
 pub mod vm;
@@ -28,5 +31,6 @@ pub mod vm;
 pub use cpu_model::{BaseModel, CpuModel, Feature};
 pub use emulation::{Completion, InternalError, InternalErrorOutcome};
 pub use error::HypervisorError;
+pub use io_event::IoEventAddress;
 pub use vcpu::{SystemEvent, Vcpu, VcpuExit};
-pub use vm::{IoEventAddress, MsiMessage, Vm};
+pub use vm::{MsiMessage, Vm};

@@ -19,7 +19,7 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{VcpuExit as KvmExit, VcpuFd};
 
-use crate::emulation::{self, InternalError, InternalErrorOutcome};
+use crate::emulation::{self, CompletingCpu, InternalError, InternalErrorOutcome};
 use crate::error::{HypervisorError, Result};
 
 /// Why a `KVM_EXIT_SYSTEM_EVENT` happened.
@@ -317,10 +317,13 @@ impl Vcpu {
         error.rip = self.fd.get_regs().ok().map(|r| r.rip);
         emulation::complete(self, error)
     }
+}
 
+/// What completing an instruction reads and changes on a stopped vCPU.
+impl CompletingCpu for Vcpu {
     /// Moves RIP past an instruction of `len` bytes, wrapping as the
     /// current code segment's operand size does.
-    pub(crate) fn advance_rip(&self, len: u64) -> Result<()> {
+    fn advance_rip(&self, len: u64) -> Result<()> {
         let sregs = self.fd.get_sregs().map_err(self.reg_err())?;
         let mut regs = self.fd.get_regs().map_err(self.reg_err())?;
         let next = regs.rip.wrapping_add(len);
@@ -337,7 +340,7 @@ impl Vcpu {
     /// Injects exception `vector` (no error code) for the next entry;
     /// false, and nothing changed, if an exception is already pending or
     /// being injected.
-    pub(crate) fn inject_exception(&self, vector: u8) -> Result<bool> {
+    fn inject_exception(&self, vector: u8) -> Result<bool> {
         let err = |source| HypervisorError::Events {
             id: self.id,
             source,
@@ -356,7 +359,7 @@ impl Vcpu {
         Ok(true)
     }
 
-    pub(crate) fn cr0(&self) -> Result<u64> {
+    fn cr0(&self) -> Result<u64> {
         Ok(self.fd.get_sregs().map_err(self.reg_err())?.cr0)
     }
 
@@ -365,7 +368,7 @@ impl Vcpu {
     /// `KVM_GET_FPU`: on a host whose KVM emulates guest code it returned
     /// a stale status word once the guest had changed it again
     /// (hypervisor/tests/guest_instructions.rs catches that).
-    pub(crate) fn x87_status_and_control(&self) -> Result<(u16, u16)> {
+    fn x87_status_and_control(&self) -> Result<(u16, u16)> {
         let xsave = self.fd.get_xsave().map_err(|source| HypervisorError::Fpu {
             id: self.id,
             source,
@@ -373,7 +376,9 @@ impl Vcpu {
         let word = xsave.region[0];
         Ok(((word >> 16) as u16, word as u16))
     }
+}
 
+impl Vcpu {
     /// The general, control and segment registers, one line each group,
     /// for a fatal exit's log.
     pub fn register_dump(&self) -> String {

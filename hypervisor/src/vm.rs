@@ -22,23 +22,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::cpu_model::CpuModel;
 use crate::error::{HypervisorError, Result};
+use crate::io_event::IoEventAddress;
 use crate::vcpu::Vcpu;
-
-/// Where a guest write should signal an eventfd.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IoEventAddress {
-    Pio(u64),
-    Mmio(u64),
-}
-
-impl From<IoEventAddress> for kvm_ioctls::IoEventAddress {
-    fn from(a: IoEventAddress) -> Self {
-        match a {
-            IoEventAddress::Pio(p) => kvm_ioctls::IoEventAddress::Pio(p),
-            IoEventAddress::Mmio(m) => kvm_ioctls::IoEventAddress::Mmio(m),
-        }
-    }
-}
 
 /// An MSI message as the guest programs it into an MSI-X table entry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

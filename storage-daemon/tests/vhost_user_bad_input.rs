@@ -199,9 +199,9 @@ fn vring_outside_guest_memory_is_refused() {
 fn socket_path_that_exists_or_cannot_be_created_fails_the_start() {
     let dir = TempDir::new("sockpath");
     let image = raw_disk(&dir);
-    let taken = dir.path("taken.sock");
+    let taken = dir.join("taken.sock");
     std::fs::write(&taken, b"not a socket").unwrap();
-    let missing = dir.path("no-such-dir/vhost.sock");
+    let missing = dir.join("no-such-dir/vhost.sock");
     for socket in [&taken, &missing] {
         let out = testkit::output_within(
             Command::new(env!("CARGO_BIN_EXE_ch-storage-daemon")).args([
@@ -345,7 +345,7 @@ fn malformed_chains_get_the_answers_of_the_in_vmm_device() {
     let dir = TempDir::new("chains");
     let image = raw_disk(&dir);
     // The in-VMM device over a copy of the same image.
-    let copy = dir.path("copy.raw");
+    let copy = dir.join("copy.raw");
     std::fs::copy(&image, &copy).unwrap();
     let mut options = DiskOptions::new(&copy);
     options.image_type = ImageType::Raw;

@@ -34,7 +34,7 @@ fn make_image(dir: &TempDir, format: Format) -> (PathBuf, PathBuf) {
     let image = match format {
         Format::Raw => zeroed_raw(dir, "disk.raw", IMAGE_SIZE),
         Format::Qcow2 => {
-            let p = dir.path("disk.qcow2");
+            let p = dir.join("disk.qcow2");
             run(Command::new("qemu-img").args([
                 "create",
                 "-q",
@@ -201,7 +201,7 @@ fn qcow2_image_without_event_idx() {
 #[test]
 fn read_only_export_offers_ro_and_refuses_writes() {
     let dir = TempDir::new("ro");
-    let image = dir.path("disk.raw");
+    let image = dir.join("disk.raw");
     std::fs::write(&image, pattern(9, 1 << 20)).unwrap();
     let daemon = Daemon::start(&dir, &image, "", "logical_block_size=4096");
     let mut fe = FrontEnd::connect(&daemon.socket, FrontEndOptions::default());
@@ -318,7 +318,7 @@ fn get_vring_base_reports_where_the_worker_stopped_and_the_queue_resumes() {
 #[test]
 fn a_new_memory_table_restarts_the_running_queues() {
     let dir = TempDir::new("memtable");
-    let image = dir.path("disk.raw");
+    let image = dir.join("disk.raw");
     std::fs::write(&image, pattern(5, 1 << 20)).unwrap();
     let daemon = Daemon::start(&dir, &image, "", "writable=on,num_queues=2");
     let opts = FrontEndOptions {
@@ -380,7 +380,7 @@ fn writable_export_of_a_read_only_image_is_refused() {
             "--export",
             &format!(
                 "type=vhost-user-blk,socket={},writable=on",
-                dir.path("s.sock").display()
+                dir.join("s.sock").display()
             ),
         ]),
         testkit::COMMAND_LIMIT,
@@ -388,7 +388,7 @@ fn writable_export_of_a_read_only_image_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("writable=on"), "{err}");
-    assert!(!dir.path("s.sock").exists());
+    assert!(!dir.join("s.sock").exists());
 }
 
 #[test]

@@ -209,7 +209,7 @@ fn backend_with_too_few_queues_is_refused_naming_the_socket() {
 #[test]
 fn missing_socket_is_named() {
     let dir = TempDir::new("vufront-none");
-    let socket = dir.path("nobody.sock");
+    let socket = dir.join("nobody.sock");
     let err = VhostUserBlkDevice::new(&VhostUserBlkConfig {
         socket: socket.clone(),
         num_queues: 1,

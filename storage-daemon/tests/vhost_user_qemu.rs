@@ -81,7 +81,7 @@ fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
 
 /// Boots QEMU until the marker is on its serial port; returns it running.
 fn boot(daemon: &mut Daemon, dir: &TempDir, round: u32) -> Child {
-    let serial = dir.path(&format!("serial{round}.log"));
+    let serial = dir.join(format!("serial{round}.log"));
     let mut qemu = start_qemu(&daemon.socket, &serial);
     let read_serial = || std::fs::read_to_string(&serial).unwrap_or_default();
     wait_for("the boot sector's marker", Duration::from_secs(90), || {
@@ -100,11 +100,11 @@ fn qemu_boots_from_the_export_and_reconnects_after_kill_and_stop() {
         return;
     }
     let dir = TempDir::new("qemu");
-    let raw = dir.path("boot.raw");
+    let raw = dir.join("boot.raw");
     let mut contents = boot_sector();
     contents.resize(8 << 20, 0);
     std::fs::write(&raw, &contents).unwrap();
-    let image = dir.path("boot.qcow2");
+    let image = dir.join("boot.qcow2");
     run(Command::new("qemu-img").args([
         "convert",
         "-q",

@@ -7,13 +7,16 @@
 //! whose output goes elsewhere); [`try_output_within`] is
 //! [`output_within`] for a caller that must not panic (a `Drop` that
 //! unmounts, a probe whose failure means "not available"); [`signal`]
-//! sends a child a signal with `kill(1)` under a deadline, and a
+//! sends a child a signal with `kill(1)` under a deadline;
+//! [`stop_cleanly`] stops a daemon a test started (SIGTERM, then exit
+//! status 0 in time, or a failure that shows the daemon's log); a
 //! [`ChildGuard`] kills its child when a test fails before it does;
 //! [`with_deadline`]
 //! runs a closure on its own thread and gives up on it when it overruns
 //! (its thread is left behind; the failing test ends the process soon).
 
 use std::io::Read;
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -57,20 +60,48 @@ pub fn wait_within(child: Child, what: &str, limit: Duration) -> Output {
 /// is killed and fails the test.
 #[track_caller]
 pub fn exit_within(child: &mut Child, what: &str, limit: Duration) -> ExitStatus {
+    try_exit_within(child, what, limit).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`exit_within`] that returns why there is no status instead of
+/// panicking (the child overran `limit` and was killed).
+fn try_exit_within(child: &mut Child, what: &str, limit: Duration) -> Result<ExitStatus, String> {
     let start = Instant::now();
     loop {
         match child.try_wait() {
-            Ok(Some(status)) => return status,
+            Ok(Some(status)) => return Ok(status),
             Ok(None) if start.elapsed() < limit => {
                 std::thread::sleep(Duration::from_millis(5));
             }
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("{what} still running after {limit:?} (a hang?); killed");
+                return Err(format!(
+                    "{what} still running after {limit:?} (a hang?); killed"
+                ));
             }
-            Err(e) => panic!("waiting for {what}: {e}"),
+            Err(e) => return Err(format!("waiting for {what}: {e}")),
         }
+    }
+}
+
+/// Stops a daemon the test started and expects to stop cleanly: SIGTERM,
+/// then exit status 0 within `limit`. Fails the test naming `what`, with
+/// the daemon's log (the file at `log`, read at that moment), when the
+/// signal cannot be sent, the daemon overruns `limit` (it is then
+/// killed) or it exits with a failure.
+#[track_caller]
+pub fn stop_cleanly(child: &mut Child, what: &str, limit: Duration, log: &Path) {
+    let log_text = || std::fs::read_to_string(log).unwrap_or_default();
+    let stopped = signal(child.id(), "TERM")
+        .and_then(|()| try_exit_within(child, &format!("{what} after SIGTERM"), limit));
+    match stopped {
+        Ok(status) if status.success() => {}
+        Ok(status) => panic!(
+            "{what} exited with {status} after SIGTERM; log:\n{}",
+            log_text()
+        ),
+        Err(e) => panic!("{e}; log:\n{}", log_text()),
     }
 }
 
@@ -261,6 +292,42 @@ mod tests {
             signal(pid, "0").is_err(),
             "the overrunning child was killed"
         );
+    }
+
+    #[test]
+    fn stop_cleanly_passes_a_clean_exit_and_fails_the_rest_with_the_log() {
+        let dir = crate::TempDir::new("testkit-stop");
+        let log = dir.join("log");
+        std::fs::write(&log, "the daemon's last words").unwrap();
+        let daemon = |script: &str| Command::new("sh").args(["-c", script]).spawn().unwrap();
+        // Exits 0 on SIGTERM.
+        let mut clean = daemon("trap 'exit 0' TERM; while :; do sleep 0.05; done");
+        std::thread::sleep(Duration::from_millis(200));
+        stop_cleanly(&mut clean, "clean", Duration::from_secs(20), &log);
+        let failing = |script: &'static str, limit| {
+            let panic = std::panic::catch_unwind(|| {
+                let mut child = daemon(script);
+                std::thread::sleep(Duration::from_millis(200));
+                stop_cleanly(&mut child, "stubborn", limit, &log)
+            })
+            .unwrap_err();
+            panic.downcast_ref::<String>().unwrap().clone()
+        };
+        let msg = failing(
+            "trap 'exit 3' TERM; while :; do sleep 0.05; done",
+            Duration::from_secs(20),
+        );
+        assert!(msg.contains("exited with exit status: 3"), "{msg}");
+        assert!(msg.contains("the daemon's last words"), "{msg}");
+        let msg = failing(
+            "trap '' TERM; while :; do sleep 0.05; done",
+            Duration::from_millis(300),
+        );
+        assert!(
+            msg.contains("stubborn after SIGTERM still running"),
+            "{msg}"
+        );
+        assert!(msg.contains("the daemon's last words"), "{msg}");
     }
 
     #[test]

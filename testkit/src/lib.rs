@@ -17,8 +17,8 @@ use std::path::Path;
 
 pub mod deadline;
 pub use deadline::{
-    exit_within, output_within, signal, try_output_within, wait_within, with_deadline, ChildGuard,
-    COMMAND_LIMIT,
+    exit_within, output_within, signal, stop_cleanly, try_output_within, wait_within,
+    with_deadline, ChildGuard, COMMAND_LIMIT,
 };
 pub mod mount;
 pub mod nbd_server;

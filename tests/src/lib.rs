@@ -8,39 +8,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-/// A directory under the system temp dir, removed on drop.
-pub struct TempDir {
-    path: PathBuf,
-}
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("ch-it-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        TempDir { path }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// `name` inside the directory, as a string (for command lines).
-    pub fn file(&self, name: &str) -> String {
-        self.path.join(name).to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
+/// The scratch folder of every test here: testkit's (under the system
+/// temp dir, removed when the test ends).
+pub use testkit::TempDir;
 
 /// The target profile directory this test binary was built into
 /// (`target/debug`), found from the test executable's path.

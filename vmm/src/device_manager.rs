@@ -17,17 +17,14 @@ use std::fs::File;
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use block::{BlockError, ExclusiveImage};
+use block::ExclusiveImage;
 use hypervisor::Vm;
-use thiserror::Error;
-use virtio_devices::block::BlockDeviceError;
-use virtio_devices::transport::TransportError;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{BootConfig, LocalDiskConfig, SeccompMode, SerialMode};
 use crate::devices::acpi_pm::{self, AcpiPm};
-use crate::devices::bus::{Bus, BusOverlap};
+use crate::devices::bus::Bus;
 use crate::devices::cmos::Cmos;
 use crate::devices::ged::{self, GedEvents};
 use crate::devices::i8042::I8042;
@@ -35,61 +32,16 @@ use crate::devices::pci::{PciConfigPorts, PciDevices, PciMmioWindow};
 use crate::devices::pci_hotplug::{self, PciHotplug};
 use crate::devices::serial::{forward_stdin, SerialPort};
 use crate::disk_registry::{CarriedDisk, DiskRegistry};
+use crate::exit::ExitSignal;
 use crate::layout::{
     ACPI_PM_PORT, CMOS_PORT, COM1_IRQ, COM1_PORT, GED_EVENT_PORT, GED_IRQ, I8042_PORT,
     PCI_CONFIG_PORT, PCI_HOTPLUG_PORT, PCI_MMIO_END, PCI_MMIO_START,
 };
-use crate::machine::Devices;
 use crate::pci_attach::{KvmNotifyRegistry, PciAttach};
 use crate::seccomp::{self, ThreadKind};
-use crate::vm::ExitSignal;
 
-#[derive(Debug, Error)]
-pub enum DeviceError {
-    #[error("cannot open disk {path}")]
-    OpenDisk {
-        path: String,
-        #[source]
-        source: BlockError,
-    },
-    #[error("cannot create virtio-blk device for {path}")]
-    CreateBlock {
-        path: String,
-        #[source]
-        source: BlockDeviceError,
-    },
-    #[error("cannot create virtio-pci transport")]
-    Transport(#[source] TransportError),
-    #[error("cannot open serial output file {path}")]
-    SerialFile {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
-    #[error("cannot start the serial input thread")]
-    SerialInput(#[source] io::Error),
-    #[error("cannot create an eventfd")]
-    EventFd(#[source] io::Error),
-    #[error("KVM rejected an interrupt or notification set-up")]
-    Kvm(#[source] hypervisor::HypervisorError),
-    #[error("device address conflict")]
-    Bus(#[source] BusOverlap),
-    #[error("cannot build the queue workers' seccomp filter")]
-    Seccomp(#[source] crate::seccomp::SeccompError),
-    #[error("disk {path} has the backing file {backing}, and backing_files is off")]
-    BackingFilesOff { path: String, backing: String },
-    #[error("too many disks: the PCI bus and MMIO window hold {0}")]
-    TooManyDisks(usize),
-    #[error("cannot set up a vhost-user disk")]
-    VhostUser(#[source] virtio_devices::vhost_user_blk::VhostUserBlkError),
-}
-
-/// A disk opened from its `--disk` config, by its owner (the tools that
-/// resize and snapshot it come along).
-pub struct OpenedDisk {
-    pub config: LocalDiskConfig,
-    pub image: ExclusiveImage,
-}
+pub use crate::device_error::DeviceError;
+pub use crate::disk_registry::OpenedDisk;
 
 /// Opens every disk (format probe, backing chain, locks, engine choice)
 /// and logs one line per disk with the engine in use.
@@ -154,6 +106,14 @@ pub struct SerialLine {
     irq: EventFd,
     /// Whether the port takes the VMM's stdin.
     tty: bool,
+}
+
+/// What a new machine's devices start from.
+pub enum Devices {
+    /// Disks opened for this boot.
+    Fresh(Vec<OpenedDisk>),
+    /// The previous boot's devices (a reboot).
+    Carried(Carried),
 }
 
 /// What a reboot takes from one machine to the next.

@@ -20,9 +20,18 @@ use virtio_devices::block::{BlockDevice, BlockDeviceConfig, SharedBlockDevice};
 use virtio_devices::transport::{DeviceEvent, VirtioPciDevice};
 use virtio_devices::VirtioDevice;
 
+use block::ExclusiveImage;
+
 use crate::config::{next_free_disk_id, LocalDiskConfig, VhostUserDiskConfig};
-use crate::device_manager::{DeviceError, OpenedDisk};
+use crate::device_error::DeviceError;
 use crate::pci_attach::{AttachedFunction, PciAttach};
+
+/// A disk opened from its config, by its owner (the tools that
+/// resize and snapshot it come along).
+pub struct OpenedDisk {
+    pub config: LocalDiskConfig,
+    pub image: ExclusiveImage,
+}
 
 /// What serves a disk.
 pub enum DiskBackend {

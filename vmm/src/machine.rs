@@ -22,20 +22,14 @@ use vmm_sys_util::signal::Killable;
 
 use crate::boot::{self, BootEntry};
 use crate::config::{BootConfig, SeccompMode};
-use crate::device_manager::{Carried, DeviceManager, OpenedDisk};
+use crate::device_manager::{Carried, DeviceManager, Devices};
+use crate::exit::ExitSignal;
 use crate::memory::create_guest_memory;
 use crate::seccomp::{self, ThreadKind};
-use crate::vcpu::{kick_signal, run_vcpu, VcpuContext, VcpuHandle};
+use crate::vcpu::{run_vcpu, VcpuContext};
 use crate::vcpu_pause::PauseGate;
-use crate::vm::{ExitSignal, VmError};
-
-/// What a new machine's devices start from.
-pub enum Devices {
-    /// Disks opened for this boot.
-    Fresh(Vec<OpenedDisk>),
-    /// The previous boot's devices (a reboot).
-    Carried(Carried),
-}
+use crate::vcpu_thread::{kick_signal, VcpuHandle};
+use crate::vm_error::VmError;
 
 /// What [`build`] needs besides the config.
 pub struct Wiring {
@@ -239,7 +233,7 @@ fn start_vcpus(
             .spawn(move || {
                 if let Err(e) = seccomp::apply_programs(&filters) {
                     ctx.exit
-                        .request(crate::vm::ExitReason::Fatal(format!("vCPU seccomp: {e}")));
+                        .request(crate::exit::ExitReason::Fatal(format!("vCPU seccomp: {e}")));
                     return;
                 }
                 run_vcpu(vcpu, ctx)

@@ -19,7 +19,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::local_disk::MAX_QUEUES;
-use crate::device_manager::DeviceError;
+use crate::device_error::DeviceError;
 use crate::devices::pci::{NotifyRegistry, PciDevices};
 use crate::layout::{PCI_MMIO_END, PCI_MMIO_START};
 use crate::seccomp;

@@ -12,134 +12,15 @@
 //! VMM ended as asked but a disk failed its last flush or close: the
 //! exit status must tell a supervisor so).
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use thiserror::Error;
-use vmm_sys_util::eventfd::EventFd;
-
-use crate::api::socket::SocketError;
 use crate::api::{ApiReceiver, ApiServer};
-use crate::boot::BootError;
 use crate::config::{ApiSocketConfig, RunConfig, SeccompMode};
 use crate::control::Control;
-use crate::device_manager::DeviceError;
-use crate::memory::MemoryError;
-use crate::seccomp::{self, SeccompError, ThreadKind};
+pub use crate::exit::{ExitReason, ExitSignal};
+use crate::seccomp::{self, ThreadKind};
 use crate::vm_builder::VmBuilder;
-
-/// Why the VM (or the VMM) ended, or what the guest asked for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ExitReason {
-    /// The guest asked for a reset (i8042, the ACPI reset register, a
-    /// triple fault): the VM reboots.
-    Reset,
-    /// The guest powered off (ACPI S5): the VMM ends, as upstream's does.
-    PowerOff,
-    /// SIGTERM or SIGINT.
-    Signal(i32),
-    /// `vmm.shutdown` through the API.
-    ApiShutdown,
-    /// Something we cannot continue from.
-    Fatal(String),
-}
-
-/// First reason wins; the control loop (`crate::control`) waits on the
-/// eventfd.
-pub struct ExitSignal {
-    reason: Mutex<Option<ExitReason>>,
-    evt: EventFd,
-}
-
-impl ExitSignal {
-    pub fn new() -> std::io::Result<Self> {
-        Ok(ExitSignal {
-            reason: Mutex::new(None),
-            evt: EventFd::new(libc::EFD_NONBLOCK)?,
-        })
-    }
-
-    pub fn request(&self, reason: ExitReason) {
-        let mut r = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
-        if r.is_none() {
-            *r = Some(reason);
-        }
-        if let Err(e) = self.evt.write(1) {
-            log::error!("cannot signal VM exit: {e}");
-        }
-    }
-
-    /// Takes the reason requested so far (the next request wins again).
-    pub fn take(&self) -> Option<ExitReason> {
-        let _ = self.evt.read();
-        self.reason
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-    }
-
-    /// The reason requested so far, if any.
-    pub fn peek(&self) -> Option<ExitReason> {
-        self.reason
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    pub fn eventfd(&self) -> &EventFd {
-        &self.evt
-    }
-}
-
-#[derive(Debug, Error)]
-pub enum VmError {
-    #[error("cannot create the VM")]
-    CreateVm(#[source] hypervisor::HypervisorError),
-    #[error("cannot set up guest memory")]
-    Memory(#[source] MemoryError),
-    #[error("cannot load the guest")]
-    LoadGuest(#[source] BootError),
-    #[error("cannot set up devices")]
-    Devices(#[source] DeviceError),
-    #[error("cannot create vCPU")]
-    CreateVcpu(#[source] hypervisor::HypervisorError),
-    #[error("cannot start vCPU thread")]
-    SpawnVcpu(#[source] std::io::Error),
-    #[error("cannot create exit eventfd")]
-    ExitEventFd(#[source] std::io::Error),
-    #[error("cannot install seccomp filter")]
-    Seccomp(#[source] SeccompError),
-    #[error("cannot install signal handlers")]
-    Signals(#[source] std::io::Error),
-    #[error("cannot set up the API socket")]
-    ApiSocket(#[source] SocketError),
-    #[error("cannot start the API server")]
-    ApiServer(#[source] std::io::Error),
-    #[error("the control loop failed")]
-    Control(#[source] std::io::Error),
-    /// The VM ended as asked, but a disk's last flush or close failed
-    /// (its data may not all be on stable storage).
-    #[error("the VM ended ({reason:?}), but closing its disks failed: {failures}")]
-    CloseDisks {
-        reason: ExitReason,
-        failures: String,
-    },
-    #[error("cannot start the event monitor")]
-    EventMonitor(#[source] std::io::Error),
-    #[error("cannot install the SIGSYS handler")]
-    Sigsys(#[source] std::io::Error),
-    #[error("cannot start the NBD connector thread")]
-    NbdConnector(#[source] std::io::Error),
-    #[error("cannot start the vm-builder thread")]
-    Builder(#[source] std::io::Error),
-    #[error("the vm-builder thread is gone")]
-    BuilderGone,
-    #[error("the VM is not created")]
-    NotCreated,
-    #[error("invalid VM configuration")]
-    Config(#[source] crate::config::VmConfigError),
-    #[error("cannot open the disks")]
-    OpenDisks(#[source] DeviceError),
-}
+pub use crate::vm_error::VmError;
 
 /// What the process needs before it opens a disk or installs a filter:
 /// glibc's arena limit fixed, the SIGSYS report installed, the NBD

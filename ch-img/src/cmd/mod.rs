@@ -1,6 +1,8 @@
 //! One module per ch-img verb. Each `run` takes the words after the verb
 //! and returns the process exit status; each `SPEC` is the options its
-//! parser takes ([`option_spec`], which the help test reads).
+//! parser takes ([`option_spec`], which the help test reads). What the
+//! verbs share sits below them, in [`output`] (`--output`, qemu-img's
+//! JSON layout).
 
 pub mod amend;
 pub mod bench;
@@ -18,12 +20,12 @@ pub mod rebase;
 pub mod resize;
 pub mod snapshot;
 
-use std::io::Write;
+mod output;
+
+pub use output::{print_json, OutputFormat};
 
 #[cfg(test)]
 use crate::args::OptSpec;
-use crate::error::CliError;
-use crate::json_style::QemuJson;
 
 /// The options verb `verb`'s parser takes (`None`: no such verb); the
 /// help test holds each verb's help against it.
@@ -47,32 +49,4 @@ pub fn option_spec(verb: &str) -> Option<&'static OptSpec> {
         "snapshot" => &snapshot::SPEC,
         _ => return None,
     })
-}
-
-/// `--output=human|json`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutputFormat {
-    Human,
-    Json,
-}
-
-impl OutputFormat {
-    pub fn parse(value: Option<&str>) -> Result<Self, CliError> {
-        match value {
-            None | Some("human") => Ok(Self::Human),
-            Some("json") => Ok(Self::Json),
-            Some(other) => Err(CliError::Usage(format!(
-                "--output must be used with human or json as argument (not '{other}')"
-            ))),
-        }
-    }
-}
-
-/// Prints a JSON value the way qemu-img does: four-space indentation.
-pub fn print_json(value: &serde_json::Value) -> Result<(), CliError> {
-    let mut out = Vec::new();
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, QemuJson::default());
-    serde::Serialize::serialize(value, &mut ser).map_err(|e| CliError::Stdout(e.into()))?;
-    out.push(b'\n');
-    std::io::stdout().write_all(&out).map_err(CliError::Stdout)
 }

@@ -1,9 +1,9 @@
 //! The fixed-size headers of both phases.
 
+use super::bytes::{be16, be32, be64};
 use super::consts::{
     IHAVEOPT, REPLY_MAGIC, REQUEST_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC,
 };
-use super::{be16, be32, be64};
 
 /// An option the client sends during the handshake; `len` bytes of data
 /// follow.

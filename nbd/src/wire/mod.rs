@@ -11,33 +11,12 @@
 //! checks); it only needs enough bytes, which callers guarantee by asking
 //! for `SIZE` bytes first.
 
+mod bytes;
 pub mod consts;
 mod header;
 
+pub use bytes::{be16, be32, be64, put_string};
 pub use header::{ChunkHeader, OptionHeader, OptionReplyHeader, RequestHeader, SimpleReplyHeader};
-
-/// Reads a big-endian `u16` at `at` (the caller checked the length).
-pub fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-/// Reads a big-endian `u32` at `at` (the caller checked the length).
-pub fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-/// Reads a big-endian `u64` at `at` (the caller checked the length).
-pub fn be64(b: &[u8], at: usize) -> u64 {
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(v)
-}
-
-/// Appends a length-prefixed (`u32`) string.
-pub fn put_string(out: &mut Vec<u8>, s: &[u8]) {
-    out.extend_from_slice(&(s.len() as u32).to_be_bytes());
-    out.extend_from_slice(s);
-}
 
 /// The protocol's error numbers for a Linux errno (the values agree for
 /// the errors it names; anything else is EINVAL, as the protocol asks).

@@ -9,13 +9,17 @@
 //! stop taking requests, waits for every request in flight and joins its
 //! threads, so the daemon can then close the image clean.
 
+#[cfg(test)]
+mod error_answers;
 pub mod fuse;
 pub mod nbd;
+mod running;
 pub mod vhost_user_blk;
 
 use block::options::kv::{KvError, KvList};
 use block::ExclusiveImage;
-use thiserror::Error;
+
+pub use running::{Export, ExportError};
 
 /// One `--export`.
 #[derive(Debug)]
@@ -44,34 +48,6 @@ impl ExportConfig {
             }),
         }
     }
-}
-
-/// A running export.
-pub trait Export {
-    /// One line for the log: what is exported where.
-    fn describe(&self) -> String;
-    /// Stops taking requests, completes every request in flight and joins
-    /// the export's threads.
-    fn stop(self: Box<Self>) -> Result<(), ExportError>;
-}
-
-/// Why an export could not start or stop cleanly.
-#[derive(Debug, Error)]
-pub enum ExportError {
-    #[error("fuse export on {mountpoint}: {reason}")]
-    Fuse { mountpoint: String, reason: String },
-    #[error("vhost-user-blk export on {socket}: {reason}")]
-    VhostUserBlk { socket: String, reason: String },
-    #[error("nbd export on {addr}: {reason}")]
-    Nbd { addr: String, reason: String },
-    #[error("{what}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Block(#[from] block::BlockError),
 }
 
 /// Starts the export `config` of `image`, which the daemon owns: the

@@ -129,26 +129,12 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// SIGTERM, then waits for a clean exit; returns the log.
+    /// SIGTERM, then a clean exit within 30 s, unmounted; returns the log.
     pub fn stop(mut self) -> String {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "daemon did not stop: {}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let log = self.log_text();
-        assert!(status.success(), "daemon exit {status}: {log}");
+        let limit = Duration::from_secs(30);
+        testkit::stop_cleanly(&mut self.child, "ch-storage-daemon", limit, &self.log);
         assert!(!is_fuse_mount(&self.mountpoint), "still mounted after stop");
-        log
+        self.log_text()
     }
 
     /// SIGKILL and reap.

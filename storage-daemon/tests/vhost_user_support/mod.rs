@@ -25,23 +25,11 @@ use virtio_host_driver::{DriverOptions, DriverQueue, EventFdInterrupt, QueueDriv
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-/// A scratch folder (vmm-sys-util's, removed on drop).
-pub struct TempDir(vmm_sys_util::tempdir::TempDir);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        let prefix = std::env::temp_dir().join(format!("vublk-{tag}-"));
-        TempDir(vmm_sys_util::tempdir::TempDir::new_with_prefix(prefix).expect("scratch folder"))
-    }
-
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.0.as_path().join(name)
-    }
-}
+pub use testkit::TempDir;
 
 /// A raw image of `size` zero bytes named `name` in `dir`.
 pub fn zeroed_raw(dir: &TempDir, name: &str, size: u64) -> PathBuf {
-    let path = dir.path(name);
+    let path = dir.join(name);
     File::create(&path)
         .and_then(|f| f.set_len(size))
         .expect("raw image");
@@ -77,8 +65,8 @@ impl Daemon {
     /// Starts the daemon on `image` with `--export type=vhost-user-blk,
     /// socket=...,<export_keys>` and waits for the socket.
     pub fn start(dir: &TempDir, image: &Path, image_keys: &str, export_keys: &str) -> Self {
-        let socket = dir.path("vhost.sock");
-        let log = dir.path("daemon.log");
+        let socket = dir.join("vhost.sock");
+        let log = dir.join("daemon.log");
         let mut image_arg = format!("path={}", image.display());
         if !image_keys.is_empty() {
             image_arg.push(',');
@@ -145,20 +133,13 @@ impl Daemon {
         last
     }
 
-    /// SIGTERM, then waits; asserts a clean exit and returns the log.
+    /// SIGTERM, then a clean exit within 60 s with the socket removed;
+    /// returns the log.
     pub fn stop(mut self) -> String {
-        // SAFETY: kill only sends a signal to our child.
-        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        assert_eq!(rc, 0);
-        let status = testkit::exit_within(
-            &mut self.child,
-            "ch-storage-daemon after SIGTERM",
-            Duration::from_secs(60),
-        );
-        let log = self.log_text();
-        assert!(status.success(), "daemon exit {status}: {log}");
+        let limit = Duration::from_secs(60);
+        testkit::stop_cleanly(&mut self.child, "ch-storage-daemon", limit, &self.log);
         assert!(!self.socket.exists(), "the socket was not removed");
-        log
+        self.log_text()
     }
 }
 

@@ -152,7 +152,7 @@ impl CommonConfig {
         let (v32, v16) = (v as u32, v as u16);
         // Queue registers are frozen once the queue is enabled, and
         // everything but status is frozen after DRIVER_OK.
-        let driver_ok = self.status & super::STATUS_DRIVER_OK != 0;
+        let driver_ok = self.status & super::status::STATUS_DRIVER_OK != 0;
         let sel = usize::from(self.queue_select);
         let set_addr = |field: &mut u64, base: u64| {
             let shift = (offset - base) * 8;

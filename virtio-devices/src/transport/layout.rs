@@ -7,10 +7,12 @@
 //! intercepts.
 
 use super::common_config::COMMON_CONFIG_SIZE;
+use super::error::TransportError;
 use super::msix::ENTRY_SIZE;
 use super::pci_config::PciConfig;
-use super::virtio_pci::TransportError;
-use super::VIRTIO_PCI_VENDOR;
+
+/// PCI vendor ID of virtio devices.
+pub const VIRTIO_PCI_VENDOR: u16 = 0x1af4;
 
 // BAR 0 layout.
 pub const COMMON_OFFSET: u64 = 0x0000;

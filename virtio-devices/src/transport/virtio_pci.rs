@@ -14,11 +14,11 @@
 
 use std::sync::Arc;
 
-use thiserror::Error;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::common_config::{CommonConfig, CommonWrite, COMMON_CONFIG_SIZE};
+use super::error::TransportError;
 use super::layout::{build_config, FunctionConfig};
 pub use super::layout::{
     BAR_SIZE, COMMON_OFFSET, DEVICE_CFG_OFFSET, DEVICE_CFG_SIZE, ISR_OFFSET, MAX_VECTORS,
@@ -26,7 +26,7 @@ pub use super::layout::{
 };
 use super::msix::{MsiRouter, Msix};
 use super::pci_config::PciConfig;
-use super::{STATUS_DRIVER_OK, STATUS_FAILED, STATUS_FEATURES_OK, STATUS_NEEDS_RESET};
+use super::status::{STATUS_DRIVER_OK, STATUS_FAILED, STATUS_FEATURES_OK, STATUS_NEEDS_RESET};
 use crate::device::VirtioDevice;
 
 /// Feature bits this transport cannot carry (packed rings, notification
@@ -34,22 +34,6 @@ use crate::device::VirtioDevice;
 const TRANSPORT_UNSUPPORTED: u64 = (1 << 34) | (1 << 38) | (1 << 39) | (1 << 40);
 const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
-
-#[derive(Debug, Error)]
-pub enum TransportError {
-    #[error("device has {queues} queues; MSI-X needs {needed} vectors, table holds {max}")]
-    TooManyQueues {
-        queues: usize,
-        needed: usize,
-        max: usize,
-    },
-    #[error("{got} irqfds for {needed} MSI-X vectors")]
-    IrqfdCount { got: usize, needed: usize },
-    #[error("cannot create kick eventfd")]
-    CreateEventFd(#[source] std::io::Error),
-    #[error("PCI config space has no room for the capabilities")]
-    ConfigSpaceFull,
-}
 
 /// Runs first in the thread that activates the device, so whatever it sets
 /// up (the VMM installs the queue workers' seccomp filter) is inherited by

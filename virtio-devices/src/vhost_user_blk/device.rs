@@ -19,9 +19,9 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::call_forwarder::CallForwarder;
+use super::error::{request_failed, VhostUserBlkError};
 use super::handshake::{self, Connection};
 use super::vrings::{self, VringFds};
-use super::{request_failed, VhostUserBlkError};
 use crate::block::VIRTIO_ID_BLOCK;
 use crate::device::{ActivateError, ActivatedQueue, VirtioDevice, VirtioInterrupt};
 

@@ -21,7 +21,7 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
-use super::{request_failed, VhostUserBlkError};
+use super::error::{request_failed, VhostUserBlkError};
 use crate::block::config_space::offset;
 use crate::block::features::bit;
 

@@ -12,7 +12,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{request_failed, VhostUserBlkError};
+use super::error::{request_failed, VhostUserBlkError};
 
 /// Most regions one SET_MEM_TABLE carries (fds in one message).
 pub const MAX_REGIONS: usize = 8;

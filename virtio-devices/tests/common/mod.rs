@@ -5,39 +5,17 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use block::{Disk, DiskOptions, EngineKind, ImageType};
 use virtio_devices::block::BlockDeviceConfig;
 use virtio_host_driver::{BlockHarness, DriverOptions, QueueDriver};
 
-/// A scratch folder removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::SeqCst);
-        let p = std::env::temp_dir().join(format!("vblk-{tag}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use testkit::TempDir;
 
 /// A raw image of `size` bytes whose sector N is filled with byte N % 251.
 pub fn raw_image(dir: &TempDir, size: u64) -> PathBuf {
-    let path = dir.path("disk.raw");
+    let path = dir.join("disk.raw");
     let mut data = vec![0u8; size as usize];
     for (i, chunk) in data.chunks_mut(512).enumerate() {
         chunk.fill((i % 251) as u8);
@@ -53,7 +31,7 @@ pub fn qcow2_from_raw(dir: &TempDir, raw: &Path) -> Option<PathBuf> {
     if !testkit::has_command("qemu-img") {
         return None;
     }
-    let path = dir.path("disk.qcow2");
+    let path = dir.join("disk.qcow2");
     let out = testkit::output_within(
         Command::new("qemu-img")
             .args([

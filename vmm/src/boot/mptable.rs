@@ -11,7 +11,6 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::acpi::checksum;
 use super::BootError;
 use crate::config::cpus::MAX_VCPUS;
 use crate::layout::{IOAPIC_START, LAPIC_START, MPTABLE_START};
@@ -20,6 +19,14 @@ const BUS_PCI: u8 = 0;
 const BUS_ISA: u8 = 1;
 const APIC_VERSION: u8 = 0x14;
 const IOAPIC_VERSION: u8 = 0x11;
+
+/// The byte that makes `bytes` sum to zero (mod 256) once added.
+fn checksum(bytes: &[u8]) -> u8 {
+    bytes
+        .iter()
+        .fold(0u8, |a, b| a.wrapping_add(*b))
+        .wrapping_neg()
+}
 
 /// Builds the floating pointer and configuration table for `cpus` vCPUs,
 /// to be placed at `base`.

@@ -17,11 +17,12 @@
 use super::{status, Control, RunningVm};
 use crate::api::ApiResponse;
 use crate::config::{SerialMode, VmConfig};
-use crate::device_manager::open_disks;
+use crate::device_manager::{open_disks, Devices};
 use crate::events::emit;
-use crate::machine::{build, Devices, Wiring};
+use crate::exit::ExitReason;
+use crate::machine::{build, Wiring};
 use crate::terminal::RawTerminal;
-use crate::vm::{ExitReason, VmError};
+use crate::vm_error::VmError;
 
 impl Control {
     /// Stores the command line's config, as `vm.create` would.

@@ -39,9 +39,9 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::api::endpoint::Responder;
 use crate::api::{ApiReceiver, ApiResponse};
 use crate::config::{BootConfig, SeccompMode, VmConfig};
+use crate::exit::{ExitReason, ExitSignal};
 use crate::machine::Machine;
 use crate::terminal::RawTerminal;
-use crate::vm::{ExitReason, ExitSignal};
 use crate::vm_builder::VmBuilder;
 
 const EXIT: u64 = 0;

@@ -19,7 +19,7 @@ use virtio_devices::block::{BlockDeviceError, ControlError};
 
 use crate::boot::BootError;
 use crate::device_manager::DeviceError;
-use crate::vm::VmError;
+use crate::vm_error::VmError;
 
 /// The status of a failed block-layer operation.
 pub(super) fn of_block(e: &BlockError) -> u16 {

@@ -8,16 +8,12 @@
 
 use std::sync::Arc;
 
+use super::acpi_pm_registers::{
+    RESET_OFFSET, RESET_VALUE, S5_SLEEP_TYPE, SLEEP_CONTROL_OFFSET, SLEEP_STATUS_OFFSET,
+};
 use super::bus::BusDevice;
-use crate::boot::acpi::dsdt::S5_SLEEP_TYPE;
-use crate::vm::{ExitReason, ExitSignal};
+use crate::exit::{ExitReason, ExitSignal};
 
-/// Register offsets from the port base (the FADT points at them).
-pub const SLEEP_CONTROL_OFFSET: u16 = 0;
-pub const SLEEP_STATUS_OFFSET: u16 = 1;
-pub const RESET_OFFSET: u16 = 2;
-/// What the guest writes to the reset register (FADT RESET_VALUE).
-pub const RESET_VALUE: u8 = 0x01;
 /// Registers in the block.
 pub const PORT_COUNT: u64 = 3;
 

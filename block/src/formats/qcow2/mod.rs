@@ -46,8 +46,7 @@
 //! - `create`: new images with qemu-img's defaults;
 //! - `plan_exec`: executing a read plan inline (COW sources, tests).
 //!
-//! No module here imports one that imports it back
-//! (`block/tests/module_cycles.rs`).
+//! Module cycles are found by the workspace's checker (`module-cycles/`).
 //!
 //! Data enters as guest ranges and leaves as plans of host extents; the
 //! format itself only reads and writes metadata: allocations, refcounts,

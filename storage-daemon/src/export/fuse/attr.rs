@@ -12,7 +12,7 @@ use block::aligned::AlignedBuf;
 use block::{Disk, ExclusiveImage, IoMemory, Resizer};
 
 use super::abi::{fattr, Attr, AttrOut, Pod, SetattrIn, ROOT_ID};
-use super::handler::Reply;
+use super::reply::Reply;
 
 /// How long the kernel may cache the attributes (qemu: one second).
 const ATTR_VALID_SECS: u64 = 1;

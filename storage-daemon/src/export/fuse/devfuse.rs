@@ -29,10 +29,12 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use super::abi::{OutHeader, Pod};
 use super::attr::ExportState;
-use super::handler::{dispatch, Action, FuseRequest, ParseError, Pending, Reply};
+use super::handler::dispatch;
 use super::helper_cpu::HelperCpu;
-use super::init::DEV_BUFFER_SIZE;
+use super::limits::DEV_BUFFER_SIZE;
 use super::reader_gate::{QuietSince, ReaderGate};
+use super::reply::{Action, Pending, Reply};
+use super::request::{FuseRequest, ParseError};
 use virtio_devices::adaptive_poll::{AdaptivePoll, WaitKind};
 
 const FUSE_EVENT: u64 = 0;

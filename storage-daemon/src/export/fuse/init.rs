@@ -14,14 +14,9 @@ use thiserror::Error;
 
 use super::abi::{init_flags, opcode, InitIn, InitOut, Pod, KERNEL_MINOR_VERSION, KERNEL_VERSION};
 use super::devfuse::write_reply;
-use super::handler::{FuseRequest, Reply};
-
-/// Largest WRITE (and READ) the kernel sends us: FUSE_MAX_PAGES pages.
-pub const MAX_PAGES: u16 = 32;
-pub const MAX_WRITE: u32 = MAX_PAGES as u32 * 4096;
-/// A /dev/fuse read needs room for the header, `fuse_write_in` and the
-/// largest write.
-pub const DEV_BUFFER_SIZE: usize = MAX_WRITE as usize + 4096;
+use super::limits::{DEV_BUFFER_SIZE, MAX_PAGES, MAX_WRITE};
+use super::reply::Reply;
+use super::request::FuseRequest;
 
 const SYSFS_ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 

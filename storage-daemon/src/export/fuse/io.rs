@@ -11,8 +11,9 @@ use block::{BlockRequest, IoMemory, RequestOp};
 
 use super::abi::{FallocateIn, LseekIn, LseekOut, Pod, ReadWriteIn, WriteOut};
 use super::attr::ExportState;
-use super::handler::{failed, Action, FuseRequest, Pending, Reply};
 use super::mount::MAX_READ;
+use super::reply::{failed, Action, Pending, Reply};
+use super::request::FuseRequest;
 
 fn submit(op: RequestOp, offset: u64, memory: IoMemory, pending: Pending) -> Action {
     Action::Submit {
@@ -291,7 +292,7 @@ mod tests {
 
     #[test]
     fn ring_requests_do_their_io_in_place() {
-        use crate::export::fuse::handler::InPlace;
+        use crate::export::fuse::request::InPlace;
         use vm_memory::{GuestAddress, GuestMemoryMmap};
         let (s, path) = state("inplace", 1 << 20, true, false);
         let mem = Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 8192)]).unwrap());

@@ -13,7 +13,9 @@
 //! CPU, each serving its CPU's ring queue and the next one ([`uring`]). Both transports hand
 //! every request to the same [`handler::dispatch`]; data requests become
 //! block requests on the thread's own disk queue ([`io`]), attributes
-//! live in [`attr`], the kernel structs in [`abi`]. [`FuseExport::stop`]
+//! live in [`attr`], the kernel structs in [`abi`]; the request and reply
+//! types they all share in [`request`] and [`reply`], the sizes asked
+//! for at FUSE_INIT in [`limits`]. [`FuseExport::stop`]
 //! unmounts, ends the connection and joins the threads once every request
 //! they took has been answered.
 
@@ -24,8 +26,11 @@ mod handler;
 mod helper_cpu;
 mod init;
 mod io;
+mod limits;
 mod mount;
 mod reader_gate;
+pub(super) mod reply;
+mod request;
 mod uring;
 mod uring_payload;
 mod uring_setup;
@@ -39,7 +44,7 @@ use std::time::Duration;
 use block::options::kv::{parse_on_off, KvError, KvList};
 use block::{Disk, ExclusiveImage};
 
-use super::{Export, ExportError};
+use super::running::{Export, ExportError};
 use attr::ExportState;
 use devfuse::DevQueue;
 use mount::{FuseMount, MountOptions};

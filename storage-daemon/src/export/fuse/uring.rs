@@ -46,7 +46,9 @@ use super::abi::{
     InHeader, OutHeader, Pod, UringCmdReq, UringReqHeader, URING_CMD_COMMIT_AND_FETCH,
 };
 use super::attr::ExportState;
-use super::handler::{dispatch, Action, FuseRequest, Pending, Reply};
+use super::handler::dispatch;
+use super::reply::{Action, Pending, Reply};
+use super::request::FuseRequest;
 use super::uring_payload::{PayloadArea, PAYLOAD_SIZE};
 use super::uring_setup::{
     build_ring, fuse_cmd, possible_cpus, register_sqe, served_queues, RingError, SERVERS_PER_QUEUE,

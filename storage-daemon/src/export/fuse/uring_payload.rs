@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use super::handler::InPlace;
-use super::init::MAX_WRITE;
+use super::limits::MAX_WRITE;
+use super::request::InPlace;
 
 /// The kernel's `max_payload_sz`: max(8 KiB, max_write, max_pages pages).
 pub const PAYLOAD_SIZE: usize = MAX_WRITE as usize;

@@ -5,8 +5,9 @@
 //! submits) or answers it at once (zero lengths, CACHE, BLOCK_STATUS,
 //! FAST_ZERO that would not be fast). [`Commands::on_completion`] turns
 //! each block completion into the reply; a write with FUA is followed by
-//! a flush, and answered when that completes. The one mapping from block
-//! errors to the protocol's error numbers is [`nbd_error`].
+//! a flush, and answered when that completes. A request the block layer
+//! fails is answered and logged by [`failed`], through the same seam as
+//! FUSE and virtio-blk.
 //!
 //! READ answers with one data chunk (structured) or the data after a
 //! simple reply; successes without data get a simple reply, errors an
@@ -23,29 +24,21 @@ use nbd::server::{replies, Command, Request};
 use nbd::wire::consts::{cmd_flag, error, state};
 use nbd::wire::nbd_error_from_errno;
 
-use super::ExportShared;
+use super::shared::ExportShared;
 
 /// Most extents in one BLOCK_STATUS answer (QEMU's server sends at most
 /// 1 MiB of them).
 const MAX_EXTENTS: usize = 1 << 17;
 
-/// The protocol's error number for a block error: the errno the error
-/// carries (a host I/O error's), else the one its kind means.
-pub fn nbd_error(e: &BlockError) -> u32 {
-    let errno = match e {
-        BlockError::Read { source, .. }
-        | BlockError::Write { source, .. }
-        | BlockError::Flush(source)
-        | BlockError::Fallocate { source, .. }
-        | BlockError::MetadataRead { source, .. }
-        | BlockError::MetadataWrite { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-        BlockError::NoSpace(_) => libc::ENOSPC,
-        BlockError::ReadOnly => libc::EPERM,
-        BlockError::OutOfRange { .. } => libc::EINVAL,
-        BlockError::Unsupported { .. } => libc::EOPNOTSUPP,
-        _ => libc::EIO,
-    };
-    nbd_error_from_errno(errno)
+/// The answer to a request that failed in the block layer, as FUSE and
+/// virtio-blk answer it: logged through the block crate's one log of
+/// failed requests (at the error's level, rate-limited;
+/// [`block::error_log`]), answered with the protocol's number for the
+/// error's errno ([`BlockError::errno`]: the host's own where there is
+/// one).
+pub fn failed(request: std::fmt::Arguments<'_>, e: &BlockError) -> u32 {
+    block::error_log::log_failed_request(request, e);
+    nbd_error_from_errno(e.errno())
 }
 
 /// What a block request in flight answers.
@@ -219,10 +212,13 @@ impl Commands {
                 Ok(st) if st.len > 0 => st,
                 Ok(_) => break,
                 Err(e) => {
+                    let cookie = req.cookie;
+                    let code = failed(
+                        format_args!("nbd: request {cookie:#x} (block status at {at})"),
+                        &e,
+                    );
                     let msg = format!("block status at {at}: {e}");
-                    out.push_with(|b| {
-                        replies::error(b, self.structured, req.cookie, nbd_error(&e), &msg)
-                    });
+                    out.push_with(|b| replies::error(b, self.structured, cookie, code, &msg));
                     return;
                 }
             };
@@ -295,13 +291,9 @@ impl Commands {
             }
             (_, Ok(_)) => out.push_with(|b| replies::ok(b, cookie)),
             (_, Err(e)) => {
-                log::log!(
-                    e.log_level(),
-                    "nbd: request {cookie:#x} failed: {}",
-                    ch_log::error_chain(&e)
-                );
+                let code = failed(format_args!("nbd: request {cookie:#x}"), &e);
                 let msg = e.to_string();
-                out.push_with(|b| replies::error(b, self.structured, cookie, nbd_error(&e), &msg));
+                out.push_with(|b| replies::error(b, self.structured, cookie, code, &msg));
             }
         }
     }

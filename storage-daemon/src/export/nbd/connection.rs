@@ -31,8 +31,8 @@ use nbd::wire::consts::MAX_PAYLOAD;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::commands::Commands;
-use super::listen::pollfd;
-use super::ExportShared;
+use super::poll::pollfd;
+use super::shared::ExportShared;
 
 /// A client has this long for each step of the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

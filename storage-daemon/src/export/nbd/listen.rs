@@ -21,7 +21,8 @@ use nbd::stream::Stream;
 use nbd::wire::consts::DEFAULT_PORT;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::ExportShared;
+use super::poll::pollfd;
+use super::shared::ExportShared;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ListenAddr {
@@ -261,14 +262,6 @@ impl Acceptor {
             Ok(thread) => self.clients.push(Client { thread, socket }),
             Err(e) => log::warn!("nbd: cannot start a connection thread: {e}"),
         }
-    }
-}
-
-pub fn pollfd(fd: i32) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
     }
 }
 

@@ -23,9 +23,11 @@
 //! (the kernel shuts the read side down), lets each finish the requests
 //! it has in flight and send their replies, and joins the threads.
 
-mod commands;
+pub(super) mod commands;
 mod connection;
 mod listen;
+mod poll;
+mod shared;
 
 use std::sync::Arc;
 
@@ -33,9 +35,10 @@ use block::options::kv::{parse_on_off, KvError, KvList};
 use block::Disk;
 use nbd::wire::consts::{flag, MAX_PAYLOAD, MAX_STRING};
 
-use super::{Export, ExportError};
+use super::running::{Export, ExportError};
 pub use listen::ListenAddr;
 use listen::Listener;
+use shared::ExportShared;
 
 /// `--export type=nbd,...`.
 #[derive(Clone, Debug)]
@@ -82,15 +85,6 @@ impl NbdConfig {
                 .unwrap_or(0),
         })
     }
-}
-
-/// What every connection of one export shares (read-only).
-pub struct ExportShared {
-    pub disk: Disk,
-    pub desc: nbd::server::ExportDesc,
-    pub writable: bool,
-    /// qcow2's cluster size (FAST_ZERO on whole clusters is metadata only).
-    pub cluster_size: Option<u64>,
 }
 
 /// A running NBD export.

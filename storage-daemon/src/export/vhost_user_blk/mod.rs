@@ -19,7 +19,7 @@ use block::options::kv::{parse_on_off, KvError, KvList};
 use block::Disk;
 use virtio_devices::block::BlockDeviceConfig;
 
-use super::{Export, ExportError};
+use super::running::{Export, ExportError};
 
 /// `--export type=vhost-user-blk,...`.
 #[derive(Clone, Debug)]

@@ -25,7 +25,7 @@ use virtio_devices::block::{BlockDevice, BlockDeviceConfig};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use super::backend::BlkBackend;
-use crate::export::{Export, ExportError};
+use crate::export::running::{Export, ExportError};
 
 /// What the connection thread and [`Export::stop`] share.
 #[derive(Default)]

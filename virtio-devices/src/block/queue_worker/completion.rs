@@ -17,7 +17,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use std::time::Instant;
 
-use super::{PendingChain, WorkerState};
+use super::state::{PendingChain, WorkerState};
 use crate::block::counters::CountedOp;
 use crate::block::error_status::failed_request_status;
 use crate::device::InterruptKind;

@@ -37,39 +37,36 @@
 use foldhash::{HashMap, HashMapExt};
 use std::io;
 use std::os::unix::io::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use block::request::GuestSegment;
-use block::{BlockRequest, Completion, DiskQueue, IoMemory, RequestOp};
+use block::{BlockRequest, IoMemory, RequestOp};
 use log::{debug, error, warn};
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK};
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use virtio_queue::{QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::affinity::pin_current_thread;
-use super::counters::{CountedOp, QueueCounterHandle};
-
-use super::rate_limit::RateLimiter;
 use super::request_parser::{
-    parse_chain_with, ParseScratch, ParsedChain, ParserLimits, RequestWork, DEVICE_ID_LEN,
+    parse_chain_with, ParseScratch, ParsedChain, RequestWork, DEVICE_ID_LEN,
 };
 use crate::adaptive_poll::AdaptivePoll;
-use crate::device::VirtioInterrupt;
 
+mod commands;
 mod completion;
 mod control;
-
-use control::ControlOutcome;
-pub use control::{WorkerCommand, WorkerControl};
 mod spin;
+mod state;
 
+use commands::ControlOutcome;
+pub use control::{WorkerCommand, WorkerControl};
 use spin::Spin;
+use state::{PendingChain, WorkerState};
+pub use state::{QueueWorker, WorkerExit};
 
 const KICK: u64 = 0;
 const COMPLETION: u64 = 1;
@@ -82,103 +79,6 @@ pub const MAX_POLL: Duration = Duration::from_millis(1);
 /// Batches of at least twice this many chains are submitted in slices
 /// (see [`WorkerState::process_available`]); smaller ones go whole.
 pub const MIN_SLICE: usize = 16;
-
-/// A chain handed to the disk and not yet completed.
-#[derive(Clone, Copy, Debug)]
-struct PendingChain {
-    head: u16,
-    status: GuestAddress,
-    /// Reads report their data bytes in the used length.
-    is_read: bool,
-    /// A write in writethrough mode: flush before completing it.
-    flush_after: bool,
-    /// What to count it as, and when it was submitted.
-    op: CountedOp,
-    submitted: Instant,
-}
-
-/// Everything a worker needs; moved into its thread.
-pub struct QueueWorker {
-    pub index: u16,
-    pub queue: Queue,
-    pub kick: EventFd,
-    /// Written (any value) after a command was sent on `commands`.
-    pub control: Arc<EventFd>,
-    pub commands: Receiver<WorkerCommand>,
-    /// This queue's counters (only this worker writes them).
-    pub counters: QueueCounterHandle,
-    pub mem: Arc<GuestMemoryMmap>,
-    pub interrupt: Arc<dyn VirtioInterrupt>,
-    pub disk: DiskQueue,
-    pub limits: ParserLimits,
-    pub device_id: [u8; DEVICE_ID_LEN],
-    /// False in writethrough mode (config space `writeback` = 0).
-    pub writeback: Arc<AtomicBool>,
-    /// The longest the worker spins for work before it sleeps (zero:
-    /// never; capped at [`MAX_POLL`]); the spin itself adapts below it.
-    pub poll: Duration,
-    /// Submit and complete each request on its own instead of the whole
-    /// batch at once: set for the sync engine, which runs a submission's
-    /// requests one after another before any completes, so the driver
-    /// gets the first results while the rest of the batch still runs.
-    pub submit_each: bool,
-    /// This queue's token buckets when it is throttled. They belong to
-    /// the device and come back in [`WorkerExit`], so a guest cannot
-    /// refill them by resetting the device.
-    pub limiter: Option<RateLimiter>,
-    /// Host CPUs the worker thread pins itself to (`None`: not pinned).
-    pub cpus: Option<Vec<usize>>,
-}
-
-/// What a stopped worker hands back.
-pub struct WorkerExit {
-    pub kick: EventFd,
-    /// The queue with its ring positions as the worker left them (every
-    /// chain it took is in the used ring), so a transport that stops one
-    /// queue at a time (vhost-user's GET_VRING_BASE) can report them.
-    pub queue: Queue,
-    /// The queue's buckets, as the worker left them.
-    pub limiter: Option<RateLimiter>,
-}
-
-/// The loop's state besides the inputs.
-struct WorkerState {
-    w: QueueWorker,
-    pending: HashMap<u64, PendingChain>,
-    next_seq: u64,
-    batch: Vec<BlockRequest>,
-    completions: Vec<Completion>,
-    /// Parser buffers and recycled segment lists (no allocation per chain).
-    scratch: ParseScratch,
-    used_added: bool,
-    /// The invalid-ring warning was logged (once per activation, so a
-    /// guest cannot flood the log by kicking).
-    ring_warned: bool,
-    /// The avail ring was found invalid; do not look at it again until the
-    /// next kick (keeps [`WorkerState::avail_pending`] from spinning).
-    ring_stuck: bool,
-    /// The buckets, when the queue is throttled, and the timer that ends
-    /// a wait for them.
-    limiter: Option<RateLimiter>,
-    throttle_timer: Option<TimerFd>,
-    /// A chain went back on the ring for want of tokens; the timer is
-    /// armed and nothing is taken from the ring until it fires.
-    throttled: bool,
-    /// The last pass over the ring stopped at its bound with chains still
-    /// available: the next epoll wait must not sleep.
-    more_available: bool,
-    /// A pause was asked for: answer here once nothing is in flight.
-    pause_ack: Option<Sender<u16>>,
-    /// When the current pass over the ring started (the submission time
-    /// of the requests it takes; one clock read per pass).
-    pass_started: Instant,
-    /// How long to spin before the next sleep, per kind of wait.
-    poll: AdaptivePoll,
-    /// The spin reaped completions without clearing the completion
-    /// eventfd: clear it (and reap again) before sleeping, or the sleep
-    /// would end at once.
-    signal_stale: bool,
-}
 
 impl QueueWorker {
     /// Runs until stopped through the control eventfd (or a fatal epoll

@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use super::WorkerState;
+use super::state::WorkerState;
 use crate::adaptive_poll::{yield_cpu, WaitKind};
 
 /// How a spin before a sleep ended.

@@ -3,53 +3,82 @@
 //! `\_SB.PCI0` with the resources it decodes (`_CRS`): bus 0, the
 //! configuration ports, the rest of the I/O space, and the 32-bit MMIO
 //! window the BARs live in, plus its hotplug slots ([`super::hotplug`]);
-//! the Generic Event Device that announces hotplug; and COM1 (`\_SB.COM1`, ports `0x3f8..0x400`,
-//! GSI 4), since a hardware-reduced machine has no legacy IRQ table a
-//! guest could assume it from.
+//! the Generic Event Device that announces hotplug ([`super::ged`]); and
+//! COM1 (`\_SB.COM1`, ports `0x3f8..0x400`, GSI 4), since a
+//! hardware-reduced machine has no legacy IRQ table a guest could assume
+//! it from.
+//!
+//! Every object is `acpi_tables`' AML. Each device of `\_SB` is built
+//! and encoded by its own function and [`body`] lists them, so a new
+//! device is one function and one line there; a new GED event is one
+//! entry in [`GED_EVENTS`].
 //!
 //! Enters as nothing but the layout constants; leaves as the table body
 //! (the caller adds the header).
 
-use super::aml;
-use crate::layout::{COM1_IRQ, COM1_PORT, PCI_CONFIG_PORT, PCI_MMIO_END, PCI_MMIO_START};
+use acpi_tables::aml::{
+    AddressSpace, AddressSpaceCacheable, Device, EISAName, Interrupt, Name, Package,
+    ResourceTemplate, Scope, IO, ZERO,
+};
 
-/// The SLP_TYP value `\_S5` declares; the sleep control register powers
-/// off when it sees it.
-pub const S5_SLEEP_TYPE: u8 = 5;
+use super::encoded::{encode, Encoded};
+use super::ged::{self, GedEvent};
+use super::hotplug;
+use crate::devices::acpi_pm_registers::S5_SLEEP_TYPE;
+use crate::layout::{COM1_IRQ, COM1_PORT, GED_IRQ, PCI_CONFIG_PORT, PCI_MMIO_END, PCI_MMIO_START};
+
+/// The events the GED signals, each with the method its interrupt runs.
+const GED_EVENTS: &[GedEvent] = &[GedEvent {
+    irq: GED_IRQ,
+    handler: hotplug::EVENT_HANDLER,
+}];
 
 /// The DSDT's definition block body.
 pub fn body() -> Vec<u8> {
-    let mut out = aml::name("_S5_", &aml::package(&[u64::from(S5_SLEEP_TYPE), 0, 0, 0]));
-    let cfg_end = PCI_CONFIG_PORT + 8;
-    // The MMIO window is 32-bit by construction (layout.rs).
-    let mmio_min = PCI_MMIO_START as u32;
-    let mmio_max = (PCI_MMIO_END - 1) as u32;
-    let crs = aml::resource_template(&[
-        aml::word_space(2, 0, 0, 0),
-        aml::io_port(PCI_CONFIG_PORT, 8),
-        // I/O type flags 3: the range covers ISA and non-ISA addresses.
-        aml::word_space(1, 3, 0, PCI_CONFIG_PORT - 1),
-        aml::word_space(1, 3, cfg_end, 0xffff),
-        aml::dword_memory(mmio_min, mmio_max),
-    ]);
-    let hid = |id| aml::integer(aml::eisa_id(id).map_or(0, u64::from));
-    let mut pci = aml::name("_HID", &hid("PNP0A03"));
-    pci.extend(aml::name("_UID", &aml::integer(0)));
-    pci.extend(aml::name("_SEG", &aml::integer(0)));
-    pci.extend(aml::name("_BBN", &aml::integer(0)));
-    pci.extend(aml::name("_CRS", &crs));
-    let mut com1 = aml::name("_HID", &hid("PNP0501"));
-    com1.extend(aml::name("_UID", &aml::integer(0)));
-    com1.extend(aml::name(
-        "_CRS",
-        &aml::resource_template(&[aml::io_port(COM1_PORT, 8), aml::interrupt(COM1_IRQ)]),
-    ));
-    pci.extend(super::hotplug::pci0_body());
-    let mut sb = aml::device("PCI0", &pci);
-    sb.extend(aml::device("COM1", &com1));
-    sb.extend(super::hotplug::ged());
-    out.extend(aml::scope("\\_SB_", &sb));
+    let s5_type = Package::new(vec![&S5_SLEEP_TYPE, &ZERO, &ZERO, &ZERO]);
+    let mut out = encode(&[&Name::new("_S5_".into(), &s5_type)]);
+    let devices = [pci0(), com1(), ged::device(GED_EVENTS)];
+    out.extend(Scope::raw("\\_SB_".into(), devices.concat()));
     out
+}
+
+/// `Device(PCI0)`: the host bridge, its resources and its hotplug slots.
+fn pci0() -> Vec<u8> {
+    let hid = Name::new("_HID".into(), &EISAName::new("PNP0A03"));
+    let uid = Name::new("_UID".into(), &ZERO);
+    let seg = Name::new("_SEG".into(), &ZERO);
+    let bbn = Name::new("_BBN".into(), &ZERO);
+    let bus = AddressSpace::new_bus_number(0u16, 0u16);
+    let config_ports = IO::new(PCI_CONFIG_PORT, PCI_CONFIG_PORT, 1, 8);
+    // Word I/O ranges cover ISA and non-ISA addresses.
+    let io_below = AddressSpace::new_io(0u16, PCI_CONFIG_PORT - 1, None);
+    let io_above = AddressSpace::new_io(PCI_CONFIG_PORT + 8, 0xffffu16, None);
+    // The MMIO window is 32-bit by construction (layout.rs).
+    let mmio = AddressSpace::new_memory(
+        AddressSpaceCacheable::NotCacheable,
+        true,
+        PCI_MMIO_START as u32,
+        (PCI_MMIO_END - 1) as u32,
+        None,
+    );
+    let resources = ResourceTemplate::new(vec![&bus, &config_ports, &io_below, &io_above, &mmio]);
+    let crs = Name::new("_CRS".into(), &resources);
+    let slots = Encoded(hotplug::pci0_body());
+    encode(&[&Device::new(
+        "PCI0".into(),
+        vec![&hid, &uid, &seg, &bbn, &crs, &slots],
+    )])
+}
+
+/// `Device(COM1)`: the first serial port's ports and interrupt.
+fn com1() -> Vec<u8> {
+    let hid = Name::new("_HID".into(), &EISAName::new("PNP0501"));
+    let uid = Name::new("_UID".into(), &ZERO);
+    let ports = IO::new(COM1_PORT, COM1_PORT, 1, 8);
+    // Consumer, edge-triggered, active high, exclusive.
+    let irq = Interrupt::new(true, true, false, false, COM1_IRQ);
+    let crs = Name::new("_CRS".into(), &ResourceTemplate::new(vec![&ports, &irq]));
+    encode(&[&Device::new("COM1".into(), vec![&hid, &uid, &crs])])
 }
 
 #[cfg(test)]

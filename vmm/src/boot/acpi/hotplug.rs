@@ -1,27 +1,28 @@
 //! The DSDT's ACPI PCI hotplug, as Cloud Hypervisor lays it out on x86:
 //! a Generic Event Device (`\_SB.GED_`, ACPI0013, an edge interrupt on
-//! [`GED_IRQ`]) whose `_EVT` calls `\_SB.PCI0.PCNT`; `PCNT` reads the
+//! [`crate::layout::GED_IRQ`]) whose `_EVT` calls `\_SB.PCI0.PCNT`; `PCNT` reads the
 //! hotplug registers ([`crate::devices::pci_hotplug`]) and notifies each
 //! slot device `S001`..`S031` that changed: Device Check (1) for a slot
 //! that got a function, Eject Request (3) for one the VMM wants back. A
 //! slot's `_EJ0` writes its bit to the eject register (`PCEJ`), which is
 //! when the VMM takes the function off the bus.
 //!
-//! Built with rust-vmm's `acpi_tables` AML encoder (control methods,
-//! fields and operation regions, which our own [`super::aml`] does not
-//! encode); the bytes go inside the `PCI0` device and the `\_SB` scope
-//! that [`super::dsdt`] builds.
+//! The bytes go inside the `PCI0` device that [`super::dsdt`] builds;
+//! [`EVENT_HANDLER`] is what the GED ([`super::ged`]) calls.
 
 use acpi_tables::aml::{
-    And, Arg, Device, Equal, Field, FieldAccessType, FieldEntry, FieldLockRule, FieldUpdateRule,
-    If, Interrupt, Local, Method, MethodCall, Name, Notify, OpRegion, OpRegionSpace, Path,
-    ResourceTemplate, ShiftLeft, Store, ZERO,
+    And, Arg, Device, Field, FieldAccessType, FieldEntry, FieldLockRule, FieldUpdateRule, If,
+    Local, Method, MethodCall, Name, Notify, OpRegion, OpRegionSpace, Path, ShiftLeft, Store, ZERO,
 };
 use acpi_tables::Aml;
 
+use super::encoded::encode;
 use crate::devices::pci::MAX_DEVICES;
 use crate::devices::pci_hotplug::REGISTER_BYTES;
-use crate::layout::{GED_IRQ, PCI_HOTPLUG_PORT};
+use crate::layout::PCI_HOTPLUG_PORT;
+
+/// The method the GED calls on a hotplug interrupt.
+pub const EVENT_HANDLER: &str = "\\_SB_.PCI0.PCNT";
 
 /// Notify values (ACPI 6.5, table 5.166).
 const DEVICE_CHECK: u8 = 1;
@@ -29,14 +30,6 @@ const EJECT_REQUEST: u8 = 3;
 
 fn slot_name(slot: usize) -> String {
     format!("S{slot:03}")
-}
-
-fn bytes(items: &[&dyn Aml]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for i in items {
-        i.to_aml_bytes(&mut out);
-    }
-    out
 }
 
 /// What goes inside `Device(PCI0)`: the register fields, `PCEJ`, `PCNT`,
@@ -91,7 +84,7 @@ pub fn pci0_body() -> Vec<u8> {
         false,
         ifs.iter().map(|i| i as &dyn Aml).collect(),
     );
-    let mut out = bytes(&[&region, &field, &pcej, &pcnt, &dvnt]);
+    let mut out = encode(&[&region, &field, &pcej, &pcnt, &dvnt]);
     let sun_path = Path::new("_SUN");
     for &slot in &slots {
         let adr = (slot as u32) << 16;
@@ -107,17 +100,4 @@ pub fn pci0_body() -> Vec<u8> {
         dev.to_aml_bytes(&mut out);
     }
     out
-}
-
-/// What goes inside `\_SB`: the Generic Event Device.
-pub fn ged() -> Vec<u8> {
-    let hid = Name::new("_HID".into(), &"ACPI0013");
-    let uid = Name::new("_UID".into(), &ZERO);
-    let irq = Interrupt::new(true, true, false, false, GED_IRQ);
-    let crs = Name::new("_CRS".into(), &ResourceTemplate::new(vec![&irq]));
-    let call = MethodCall::new("\\_SB_.PCI0.PCNT".into(), vec![]);
-    let ours = Equal::new(&Arg(0), &GED_IRQ);
-    let when = If::new(&ours, vec![&call]);
-    let evt = Method::new("_EVT".into(), 1, true, vec![&when]);
-    bytes(&[&Device::new("GED_".into(), vec![&hid, &uid, &crs, &evt])])
 }

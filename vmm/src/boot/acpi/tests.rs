@@ -67,7 +67,7 @@ fn fadt_is_hardware_reduced_with_reset_and_sleep_registers() {
     let pm = u64::from(crate::layout::ACPI_PM_PORT);
     assert_eq!(fadt[116..120], [1, 8, 0, 1]);
     assert_eq!(u64_at(fadt, 120), pm + 2);
-    assert_eq!(fadt[128], crate::devices::acpi_pm::RESET_VALUE);
+    assert_eq!(fadt[128], crate::devices::acpi_pm_registers::RESET_VALUE);
     assert_eq!(u64_at(fadt, 248), pm, "sleep control");
     assert_eq!(u64_at(fadt, 260), pm + 1, "sleep status");
     let dsdt = at(&all, u64_at(fadt, 140));
@@ -81,7 +81,8 @@ fn madt_lists_every_cpu_and_the_ioapic() {
     let all = build(ACPI_START, cpus);
     let madt = at(&all, u64_at(at(&all, all[1].0), 44));
     assert_eq!(u64::from(u32_at(madt, 36)), crate::layout::LAPIC_START);
-    let (mut lapics, mut ioapics) = (Vec::new(), Vec::new());
+    assert_eq!(u32_at(madt, 40), 1, "PCAT_COMPAT");
+    let (mut lapics, mut ioapics, mut others) = (Vec::new(), Vec::new(), Vec::new());
     let mut o = 44;
     while o < madt.len() {
         let (kind, len) = (madt[o], usize::from(madt[o + 1]));
@@ -89,7 +90,7 @@ fn madt_lists_every_cpu_and_the_ioapic() {
         match kind {
             0 => lapics.push((madt[o + 3], u32_at(madt, o + 4))),
             1 => ioapics.push((madt[o + 2], u32_at(madt, o + 4))),
-            _ => {}
+            _ => others.push(madt[o..o + len].to_vec()),
         }
         o += len;
     }
@@ -99,6 +100,14 @@ fn madt_lists_every_cpu_and_the_ioapic() {
         ioapics,
         vec![(cpus, crate::layout::IOAPIC_START as u32)],
         "IOAPIC ID as in the MP table"
+    );
+    // ISA IRQ 0 is GSI 2 (as KVM wires it); NMI on LINT1 of every CPU.
+    assert_eq!(
+        others,
+        vec![
+            vec![2, 10, 0, 0, 2, 0, 0, 0, 0, 0],
+            vec![4, 6, 0xff, 0, 0, 1]
+        ]
     );
 }
 
@@ -181,7 +190,7 @@ fn acpiexec_runs_the_hotplug_methods() {
     let dir = std::env::temp_dir().join(format!("acpi-exec-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("DSDT.dat");
-    std::fs::write(&path, dsdt()).unwrap();
+    std::fs::write(&path, tables::dsdt()).unwrap();
     let script = "execute \\_SB.PCI0.DVNT 0x0c 3; execute \\_SB.PCI0.DVNT 0x80000002 1; \
                   execute \\_SB.GED_._EVT 5; execute \\_SB.PCI0.S002._EJ0 0";
     let out = testkit::output_within(

@@ -4,31 +4,16 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use testkit::TempDir;
+
 use super::{check_qcow2 as check_image, Repair};
 use crate::create::{create_image, CreateOptions};
 use crate::options::{DiskOptions, ImageType};
 use crate::Disk;
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("ch-check-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A 4 MiB qcow2 image (64 KiB clusters) with two data clusters.
 fn image(dir: &TempDir) -> PathBuf {
-    let path = dir.0.join("img.qcow2");
+    let path = dir.join("img.qcow2");
     create_image(&CreateOptions {
         path: path.clone(),
         format: ImageType::Qcow2,
@@ -64,7 +49,7 @@ fn set_refcount(path: &Path, index: u64, value: u16) {
 
 #[test]
 fn clean_image_has_no_findings() {
-    let dir = TempDir::new("clean");
+    let dir = TempDir::new("ch-check-clean");
     let path = image(&dir);
     let r = check_image(&path, None).unwrap();
     assert_eq!(
@@ -83,7 +68,7 @@ fn clean_image_has_no_findings() {
 
 #[test]
 fn leak_is_found_and_repaired() {
-    let dir = TempDir::new("leak");
+    let dir = TempDir::new("ch-check-leak");
     let path = image(&dir);
     let len = std::fs::metadata(&path).unwrap().len();
     std::fs::OpenOptions::new()
@@ -104,7 +89,7 @@ fn leak_is_found_and_repaired() {
 
 #[test]
 fn missing_refcount_is_corruption_and_repair_all_fixes_it() {
-    let dir = TempDir::new("corrupt");
+    let dir = TempDir::new("ch-check-corrupt");
     let path = image(&dir);
     // The first data cluster: L1[0] -> L2, L2[0] -> data.
     let l2 = be64(&path, be64(&path, 40)) & 0x00ff_ffff_ffff_fe00;
@@ -128,7 +113,7 @@ fn missing_refcount_is_corruption_and_repair_all_fixes_it() {
 
 #[test]
 fn unaligned_l2_offset_is_reported_not_followed() {
-    let dir = TempDir::new("unaligned");
+    let dir = TempDir::new("ch-check-unaligned");
     let path = image(&dir);
     let l1 = be64(&path, 40);
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();

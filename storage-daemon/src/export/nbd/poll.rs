@@ -1,0 +1,13 @@
+//! The one `poll(2)` entry the accept thread ([`super::listen`]) and
+//! every connection thread ([`super::connection`]) build their waits
+//! from.
+
+/// Waits for `fd` to become readable (a negative `fd` is skipped by
+/// `poll`).
+pub fn pollfd(fd: i32) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
