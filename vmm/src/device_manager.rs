@@ -35,7 +35,7 @@ use crate::disk_registry::{CarriedDisk, DiskRegistry};
 use crate::exit::ExitSignal;
 use crate::layout::{
     ACPI_PM_PORT, CMOS_PORT, COM1_IRQ, COM1_PORT, GED_EVENT_PORT, GED_IRQ, I8042_PORT,
-    PCI_CONFIG_PORT, PCI_HOTPLUG_PORT, PCI_MMIO_END, PCI_MMIO_START,
+    PCI_CONFIG_PORT, PCI_HOTPLUG_PORT, PCI_MMIO_END, PCI_MMIO_START, POWER_BUTTON_IRQ,
 };
 use crate::pci_attach::{KvmNotifyRegistry, PciAttach};
 use crate::seccomp::{self, ThreadKind};
@@ -345,7 +345,6 @@ fn wire_platform(
     let ged_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
     vm.register_irqfd(&ged_irq, GED_IRQ)
         .map_err(DeviceError::Kvm)?;
-    let ged_clone = ged_irq.try_clone().map_err(DeviceError::EventFd)?;
     let hotplug = Arc::new(Mutex::new(PciHotplug::new(ged_irq, eject)));
     pio.insert(
         u64::from(PCI_HOTPLUG_PORT),
@@ -353,7 +352,10 @@ fn wire_platform(
         hotplug.clone(),
     )
     .map_err(DeviceError::Bus)?;
-    let ged = Arc::new(Mutex::new(GedEvents::new(ged_clone)));
+    let button_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+    vm.register_irqfd(&button_irq, POWER_BUTTON_IRQ)
+        .map_err(DeviceError::Kvm)?;
+    let ged = Arc::new(Mutex::new(GedEvents::new(button_irq)));
     pio.insert(u64::from(GED_EVENT_PORT), ged::REGISTER_BYTES, ged.clone())
         .map_err(DeviceError::Bus)?;
     let serial = match serial {

@@ -1,10 +1,11 @@
 //! The Generic Event Device's event register, at
 //! [`crate::layout::GED_EVENT_PORT`]: which of the GED's own events are
-//! pending (bit 0: the power button was pressed). It shares the GED's
-//! interrupt (an irqfd on [`crate::layout::GED_IRQ`]) with the PCI
-//! hotplug registers; the DSDT's `\_SB.GED_._EVT` reads this register
-//! (which clears it) and notifies the power button device `\_SB.PWRB`
-//! (`boot/acpi/hotplug.rs`), as Cloud Hypervisor's GED does.
+//! pending (bit 0: the power button was pressed), with the GED's
+//! power-button interrupt (an irqfd on
+//! [`crate::layout::POWER_BUTTON_IRQ`]); the DSDT's `\_SB.GED_._EVT`
+//! for that interrupt reads this register (which clears it) and notifies
+//! the power button device `\_SB.PWRB` (`boot/acpi/power_button.rs`).
+//! A guest without ACPI polls the register instead.
 //!
 //! The control loop presses the button ([`GedEvents::press_power_button`],
 //! `vm.power-button`); the guest reads the register. Only 32-bit reads
@@ -21,7 +22,7 @@ pub const REGISTER_BYTES: u64 = 4;
 
 pub struct GedEvents {
     pending: u32,
-    /// The GED's irqfd.
+    /// The GED's power-button irqfd.
     irq: EventFd,
 }
 

@@ -107,8 +107,8 @@ pub(super) const WORKER: &[libc::c_long] = &[
 /// The main thread after set-up (`ioctl` is added with conditions).
 pub(super) const MAIN: &[libc::c_long] = &[
     libc::SYS_tgkill,
-    // vm.add-disk opens images (and probes io_uring for engine=auto);
-    // vm.disk-info opens backing files read-only.
+    // vm.boot and vm.add-disk open images (and probe io_uring for
+    // engine=auto); vm.disk-info opens backing files read-only.
     libc::SYS_openat,
     libc::SYS_fstatfs,
     // Comparing a hot-added disk's path with the others' (realpath).
