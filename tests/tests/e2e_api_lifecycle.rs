@@ -19,9 +19,11 @@ mod e2e_support;
 use std::process::Output;
 
 use e2e_api_support::{events, guest_counts_every_boot, have_curl, locked, vm_config, ApiVm};
+use e2e_support::vhost_user_daemon::Daemon;
 use e2e_support::{check_clean, create_lazy_qcow2, dirty_flag};
 use integration_tests::{json, qemu_img, TempDir};
 use serde_json::json;
+use testkit::nbd_server::{Kind, NbdServer};
 
 fn ok(out: &Output) -> String {
     assert!(
@@ -299,6 +301,58 @@ fn guest_resets_reboot_the_vm_with_its_disk_open() {
             ]
         );
     }
+}
+
+#[test]
+fn a_reboot_keeps_nbd_and_vhost_user_disks() {
+    if !have_curl() || !testkit::has_command("qemu-nbd") {
+        return;
+    }
+    let dir = TempDir::new("api-reboot-every-kind");
+    let local = dir.file("local.qcow2");
+    create_lazy_qcow2(&local, "16M");
+    let nbd_img = dir.file("nbd.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &nbd_img, "16M"]);
+    let server = NbdServer::start(
+        Kind::QemuNbd,
+        std::path::Path::new(&nbd_img),
+        "raw",
+        &dir.path().join("nbd.sock"),
+        true,
+    );
+    let vu_img = dir.file("vu.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &vu_img, "16M"]);
+    let vu_socket = dir.file("vu.sock");
+    let daemon = Daemon::start(&dir, &vu_img, &vu_socket, 1);
+    let disks = [
+        format!("path={local},id=local"),
+        format!("path={},id=nbd", server.uri),
+        format!("vhost_user=on,socket={vu_socket},id=vu"),
+    ];
+    let mut args = vec!["--memory", "size=128M,shared=on"];
+    for d in &disks {
+        args.extend(["--disk", d.as_str()]);
+    }
+    let mut vm = ApiVm::start(&dir, "disks=3 park", &args);
+    vm.wait_for("info parked");
+    // Twice: the NBD connection and the vhost-user backend carry over
+    // (the backend gets the new VM's memory), and the guest passes its
+    // checks on all three disks again each time.
+    for boots in [2, 3] {
+        vm.curl_ok("PUT", "vm.reboot", None, 204);
+        let serial = vm.wait_for_count("info parked", boots);
+        assert_eq!(serial.matches("RESULT: PASS").count(), boots, "{serial}");
+        assert!(locked(&local));
+    }
+    let counters = json(&vm.curl_ok("GET", "vm.counters", None, 200));
+    let nbd_writes = counters["nbd"]["write_ops"].as_u64().unwrap();
+    assert!(nbd_writes > 0, "{counters}");
+    let (status, stderr) = vm.shutdown();
+    assert!(status.success(), "{status}: {stderr}");
+    check_clean(&local);
+    daemon.stop();
+    drop(server);
+    check_clean(&vu_img);
 }
 
 #[test]
