@@ -61,11 +61,8 @@ fn main() -> ExitCode {
     }
 
     if let Some(monitor) = &config.event_monitor {
-        let started = open_event_monitor(monitor).and_then(|f| {
-            vmm::vm::start_event_monitor(f, config.seccomp).map_err(|e| ch_log::error_chain(&e))
-        });
-        if let Err(e) = started {
-            eprintln!("cloud-hypervisor: {e}");
+        if let Err(e) = vmm::vm::start_event_monitor(monitor, config.seccomp) {
+            eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
             return ExitCode::FAILURE;
         }
     }
@@ -94,32 +91,6 @@ fn run(config: vmm::config::RunConfig) -> ExitCode {
         Err(e) => {
             eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// The event monitor's file: created (truncated) at `path=`, as
-/// upstream's, or the inherited descriptor `fd=` (which must be open for
-/// writing).
-fn open_event_monitor(m: &vmm::config::EventMonitorConfig) -> Result<std::fs::File, String> {
-    use std::os::fd::FromRawFd;
-    match m {
-        vmm::config::EventMonitorConfig::Path(p) => std::fs::File::create(p)
-            .map_err(|e| format!("--event-monitor: cannot create {}: {e}", p.display())),
-        vmm::config::EventMonitorConfig::Fd(fd) => {
-            // SAFETY: F_GETFL only reads the descriptor's flags.
-            let flags = unsafe { libc::fcntl(*fd, libc::F_GETFL) };
-            if flags < 0 {
-                let e = std::io::Error::last_os_error();
-                return Err(format!("--event-monitor: fd={fd} is not open: {e}"));
-            }
-            if flags & libc::O_ACCMODE == libc::O_RDONLY {
-                return Err(format!("--event-monitor: fd={fd} is not open for writing"));
-            }
-            // SAFETY: the descriptor is open (checked above) and the
-            // command line hands it to us: nothing else in the process
-            // owns it.
-            Ok(unsafe { std::fs::File::from_raw_fd(*fd) })
         }
     }
 }

@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use crate::api::{ApiReceiver, ApiServer};
-use crate::config::{ApiSocketConfig, RunConfig, SeccompMode};
+use crate::config::{ApiSocketConfig, EventMonitorConfig, RunConfig, SeccompMode};
 use crate::control::Control;
 pub use crate::exit::{ExitReason, ExitSignal};
 use crate::seccomp::{self, ThreadKind};
@@ -40,9 +40,10 @@ pub fn prepare_process(mode: SeccompMode) -> Result<VmBuilder, VmError> {
     VmBuilder::start(confine(ThreadKind::Builder)?).map_err(VmError::Builder)
 }
 
-/// Starts the event monitor (`--event-monitor`) writing to `out`, its
-/// thread under its own filter, and reports the VMM starting.
-pub fn start_event_monitor(out: std::fs::File, mode: SeccompMode) -> Result<(), VmError> {
+/// Starts the event monitor (`--event-monitor`): its file opened, its
+/// thread under its own filter; reports the VMM starting.
+pub fn start_event_monitor(to: &EventMonitorConfig, mode: SeccompMode) -> Result<(), VmError> {
+    let out = open_event_monitor(to)?;
     let programs = seccomp::filters(ThreadKind::EventMonitor, mode).map_err(VmError::Seccomp)?;
     crate::events::start(out, move || {
         seccomp::apply_programs(&programs).map_err(|e| ch_log::error_chain(&e))
@@ -50,6 +51,34 @@ pub fn start_event_monitor(out: std::fs::File, mode: SeccompMode) -> Result<(), 
     .map_err(VmError::EventMonitor)?;
     crate::events::emit("vmm", "starting", &[]);
     Ok(())
+}
+
+/// The event monitor's file: created (truncated) at `path=`, as
+/// upstream's, or the inherited descriptor `fd=`, which must be open for
+/// writing.
+fn open_event_monitor(to: &EventMonitorConfig) -> Result<std::fs::File, VmError> {
+    use std::os::fd::FromRawFd;
+    let bad = |what: String| VmError::EventMonitorFile(what);
+    match to {
+        EventMonitorConfig::Path(p) => {
+            std::fs::File::create(p).map_err(|e| bad(format!("cannot create {}: {e}", p.display())))
+        }
+        EventMonitorConfig::Fd(fd) => {
+            // SAFETY: F_GETFL only reads the descriptor's flags.
+            let flags = unsafe { libc::fcntl(*fd, libc::F_GETFL) };
+            if flags < 0 {
+                let e = std::io::Error::last_os_error();
+                return Err(bad(format!("fd={fd} is not open: {e}")));
+            }
+            if flags & libc::O_ACCMODE == libc::O_RDONLY {
+                return Err(bad(format!("fd={fd} is not open for writing")));
+            }
+            // SAFETY: the descriptor is open (checked above) and the
+            // command line hands it to us: nothing else in the process
+            // owns it.
+            Ok(unsafe { std::fs::File::from_raw_fd(*fd) })
+        }
+    }
 }
 
 /// Opens the API socket and starts its threads (before the VM exists, so

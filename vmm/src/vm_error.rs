@@ -46,6 +46,8 @@ pub enum VmError {
     },
     #[error("cannot start the event monitor")]
     EventMonitor(#[source] std::io::Error),
+    #[error("--event-monitor: {0}")]
+    EventMonitorFile(String),
     #[error("cannot install the SIGSYS handler")]
     Sigsys(#[source] std::io::Error),
     #[error("cannot start the NBD connector thread")]
