@@ -7,6 +7,7 @@
 #
 #   scripts/run-linux-guest.sh                  # the VMM's own virtio-blk
 #   MODE=vhost-user scripts/run-linux-guest.sh  # ch-storage-daemon serves it
+#   POWER_BUTTON=1 scripts/run-linux-guest.sh   # ends through the power button
 #
 # The guest gets 2 vCPUs and a 64 MiB qcow2 disk with 2 queues
 # (`--disk path=IMG,num_queues=2`, or with MODE=vhost-user
@@ -29,6 +30,11 @@
 #   CLEARCPUID            features the guest kernel must not use (the ones
 #                         this host's KVM shows although the model hides them)
 #   KEEP=DIR              keep the image, serial log and VMM log in DIR
+#   POWER_BUTTON=1        /init waits for the ACPI power button after its
+#                         checks (chtest.power_button=1); the script presses
+#                         it with `ch-remote power-button` (CH_REMOTE, default
+#                         built with cargo) and the guest must power off
+#                         through it
 # Prints the result lines and how long the boot took.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -149,13 +155,36 @@ serial="$work/serial.log"
 cmdline="console=ttyS0 panic=-1 mitigations=off tsc=reliable"
 cmdline+=" rcupdate.rcu_cpu_stall_suppress=1 percpu_alloc=page printk.devkmsg=on"
 cmdline+=" clearcpuid=$clearcpuid chtest.queues=$queues"
+api=()
+if [ -n "${POWER_BUTTON:-}" ]; then
+    cmdline+=" chtest.power_button=1"
+    api=(--api-socket "path=$work/api.sock")
+    ch_remote=${CH_REMOTE:-}
+    if [ -z "$ch_remote" ]; then
+        (cd "$repo" && cargo build -q --release -p vmm --bin ch-remote >&2)
+        ch_remote="$(target_dir)/release/ch-remote"
+    fi
+fi
 log "booting $(basename "$kernel") ($mode, $cpus vCPUs, $queues queues)"
 start=$(date +%s.%N)
 set +e
 timeout "$timeout_s" "$bin" -v \
     --kernel "$kernel" --initramfs "$initramfs" --cmdline "$cmdline" \
     --cpus "boot=$cpus,$cpu_model" --memory "$memory_arg" \
-    --disk "$disk_arg" --serial "file=$serial" 2>"$work/vmm.log"
+    --disk "$disk_arg" --serial "file=$serial" "${api[@]}" 2>"$work/vmm.log" &
+vmm_pid=$!
+if [ -n "${POWER_BUTTON:-}" ]; then
+    # Press the button once /init waits for it (or give up with the VMM).
+    while kill -0 "$vmm_pid" 2>/dev/null; do
+        if grep -aq '^CHTEST waiting for the power button' "$serial" 2>/dev/null; then
+            log "pressing the power button"
+            "$ch_remote" --api-socket "$work/api.sock" power-button >&2
+            break
+        fi
+        sleep 0.5
+    done
+fi
+wait "$vmm_pid"
 rc=$?
 set -e
 elapsed=$(python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$start" "$(date +%s.%N)")
@@ -176,6 +205,11 @@ fail() {
 }
 [ "$rc" -eq 0 ] || fail "cloud-hypervisor exited with $rc (124: timeout after $timeout_s s)"
 grep -aq 'clean exit (PowerOff)' "$work/vmm.log" || fail "the VM did not end with a power-off"
+# A reset reboots the VM (a kernel panic with panic=-1, say): one boot only.
+! grep -aq 'VM rebooted' "$work/vmm.log" || fail "the guest reset and was rebooted"
+if [ -n "${POWER_BUTTON:-}" ]; then
+    grep -aq '^CHTEST power button pressed' "$serial" || fail "/init did not see the power button"
+fi
 results=$(grep -ac '^CHTEST result ' "$serial" || true)
 [ "$results" -eq $((6 + queues)) ] || fail "$results result lines, expected $((6 + queues))"
 ! grep -a '^CHTEST result ' "$serial" | grep -qv ' status=ok' || fail "a check failed"

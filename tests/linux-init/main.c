@@ -11,7 +11,13 @@
  *     CHTEST done failures=N
  *
  * then powers off with reboot(2). Parameters come from /proc/cmdline:
- * chtest.queues=N, the number of queues vda must have (default 1).
+ * chtest.queues=N, the number of queues vda must have (default 1);
+ * chtest.power_button=1, wait for the ACPI power button before powering
+ * off (button.c), printing
+ *
+ *     CHTEST waiting for the power button
+ *     CHTEST power button pressed
+ *
  *
  * Disk layout (the host builds the expected image from the same table):
  *   queue q's region:  (4 + q) MiB, 256 KiB, seed 0x100 + q
@@ -20,6 +26,7 @@
  *                      discarded, then rewritten with seed 0x301
  */
 #include "blk.h"
+#include "button.h"
 #include "sys.h"
 #include "thread.h"
 
@@ -435,6 +442,17 @@ done:
 	line_str(&l, " init_ms=");
 	line_u64(&l, (u64)(now_ms() - t0));
 	line_put(&l);
+	if (cmdline_u64("chtest.power_button", 0)) {
+		say("CHTEST waiting for the power button");
+		i64 rc = wait_power_button();
+		if (rc < 0) {
+			line_str(&l, "CHTEST power button: errno=");
+			line_u64(&l, (u64)-rc);
+			line_put(&l);
+		} else {
+			say("CHTEST power button pressed");
+		}
+	}
 	power_off();
 	return 0;
 }

@@ -2,7 +2,8 @@
 //! guests. A PVH guest finds the RSDP through `hvm_start_info.rsdp_paddr`
 //! and powers off through the FADT's sleep control register (S5), with a
 //! qcow2 disk attached that must come out closed cleanly; a bzImage guest
-//! finds the RSDP at 0xE0000 and resets through the FADT's reset register.
+//! finds the RSDP at 0xE0000 and resets through the FADT's reset register,
+//! which reboots it (it runs again) with its disk still open.
 
 mod e2e_support;
 
@@ -51,6 +52,8 @@ fn pvh_guest_finds_rsdp_and_powers_off_through_s5() {
 #[test]
 fn bzimage_guest_finds_rsdp_at_0xe0000_and_resets_through_the_fadt() {
     let dir = TempDir::new("e2e-acpi-reset");
+    let img = dir.file("d.qcow2");
+    create_lazy_qcow2(&img, "8M");
     // 64-bit: print the byte at 0xE0000 ('R' of "RSD PTR "), then write
     // the FADT's reset value to its reset register.
     let code = vec![
@@ -64,8 +67,15 @@ fn bzimage_guest_finds_rsdp_at_0xe0000_and_resets_through_the_fadt() {
     ];
     let k = dir.file("bzImage");
     std::fs::write(&k, bzimage(&code)).unwrap();
-    let b = boot(&dir, Path::new(&k), &["--memory", "size=64M"]);
-    assert_eq!(b.serial, "R\n", "stderr: {}", b.stderr);
+    let disk = format!("path={img}");
+    let args = ["--memory", "size=64M", "--disk", &disk];
+    // The reset reboots the VM: the guest prints again.
+    let b = boot_until(&dir, Path::new(&k), &args, |s| s.starts_with("R\nR\n"));
     assert!(b.status.success(), "{}: {}", b.status, b.stderr);
     assert!(b.stderr.contains("ACPI reset register"), "{}", b.stderr);
+    assert!(b.stderr.contains("VM rebooted"), "{}", b.stderr);
+    // The disk stayed open across the reboots, and was closed at the end.
+    assert_eq!(b.stderr.matches("disk _disk0 (").count(), 1, "{}", b.stderr);
+    assert!(!dirty_flag(&img), "dirty bit left set");
+    check_clean(&img);
 }

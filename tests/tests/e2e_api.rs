@@ -85,7 +85,7 @@ fn ping_info_counters_and_shutdown_with_curl() {
     // takes the image's lock, works at once.
     check_clean(&img);
     let info = json(&vm.curl_ok("GET", "vm.info", None, 200));
-    assert_eq!(info["state"], "Shutdown");
+    assert_eq!(info["state"], "Created");
     // As Cloud Hypervisor answers them: 500, the VM is not running.
     for (m, e) in [("PUT", "vm.pause"), ("PUT", "vm.shutdown")] {
         let body = vm.curl_ok(m, e, None, 500);
@@ -206,9 +206,13 @@ fn ch_remote_drives_the_api() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("404") && err.contains("nosuch"), "{err}");
-    let out = vm.ch_remote(&["reboot"]);
+    let out = vm.ch_remote(&["boot"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("500") && err.contains("already booted"),
+        "{err}"
+    );
     assert_eq!(vm.ch_remote(&["frobnicate"]).status.code(), Some(2));
     assert_eq!(
         vm.ch_remote(&["resize-disk", "--disk", "_disk0"])

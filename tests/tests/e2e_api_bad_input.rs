@@ -114,7 +114,31 @@ fn bad_clients_get_errors_and_the_guest_loses_nothing() {
         ("PUT", "vm.info", None, 405, "GET"),
         ("GET", "vm.pause", None, 405, "PUT"),
         ("PUT", "vm.pause", Some("{}"), 400, "no body"),
-        ("PUT", "vm.reboot", None, 501, "not supported"),
+        // The command line's VM exists: created and booted already.
+        (
+            "PUT",
+            "vm.create",
+            Some(r#"{"payload":{"kernel":"/k"}}"#),
+            500,
+            "already created",
+        ),
+        ("PUT", "vm.boot", None, 500, "already booted"),
+        // A body of the wrong shape never reaches the handler.
+        (
+            "PUT",
+            "vm.create",
+            Some(r#"{"cpus":{"boot_vcpus":"two"}}"#),
+            400,
+            "cpus.boot_vcpus",
+        ),
+        (
+            "PUT",
+            "vm.create",
+            Some(r#"{"disks":{"path":"/x"}}"#),
+            400,
+            "disks",
+        ),
+        ("PUT", "vm.boot", Some("{}"), 400, "no body"),
     ] {
         let (got, text) = vm.curl(method, endpoint, body);
         assert_eq!(got, status, "{method} {endpoint} {body:?}: {text}");

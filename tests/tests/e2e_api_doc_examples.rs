@@ -8,6 +8,11 @@
 //! directory are moved into the test's own directory, and `ch-remote`
 //! is the one just built. The guest is the test guest, waiting for the
 //! hot-added disk so that the removal example is answered at its eject.
+//!
+//! The same for "A VM made through the API": a VMM started with the
+//! socket alone, the doc's `vm.json` written as shown (the kernel and
+//! its command line made the test guest's), then its `c ...` lines, and
+//! on another VMM its `ch-remote ...` lines.
 
 mod e2e_api_support;
 mod e2e_support;
@@ -20,10 +25,15 @@ use integration_tests::{project_bin, TempDir};
 
 /// The code blocks between `## The endpoints` and the next `## `.
 fn endpoint_blocks() -> Vec<Vec<String>> {
+    section_blocks("The endpoints")
+}
+
+/// The code blocks between `## {heading}` and the next `## `.
+fn section_blocks(heading: &str) -> Vec<Vec<String>> {
     let doc = std::fs::read_to_string(repo().join("docs/api.md")).expect("docs/api.md");
     let start = doc
-        .find("\n## The endpoints\n")
-        .expect("the endpoints section");
+        .find(&format!("\n## {heading}\n"))
+        .unwrap_or_else(|| panic!("no section {heading:?}"));
     let section = &doc[start + 1..];
     let end = section[3..].find("\n## ").map_or(section.len(), |e| e + 3);
     let mut blocks = Vec::new();
@@ -139,6 +149,61 @@ fn examples_run_as_written(prefix: &str) {
     );
     check_clean(&root);
     check_clean(&data);
+}
+
+/// The `S=` and `c()` lines of "The endpoints", with the socket moved.
+fn preamble(socket: &str) -> String {
+    endpoint_blocks()
+        .iter()
+        .flatten()
+        .filter(|l| l.starts_with("S=") || l.starts_with("c() "))
+        .map(|l| l.replace("/run/ch.sock", socket))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn lifecycle_examples_run_as_written(prefix: &str) {
+    if !have_curl() {
+        return;
+    }
+    let blocks = section_blocks("A VM made through the API");
+    assert!(
+        blocks[0]
+            .iter()
+            .any(|l| l == "cloud-hypervisor --api-socket path=/run/ch.sock"),
+        "{blocks:?}"
+    );
+    let dir = TempDir::new("api-doc-lifecycle");
+    let root = dir.file("root.qcow2");
+    create_lazy_qcow2(&root, "16M");
+    // vm.json as the doc shows it, with the test guest as the payload.
+    let text = blocks[1].join("\n").replace(
+        "/images/vmlinux",
+        &e2e_support::test_guest().display().to_string(),
+    );
+    let text = text.replace("/images/", &format!("{}/", dir.path().display()));
+    let mut config: serde_json::Value = serde_json::from_str(&text).expect("the doc's vm.json");
+    config["payload"]["cmdline"] = "disks=1 park".into();
+    std::fs::write(dir.file("vm.json"), config.to_string()).unwrap();
+    let vm = ApiVm::start_vmm(&dir, &[]);
+    // `$S` is the socket this VMM listens on.
+    let socket = vm.socket.clone();
+    let ran = run_examples(&dir, &preamble(&socket), &blocks[2..], prefix, &mut |_| {});
+    // create, boot, reboot, power-button, shutdown, boot, delete.
+    assert_eq!(ran, 7, "{prefix} examples");
+    let (status, stderr) = vm.shutdown();
+    assert!(status.success(), "{status}: {stderr}");
+    check_clean(&root);
+}
+
+#[test]
+fn the_curl_lifecycle_examples_run_as_written() {
+    lifecycle_examples_run_as_written("c ");
+}
+
+#[test]
+fn the_ch_remote_lifecycle_examples_run_as_written() {
+    lifecycle_examples_run_as_written("ch-remote ");
 }
 
 #[test]

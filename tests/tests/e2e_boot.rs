@@ -1,8 +1,9 @@
 //! End-to-end: boot protocols and lifecycle with hand-assembled tiny
 //! guests: PVH entry (start info, command line, initramfs module), the
 //! 64-bit Linux boot protocol for a bzImage (long mode, zero page), the
-//! i8042 reset, and SIGTERM ending a running guest with its disks closed
-//! cleanly.
+//! i8042 reset (the VM reboots: the guest runs again), ACPI power-off
+//! (the VMM ends), and SIGTERM ending a running guest with its disks
+//! closed cleanly.
 
 mod e2e_support;
 
@@ -15,14 +16,31 @@ use integration_tests::TempDir;
 use testkit::ChildGuard;
 
 #[test]
-fn tiny_pvh_guest_prints_and_resets() {
+fn tiny_pvh_guest_prints_and_powers_off() {
     let dir = TempDir::new("e2e-tiny");
     let k = dir.file("tiny.elf");
-    std::fs::write(&k, pvh_elf(&hello_then(I8042_RESET))).unwrap();
+    std::fs::write(&k, pvh_elf(&hello_then(ACPI_POWEROFF))).unwrap();
     let b = boot(&dir, Path::new(&k), &["--memory", "size=64M"]);
     assert_eq!(b.serial, "Hi\n");
     assert!(b.status.success(), "{}", b.stderr);
-    assert!(b.stderr.contains("reset"), "{}", b.stderr);
+    assert!(b.stderr.contains("VM exit: PowerOff"), "{}", b.stderr);
+}
+
+#[test]
+fn an_i8042_reset_reboots_the_guest() {
+    let dir = TempDir::new("e2e-tiny-reset");
+    let k = dir.file("tiny.elf");
+    std::fs::write(&k, pvh_elf(&hello_then(I8042_RESET))).unwrap();
+    // Each boot prints "Hi" and resets: the third line means two reboots.
+    let b = boot_until(&dir, Path::new(&k), &["--memory", "size=64M"], |s| {
+        s.starts_with("Hi\nHi\nHi\n")
+    });
+    assert!(b.status.success(), "{}", b.stderr);
+    assert!(
+        b.stderr.contains("reset through the i8042") && b.stderr.contains("VM rebooted"),
+        "{}",
+        b.stderr
+    );
 }
 
 #[test]
@@ -125,7 +143,8 @@ fn seccomp_false_installs_no_filter() {
 fn pvh_start_info_carries_cmdline_and_initramfs() {
     let dir = TempDir::new("e2e-pvh-info");
     // %ebx = start_info. Print '0' + nr_modules, the initramfs' first
-    // byte (modlist[0].paddr), the command line's first byte, then reset.
+    // byte (modlist[0].paddr), the command line's first byte, then power
+    // off.
     let code = [
         0x66, 0xba, 0xf8, 0x03, // mov dx, 0x3f8
         0x8b, 0x43, 0x0c, // mov eax, [ebx+12]   nr_modules
@@ -138,7 +157,7 @@ fn pvh_start_info_carries_cmdline_and_initramfs() {
         0xb0, 0x0a, 0xee, // '\n'
     ];
     let mut code = code.to_vec();
-    code.extend_from_slice(I8042_RESET);
+    code.extend_from_slice(ACPI_POWEROFF);
     let k = dir.file("info.elf");
     std::fs::write(&k, pvh_elf(&code)).unwrap();
     let initrd = dir.file("initrd");
@@ -158,7 +177,7 @@ fn bzimage_enters_long_mode_with_the_zero_page() {
     // 64-bit code, %rsi = zero page: print the 'H' of "HdrS" (0x202), two
     // bytes of a 64-bit immediate (only right in long mode), '0' + the
     // e820 entry count (0x1e8), the command line's first byte (via
-    // cmd_line_ptr at 0x228), then reset.
+    // cmd_line_ptr at 0x228), then power off.
     let mut code = vec![
         0x66, 0xba, 0xf8, 0x03, // mov dx, 0x3f8
         0x8a, 0x86, 0x02, 0x02, 0x00, 0x00, 0xee, // mov al, [rsi+0x202]; out
@@ -170,7 +189,7 @@ fn bzimage_enters_long_mode_with_the_zero_page() {
         0x8a, 0x03, 0xee, // mov al, [rbx]; out
         0xb0, 0x0a, 0xee, // '\n'
     ];
-    code.extend_from_slice(I8042_RESET);
+    code.extend_from_slice(ACPI_POWEROFF);
     let k = dir.file("bzImage");
     std::fs::write(&k, bzimage(&code)).unwrap();
     let b = boot(
@@ -205,14 +224,14 @@ fn unhandled_vcpu_exit_is_fatal_with_a_message() {
 #[test]
 fn an_instruction_kvm_cannot_emulate_stops_the_vm_with_its_bytes() {
     let dir = TempDir::new("e2e-emulation");
-    // popcnt eax, ebx, then an i8042 reset. Where KVM emulates guest code
+    // popcnt eax, ebx, then power-off. Where KVM emulates guest code
     // (the development machines) POPCNT fails emulation: the VMM must stop
     // with the bytes, RIP and (with -v) the registers, which needs the
     // vCPU thread's seccomp filter to allow KVM_GET_REGS/SREGS. Where it
-    // runs natively the guest resets and the VMM exits 0.
+    // runs natively the guest powers off and the VMM exits 0.
     let mut code = hello_then(&[0xf3, 0x0f, 0xb8, 0xc3]);
     let popcnt_at = 0x10_0000 + code.len() as u64 - 4;
-    code.extend_from_slice(I8042_RESET);
+    code.extend_from_slice(ACPI_POWEROFF);
     let k = dir.file("popcnt.elf");
     std::fs::write(&k, pvh_elf(&code)).unwrap();
     let b = boot(&dir, Path::new(&k), &[]);

@@ -84,7 +84,6 @@ fn upstream_flags_we_lack_are_refused_in_one_line() {
         &["--device", "path=/sys/x"],
         &["--watchdog"],
         &["--pvpanic"],
-        &["--event-monitor", "path=/tmp/ev"],
         &["--net", "tap=a", "tap=b"],
     ] {
         let mut a = vec!["--kernel", &missing_kernel];
@@ -235,4 +234,81 @@ fn missing_kernel_or_image_fails_with_a_message() {
         &format!("path={}", dir.file("missing.img")),
     ]);
     assert!(!ok && err.contains("missing.img"), "{err}");
+}
+
+#[test]
+fn the_event_monitor_takes_a_path_or_an_open_descriptor() {
+    let dir = TempDir::new("e2e-cli-events");
+    let img = make_image(&dir, "d.raw", "raw", "8M");
+    let guest = test_guest().display().to_string();
+    let disk = format!("path={img}");
+    let vm = [
+        "--kernel",
+        &guest,
+        "--cmdline",
+        "disks=1",
+        "--disk",
+        &disk,
+        "--serial",
+        "off",
+    ];
+    // A descriptor the parent opened: the events of one boot to its
+    // power-off, in upstream's form (object, blank line).
+    let events = dir.file("events.json");
+    let script = format!("exec 7>{events}; exec \"$0\" \"$@\" --event-monitor fd=7",);
+    let out = testkit::output_within(
+        Command::new("bash")
+            .args(["-c", &script, &vmm_binary().display().to_string()])
+            .args(vm),
+        testkit::COMMAND_LIMIT,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&events).unwrap();
+    let names: Vec<String> = text
+        .split("\n\n")
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| {
+            let v: serde_json::Value = serde_json::from_str(t).expect("an event object");
+            format!(
+                "{} {}",
+                v["source"].as_str().unwrap(),
+                v["event"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "vmm starting",
+            "vm booting",
+            "vm booted",
+            "virtio-device activated",
+            "vm shutdown",
+            "vm deleted",
+            "vmm shutdown"
+        ],
+        "{text}"
+    );
+    assert!(text.ends_with("}\n\n"), "{text:?}");
+    // What cannot be used fails before anything starts, in one line.
+    let missing_dir = dir.file("no/such/dir/events.json");
+    for (arg, word) in [
+        ("fd=9", "not open"),
+        ("fd=2x", "fd"),
+        (events.as_str(), "--event-monitor"),
+        (&format!("path={missing_dir}"), "cannot create"),
+    ] {
+        let mut a = vm.to_vec();
+        a.extend(["--event-monitor", arg]);
+        let (code, _, err) = cli_code(&a);
+        assert_eq!(code, Some(1), "{arg}: {err}");
+        assert!(
+            err.contains(word) && err.lines().count() == 1,
+            "{arg}: {err}"
+        );
+    }
 }

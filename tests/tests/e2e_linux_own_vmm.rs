@@ -8,7 +8,10 @@
 //! image the host expects (docs/linux-guests.md).
 //!
 //! Once through the VMM's own virtio-blk device, once with the disk
-//! served by ch-storage-daemon over vhost-user. The kernel comes from
+//! served by ch-storage-daemon over vhost-user, and once ending through
+//! the ACPI power button: /init waits for it after its checks, the
+//! script presses it with `ch-remote power-button`, and Linux's ACPI
+//! button driver hands /init the KEY_POWER press that makes it power off. The kernel comes from
 //! `$CH_OWN_LINUX_KERNEL` (scripts/run-tests.sh builds it first) or from
 //! the build script; a kernel that cannot be built is a skip, or a
 //! failure under `CH_REQUIRE_ALL=1`.
@@ -59,6 +62,10 @@ fn kernel() -> Result<PathBuf, String> {
 }
 
 fn run_guest(mode: &str) {
+    run_guest_with(mode, false)
+}
+
+fn run_guest_with(mode: &str, power_button: bool) {
     let kernel = match kernel() {
         Ok(k) => k,
         Err(why) => {
@@ -86,6 +93,10 @@ fn run_guest(mode: &str) {
             project_bin("storage-daemon", "ch-storage-daemon"),
         );
     }
+    if power_button {
+        cmd.env("POWER_BUTTON", "1")
+            .env("CH_REMOTE", project_bin("vmm", "ch-remote"));
+    }
     let start = Instant::now();
     let mut child = cmd.spawn().expect("run scripts/run-linux-guest.sh");
     // Read both pipes on their own threads so a full pipe cannot stall it.
@@ -110,6 +121,10 @@ fn run_guest(mode: &str) {
         err.contains(&format!("ok: {mode} boot to power-off")),
         "{err}"
     );
+    if power_button {
+        assert!(out.contains("CHTEST power button pressed"), "{out}");
+        assert!(err.contains("pressing the power button"), "{err}");
+    }
 }
 
 #[test]
@@ -120,4 +135,9 @@ fn linux_drives_the_vmm_virtio_blk_device() {
 #[test]
 fn linux_drives_a_vhost_user_disk_served_by_ch_storage_daemon() {
     run_guest("vhost-user");
+}
+
+#[test]
+fn linux_powers_off_through_the_acpi_power_button() {
+    run_guest_with("virtio", true);
 }

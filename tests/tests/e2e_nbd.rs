@@ -119,7 +119,7 @@ fn a_last_flush_that_fails_at_vm_shutdown_is_answered_and_exits_non_zero() {
     assert_eq!(chain[0], "the VM is shut down, but closing disks failed");
     assert!(chain[1].as_str().unwrap().contains("disk 'nbd'"), "{body}");
     let info = json(&vm.curl_ok("GET", "vm.info", None, 200));
-    assert_eq!(info["state"], "Shutdown");
+    assert_eq!(info["state"], "Created");
     let (status, stderr) = vm.shutdown();
     assert_failed_close(status, &stderr);
 }

@@ -57,7 +57,7 @@ fn notify_ioeventfds_follow_a_moved_bar() {
     code.extend(write_word_at(NEW_BAR + 0x3004)); // queue 1 notify
     code.extend(write_word_at(NEW_BAR + 0x3000 + 4 * 5)); // no queue 5
     code = hello_then(&code);
-    code.extend_from_slice(I8042_RESET);
+    code.extend_from_slice(ACPI_POWEROFF);
     let k = dir.file("bar.elf");
     std::fs::write(&k, pvh_elf(&code)).unwrap();
     let img = dir.file("d.raw");

@@ -231,7 +231,7 @@ fn read_only_disk_is_left_unchanged() {
 #[test]
 fn guest_failure_is_visible() {
     // `disks=2` with one disk: the guest must report FAIL (and the VMM
-    // still exits cleanly, because the guest resets).
+    // still exits cleanly, because the guest powers off).
     let dir = TempDir::new("e2e-fail");
     let img = make_image(&dir, "d.raw", "raw", "8M");
     let b = boot(

@@ -3,18 +3,35 @@
 //! disk, the owner's handle on its [`BlockDevice`] (pause, resize,
 //! snapshot, counters).
 //!
-//! Enters as opened disks and vhost-user configs; leaves as
-//! [`AttachedDisk`]s that the control loop looks up by id, and, on
-//! [`DiskRegistry::detach`], as a disk taken off the bus whose device the
-//! caller shuts down.
+//! Enters as opened disks and vhost-user configs (or, after a reboot, as
+//! the previous machine's [`CarriedDisk`]s, back in their slots); leaves
+//! as [`AttachedDisk`]s that the control loop looks up by id, on
+//! [`DiskRegistry::detach`] as a disk taken off the bus whose device the
+//! caller shuts down, and on [`DiskRegistry::carry_out`] as the devices
+//! a reboot moves to the next machine.
+//!
+//! Each function reports its driver's activations and resets on the
+//! event monitor (`virtio-device` `activated`/`reset`, with the id).
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use virtio_devices::block::{BlockDevice, BlockDeviceConfig, SharedBlockDevice};
+use virtio_devices::transport::{DeviceEvent, VirtioPciDevice};
+use virtio_devices::VirtioDevice;
+
+use block::ExclusiveImage;
 
 use crate::config::{next_free_disk_id, LocalDiskConfig, VhostUserDiskConfig};
-use crate::device_manager::{DeviceError, OpenedDisk};
+use crate::device_error::DeviceError;
 use crate::pci_attach::{AttachedFunction, PciAttach};
+
+/// A disk opened from its config, by its owner (the tools that
+/// resize and snapshot it come along).
+pub struct OpenedDisk {
+    pub config: LocalDiskConfig,
+    pub image: ExclusiveImage,
+}
 
 /// What serves a disk.
 pub enum DiskBackend {
@@ -47,6 +64,48 @@ impl AttachedDisk {
     pub fn lock_device(&self) -> Option<std::sync::MutexGuard<'_, BlockDevice>> {
         self.device()
             .map(|d| d.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// A disk between two machines (a reboot): off the bus, its device reset
+/// with its image still open and locked.
+pub struct CarriedDisk {
+    pub id: String,
+    pub slot: usize,
+    pub backend: DiskBackend,
+    pub device: Box<dyn VirtioDevice>,
+}
+
+/// Reports `id`'s activations and resets on the event monitor.
+fn observe(function: &AttachedFunction, id: &str) {
+    let id = id.to_string();
+    function
+        .function
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .set_event_observer(Arc::new(move |e| {
+            let event = match e {
+                DeviceEvent::Activated => "activated",
+                DeviceEvent::Reset => "reset",
+            };
+            crate::events::emit("virtio-device", event, &[("id", &id)]);
+        }));
+}
+
+/// The function `f` wraps, once no vCPU holds it any more (they are
+/// stopped; one in the middle of an access lets go at once).
+fn unwrap_function(f: Arc<Mutex<VirtioPciDevice>>) -> Option<VirtioPciDevice> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut f = f;
+    loop {
+        match Arc::try_unwrap(f) {
+            Ok(m) => return Some(m.into_inner().unwrap_or_else(PoisonError::into_inner)),
+            Err(back) if Instant::now() < deadline => {
+                f = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(_) => return None,
+        }
     }
 }
 
@@ -112,7 +171,10 @@ impl DiskRegistry {
         })?;
         let shared = SharedBlockDevice::new(dev);
         let device = shared.handle();
-        let function = self.attach.add(Box::new(shared), d.config.num_queues)?;
+        let function = self
+            .attach
+            .add(Box::new(shared), d.config.num_queues, None)?;
+        observe(&function, &id);
         log::info!(
             "disk {id} ({path}): virtio-blk at PCI {}, BAR0 {:#x}, {} queue(s) of {}",
             function.bdf(),
@@ -137,7 +199,8 @@ impl DiskRegistry {
     ) -> Result<&AttachedDisk, DeviceError> {
         let id = self.id_for(&c.id);
         let (dev, capacity) = crate::vhost_user_disks::connect(c)?;
-        let function = self.attach.add(Box::new(dev), c.num_queues)?;
+        let function = self.attach.add(Box::new(dev), c.num_queues, None)?;
+        observe(&function, &id);
         log::info!(
             "disk {id} ({}): vhost-user-blk ({capacity} bytes) at PCI {}, BAR0 {:#x}, \
              {} queue(s) of {}",
@@ -164,5 +227,64 @@ impl DiskRegistry {
         let disk = self.disks.remove(i);
         self.attach.remove(&disk.function);
         Some(disk)
+    }
+
+    /// Puts a disk carried from the previous machine back in its slot.
+    pub fn attach_carried(&mut self, c: CarriedDisk) -> Result<(), DeviceError> {
+        let queues = match &c.backend {
+            DiskBackend::Local { config, .. } => config.num_queues,
+            DiskBackend::VhostUser { config } => config.num_queues,
+        };
+        let function = self.attach.add(c.device, queues, Some(c.slot))?;
+        observe(&function, &c.id);
+        log::info!("disk {}: back at PCI {}", c.id, function.bdf());
+        self.disks.push(AttachedDisk {
+            id: c.id,
+            backend: c.backend,
+            function,
+        });
+        Ok(())
+    }
+
+    /// Every disk off the bus, its device reset (workers drained and
+    /// stopped) with its image open: what a reboot moves to the next
+    /// machine. The vCPUs must be stopped. A function still held after
+    /// that (which would be a bug) loses its disk: it is shut down, not
+    /// carried.
+    pub fn carry_out(&mut self) -> Vec<CarriedDisk> {
+        let mut carried = Vec::new();
+        for d in std::mem::take(&mut self.disks) {
+            self.attach.remove(&d.function);
+            let AttachedDisk {
+                id,
+                backend,
+                function,
+            } = d;
+            let slot = function.slot;
+            let shared = function.function.clone();
+            drop(function);
+            match unwrap_function(shared) {
+                Some(f) => carried.push(CarriedDisk {
+                    id,
+                    slot,
+                    backend,
+                    device: f.into_device(),
+                }),
+                None => log::error!("disk {id}: its function is still in use; it is not carried"),
+            }
+        }
+        carried
+    }
+
+    /// Shuts every disk's device down (a machine that failed to start).
+    pub fn shut_down_all(&mut self) {
+        for d in std::mem::take(&mut self.disks) {
+            self.attach.remove(&d.function);
+            d.function
+                .function
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .shutdown();
+        }
     }
 }

@@ -11,7 +11,7 @@
 
 use crate::api::endpoint::{Endpoint, Flag, FlagKind, Method, VerbArgs};
 use crate::api::types::{IdBody, ResizeDiskBody, SnapshotDiskBody};
-use crate::config::DiskConfig;
+use crate::config::{DiskConfig, VmConfig};
 use crate::control::Control;
 
 const RESIZE_DISK_FLAGS: &[Flag] = &[
@@ -68,6 +68,24 @@ pub fn table() -> Vec<E> {
             "",
             "stop the VM and end the VMM",
         ),
+        E::with_body("vm.create", "VmConfig", |c, b: VmConfig| c.vm_create(b)).verb(
+            "create",
+            VerbArgs::JsonFile,
+            "[FILE]",
+            "store a VM's configuration (a VmConfig JSON file; - or none: stdin)",
+        ),
+        E::new("vm.boot", Put, |c| c.vm_boot()).verb(
+            "boot",
+            VerbArgs::None,
+            "",
+            "boot the created VM",
+        ),
+        E::new("vm.delete", Put, |c| c.vm_delete()).verb(
+            "delete",
+            VerbArgs::None,
+            "",
+            "shut the VM down if it runs, and drop its configuration",
+        ),
         E::new("vm.info", Get, |c| c.info()).verb(
             "info",
             VerbArgs::None,
@@ -98,11 +116,17 @@ pub fn table() -> Vec<E> {
             "",
             "stop the VM, keep the VMM",
         ),
-        E::new("vm.reboot", Put, |c| c.reboot()).verb(
+        E::new("vm.reboot", Put, |c| c.vm_reboot()).verb(
             "reboot",
             VerbArgs::None,
             "",
-            "not supported yet: says why",
+            "restart the VM (disks stay open)",
+        ),
+        E::new("vm.power-button", Put, |c| c.power_button()).verb(
+            "power-button",
+            VerbArgs::None,
+            "",
+            "press the ACPI power button",
         ),
         E::with_body("vm.resize-disk", "ResizeDisk", |c, b: ResizeDiskBody| {
             c.resize_disk(&b.id, b.desired_size, b.shrink)

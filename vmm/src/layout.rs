@@ -50,6 +50,11 @@ pub const ACPI_PM_PORT: u16 = 0x600;
 /// The PCI hotplug registers (devices/pci_hotplug.rs): slots added (+0),
 /// slots to remove (+4), eject (+8).
 pub const PCI_HOTPLUG_PORT: u16 = 0x610;
+/// The Generic Event Device's event register (devices/ged.rs): bit 0,
+/// the power button was pressed.
+pub const GED_EVENT_PORT: u16 = 0x620;
 /// The IOAPIC pin of the ACPI Generic Event Device that announces PCI
 /// hotplug events.
 pub const GED_IRQ: u32 = 5;
+/// The GED's second pin: the power button (boot/acpi/power_button.rs).
+pub const POWER_BUTTON_IRQ: u32 = 6;

@@ -1,8 +1,8 @@
-//! The `cloud-hypervisor` binary: parse the whole command line, open the
-//! disks, boot, and exit 0 after a clean guest reset/power-off or
-//! SIGTERM/SIGINT, non-zero with a message on any error: as upstream, 2
-//! for a command line the parser refuses (with its usage), 1 for
-//! anything else (one line).
+//! The `cloud-hypervisor` binary: parse the whole command line, start
+//! the VMM (and the command line's VM, if it describes one), and exit 0
+//! after a guest power-off, SIGTERM/SIGINT or `vmm.shutdown`, non-zero
+//! with a message on any error: as upstream, 2 for a command line the
+//! parser refuses (with its usage), 1 for anything else (one line).
 
 use std::process::ExitCode;
 
@@ -60,27 +60,26 @@ fn main() -> ExitCode {
         }
     }
 
-    if let Err(e) = vmm::vm::prepare_process(config.seccomp) {
-        eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
-        return ExitCode::FAILURE;
+    if let Some(monitor) = &config.event_monitor {
+        if let Err(e) = vmm::vm::start_event_monitor(monitor, config.seccomp) {
+            eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
+            return ExitCode::FAILURE;
+        }
     }
-    let disks = match vmm::device_manager::open_disks(&config.disks) {
-        Ok(d) => d,
+    let code = run(*config);
+    vmm::events::finish(std::time::Duration::from_secs(5));
+    code
+}
+
+fn run(config: vmm::config::RunConfig) -> ExitCode {
+    let builder = match vmm::vm::prepare_process(config.seccomp) {
+        Ok(b) => b,
         Err(e) => {
             eprintln!("cloud-hypervisor: {}", ch_log::error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
-    // The guest owns the terminal while it runs (restored on drop).
-    let _raw_terminal = if config.serial == vmm::config::SerialMode::Tty {
-        vmm::terminal::RawTerminal::enter().unwrap_or_else(|e| {
-            log::warn!("cannot put the terminal in raw mode: {e}");
-            None
-        })
-    } else {
-        None
-    };
-    match vmm::vm::run(&config, disks) {
+    match vmm::vm::run(config, builder) {
         Ok(ExitReason::Fatal(msg)) => {
             eprintln!("cloud-hypervisor: fatal: {msg}");
             ExitCode::FAILURE

@@ -19,7 +19,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::local_disk::MAX_QUEUES;
-use crate::device_manager::DeviceError;
+use crate::device_error::DeviceError;
 use crate::devices::pci::{NotifyRegistry, PciDevices};
 use crate::layout::{PCI_MMIO_END, PCI_MMIO_START};
 use crate::seccomp;
@@ -99,19 +99,22 @@ impl PciAttach {
         self.pci.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Puts `dev` (with `num_queues` queues) behind virtio-pci in the
-    /// first free slot.
+    /// Puts `dev` (with `num_queues` queues) behind virtio-pci in `slot`
+    /// (a reboot puts each disk back where it was), or in the first free
+    /// one.
     pub fn add(
         &self,
         dev: Box<dyn virtio_devices::VirtioDevice>,
         num_queues: u16,
+        slot: Option<usize>,
     ) -> Result<AttachedFunction, DeviceError> {
         let max = max_functions();
-        let slot = self
-            .lock_pci()
-            .free_slot()
-            .filter(|&s| s <= max)
-            .ok_or(DeviceError::TooManyDisks(max))?;
+        let slot = match slot {
+            Some(s) => Some(s),
+            None => self.lock_pci().free_slot(),
+        }
+        .filter(|&s| (1..=max).contains(&s))
+        .ok_or(DeviceError::TooManyDisks(max))?;
         let vm = &self.vm;
         let base_gsi = Vm::FIRST_MSI_GSI + (slot as u32 - 1) * GSIS_PER_SLOT;
         let vectors = VirtioPciDevice::vectors_needed(usize::from(num_queues));

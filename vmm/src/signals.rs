@@ -35,7 +35,7 @@ pub fn install(exit: &EventFd) -> std::io::Result<()> {
         register_signal_handler(sig, on_exit_signal)
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
     }
-    register_signal_handler(crate::vcpu::kick_signal(), on_kick)
+    register_signal_handler(crate::vcpu_thread::kick_signal(), on_kick)
         .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
     Ok(())
 }

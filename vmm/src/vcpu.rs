@@ -8,22 +8,17 @@
 //! it, and `-v` logs the vCPU's registers.
 //!
 //! The main thread stops a vCPU by setting its stop flag and sending it
-//! [`kick_signal`], which interrupts `KVM_RUN` with EINTR.
+//! the kick signal ([`crate::vcpu_thread`]), which interrupts `KVM_RUN`
+//! with EINTR.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use hypervisor::{InternalErrorOutcome, SystemEvent, Vcpu, VcpuExit};
 
 use crate::devices::bus::Bus;
+use crate::exit::{ExitReason, ExitSignal};
 use crate::vcpu_pause::PauseGate;
-use crate::vm::{ExitReason, ExitSignal};
-
-/// The signal that kicks a vCPU out of `KVM_RUN`.
-pub fn kick_signal() -> i32 {
-    libc::SIGRTMIN()
-}
 
 /// What a vCPU thread shares with the rest of the VMM.
 pub struct VcpuContext {
@@ -118,10 +113,4 @@ fn internal_error(vcpu: &mut Vcpu) -> Option<ExitReason> {
                 .unwrap_or_default()
         ))),
     }
-}
-
-/// A running vCPU thread and its stop flag.
-pub struct VcpuHandle {
-    pub thread: JoinHandle<()>,
-    pub stop: Arc<AtomicBool>,
 }

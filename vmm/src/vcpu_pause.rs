@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::signal::Killable;
 
-use crate::vcpu::{kick_signal, VcpuHandle};
+use crate::vcpu_thread::{kick_signal, VcpuHandle};
 
 /// How long [`PauseGate::pause`] waits for every vCPU to park.
 pub const PARK_TIMEOUT: Duration = Duration::from_secs(5);

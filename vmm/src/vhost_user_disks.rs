@@ -10,7 +10,7 @@ use virtio_devices::vhost_user_blk::device::VhostUserBlkConfig;
 use virtio_devices::vhost_user_blk::VhostUserBlkDevice;
 
 use crate::config::VhostUserDiskConfig;
-use crate::device_manager::DeviceError;
+use crate::device_error::DeviceError;
 
 /// Connects to the backend of `c`.
 pub(crate) fn connect(c: &VhostUserDiskConfig) -> Result<(VhostUserBlkDevice, u64), DeviceError> {

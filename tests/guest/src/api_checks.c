@@ -19,6 +19,11 @@
  *                 _EJ0 does) and waits until the slot reads empty.
  *   counts        prints one COUNT line per disk with what the guest asked
  *                 of it (blk_counts), for comparison with vm.counters.
+ *   wait_power_button  prints "WAIT power-button", polls the Generic
+ *                 Event Device's event register (what the DSDT's GED _EVT
+ *                 reads before it notifies \_SB.PWRB) until its power
+ *                 button bit is set; the run then ends as an OS would
+ *                 after the button: powered off (or as end= says).
  *
  * In:  initialised disks. Out: console lines; the first failure ends the
  *      run with RESULT: FAIL.
@@ -36,6 +41,8 @@
 #define PCIU (HOTPLUG_PORT + 0)
 #define PCID (HOTPLUG_PORT + 4)
 #define B0EJ (HOTPLUG_PORT + 8)
+#define GED_EVENTS 0x620
+#define GED_POWER_BUTTON 1u
 #define S_OK 0
 #define S_IOERR 1
 
@@ -194,6 +201,21 @@ static void wait_hotplug(const struct boot_options *opt, struct vdev *disks, int
 	kprintf("ok   slot %d ejected and empty\n", slot);
 }
 
+static void wait_power_button(void)
+{
+	kprintf("WAIT power-button\n");
+	u64 start = irq_ticks;
+	for (;;) {
+		u32 v = inl(GED_EVENTS);
+		if (v != 0xffffffffu && (v & GED_POWER_BUTTON))
+			break;
+		if (irq_ticks - start > WAIT_TIMEOUT_TICKS)
+			fail("the power button was not pressed within 60 s");
+		sleep_ticks(5);
+	}
+	kprintf("ok   power button pressed (GED event register bit 0)\n");
+}
+
 void api_checks_run(const struct boot_options *opt, struct vdev *disks, int *nd, int max)
 {
 	if (opt->wait_resize)
@@ -211,4 +233,6 @@ void api_checks_run(const struct boot_options *opt, struct vdev *disks, int *nd,
 				c->discards, c->errors);
 		}
 	}
+	if (opt->wait_power_button)
+		wait_power_button();
 }

@@ -81,6 +81,18 @@ static void parse_cmdline(const char *s, usize len, struct boot_options *opt)
 			opt->counts = 1;
 		} else if (word_is(w, n, "park")) {
 			opt->park = 1;
+		} else if (word_is(w, n, "wait_power_button")) {
+			opt->wait_power_button = 1;
+		} else if (word_is(w, n, "end=poweroff")) {
+			opt->end = END_POWEROFF;
+		} else if (word_is(w, n, "end=acpi-reset")) {
+			opt->end = END_ACPI_RESET;
+		} else if (word_is(w, n, "end=i8042")) {
+			opt->end = END_I8042;
+		} else if (word_is(w, n, "end=triple")) {
+			opt->end = END_TRIPLE;
+		} else if (n >= 4 && memcmp(w, "end=", 4) == 0) {
+			fail("bad guest option on cmdline (want end=poweroff|acpi-reset|i8042|triple)");
 		} else if (n > 10 && memcmp(w, "io_rounds=", 10) == 0) {
 			int v = 0;
 			for (usize k = 10; k < n; k++) {
@@ -144,12 +156,17 @@ void bootinfo_read(u64 start_info_paddr, struct boot_options *opt)
 	opt->event_idx = 1;
 	opt->indirect = 1;
 	opt->wait_resize = opt->wait_hotplug = opt->io_rounds = opt->counts = opt->park = 0;
+	opt->wait_power_button = 0;
+	opt->end = END_POWEROFF;
 	if (start_info_paddr == 0 || start_info_paddr >= MAPPED_LIMIT - sizeof(struct hvm_start_info))
 		fail("bad start_info address 0x%lx in %%ebx", start_info_paddr);
 	const struct hvm_start_info *si = (const struct hvm_start_info *)start_info_paddr;
 	if (si->magic != HVM_START_MAGIC)
 		fail("hvm_start_info magic is 0x%x, want 0x%x", si->magic, HVM_START_MAGIC);
 	kprintf("ok   hvm_start_info at 0x%lx, version %u\n", start_info_paddr, si->version);
+	/* From here a failure can power off (the tables are found lazily). */
+	machine_end_setup(si->rsdp_paddr, END_POWEROFF);
 	read_cmdline(si->cmdline_paddr, opt);
+	machine_end_setup(si->rsdp_paddr, opt->end);
 	read_memmap(si);
 }

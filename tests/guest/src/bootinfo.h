@@ -5,6 +5,7 @@
 #ifndef GUEST_BOOTINFO_H
 #define GUEST_BOOTINFO_H
 #include "common.h"
+#include "machine_end.h"
 
 struct boot_options {
 	/* disks=N on the command line: exact number of virtio-blk devices
@@ -17,12 +18,15 @@ struct boot_options {
 	 * on); the position-pattern requests then use an indirect table. */
 	int indirect;
 	/* The API checks (api_checks.c): wait_resize, wait_hotplug,
-	 * io_rounds=N (0: none), counts, park. */
+	 * io_rounds=N (0: none), counts, wait_power_button, park. */
 	int wait_resize;
 	int wait_hotplug;
 	int io_rounds;
 	int counts;
+	int wait_power_button;
 	int park;
+	/* end=poweroff|acpi-reset|i8042|triple (machine_end.c). */
+	enum end_mode end;
 };
 
 /* Validates start_info (fails the run when it is bad), prints the command

@@ -115,6 +115,9 @@ machine_reset:
 	cli
 	movb $0xFE, %al
 	outb %al, $0x64
+	.globl triple_fault
+triple_fault:
+	cli
 	lidt empty_idt_desc
 	int3
 4:	hlt

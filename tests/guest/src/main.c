@@ -3,7 +3,8 @@
  * PCI scan, virtio-blk initialisation, the block checks, RESULT line.
  *
  * In:  the start_info address from entry.S. Out: the serial report ending
- *      in exactly "RESULT: PASS" or "RESULT: FAIL <what>", then a reset.
+ *      in exactly "RESULT: PASS" or "RESULT: FAIL <what>", then the end the
+ *      command line asks for (machine_end.c: power-off by default).
  */
 #include "api_checks.h"
 #include "blk_test.h"

@@ -4,7 +4,10 @@
 //! write) and with our `ch-remote`.
 //!
 //! An [`ApiVm`] owns the VMM process: every wait has a deadline, and a VM
-//! still running when the test ends (a failed assertion) is killed.
+//! still running when the test ends (a failed assertion) is killed. It
+//! starts the command line's VM ([`ApiVm::start`]) or a VMM without one
+//! that waits for `vm.create` ([`ApiVm::start_vmm`]); [`vm_config`] is
+//! the test guest's `VmConfig` for the latter.
 #![allow(dead_code)]
 
 use std::io::Read;
@@ -41,13 +44,45 @@ impl ApiVm {
 
     /// As [`ApiVm::start`], with the API socket at `socket`.
     pub fn start_at(dir: &TempDir, socket: &str, cmdline: &str, args: &[&str]) -> ApiVm {
-        let socket = socket.to_string();
         let serial = dir.file("serial.log");
-        let mut child = Command::new(vmm_binary())
-            .arg("--kernel")
-            .arg(test_guest())
-            .args(["--cmdline", cmdline])
-            .args(["--serial", &format!("file={serial}"), "-v"])
+        let guest = test_guest().display().to_string();
+        let vm_args = [
+            "--kernel",
+            &guest,
+            "--cmdline",
+            cmdline,
+            "--serial",
+            &format!("file={serial}"),
+        ];
+        let all: Vec<&str> = vm_args
+            .iter()
+            .copied()
+            .chain(args.iter().copied())
+            .collect();
+        Self::spawn(socket, &serial, &all)
+    }
+
+    /// A VMM without a VM (`--api-socket` alone, and `args`), waiting for
+    /// `vm.create`; a VM made with [`vm_config`] writes its serial port
+    /// to `dir/serial.log`.
+    pub fn start_vmm(dir: &TempDir, args: &[&str]) -> ApiVm {
+        Self::start_vmm_with(vmm_binary(), dir, args)
+    }
+
+    /// As [`ApiVm::start_vmm`], with another VMM binary (upstream's).
+    pub fn start_vmm_with(binary: &Path, dir: &TempDir, args: &[&str]) -> ApiVm {
+        Self::spawn_binary(binary, &dir.file("api.sock"), &dir.file("serial.log"), args)
+    }
+
+    fn spawn(socket: &str, serial: &str, args: &[&str]) -> ApiVm {
+        Self::spawn_binary(vmm_binary(), socket, serial, args)
+    }
+
+    fn spawn_binary(binary: &Path, socket: &str, serial: &str, args: &[&str]) -> ApiVm {
+        let socket = socket.to_string();
+        let serial = serial.to_string();
+        let mut child = Command::new(binary)
+            .arg("-v")
             .args(["--api-socket", &format!("path={socket}")])
             .args(args)
             .stdout(Stdio::null())
@@ -85,10 +120,16 @@ impl ApiVm {
     /// Waits until the serial log contains `needle`; fails on a guest
     /// failure, a VMM that exited, or the deadline.
     pub fn wait_for(&mut self, needle: &str) -> String {
+        self.wait_for_count(needle, 1)
+    }
+
+    /// Waits until the serial log contains `needle` `n` times (a guest
+    /// that rebooted prints its lines again).
+    pub fn wait_for_count(&mut self, needle: &str, n: usize) -> String {
         let end = Instant::now() + GUEST_TIMEOUT;
         loop {
             let s = self.serial_text();
-            if s.contains(needle) {
+            if s.matches(needle).count() >= n {
                 return s;
             }
             if s.contains("RESULT: FAIL") {
@@ -140,11 +181,12 @@ impl ApiVm {
             .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
-    /// Asks the VMM to exit (`vmm.shutdown`) and waits for it: (exit
-    /// status, its stderr).
+    /// Asks the VMM to exit (`vmm.shutdown`, answered 200 with no body,
+    /// as upstream answers it) and waits for it: (exit status, its
+    /// stderr).
     pub fn shutdown(mut self) -> (ExitStatus, String) {
         let (status, body) = self.curl("PUT", "vmm.shutdown", None);
-        assert_eq!(status, 204, "vmm.shutdown: {body}");
+        assert_eq!((status, body.as_str()), (200, ""), "vmm.shutdown");
         self.wait_exit()
     }
 
@@ -197,18 +239,70 @@ pub fn curl_raw(socket: &str, method: &str, url: &str, body: Option<&str>) -> (u
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
-/// The numbers of the guest's `COUNT diskN ...` line.
+/// The numbers of the guest's `COUNT diskN ...` line (the first, when
+/// it rebooted).
 pub fn guest_counts(serial: &str, disk: usize) -> Vec<(String, u64)> {
+    let all = guest_counts_every_boot(serial, disk);
+    all.into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no COUNT disk{disk} line:\n{serial}"))
+}
+
+/// The numbers of every `COUNT diskN ...` line, one list per boot.
+pub fn guest_counts_every_boot(serial: &str, disk: usize) -> Vec<Vec<(String, u64)>> {
     let prefix = format!("COUNT disk{disk} ");
-    let line = serial
+    serial
         .lines()
-        .find(|l| l.starts_with(&prefix))
-        .unwrap_or_else(|| panic!("no {prefix:?} line:\n{serial}"));
-    line[prefix.len()..]
-        .split_whitespace()
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').expect("key=value");
-            (k.to_string(), v.parse().expect("a number"))
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|rest| {
+            rest.split_whitespace()
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').expect("key=value");
+                    (k.to_string(), v.parse().expect("a number"))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The test guest's `VmConfig` (upstream's JSON): `cmdline`, 2 vCPUs,
+/// 128 MiB, the serial port in `dir/serial.log`, and `disks` (each a
+/// `DiskConfig` object).
+pub fn vm_config(dir: &TempDir, cmdline: &str, disks: &[serde_json::Value]) -> serde_json::Value {
+    serde_json::json!({
+        "payload": {"kernel": test_guest().display().to_string(), "cmdline": cmdline},
+        "cpus": {"boot_vcpus": 2, "max_vcpus": 2},
+        "memory": {"size": 128u64 << 20},
+        "disks": disks,
+        "serial": {"mode": "File", "file": dir.file("serial.log")},
+        "console": {"mode": "Off"},
+    })
+}
+
+/// Whether another process holds `image`'s lock (qemu-img, which takes
+/// it, cannot open it).
+pub fn locked(image: &str) -> bool {
+    let out = integration_tests::qemu_img_status(&["info", image]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && !err.contains("lock") {
+        panic!("qemu-img info {image} failed for another reason: {err}");
+    }
+    !out.status.success()
+}
+
+/// The events of an event-monitor file as (source, event, properties).
+pub fn events(path: &str) -> Vec<(String, String, serde_json::Value)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.split("\n\n")
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| {
+            let v: serde_json::Value =
+                serde_json::from_str(t).unwrap_or_else(|e| panic!("{e}: {t:?}"));
+            (
+                v["source"].as_str().unwrap_or_default().to_string(),
+                v["event"].as_str().unwrap_or_default().to_string(),
+                v["properties"].clone(),
+            )
         })
         .collect()
 }

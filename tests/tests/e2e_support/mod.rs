@@ -2,6 +2,11 @@
 //! `cloud-hypervisor` binary and the test guest, booting with a timeout
 //! and the serial port in a file, and hand-assembled tiny guests (a PVH
 //! ELF and a bzImage) for boot paths the test guest does not take.
+//!
+//! How a run ends: the test guest and the tiny guests power off (ACPI
+//! S5, [`ACPI_POWEROFF`]), which ends the VMM; a guest that resets is
+//! rebooted by the VMM, so a test of a reset waits for the second boot
+//! and stops the VMM itself ([`boot_until`]).
 #![allow(dead_code)]
 
 pub mod vhost_user_daemon;
@@ -67,6 +72,27 @@ pub struct Boot {
 
 /// Boots `kernel` with extra arguments; serial goes to a file.
 pub fn boot(dir: &TempDir, kernel: &Path, args: &[&str]) -> Boot {
+    run_vmm(dir, kernel, args, None)
+}
+
+/// Boots `kernel` until the serial output satisfies `done` (a guest that
+/// reboots: the second boot's output, say), then stops the VMM with
+/// SIGTERM; fails if that does not happen within [`BOOT_TIMEOUT`].
+pub fn boot_until(
+    dir: &TempDir,
+    kernel: &Path,
+    args: &[&str],
+    done: impl Fn(&str) -> bool,
+) -> Boot {
+    run_vmm(dir, kernel, args, Some(&done))
+}
+
+fn run_vmm(
+    dir: &TempDir,
+    kernel: &Path,
+    args: &[&str],
+    done: Option<&dyn Fn(&str) -> bool>,
+) -> Boot {
     let serial = dir.file("serial.log");
     let mut child = Command::new(vmm_binary())
         .arg("--kernel")
@@ -83,6 +109,25 @@ pub fn boot(dir: &TempDir, kernel: &Path, args: &[&str]) -> Boot {
         let _ = err_pipe.read_to_string(&mut s);
         s
     });
+    if let Some(done) = done {
+        let start = std::time::Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&serial).unwrap_or_default();
+            if done(&text) {
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("the VMM ended ({status}) before the guest got there:\n{text}");
+            }
+            if start.elapsed() > BOOT_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the guest did not get there within {BOOT_TIMEOUT:?}:\n{text}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        testkit::signal(child.id(), "TERM").expect("SIGTERM to the VMM");
+    }
     let status = wait_with_timeout(&mut child, BOOT_TIMEOUT);
     let stderr = reader.join().unwrap_or_default();
     let serial = std::fs::read_to_string(&serial).unwrap_or_default();
@@ -147,7 +192,16 @@ pub fn hello_then(tail: &[u8]) -> Vec<u8> {
 }
 
 pub const SPIN: &[u8] = &[0xeb, 0xfe]; // jmp $
+/// A reset: the VMM reboots the guest.
 pub const I8042_RESET: &[u8] = &[0xb0, 0xfe, 0xe6, 0x64, 0xeb, 0xfe]; // out 0x64, 0xfe; jmp $
+/// ACPI S5 through the sleep control register at 0x600 (the FADT's):
+/// the VMM ends. The same bytes in 32- and 64-bit code.
+pub const ACPI_POWEROFF: &[u8] = &[
+    0x66, 0xba, 0x00, 0x06, // mov dx, 0x600
+    0xb0, 0x34, // mov al, SLP_TYP 5 << 2 | SLP_EN
+    0xee, // out dx, al
+    0xeb, 0xfe, // jmp $
+];
 
 /// A new qcow2 image at `path` with lazy refcounts on (so the dirty bit
 /// shows whether the VMM closed it cleanly).

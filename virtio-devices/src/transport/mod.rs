@@ -27,4 +27,4 @@ pub mod virtio_pci;
 
 pub use error::TransportError;
 pub use msix::{MsiMessage, MsiRouter};
-pub use virtio_pci::{BarMoved, VirtioPciDevice};
+pub use virtio_pci::{BarMoved, DeviceEvent, EventObserver, VirtioPciDevice};

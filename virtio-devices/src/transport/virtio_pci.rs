@@ -40,9 +40,23 @@ const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
 /// the worker threads the device spawns.
 pub type ActivationHook = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
+/// What happened to the device, as the driver drove it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceEvent {
+    /// DRIVER_OK started the device.
+    Activated,
+    /// The driver reset an activated device (a status write of 0).
+    Reset,
+}
+
+/// Told of each [`DeviceEvent`], after it happened (the VMM reports them
+/// on its event monitor).
+pub type EventObserver = Arc<dyn Fn(DeviceEvent) + Send + Sync>;
+
 pub struct VirtioPciDevice {
     device: Box<dyn VirtioDevice>,
     activation_hook: Option<ActivationHook>,
+    observer: Option<EventObserver>,
     config: PciConfig,
     common: CommonConfig,
     msix: Arc<Msix>,
@@ -119,6 +133,7 @@ impl VirtioPciDevice {
             common: CommonConfig::new(device.queue_max_sizes()),
             device,
             activation_hook: None,
+            observer: None,
             config,
             msix,
             msix_cap,
@@ -137,6 +152,29 @@ impl VirtioPciDevice {
     /// calling vCPU thread does not.
     pub fn set_activation_hook(&mut self, hook: ActivationHook) {
         self.activation_hook = Some(hook);
+    }
+
+    /// Tells `observer` of every activation and driver reset.
+    pub fn set_event_observer(&mut self, observer: EventObserver) {
+        self.observer = Some(observer);
+    }
+
+    pub(super) fn observe(&self, event: DeviceEvent) {
+        if let Some(o) = &self.observer {
+            o(event);
+        }
+    }
+
+    /// Takes the device out of the function (a VM reboot moves it to a
+    /// new one): an activated device is reset first, so its workers have
+    /// drained and stopped; its state beyond the virtio registers (open
+    /// image, counters) stays with it.
+    pub fn into_device(mut self) -> Box<dyn VirtioDevice> {
+        if self.activated {
+            drop(self.device.reset());
+            self.activated = false;
+        }
+        self.device
     }
 
     /// BAR 0's guest physical range `(start, len)`.
@@ -347,6 +385,7 @@ impl VirtioPciDevice {
             drop(self.device.reset());
             self.restore_kicks();
             self.activated = false;
+            self.observe(DeviceEvent::Reset);
         }
         self.common.reset();
         self.msix.reset_vectors();

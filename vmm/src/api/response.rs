@@ -19,6 +19,14 @@ impl ApiResponse {
         }
     }
 
+    /// 200 with an empty body (upstream's answer to `vmm.shutdown`).
+    pub fn ok_empty() -> Self {
+        ApiResponse {
+            status: 200,
+            body: None,
+        }
+    }
+
     /// 200 with `value` as the JSON body.
     pub fn json(value: &impl Serialize) -> Self {
         match serde_json::to_string(value) {

@@ -7,6 +7,12 @@
 //! each is refused by name, in one line, instead of being taken for a
 //! typo or ignored ([`UNSUPPORTED`]).
 //!
+//! The VM's options (`--kernel`, `--cpus`, `--memory`, `--disk`, ...)
+//! become a [`VmConfig`], checked by the function that checks
+//! `vm.create`'s ([`VmConfig::resolve`]); without them, `--api-socket`
+//! alone starts a VMM that waits for `vm.create`. As upstream, VM
+//! options without `--kernel` are a usage error.
+//!
 //! Enters as the process arguments (without argv[0]); leaves as a
 //! [`Command`].
 
@@ -14,19 +20,19 @@ use std::path::PathBuf;
 
 use clap::{Arg, ArgAction, ArgMatches};
 
-use super::api_socket::parse_api_socket;
-use super::cpus::{parse_cpus, CpusConfig};
+use super::api_socket::{parse_api_socket, parse_event_monitor};
+use super::cpus::parse_cpus;
 use super::disk::parse_disk;
-use super::disk_resolve::ResolvedDisk;
 use super::memory::parse_memory;
-use super::serial::{parse_serial, SerialMode};
-use super::{ConfigError, SeccompMode, VmConfig};
+use super::serial::parse_serial;
+use super::vm_config::{ConsoleConfig, ConsoleMode, PayloadConfig, VmConfig};
+use super::{ConfigError, RunConfig, SeccompMode};
 use block::options::kv::KvError;
 
 /// What the user asked for.
 #[derive(Debug)]
 pub enum Command {
-    Run(Box<VmConfig>),
+    Run(Box<RunConfig>),
     Help,
     Version,
 }
@@ -36,7 +42,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("balloon", "there is no virtio-balloon device"),
     ("debug-console", "there is no debug console (port 0xe9)"),
     ("device", "there is no VFIO device assignment"),
-    ("event-monitor", "events are not reported yet"),
     ("firmware", "only --kernel (PVH ELF or bzImage) boots"),
     ("fs", "there is no virtio-fs device"),
     (
@@ -86,20 +91,24 @@ engine=auto|io_uring|aio|threads|sync,poll_us=<0..1000>,reconnect_delay=<seconds
 pub fn cli() -> clap::Command {
     let value =
         |name: &'static str, help: &'static str| Arg::new(name).long(name).help(help).num_args(1);
+    // An option that describes the VM: it needs the payload, as in
+    // upstream's clap group.
+    let vm_value = |name: &'static str, help: &'static str| value(name, help).requires("kernel");
     let mut cmd = clap::Command::new("cloud-hypervisor")
         .version(concat!("v", env!("CARGO_PKG_VERSION")))
         .about("Launch a VM under KVM with virtio-blk disks over raw and qcow2 images.")
         .next_line_help(true)
         .arg(value(
             "api-socket",
-            "HTTP API socket (UNIX domain socket): path=<path> or fd=<fd>",
+            "HTTP API socket (UNIX domain socket): path=<path> or fd=<fd>. \
+             Alone, it starts a VMM that waits for vm.create",
         ))
-        .arg(value("cmdline", "Kernel command line").allow_hyphen_values(true))
-        .arg(value(
+        .arg(vm_value("cmdline", "Kernel command line").allow_hyphen_values(true))
+        .arg(vm_value(
             "console",
             "Virtio console: \"off|null\" (there is no virtio console; use --serial)",
         ))
-        .arg(value(
+        .arg(vm_value(
             "cpus",
             "boot=<boot_vcpus>,max=<max_vcpus, equal to boot>,model=host|x86-64-v1,\
              hide=[<feature>,...] [default: boot=1]",
@@ -108,10 +117,15 @@ pub fn cli() -> clap::Command {
             Arg::new("disk")
                 .long("disk")
                 .help(DISK_HELP)
+                .requires("kernel")
                 .num_args(1..)
                 .action(ArgAction::Append),
         )
-        .arg(value("initramfs", "Path to initramfs image"))
+        .arg(value(
+            "event-monitor",
+            "Path to report events on: path=<path> or fd=<fd>",
+        ))
+        .arg(vm_value("initramfs", "Path to initramfs image"))
         .arg(value(
             "kernel",
             "Path to the kernel to load: an ELF vmlinux with a PVH note, or a bzImage",
@@ -120,7 +134,7 @@ pub fn cli() -> clap::Command {
             "log-file",
             "Log file. Standard error is used if not specified",
         ))
-        .arg(value(
+        .arg(vm_value(
             "memory",
             "Memory parameters \"size=<guest_memory_size>,shared=on|off\" [default: size=512M]",
         ))
@@ -128,7 +142,7 @@ pub fn cli() -> clap::Command {
             "seccomp",
             "[default: true] [possible values: true, false, log]",
         ))
-        .arg(value(
+        .arg(vm_value(
             "serial",
             "Control serial port: \"off|null|tty|file=<path>\" [default: tty]",
         ))
@@ -196,95 +210,119 @@ pub fn parse_args(args: &[String]) -> Result<Command, ConfigError> {
     if let Some((flag, why)) = UNSUPPORTED.iter().find(|(n, _)| m.contains_id(n)) {
         return Err(ConfigError::Unsupported { flag, why });
     }
-    if let Some(c) = one(&m, "console") {
-        if c != "off" && c != "null" {
-            return Err(KvError::BadValue {
+    let console = one(&m, "console")
+        .map(|c| match c.as_str() {
+            "off" => Ok(ConsoleConfig::mode(ConsoleMode::Off)),
+            "null" => Ok(ConsoleConfig::mode(ConsoleMode::Null)),
+            _ => Err(KvError::BadValue {
                 option: "--console",
                 key: "mode".into(),
                 value: c,
                 reason: "there is no virtio console here: only off or null (use --serial)".into(),
-            }
-            .into());
-        }
-    }
-    let cpus = one(&m, "cpus").map(|v| parse_cpus(&v)).transpose()?;
-    let memory = one(&m, "memory").map(|v| parse_memory(&v)).transpose()?;
-    let serial = one(&m, "serial").map(|v| parse_serial(&v)).transpose()?;
+            }),
+        })
+        .transpose()?;
     let api_socket = one(&m, "api-socket")
         .map(|v| parse_api_socket(&v))
         .transpose()?;
+    let event_monitor = one(&m, "event-monitor")
+        .map(|v| parse_event_monitor(&v))
+        .transpose()?;
     let seccomp = one(&m, "seccomp").map(|v| seccomp_mode(&v)).transpose()?;
-    let mut disks = Vec::new();
-    let mut vhost_user_disks = Vec::new();
-    for v in m.get_many::<String>("disk").into_iter().flatten() {
-        match parse_disk(v)?.resolve()? {
-            ResolvedDisk::Local(d) => disks.push(d),
-            ResolvedDisk::VhostUser(d) => vhost_user_disks.push(d),
-        }
+    let vm = vm_config(&m, console)?;
+    if vm.is_none() && api_socket.is_none() {
+        return Err(ConfigError::MissingKernel);
     }
-    let kernel = one(&m, "kernel")
-        .map(PathBuf::from)
-        .ok_or(ConfigError::MissingKernel)?;
-    let memory = memory.unwrap_or_default();
-    if !vhost_user_disks.is_empty() && !memory.shared {
-        return Err(ConfigError::VhostUserNeedsSharedMemory);
-    }
-    let mut ids: Vec<&str> = disks
-        .iter()
-        .filter_map(|d| d.id.as_deref())
-        .chain(vhost_user_disks.iter().filter_map(|d| d.id.as_deref()))
-        .collect();
-    ids.sort_unstable();
-    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
-        return Err(ConfigError::DuplicateDiskId(w[0].to_string()));
-    }
-    // Disks without an id get Cloud Hypervisor's default ones, in PCI
-    // order (in-VMM disks first), skipping ids the user took.
-    let taken: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
-    let taken: Vec<&str> = taken.iter().map(String::as_str).collect();
-    let mut next = 0;
-    for id in disks
-        .iter_mut()
-        .map(|d| &mut d.id)
-        .chain(vhost_user_disks.iter_mut().map(|d| &mut d.id))
-    {
-        if id.is_none() {
-            *id = Some(super::next_free_disk_id(&mut next, &taken));
-        }
-    }
-    let cpus: CpusConfig = cpus.unwrap_or_default();
-    Ok(Command::Run(Box::new(VmConfig {
-        kernel,
-        initramfs: one(&m, "initramfs").map(PathBuf::from),
-        cmdline: one(&m, "cmdline").unwrap_or_default(),
-        cpus: cpus.boot,
-        cpu_model: cpus.model,
-        memory: memory.size,
-        shared_memory: memory.shared,
-        disks,
-        vhost_user_disks,
-        serial: serial.unwrap_or(SerialMode::Tty),
+    Ok(Command::Run(Box::new(RunConfig {
+        vm,
         seccomp: seccomp.unwrap_or_default(),
         verbosity: m.get_count("v"),
         api_socket,
+        event_monitor,
         log_file: one(&m, "log-file").map(PathBuf::from),
     })))
 }
 
+/// The options that describe a VM.
+const VM_OPTIONS: &[&str] = &[
+    "kernel",
+    "initramfs",
+    "cmdline",
+    "cpus",
+    "memory",
+    "disk",
+    "serial",
+    "console",
+];
+
+/// The VM the options describe, checked; `None` when none is (a VMM
+/// for the API to fill).
+fn vm_config(
+    m: &ArgMatches,
+    console: Option<ConsoleConfig>,
+) -> Result<Option<VmConfig>, ConfigError> {
+    if !VM_OPTIONS.iter().any(|n| m.contains_id(n)) {
+        return Ok(None);
+    }
+    // clap refuses them without --kernel (`requires`), as upstream's
+    // group does.
+    let kernel = one(m, "kernel").ok_or(ConfigError::MissingKernel)?;
+    let mut disks = Vec::new();
+    for v in m.get_many::<String>("disk").into_iter().flatten() {
+        let disk = parse_disk(v)?;
+        // Each disk is checked on its own first, so its error names the
+        // --disk it came from.
+        disk.resolve()?;
+        disks.push(disk);
+    }
+    let mut vm = VmConfig {
+        cpus: one(m, "cpus")
+            .map(|v| parse_cpus(&v))
+            .transpose()?
+            .unwrap_or_default(),
+        memory: one(m, "memory")
+            .map(|v| parse_memory(&v))
+            .transpose()?
+            .unwrap_or_default(),
+        payload: Some(PayloadConfig {
+            kernel: Some(kernel),
+            cmdline: one(m, "cmdline"),
+            initramfs: one(m, "initramfs"),
+            ..PayloadConfig::default()
+        }),
+        disks: (!disks.is_empty()).then_some(disks),
+        // Ours: the terminal (upstream's default is null).
+        serial: one(m, "serial")
+            .map(|v| parse_serial(&v))
+            .transpose()?
+            .unwrap_or_else(|| ConsoleConfig::mode(ConsoleMode::Tty)),
+        console,
+        ..VmConfig::default()
+    };
+    vm.resolve()?;
+    Ok(Some(vm))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::ApiSocketConfig;
+    use super::super::{ApiSocketConfig, BootConfig, SerialMode};
     use super::*;
 
     fn args(s: &[&str]) -> Vec<String> {
         s.iter().map(|a| a.to_string()).collect()
     }
 
-    fn run(s: &[&str]) -> Result<VmConfig, ConfigError> {
+    fn run_config(s: &[&str]) -> Result<RunConfig, ConfigError> {
         match parse_args(&args(s))? {
             Command::Run(c) => Ok(*c),
             other => panic!("expected a run config, got {other:?}"),
         }
+    }
+
+    /// The VM the command line describes, as it boots.
+    fn run(s: &[&str]) -> Result<BootConfig, ConfigError> {
+        let mut vm = run_config(s)?.vm.expect("a VM on the command line");
+        Ok(vm.resolve().expect("checked at parse"))
     }
 
     #[test]
@@ -303,10 +341,6 @@ mod tests {
             "--disk=path=b.raw",
             "--serial",
             "off",
-            "--seccomp",
-            "log",
-            "-vv",
-            "-v",
         ])
         .unwrap();
         assert_eq!(c.kernel, PathBuf::from("vmlinux"));
@@ -316,10 +350,51 @@ mod tests {
         assert_eq!(c.disks[0].num_queues, 4);
         assert_eq!(c.disks[0].id.as_deref(), Some("_disk0"));
         assert_eq!(c.disks[1].id.as_deref(), Some("_disk1"));
-        assert_eq!(c.api_socket, None);
         assert_eq!(c.serial, SerialMode::Off);
-        assert_eq!(c.seccomp, SeccompMode::Log);
-        assert_eq!(c.verbosity, 3);
+        let r = run_config(&["--kernel", "k", "--seccomp", "log", "-vv", "-v"]).unwrap();
+        assert_eq!(r.api_socket, None);
+        assert_eq!(r.seccomp, SeccompMode::Log);
+        assert_eq!(r.verbosity, 3);
+    }
+
+    #[test]
+    fn the_api_socket_alone_starts_a_vmm_without_a_vm() {
+        let r = run_config(&["--api-socket", "path=/tmp/x.sock", "-v"]).unwrap();
+        assert!(r.vm.is_none());
+        assert_eq!(
+            r.api_socket,
+            Some(ApiSocketConfig::Path("/tmp/x.sock".into()))
+        );
+        let r = run_config(&["--api-socket", "/tmp/x.sock", "--event-monitor", "fd=5"]).unwrap();
+        assert_eq!(
+            r.event_monitor,
+            Some(super::super::EventMonitorConfig::Fd(5))
+        );
+        // A VM's options need the kernel, as upstream's group does.
+        for opts in [
+            &["--disk", "path=a"][..],
+            &["--cpus", "boot=2"],
+            &["--memory", "size=64M"],
+            &["--serial", "off"],
+            &["--cmdline", "x"],
+        ] {
+            let mut a = vec!["--api-socket", "path=/tmp/x.sock"];
+            a.extend_from_slice(opts);
+            match run_config(&a) {
+                Err(ConfigError::Usage(text)) => assert!(text.contains("--kernel"), "{text}"),
+                other => panic!("{a:?}: {other:?}"),
+            }
+        }
+        // The VM's config is the API's type, with upstream's keys.
+        let vm = run_config(&["--kernel", "k", "--cpus", "boot=2", "--disk", "path=a"])
+            .unwrap()
+            .vm
+            .unwrap();
+        let v = serde_json::to_value(&vm).unwrap();
+        assert_eq!(v["payload"]["kernel"], "k");
+        assert_eq!(v["cpus"]["boot_vcpus"], 2);
+        assert_eq!(v["disks"][0]["path"], "a");
+        assert_eq!(v["serial"]["mode"], "Tty");
     }
 
     #[test]
@@ -341,7 +416,10 @@ mod tests {
         assert_eq!(c.vhost_user_disks[0].num_queues, 2);
         // Shared memory is required, naming both keys.
         let e = run(&["--kernel", "k", "--disk", "vhost_user=on,socket=/s"]).unwrap_err();
-        assert_eq!(e, ConfigError::VhostUserNeedsSharedMemory);
+        assert_eq!(
+            e,
+            ConfigError::Vm(super::super::VmConfigError::VhostUserNeedsSharedMemory)
+        );
         let msg = e.to_string();
         assert!(
             msg.contains("vhost_user") && msg.contains("shared=on"),
@@ -368,7 +446,9 @@ mod tests {
                 "--disk",
                 "vhost_user=on,socket=/s,id=x"
             ]),
-            Err(ConfigError::DuplicateDiskId(_))
+            Err(ConfigError::Vm(
+                super::super::VmConfigError::DuplicateDiskId(_)
+            ))
         ));
     }
 
@@ -389,10 +469,6 @@ mod tests {
         .unwrap();
         let ids: Vec<_> = c.disks.iter().map(|d| d.id.clone().unwrap()).collect();
         assert_eq!(ids, ["_disk1", "_disk0", "_disk2"]);
-        assert_eq!(
-            c.api_socket,
-            Some(ApiSocketConfig::Path("/tmp/x.sock".into()))
-        );
     }
 
     #[test]
@@ -402,7 +478,7 @@ mod tests {
             parse_args(&args(&["--version"])),
             Ok(Command::Version)
         ));
-        assert_eq!(run(&[]).unwrap_err(), ConfigError::MissingKernel);
+        assert_eq!(run_config(&[]).unwrap_err(), ConfigError::MissingKernel);
         for bad in [
             &["--kernel", "k", "--bogus"][..],
             &["--kernel"],
@@ -423,7 +499,9 @@ mod tests {
                 "--disk",
                 "path=b,id=x"
             ]),
-            Err(ConfigError::DuplicateDiskId(_))
+            Err(ConfigError::Vm(
+                super::super::VmConfigError::DuplicateDiskId(_)
+            ))
         ));
     }
 
@@ -451,7 +529,6 @@ mod tests {
         assert_eq!(c.disks.len(), 3);
         assert_eq!(c.cpus, 2);
         assert_eq!(c.cmdline, "-x console=ttyS0");
-        assert_eq!(c.log_file, Some(PathBuf::from("/tmp/l")));
         let e = run(&["--kernel", "k", "--console", "tty"])
             .unwrap_err()
             .to_string();

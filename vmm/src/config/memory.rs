@@ -1,9 +1,13 @@
 //! `--memory size=SIZE[,shared=on|off]`: guest RAM. Enters as the option
-//! string, leaves as a [`MemoryConfig`]: a byte count that is a multiple of
-//! 2 MiB, at least [`MIN_MEMORY`], and whether RAM lives in a memfd mapped
-//! shared (needed by vhost-user disks, whose backend maps guest RAM too).
+//! string, leaves as the `memory` part of a
+//! [`VmConfig`](super::vm_config::VmConfig) ([`MemoryConfig`]): a byte
+//! count that is a multiple of 2 MiB, at least [`MIN_MEMORY`]
+//! ([`check_size`], the one check, also `vm.create`'s), and whether RAM
+//! lives in a memfd mapped shared (needed by vhost-user disks, whose
+//! backend maps guest RAM too).
 
 use super::size::parse_size;
+pub use super::vm_config::MemoryConfig;
 use super::ConfigError;
 use block::options::kv::{parse_on_off, KvList};
 
@@ -12,39 +16,29 @@ pub const MIN_MEMORY: u64 = 32 << 20;
 pub const MAX_MEMORY: u64 = 1 << 40;
 pub const DEFAULT_MEMORY: u64 = 512 << 20;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemoryConfig {
-    pub size: u64,
-    /// Guest RAM in a memfd, mapped MAP_SHARED (`shared=on`).
-    pub shared: bool,
-}
-
-impl Default for MemoryConfig {
-    fn default() -> Self {
-        MemoryConfig {
-            size: DEFAULT_MEMORY,
-            shared: false,
-        }
+/// `n` bytes of guest RAM, if this VMM can give them.
+pub fn check_size(n: u64) -> Result<u64, String> {
+    if !(MIN_MEMORY..=MAX_MEMORY).contains(&n) {
+        return Err("expected a size from 32M to 1T".into());
     }
+    if !n.is_multiple_of(2 << 20) {
+        return Err("expected a multiple of 2M".into());
+    }
+    Ok(n)
 }
 
 pub fn parse_memory(s: &str) -> Result<MemoryConfig, ConfigError> {
     let mut kv = KvList::parse("--memory", s)?;
     let size = kv
-        .take_parsed("size", |v| {
-            let n = parse_size(v)?;
-            if !(MIN_MEMORY..=MAX_MEMORY).contains(&n) {
-                return Err("expected a size from 32M to 1T".into());
-            }
-            if n % (2 << 20) != 0 {
-                return Err("expected a multiple of 2M".into());
-            }
-            Ok(n)
-        })?
+        .take_parsed("size", |v| check_size(parse_size(v)?))?
         .unwrap_or(DEFAULT_MEMORY);
     let shared = kv.take_parsed("shared", parse_on_off)?.unwrap_or(false);
     kv.finish()?;
-    Ok(MemoryConfig { size, shared })
+    Ok(MemoryConfig {
+        size,
+        shared,
+        ..MemoryConfig::default()
+    })
 }
 
 #[cfg(test)]

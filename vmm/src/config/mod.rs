@@ -1,16 +1,21 @@
-//! The command line: `cloud-hypervisor --kernel ... --disk ...`.
+//! The command line (`cloud-hypervisor --kernel ... --disk ...`) and
+//! the VM's configuration, which the API shares.
 //!
 //! [`args::parse_args`] parses argv (clap) and hands each option's value
 //! to its group's parser ([`disk`], [`cpus`], [`memory`], [`serial`],
 //! [`api_socket`]), all built on the generic `key=value` syntax of
-//! `block::options::kv`. A disk is parsed into Cloud Hypervisor's
-//! [`DiskConfig`] ([`disk_config`], the type the API shares) and checked
-//! once by [`disk_resolve`] into a [`LocalDiskConfig`] ([`local_disk`])
-//! or a [`VhostUserDiskConfig`]. The result is a complete [`VmConfig`] (or
-//! help / version); nothing is opened until it is.
+//! `block::options::kv`. The VM's options become Cloud Hypervisor's
+//! [`VmConfig`] ([`vm_config`]), the type `vm.create`'s body is too; a
+//! disk is its [`DiskConfig`] ([`disk_config`], `vm.add-disk`'s body).
+//! One function checks a `VmConfig` for both ways in and builds the
+//! [`BootConfig`] a VM is made from ([`boot_config`], disks by
+//! [`disk_resolve`] into a [`LocalDiskConfig`] ([`local_disk`]) or a
+//! [`VhostUserDiskConfig`]). The command line's result is a
+//! [`RunConfig`] (or help / version); nothing is opened until it is.
 
 pub mod api_socket;
 pub mod args;
+pub mod boot_config;
 pub mod cpus;
 pub mod disk;
 pub mod disk_config;
@@ -20,20 +25,23 @@ pub mod memory;
 pub mod serial;
 pub mod size;
 pub mod vhost_user_disk;
+pub mod vm_config;
 
 use std::path::PathBuf;
 
 use block::options::kv::KvError;
 use thiserror::Error;
 
-pub use api_socket::ApiSocketConfig;
+pub use api_socket::{ApiSocketConfig, EventMonitorConfig};
 pub use args::{parse_args, Command};
+pub use boot_config::{BootConfig, VmConfigError};
 pub use disk_config::DiskConfig;
 pub use disk_resolve::{DiskConfigError, ResolvedDisk};
 pub use local_disk::LocalDiskConfig;
 pub use memory::MemoryConfig;
 pub use serial::SerialMode;
 pub use vhost_user_disk::VhostUserDiskConfig;
+pub use vm_config::VmConfig;
 
 /// `--seccomp true|false|log`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,27 +55,19 @@ pub enum SeccompMode {
     Log,
 }
 
-/// Everything needed to boot.
+/// What the process was asked to run: a VM described on the command
+/// line (created and booted at once), or none (`--api-socket` alone: a
+/// VMM waiting for `vm.create`), and the VMM's own settings.
 #[derive(Clone, Debug)]
-pub struct VmConfig {
-    pub kernel: PathBuf,
-    pub initramfs: Option<PathBuf>,
-    pub cmdline: String,
-    pub cpus: u8,
-    /// `--cpus model=,hide=`: what CPUID shows the guest.
-    pub cpu_model: hypervisor::CpuModel,
-    pub memory: u64,
-    /// Guest RAM in a memfd mapped shared (`--memory shared=on`).
-    pub shared_memory: bool,
-    pub disks: Vec<LocalDiskConfig>,
-    /// `--disk vhost_user=on,...`: disks a vhost-user backend serves.
-    pub vhost_user_disks: Vec<VhostUserDiskConfig>,
-    pub serial: SerialMode,
+pub struct RunConfig {
+    pub vm: Option<VmConfig>,
     pub seccomp: SeccompMode,
     /// Number of `-v`: 0 = warn, 1 = info, 2 = debug, 3+ = trace.
     pub verbosity: u8,
     /// `--api-socket`: the HTTP API's Unix socket, if any.
     pub api_socket: Option<ApiSocketConfig>,
+    /// `--event-monitor`: where events are written, if anywhere.
+    pub event_monitor: Option<EventMonitorConfig>,
     /// `--log-file`: where log records go instead of stderr.
     pub log_file: Option<PathBuf>,
 }
@@ -105,10 +105,21 @@ pub enum ConfigError {
     },
     #[error("--disk: {0}")]
     Disk(#[from] DiskConfigError),
-    #[error("--kernel is required")]
+    #[error("--kernel is required (or --api-socket alone, for a VM made through the API)")]
     MissingKernel,
-    #[error("two disks share the id '{0}'")]
-    DuplicateDiskId(String),
-    #[error("--disk vhost_user=on needs --memory shared=on (the backend maps guest RAM)")]
-    VhostUserNeedsSharedMemory,
+    /// The VM the options describe cannot be booted here.
+    #[error("{}", cli_names(.0))]
+    Vm(#[from] VmConfigError),
+}
+
+/// `e` with the command line's names for the config's fields.
+fn cli_names(e: &VmConfigError) -> String {
+    match e {
+        VmConfigError::Disk { error, .. } => format!("--disk: {error}"),
+        VmConfigError::DuplicateDiskId(_) => format!("--disk: {e}"),
+        VmConfigError::VhostUserNeedsSharedMemory => {
+            "--disk vhost_user=on needs --memory shared=on (the backend maps guest RAM)".into()
+        }
+        other => other.to_string(),
+    }
 }

@@ -4,21 +4,22 @@
 //! codes through [`super::status`] (404 is for an unknown id).
 //!
 //! A resize below the current size needs `shrink` (the guest's data past
-//! the new end is lost), as `ch-img resize --shrink` does.
+//! the new end is lost), as `ch-img resize --shrink` does. Each change
+//! is reported on the event monitor (`disk` `resizing`/`resized`,
+//! `snapshotting`/`snapshotted`, with the disk's id).
 
 use virtio_devices::block::{ControlError, Shrink};
 
 use super::{status, Control};
 use crate::api::ApiResponse;
 use crate::disk_registry::AttachedDisk;
+use crate::events::emit;
 
 impl Control {
     /// The in-VMM disk `id`, or the answer that says why not.
     fn local_disk(&self, id: &str, what: &str) -> Result<&AttachedDisk, ApiResponse> {
-        if let Some(r) = self.refuse_when_shut(what) {
-            return Err(r);
-        }
         let d = self
+            .machine(what)?
             .devices
             .disks
             .find(id)
@@ -51,9 +52,17 @@ impl Control {
         } else {
             Shrink::Refused
         };
+        let size_text = size.to_string();
+        emit("disk", "resizing", &[("id", id), ("size", &size_text)]);
         match dev.resize(size, mode) {
             Ok(old) => {
                 log::info!("disk {id}: resized from {old} to {size} bytes");
+                let old = old.to_string();
+                emit(
+                    "disk",
+                    "resized",
+                    &[("id", id), ("size", &size_text), ("old_size", &old)],
+                );
                 ApiResponse::no_content()
             }
             Err(e) => {
@@ -73,9 +82,11 @@ impl Control {
             Err(r) => return r,
         };
         let mut dev = d.lock_device().expect("local_disk checked");
+        emit("disk", "snapshotting", &[("id", id), ("name", name)]);
         match dev.snapshot(name) {
             Ok(()) => {
                 log::info!("disk {id}: internal snapshot '{name}' taken");
+                emit("disk", "snapshotted", &[("id", id), ("name", name)]);
                 ApiResponse::no_content()
             }
             Err(e) => {

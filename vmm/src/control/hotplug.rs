@@ -20,16 +20,31 @@ use crate::api::ApiResponse;
 use crate::config::{DiskConfig, ResolvedDisk};
 use crate::device_manager::{open_disk, DeviceError};
 use crate::disk_registry::DiskBackend;
+use crate::events::emit;
 
 /// How long a removal waits for the guest to eject the slot.
 pub const EJECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Control {
-    fn lock_hotplug(&self) -> std::sync::MutexGuard<'_, crate::devices::pci_hotplug::PciHotplug> {
-        self.devices
-            .hotplug
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// Runs `f` on the running VM's hotplug registers (nothing without
+    /// a VM).
+    fn with_hotplug(&self, f: impl FnOnce(&mut crate::devices::pci_hotplug::PciHotplug)) {
+        if let Some(vm) = &self.vm {
+            f(&mut vm
+                .machine
+                .devices
+                .hotplug
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner));
+        }
+    }
+
+    fn disks(&self) -> Option<&crate::disk_registry::DiskRegistry> {
+        self.vm.as_ref().map(|v| &v.machine.devices.disks)
+    }
+
+    fn disks_mut(&mut self) -> Option<&mut crate::disk_registry::DiskRegistry> {
+        self.vm.as_mut().map(|v| &mut v.machine.devices.disks)
     }
 
     pub(crate) fn add_disk(&mut self, asked: DiskConfig) -> ApiResponse {
@@ -48,18 +63,19 @@ impl Control {
                 return ApiResponse::error(400, &["invalid disk configuration", &e.to_string()])
             }
         };
-        if let Some(r) = self.refuse_when_shut("vm.add-disk") {
-            return r;
-        }
+        let disks = match self.machine("vm.add-disk") {
+            Ok(m) => &m.devices.disks,
+            Err(r) => return r,
+        };
         if let Some(id) = &config.id {
-            if self.devices.disks.find(id).is_some() {
+            if disks.find(id).is_some() {
                 return ApiResponse::error(409, &[&format!("a disk with id '{id}' exists")]);
             }
         }
         let same = |a: &std::path::Path, b: &std::path::Path| {
             a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
         };
-        for d in self.devices.disks.iter() {
+        for d in disks.iter() {
             if let DiskBackend::Local { config: c, .. } = &d.backend {
                 if same(&c.options.path, &config.options.path) {
                     return ApiResponse::error(
@@ -80,24 +96,34 @@ impl Control {
             Ok(o) => o,
             Err(e) => return failed(e),
         };
-        let (id, slot, bdf) = match self.devices.disks.add_local(opened) {
+        let Some(registry) = self.disks_mut() else {
+            return ApiResponse::error(500, &["vm.add-disk", "the VM is not running"]);
+        };
+        let (id, slot, bdf) = match registry.add_local(opened) {
             Ok(d) => (d.id.clone(), d.function.slot, d.function.bdf()),
             Err(e) => return failed(e),
         };
-        self.lock_hotplug().announce_added(slot);
+        self.with_hotplug(|h| h.announce_added(slot));
+        self.record_disks();
         log::info!("disk {id} hot-added at {bdf}");
+        let path = config.options.path.display().to_string();
+        emit(
+            "disk",
+            "added",
+            &[("id", &id), ("bdf", &bdf), ("path", &path)],
+        );
         ApiResponse::json(&PciDeviceInfo { id, bdf })
     }
 
     pub(crate) fn remove_device(&mut self, id: String, reply: Responder) {
-        let refused = if let Some(r) = self.refuse_when_shut("vm.remove-device") {
+        let refused = if let Err(r) = self.machine("vm.remove-device") {
             Some(r)
         } else if self.removals.iter().any(|r| r.id == id) {
             Some(ApiResponse::error(
                 409,
                 &[&format!("disk '{id}' is being removed already")],
             ))
-        } else if self.devices.disks.find(&id).is_none() {
+        } else if self.disks().and_then(|d| d.find(&id)).is_none() {
             Some(ApiResponse::error(
                 404,
                 &[&format!("no device with id '{id}'")],
@@ -110,17 +136,16 @@ impl Control {
             return;
         }
         let slot = self
-            .devices
-            .disks
-            .find(&id)
+            .disks()
+            .and_then(|d| d.find(&id))
             .map(|d| d.function.slot)
             .unwrap_or_default();
-        if self.state == VmState::Paused {
+        if self.state() == VmState::Paused {
             // A paused guest cannot eject: take the device away now.
             reply.send(self.finish_removal(&id));
             return;
         }
-        self.lock_hotplug().request_removal(slot);
+        self.with_hotplug(|h| h.request_removal(slot));
         log::info!("disk {id}: asked the guest to eject slot {slot}");
         self.removals.push(PendingRemoval {
             id,
@@ -133,13 +158,20 @@ impl Control {
     /// The guest ejected slots: finish the removals waiting for them (and
     /// remove a disk the guest ejected unasked).
     pub(super) fn on_eject(&mut self) {
-        let slots = self.lock_hotplug().take_ejected();
+        let mut slots = Vec::new();
+        self.with_hotplug(|h| slots = h.take_ejected());
+        // With no VM (or between two), only drain the eventfd.
+        let _ = self.eject.read();
         for slot in slots {
             if let Some(i) = self.removals.iter().position(|r| r.slot == slot) {
                 let r = self.removals.remove(i);
                 log::info!("disk {}: the guest ejected slot {slot}", r.id);
                 r.reply.send(self.finish_removal(&r.id));
-            } else if let Some(id) = self.devices.disks.find_by_slot(slot).map(|d| d.id.clone()) {
+            } else if let Some(id) = self
+                .disks()
+                .and_then(|d| d.find_by_slot(slot))
+                .map(|d| d.id.clone())
+            {
                 log::info!("disk {id}: the guest ejected slot {slot} unasked; removing it");
                 let _ = self.finish_removal(&id);
             }
@@ -173,9 +205,16 @@ impl Control {
     /// Takes disk `id` off the bus, then drains, flushes and closes it,
     /// and answers once its image is closed and unlocked.
     fn finish_removal(&mut self, id: &str) -> ApiResponse {
+        let bdf = self
+            .disks()
+            .and_then(|d| d.find(id))
+            .map(|d| d.function.bdf())
+            .unwrap_or_default();
         let Some(closed) = self.retire_disk(id) else {
             return ApiResponse::error(404, &[&format!("no device with id '{id}'")]);
         };
+        self.record_disks();
+        emit("vm", "device-removed", &[("id", id), ("bdf", &bdf)]);
         match closed {
             Ok(()) => ApiResponse::no_content(),
             Err(e) => ApiResponse::error(
@@ -193,9 +232,9 @@ impl Control {
     /// released. `None` if there is no such disk; the error says why
     /// closing failed (the disk is gone all the same).
     pub(super) fn retire_disk(&mut self, id: &str) -> Option<Result<(), String>> {
-        let disk = self.devices.disks.detach(id)?;
+        let disk = self.disks_mut()?.detach(id)?;
         let slot = disk.function.slot;
-        self.lock_hotplug().forget(slot);
+        self.with_hotplug(|h| h.forget(slot));
         let closed = match disk.device() {
             Some(dev) => dev
                 .lock()

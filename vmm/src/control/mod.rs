@@ -1,24 +1,31 @@
-//! The VMM's control loop: the main thread, once the guest runs, waits
-//! here for whatever can change the VM, and does it, one thing at a time.
+//! The VMM's control loop: the main thread waits here for whatever can
+//! change the VM, and does it, one thing at a time.
 //!
-//! Sources (one epoll): the exit eventfd (guest reset or power-off,
-//! SIGTERM/SIGINT, a fatal vCPU error), API requests ([`crate::api`]:
-//! each arrives as a job, made from its row of the endpoint table
-//! (`crate::endpoints`), with a reply channel), and the PCI hotplug
-//! eject eventfd (the guest released a slot). Every request is answered
-//! from here by its handler, a method of [`Control`]: VM state changes
-//! ([`vm_ops`]), disk operations ([`disk_ops`]: counters, resize,
-//! snapshot, info), hotplug ([`hotplug`]: add, remove). A removal waits for the guest's eject
-//! without blocking the loop: it is parked in `removals` and answered
-//! when the eject arrives or its deadline passes.
+//! Sources (one epoll): the exit eventfd (a guest reset, which reboots
+//! the VM; a guest power-off, SIGTERM/SIGINT or a fatal vCPU error,
+//! which end the VMM), API requests ([`crate::api`]: each arrives as a
+//! job, made from its row of the endpoint table (`crate::endpoints`),
+//! with a reply channel), and the PCI hotplug eject eventfd (the guest
+//! released a slot). Every request is answered from here by its
+//! handler, a method of [`Control`]: the VM's lifecycle ([`lifecycle`]:
+//! create, boot, reboot, shutdown, delete, the power button), its state
+//! ([`vm_ops`]: pause, resume, counters), disk operations ([`disk_ops`]:
+//! resize, snapshot, info), hotplug ([`hotplug`]: add, remove). A
+//! removal waits for the guest's eject without blocking the loop: it is
+//! parked in `removals` and answered when the eject arrives or its
+//! deadline passes.
 //!
+//! One request at a time also orders a reboot after a disk operation in
+//! progress (a resize, a snapshot): the reset waits until it is done.
 //! Nothing here runs on the request path: a disk operation goes to the
 //! disk's queue workers as a pause (they drain and park), runs on this
-//! thread while nothing is in flight, and resumes them.
+//! thread while nothing is in flight, and resumes them. Every change
+//! worth reporting is one [`crate::events::emit`] call in its handler.
 
 mod disk_ops;
 mod hotplug;
 mod info;
+mod lifecycle;
 mod status;
 mod vm_ops;
 
@@ -31,32 +38,31 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::api::endpoint::Responder;
 use crate::api::{ApiReceiver, ApiResponse};
-use crate::config::VmConfig;
-use crate::device_manager::DeviceManager;
-use crate::vcpu::VcpuHandle;
-use crate::vcpu_pause::PauseGate;
-use crate::vm::{ExitReason, ExitSignal};
+use crate::config::{BootConfig, SeccompMode, VmConfig};
+use crate::exit::{ExitReason, ExitSignal};
+use crate::machine::Machine;
+use crate::terminal::RawTerminal;
+use crate::vm_builder::VmBuilder;
 
 const EXIT: u64 = 0;
 const API: u64 = 1;
 const EJECT: u64 = 2;
 
-/// What `vm.info` calls the VM's state.
+/// What `vm.info` calls the VM's state (upstream's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VmState {
+    /// A config, no VM: after `vm.create`, or `vm.shutdown`.
+    Created,
     Running,
     Paused,
-    /// `vm.shutdown`: vCPUs stopped, disks closed and off the bus; the
-    /// VMM still answers.
-    Shutdown,
 }
 
 impl VmState {
     pub fn name(self) -> &'static str {
         match self {
+            VmState::Created => "Created",
             VmState::Running => "Running",
             VmState::Paused => "Paused",
-            VmState::Shutdown => "Shutdown",
         }
     }
 }
@@ -69,19 +75,30 @@ struct PendingRemoval {
     reply: Responder,
 }
 
+/// The booted VM.
+pub struct RunningVm {
+    /// The checked config it was built from (a reboot builds from it
+    /// again).
+    pub boot: BootConfig,
+    pub machine: Machine,
+    pub paused: bool,
+    /// The terminal in raw mode while the guest owns it (serial tty).
+    _terminal: Option<RawTerminal>,
+}
+
 /// Everything the loop acts on.
 pub struct Control {
-    pub config: VmConfig,
-    pub devices: DeviceManager,
-    pub vcpus: Vec<VcpuHandle>,
-    pub gate: Arc<PauseGate>,
+    seccomp: SeccompMode,
+    builder: VmBuilder,
     pub exit: Arc<ExitSignal>,
     pub api: Option<ApiReceiver<Control>>,
-    state: VmState,
+    /// `vm.create`'s (or the command line's) config; `None`: no VM.
+    config: Option<VmConfig>,
+    /// The booted VM, if any.
+    vm: Option<RunningVm>,
     removals: Vec<PendingRemoval>,
+    /// Every boot's hotplug registers signal this one.
     eject: EventFd,
-    /// `vm.info`'s view of the disks taken off the bus by `vm.shutdown`.
-    retired: Vec<crate::config::DiskConfig>,
     /// Why disks failed to close when the VM stopped.
     close_failures: Vec<String>,
     /// `vm.counters`' answer once the disks are off the bus.
@@ -90,35 +107,54 @@ pub struct Control {
 
 impl Control {
     pub fn new(
-        config: VmConfig,
-        devices: DeviceManager,
-        vcpus: Vec<VcpuHandle>,
-        gate: Arc<PauseGate>,
+        seccomp: SeccompMode,
+        builder: VmBuilder,
         exit: Arc<ExitSignal>,
         api: Option<ApiReceiver<Control>>,
     ) -> std::io::Result<Self> {
-        let eject = devices
-            .hotplug
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .eject_event()?;
         Ok(Control {
-            config,
-            devices,
-            vcpus,
-            gate,
+            seccomp,
+            builder,
             exit,
             api,
-            state: VmState::Running,
+            config: None,
+            vm: None,
             removals: Vec::new(),
-            eject,
-            retired: Vec::new(),
+            eject: EventFd::new(libc::EFD_NONBLOCK)?,
             close_failures: Vec::new(),
             final_counters: None,
         })
     }
 
-    /// Runs until the VM (or, after `vm.shutdown`, the VMM) ends.
+    fn state(&self) -> VmState {
+        match &self.vm {
+            None => VmState::Created,
+            Some(v) if v.paused => VmState::Paused,
+            Some(_) => VmState::Running,
+        }
+    }
+
+    /// The running (or paused) VM, or the answer upstream gives when
+    /// there is none: 404 without a config, else 500.
+    fn machine(&self, what: &str) -> Result<&Machine, ApiResponse> {
+        match (&self.vm, &self.config) {
+            (Some(v), _) => Ok(&v.machine),
+            (None, None) => Err(ApiResponse::error(404, &[what, "the VM is not created"])),
+            (None, Some(_)) => Err(ApiResponse::error(500, &[what, "the VM is not running"])),
+        }
+    }
+
+    /// As [`Control::machine`], 500 also without a config (pause,
+    /// resume, shutdown, power-button, counters: upstream's answers).
+    fn booted(&self, what: &str) -> Result<&Machine, ApiResponse> {
+        self.vm
+            .as_ref()
+            .map(|v| &v.machine)
+            .ok_or_else(|| ApiResponse::error(500, &[what, "the VM is not running"]))
+    }
+
+    /// Runs until the VMM ends: a guest power-off, a signal,
+    /// `vmm.shutdown` or a fatal error. A guest reset reboots the VM.
     pub fn run(&mut self) -> std::io::Result<ExitReason> {
         let epoll = Epoll::new()?;
         let mut sources = vec![
@@ -138,7 +174,14 @@ impl Control {
         let mut events = [EpollEvent::default(); 4];
         loop {
             if let Some(reason) = self.exit_requested() {
-                return Ok(reason);
+                match reason {
+                    ExitReason::Reset => {
+                        if let Err(fatal) = self.guest_reset() {
+                            return Ok(fatal);
+                        }
+                    }
+                    other => return Ok(other),
+                }
             }
             let timeout = self
                 .removals
@@ -153,9 +196,8 @@ impl Control {
             };
             for ev in &events[..n] {
                 match ev.data() {
-                    EXIT => {
-                        let _ = self.exit.eventfd().read();
-                    }
+                    // Read by `exit_requested` (`ExitSignal::take`).
+                    EXIT => {}
                     API => self.serve_api(),
                     EJECT => self.on_eject(),
                     _ => {}
@@ -165,12 +207,16 @@ impl Control {
         }
     }
 
-    /// An exit asked for (signals are turned into one here).
+    /// An exit asked for, taken (a signal is one too). The eventfd is
+    /// drained before the signal flag is read, so a signal that comes
+    /// later still wakes the loop; a signal wins over a reset (a guest
+    /// that resets at once must not keep the VMM from ending).
     fn exit_requested(&self) -> Option<ExitReason> {
-        if let Some(sig) = crate::signals::take_pending() {
-            self.exit.request(ExitReason::Signal(sig));
+        let taken = self.exit.take();
+        match (taken, crate::signals::take_pending()) {
+            (None | Some(ExitReason::Reset), Some(sig)) => Some(ExitReason::Signal(sig)),
+            (taken, _) => taken,
         }
-        self.exit.peek()
     }
 
     fn serve_api(&mut self) {
@@ -181,12 +227,5 @@ impl Control {
             log::debug!("control: {}", m.name);
             (m.job)(self, Responder::new(m.reply));
         }
-    }
-
-    /// A request that needs a running (or paused) VM, in a shut one: 500,
-    /// as Cloud Hypervisor answers it.
-    fn refuse_when_shut(&self, what: &str) -> Option<ApiResponse> {
-        (self.state == VmState::Shutdown)
-            .then(|| ApiResponse::error(500, &[what, "the VM is not running"]))
     }
 }

@@ -11,13 +11,15 @@
 //! side without an edit here.
 //!
 //! Enters as the error of a disk operation (the block layer's, the
-//! device's or the device manager's); leaves as a status code that the
-//! control loop's handlers put on their answers.
+//! device's or the device manager's) or of a boot; leaves as a status
+//! code that the control loop's handlers put on their answers.
 
 use block::{BlockError, Consequence};
 use virtio_devices::block::{BlockDeviceError, ControlError};
 
+use crate::boot::BootError;
 use crate::device_manager::DeviceError;
+use crate::vm_error::VmError;
 
 /// The status of a failed block-layer operation.
 pub(super) fn of_block(e: &BlockError) -> u16 {
@@ -63,10 +65,47 @@ pub(super) fn of_control(e: &ControlError) -> u16 {
     }
 }
 
-/// The status of a failed hot-add.
+/// Whether a file could not be opened because of its path (nothing
+/// there, not a file, no permission): the asker's to fix.
+fn path_is_wrong(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ENOENT
+                | libc::ENOTDIR
+                | libc::EISDIR
+                | libc::ENAMETOOLONG
+                | libc::ELOOP
+                | libc::EACCES
+        )
+    )
+}
+
+/// The status of a failed boot or reboot.
+pub(super) fn of_vm(e: &VmError) -> u16 {
+    match e {
+        VmError::NotCreated => 404,
+        VmError::Config(_) => 400,
+        VmError::OpenDisks(e) | VmError::Devices(e) => of_device(e),
+        VmError::LoadGuest(e) => match e {
+            BootError::Open { source, .. } if path_is_wrong(source) => 400,
+            BootError::UnknownKernelFormat { .. }
+            | BootError::NoPvhNote { .. }
+            | BootError::CmdlineTooLong { .. }
+            | BootError::CmdlineNul
+            | BootError::InitramfsTooLarge { .. }
+            | BootError::TooManyCpus(_) => 400,
+            _ => 500,
+        },
+        _ => 500,
+    }
+}
+
+/// The status of a failed hot-add (or of the devices of a boot).
 pub(super) fn of_device(e: &DeviceError) -> u16 {
     match e {
         DeviceError::OpenDisk { source, .. } => of_block(source),
+        DeviceError::SerialFile { source, .. } if path_is_wrong(source) => 400,
         DeviceError::CreateBlock { source, .. } => match source {
             BlockDeviceError::InvalidConfig(_) => 400,
             BlockDeviceError::Close(e) => of_block(e),

@@ -12,7 +12,7 @@ use super::acpi_pm_registers::{
     RESET_OFFSET, RESET_VALUE, S5_SLEEP_TYPE, SLEEP_CONTROL_OFFSET, SLEEP_STATUS_OFFSET,
 };
 use super::bus::BusDevice;
-use crate::vm::{ExitReason, ExitSignal};
+use crate::exit::{ExitReason, ExitSignal};
 
 /// Registers in the block.
 pub const PORT_COUNT: u64 = 3;

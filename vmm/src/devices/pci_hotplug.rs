@@ -18,7 +18,7 @@
 
 use std::io;
 
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::bus::BusDevice;
 
@@ -39,15 +39,16 @@ pub struct PciHotplug {
 }
 
 impl PciHotplug {
-    /// `irq` is the GED's irqfd.
-    pub fn new(irq: EventFd) -> io::Result<Self> {
-        Ok(PciHotplug {
+    /// `irq` is the GED's irqfd; `eject_evt` wakes the control loop (it
+    /// outlives the VM: every boot's registers signal the same one).
+    pub fn new(irq: EventFd, eject_evt: EventFd) -> Self {
+        PciHotplug {
             added: 0,
             removing: 0,
             ejected: 0,
             irq,
-            eject_evt: EventFd::new(EFD_NONBLOCK)?,
-        })
+            eject_evt,
+        }
     }
 
     /// The eventfd a guest eject signals.
@@ -132,6 +133,8 @@ impl BusDevice for PciHotplug {
 
 #[cfg(test)]
 mod tests {
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
     use super::*;
 
     fn read(h: &mut PciHotplug, off: u64) -> u32 {
@@ -143,7 +146,10 @@ mod tests {
     #[test]
     fn registers_clear_on_read_and_ejects_reach_the_loop() {
         let irq = EventFd::new(EFD_NONBLOCK).unwrap();
-        let mut h = PciHotplug::new(irq.try_clone().unwrap()).unwrap();
+        let mut h = PciHotplug::new(
+            irq.try_clone().unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        );
         h.announce_added(3);
         assert_eq!(irq.read().unwrap(), 1);
         assert_eq!(read(&mut h, PCIU_OFFSET), 1 << 3);

@@ -3,10 +3,13 @@
 //!
 //! Guest port accesses enter through [`BusDevice`]; bytes the guest writes
 //! leave through the configured writer. With `--serial tty`, bytes read
-//! from the VMM's stdin enter the receive FIFO ([`spawn_stdin_reader`]).
+//! from the VMM's stdin enter the receive FIFO of the VM's port
+//! ([`forward_stdin`]; one reader thread for the process, whichever VM
+//! owns the terminal). The port outlives a reboot: its output goes on
+//! where it was.
 
 use std::io::{self, Read, Write};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use vm_superio::{Serial, Trigger};
@@ -77,12 +80,23 @@ impl SerialPort {
     }
 }
 
-/// Forwards stdin to the guest's serial port from a thread of its own
-/// (with the main thread's seccomp filter). Ends at EOF.
-pub fn spawn_stdin_reader(
-    port: Arc<Mutex<SerialPort>>,
+/// The port stdin goes to (`None`: no VM owns the terminal).
+static STDIN_TARGET: Mutex<Option<Arc<Mutex<SerialPort>>>> = Mutex::new(None);
+/// Whether the reader thread started (once per process).
+static STDIN_READER: OnceLock<()> = OnceLock::new();
+
+/// Sends what is typed on the VMM's stdin to `port` from now on (or to
+/// nobody, with `None`), starting the reader thread the first time (it
+/// runs under the main thread's seccomp filter).
+pub fn forward_stdin(
+    port: Option<Arc<Mutex<SerialPort>>>,
     seccomp: crate::config::SeccompMode,
 ) -> io::Result<()> {
+    let starting = port.is_some() && STDIN_READER.get().is_none();
+    *STDIN_TARGET.lock().unwrap_or_else(PoisonError::into_inner) = port;
+    if !starting {
+        return Ok(());
+    }
     std::thread::Builder::new()
         .name("serial-stdin".into())
         .spawn(move || {
@@ -90,33 +104,45 @@ pub fn spawn_stdin_reader(
                 log::error!("serial input disabled: {e}");
                 return;
             }
-            let mut buf = [0u8; 64];
-            let mut stdin = io::stdin().lock();
-            loop {
-                let n = match stdin.read(&mut buf) {
-                    Ok(0) => return,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        log::warn!("serial input stopped: {e}");
-                        return;
-                    }
-                };
-                let mut pending = &buf[..n];
-                while !pending.is_empty() {
-                    let taken = port
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .enqueue_input(pending);
-                    pending = pending.get(taken..).unwrap_or_default();
-                    if taken == 0 {
-                        // FIFO full: the guest has not read yet.
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                }
+            read_stdin();
+        })?;
+    let _ = STDIN_READER.set(());
+    Ok(())
+}
+
+/// Forwards stdin to the current target until EOF.
+fn read_stdin() {
+    let mut buf = [0u8; 64];
+    let mut stdin = io::stdin().lock();
+    loop {
+        let n = match stdin.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                log::warn!("serial input stopped: {e}");
+                return;
             }
-        })
-        .map(|_| ())
+        };
+        let mut pending = &buf[..n];
+        while !pending.is_empty() {
+            let target = STDIN_TARGET
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            // Typed while no VM owns the terminal: dropped.
+            let Some(port) = target else { break };
+            let taken = port
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .enqueue_input(pending);
+            pending = pending.get(taken..).unwrap_or_default();
+            if taken == 0 {
+                // FIFO full: the guest has not read yet.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

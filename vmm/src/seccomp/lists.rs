@@ -107,8 +107,8 @@ pub(super) const WORKER: &[libc::c_long] = &[
 /// The main thread after set-up (`ioctl` is added with conditions).
 pub(super) const MAIN: &[libc::c_long] = &[
     libc::SYS_tgkill,
-    // vm.add-disk opens images (and probes io_uring for engine=auto);
-    // vm.disk-info opens backing files read-only.
+    // vm.boot and vm.add-disk open images (and probe io_uring for
+    // engine=auto); vm.disk-info opens backing files read-only.
     libc::SYS_openat,
     libc::SYS_fstatfs,
     // Comparing a hot-added disk's path with the others' (realpath).
@@ -119,6 +119,9 @@ pub(super) const MAIN: &[libc::c_long] = &[
     libc::SYS_shutdown,
     libc::SYS_unlink,
     libc::SYS_unlinkat,
+    // Checking a disk's queue_affinity against the CPUs this process
+    // may use (vm.boot, vm.add-disk).
+    libc::SYS_sched_getaffinity,
 ];
 
 /// `FS_IOC_FIEMAP` (`_IOWR('f', 11, struct fiemap)`).
@@ -136,6 +139,35 @@ pub(super) const MAIN_IOCTLS: &[u64] = &[
     hypervisor::ioctls::KVM_SET_GSI_ROUTING,
     libc::BLKSSZGET,
     FS_IOC_FIEMAP,
+];
+
+/// The `vm-builder` thread (`clone` is added with a CLONE_THREAD
+/// condition, `ioctl` with the KVM requests of making a VM): what making
+/// a VM needs, and, because the threads it starts inherit this filter
+/// under their own, what they need too (the vCPU and worker lists).
+pub(super) const BUILDER: &[libc::c_long] = &[
+    // /dev/kvm, the kernel and initramfs, the serial port's file.
+    libc::SYS_openat,
+    // Shared guest RAM (`memory.shared`).
+    libc::SYS_memfd_create,
+    // Connecting a vhost-user disk's backend.
+    libc::SYS_socket,
+    libc::SYS_connect,
+    // Stopping vCPU threads started before a later one failed.
+    libc::SYS_tgkill,
+    // Starting threads, and what the started ones do first.
+    libc::SYS_clone3,
+    libc::SYS_prctl,
+    libc::SYS_rseq,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_set_robust_list,
+    libc::SYS_seccomp,
+    // The vCPU threads' and queue workers' own lists.
+    libc::SYS_dup,
+    libc::SYS_io_uring_setup,
+    libc::SYS_timerfd_create,
+    libc::SYS_timerfd_settime,
+    libc::SYS_sched_setaffinity,
 ];
 
 /// The API server's threads (`clone` is added with a CLONE_THREAD

@@ -16,12 +16,14 @@
 //!   thread that activates a device, so every worker inherits it.
 //! - [`ThreadKind::Main`]: the control loop: waiting for the end or an
 //!   API request, stopping and pausing vCPUs (tgkill), shutting devices
-//!   down (joining workers, flushing, closing), and what API requests
-//!   need: opening a hot-added image (and reading a backing chain's
-//!   headers), resizing and snapshotting images, wiring a hot-added
-//!   function into KVM; `ioctl` only for TCGETS/TCSETS (restoring the
-//!   terminal) and the KVM VM requests of hotplug (irqfd, ioeventfd,
-//!   GSI routing). No sockets, and no thread creation.
+//!   down and taking them out of a VM for a reboot (joining workers,
+//!   flushing, closing, dropping the VM), and what API requests need:
+//!   opening a boot's disks and a hot-added image (and reading a backing
+//!   chain's headers), resizing and snapshotting images, wiring a
+//!   hot-added function into KVM; `ioctl` only for TCGETS/TCSETS (the
+//!   terminal, raw while a VM owns it) and the KVM VM requests of
+//!   hotplug (irqfd, ioeventfd, GSI routing). No sockets, no thread
+//!   creation, no VM creation (the builder's, below).
 //! - [`ThreadKind::Api`]: the API server: accepting on its socket,
 //!   reading and writing connections with timeouts, starting a thread
 //!   per connection (`clone` with CLONE_THREAD only, as for workers), and
@@ -33,6 +35,35 @@
 //!   TCP, with name resolution, so `openat` for the resolver's files),
 //!   the handshake, receiving replies, reconnecting, starting threads
 //!   (CLONE_THREAD only); `ioctl` only for FIONBIO and FIONREAD.
+//! - [`ThreadKind::Builder`]: the `vm-builder` thread
+//!   ([`crate::vm_builder`]), where every VM is made, at the first boot
+//!   and at each `vm.boot` and reboot after it: opening `/dev/kvm`, the
+//!   kernel, initramfs and serial file (`openat`), `memfd_create` for
+//!   shared guest RAM, `socket`/`connect` to a vhost-user backend,
+//!   starting threads (CLONE_THREAD only), and `ioctl` only with the KVM
+//!   requests of making a VM and its vCPUs
+//!   (`hypervisor::ioctls::BUILD_IOCTLS`, measured with strace: exactly
+//!   those a boot sends) and of running it. The threads it starts (vCPUs,
+//!   their activation threads and queue workers, the serial input)
+//!   inherit this filter and install their own on top, so the list also
+//!   holds what they need (`seccomp`, `io_uring_setup`, `dup`, the
+//!   timers and affinity calls of the worker list); the kernel applies
+//!   the strictest answer of all of a thread's filters.
+//! - [`ThreadKind::EventMonitor`]: the `event-monitor` thread
+//!   ([`crate::events`]): writing queued events to its file, nothing
+//!   else (the common list; file opening fails with EACCES).
+//!
+//! Where VMs are made: on the `vm-builder` thread, not on the control
+//! loop. Making a VM needs what the loop's filter withholds (KVM's VM
+//! and vCPU creation, guest RAM mappings from a memfd, starting threads,
+//! a vhost-user socket); widening the main filter for it would hand
+//! those to the thread that also parses every API request and opens
+//! hot-added images. The builder is started before any filter exists,
+//! installs its own, and only runs jobs the loop sends it
+//! (`VmBuilder::run`); the loop opens a boot's disks itself (what its
+//! filter allows for hot-add) and hands them over. The command line's VM
+//! is built the same way, after the main filter is on, so every test
+//! run exercises the path `vm.boot` takes.
 //!
 //! Where sockets are made: only in [`ThreadKind::Nbd`] threads. Every NBD
 //! connection of the process is opened on the one connector thread, which
@@ -52,9 +83,10 @@
 //! Enforce mode traps anything else: the thread gets SIGSYS, whose
 //! handler ([`sigsys`]) logs the thread and the call, then ends the
 //! process with SIGSYS as a kill would have. Log mode allows it but has
-//! the kernel log it (audit). Filters are installed after set-up, so
-//! opening boot images, loading the kernel and creating the VM are not
-//! restricted.
+//! the kernel log it (audit). Every thread has a filter from its start
+//! (the builder, the connector and the event monitor) or from before it
+//! does any work (the main thread installs its own before it opens the
+//! command line's disks).
 //!
 //! Opening a file (`openat`, `open`) in a vCPU, queue-worker or API
 //! thread fails with EACCES instead of ending the process: no file is
@@ -70,7 +102,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-use lists::{API, COMMON, MAIN, MAIN_IOCTLS, NBD, NBD_IOCTLS, VCPU, WORKER};
+use lists::{API, BUILDER, COMMON, MAIN, MAIN_IOCTLS, NBD, NBD_IOCTLS, VCPU, WORKER};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
@@ -86,6 +118,8 @@ pub enum ThreadKind {
     QueueWorker,
     Api,
     Nbd,
+    Builder,
+    EventMonitor,
 }
 
 #[derive(Debug, Error)]
@@ -197,7 +231,27 @@ pub fn filters(kind: ThreadKind, mode: SeccompMode) -> Result<Vec<BpfProgram>, S
         ThreadKind::Nbd => {
             threads_only(&list(NBD), vec![ioctl_rules(NBD_IOCTLS)?], false, mismatch)
         }
+        ThreadKind::Builder => threads_only(
+            &list(BUILDER),
+            vec![ioctl_rules(&builder_ioctls())?],
+            false,
+            mismatch,
+        ),
+        ThreadKind::EventMonitor => Ok(vec![
+            fail_with(OPENING, libc::EACCES)?,
+            allow_list(&list_opening(&[]), Vec::new(), mismatch)?,
+        ]),
     }
+}
+
+/// What the `vm-builder` thread may send `ioctl`: making a VM and its
+/// vCPUs, and what the vCPU threads it starts send.
+fn builder_ioctls() -> Vec<u64> {
+    hypervisor::ioctls::BUILD_IOCTLS
+        .iter()
+        .chain(hypervisor::ioctls::VCPU_THREAD_IOCTLS)
+        .copied()
+        .collect()
 }
 
 /// A program under which each of `syscalls` fails with `errno` and

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddress;
 
-use super::{VirtioPciDevice, VIRTIO_RING_F_EVENT_IDX};
+use super::{DeviceEvent, VirtioPciDevice, VIRTIO_RING_F_EVENT_IDX};
 use crate::device::ActivatedQueue;
 use crate::transport::msix::MsixInterrupt;
 
@@ -84,6 +84,7 @@ impl VirtioPciDevice {
         match result {
             Ok(()) => {
                 self.activated = true;
+                self.observe(DeviceEvent::Activated);
                 Ok(())
             }
             Err(e) => {

@@ -253,6 +253,68 @@ fn driver_bring_up_interrupts_notify_and_reset() {
     assert_eq!(r.rec.lock().unwrap().shutdowns, 1);
 }
 
+/// Features negotiated and queue 0 set up at 0x1000; DRIVER_OK next.
+fn negotiate_and_set_up_queue0(d: &mut VirtioPciDevice) {
+    bar_w(d, 0x14, &[1 | 2]);
+    bar_w(d, 0x08, &1u32.to_le_bytes());
+    bar_w(d, 0x0c, &1u32.to_le_bytes());
+    bar_w(d, 0x14, &[1 | 2 | 8]);
+    bar_w(d, 0x16, &0u16.to_le_bytes());
+    bar_w(d, 0x18, &32u16.to_le_bytes());
+    bar_w(d, 0x20, &0x1000u64.to_le_bytes());
+    bar_w(d, 0x28, &0x2000u64.to_le_bytes());
+    bar_w(d, 0x30, &0x3000u64.to_le_bytes());
+    bar_w(d, 0x1c, &1u16.to_le_bytes());
+}
+
+#[test]
+fn the_observer_hears_activation_and_driver_resets_only() {
+    let mut r = rig();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    r.dev
+        .set_event_observer(Arc::new(move |e| log.lock().unwrap().push(e)));
+    // A reset before activation is not an event (the driver's first
+    // step at every boot).
+    bar_w(&mut r.dev, 0x14, &[0]);
+    negotiate_and_set_up_queue0(&mut r.dev);
+    bar_w(&mut r.dev, 0x14, &[1 | 2 | 8 | 4]);
+    bar_w(&mut r.dev, 0x14, &[0]);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [DeviceEvent::Activated, DeviceEvent::Reset]
+    );
+}
+
+#[test]
+fn into_device_resets_an_active_device_and_hands_it_over() {
+    let mut r = rig();
+    negotiate_and_set_up_queue0(&mut r.dev);
+    bar_w(&mut r.dev, 0x14, &[1 | 2 | 8 | 4]);
+    assert_eq!(r.rec.lock().unwrap().activated.len(), 1);
+    let device = r.dev.into_device();
+    let rec = r.rec.lock().unwrap();
+    assert_eq!((rec.resets, rec.shutdowns), (1, 0), "reset, not shut down");
+    assert!(rec.kicks.is_empty(), "the kicks came back");
+    drop(rec);
+    // The same device goes behind a new function and works there.
+    let mem = Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
+    let irqfds = (0..3)
+        .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
+        .collect();
+    let mut again = VirtioPciDevice::new(
+        device,
+        mem,
+        0xe000_8000,
+        irqfds,
+        Arc::new(Routes::default()),
+    )
+    .unwrap();
+    negotiate_and_set_up_queue0(&mut again);
+    bar_w(&mut again, 0x14, &[1 | 2 | 8 | 4]);
+    assert_eq!(r.rec.lock().unwrap().activated.len(), 2);
+}
+
 #[test]
 fn bad_queue_address_fails_activation_with_needs_reset() {
     let mut r = rig();

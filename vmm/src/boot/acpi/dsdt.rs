@@ -3,8 +3,9 @@
 //! `\_SB.PCI0` with the resources it decodes (`_CRS`): bus 0, the
 //! configuration ports, the rest of the I/O space, and the 32-bit MMIO
 //! window the BARs live in, plus its hotplug slots ([`super::hotplug`]);
-//! the Generic Event Device that announces hotplug ([`super::ged`]); and
-//! COM1 (`\_SB.COM1`, ports `0x3f8..0x400`, GSI 4), since a
+//! the Generic Event Device that announces hotplug and the power button
+//! ([`super::ged`]), the power button itself ([`super::power_button`]);
+//! and COM1 (`\_SB.COM1`, ports `0x3f8..0x400`, GSI 4), since a
 //! hardware-reduced machine has no legacy IRQ table a guest could assume
 //! it from.
 //!
@@ -23,21 +24,32 @@ use acpi_tables::aml::{
 
 use super::encoded::{encode, Encoded};
 use super::ged::{self, GedEvent};
-use super::hotplug;
+use super::{hotplug, power_button};
 use crate::devices::acpi_pm_registers::S5_SLEEP_TYPE;
 use crate::layout::{COM1_IRQ, COM1_PORT, GED_IRQ, PCI_CONFIG_PORT, PCI_MMIO_END, PCI_MMIO_START};
 
 /// The events the GED signals, each with the method its interrupt runs.
-const GED_EVENTS: &[GedEvent] = &[GedEvent {
-    irq: GED_IRQ,
-    handler: hotplug::EVENT_HANDLER,
-}];
+const GED_EVENTS: &[GedEvent] = &[
+    GedEvent {
+        irq: GED_IRQ,
+        handler: hotplug::EVENT_HANDLER,
+    },
+    GedEvent {
+        irq: power_button::POWER_BUTTON_IRQ,
+        handler: power_button::EVENT_HANDLER,
+    },
+];
 
 /// The DSDT's definition block body.
 pub fn body() -> Vec<u8> {
     let s5_type = Package::new(vec![&S5_SLEEP_TYPE, &ZERO, &ZERO, &ZERO]);
     let mut out = encode(&[&Name::new("_S5_".into(), &s5_type)]);
-    let devices = [pci0(), com1(), ged::device(GED_EVENTS)];
+    let devices = [
+        pci0(),
+        com1(),
+        power_button::device(),
+        ged::device(GED_EVENTS),
+    ];
     out.extend(Scope::raw("\\_SB_".into(), devices.concat()));
     out
 }
@@ -114,5 +126,6 @@ mod tests {
         }
         assert_eq!(len, b.len() - scope - 1);
         assert!(find(&b, b"GED_").is_some(), "the hotplug event device");
+        assert!(find(&b, b"PWRB").is_some(), "the power button");
     }
 }

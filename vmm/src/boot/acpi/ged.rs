@@ -2,7 +2,8 @@
 //! edge-triggered interrupt per event in its `_CRS`, and an `_EVT`
 //! method that, given the interrupt that fired, calls that event's
 //! handler. A hardware-reduced machine has no GPE blocks, so this is how
-//! the VMM tells the guest something happened (a hotplug slot changed).
+//! the VMM tells the guest something happened (a hotplug slot changed,
+//! the power button was pressed).
 //!
 //! Enters as the list of events ([`GedEvent`]: interrupt and handler
 //! method); leaves as the encoded device, for the `\_SB` scope.

@@ -16,6 +16,7 @@ mod encoded;
 mod ged;
 mod hotplug;
 mod madt;
+mod power_button;
 mod tables;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};

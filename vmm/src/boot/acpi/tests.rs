@@ -178,7 +178,8 @@ fn iasl_disassembles_every_table() {
 
 /// ACPICA's interpreter runs the hotplug methods: DVNT notifies exactly
 /// the slots whose bits are set with the type given, the GED's `_EVT`
-/// and a slot's `_EJ0` run without an error.
+/// and a slot's `_EJ0` run without an error; `_EVT` of the power-button
+/// interrupt notifies `\_SB.PWRB` with 0x80 (pressed).
 #[test]
 fn acpiexec_runs_the_hotplug_methods() {
     if !testkit::available(
@@ -192,7 +193,8 @@ fn acpiexec_runs_the_hotplug_methods() {
     let path = dir.join("DSDT.dat");
     std::fs::write(&path, tables::dsdt()).unwrap();
     let script = "execute \\_SB.PCI0.DVNT 0x0c 3; execute \\_SB.PCI0.DVNT 0x80000002 1; \
-                  execute \\_SB.GED_._EVT 5; execute \\_SB.PCI0.S002._EJ0 0";
+                  execute \\_SB.GED_._EVT 5; execute \\_SB.PCI0.S002._EJ0 0; \
+                  execute \\_SB.GED_._EVT 6";
     let out = testkit::output_within(
         std::process::Command::new("acpiexec")
             .args(["-b", script])
@@ -208,6 +210,16 @@ fn acpiexec_runs_the_hotplug_methods() {
         .filter(|l| l.contains("Received a System Notify"))
         .collect();
     assert_eq!(notifies.len(), 4, "{text}");
+    // 0x80 and up are the device's own notifies (for a button: pressed).
+    let button: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Received a Device Notify"))
+        .collect();
+    assert_eq!(button.len(), 1, "{text}");
+    assert!(
+        button[0].contains("[PWRB]") && button[0].contains("Value 0x80"),
+        "the power button: {text}"
+    );
     for (slot, kind) in [
         ("S002", "Eject Request"),
         ("S003", "Eject Request"),
