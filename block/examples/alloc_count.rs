@@ -68,9 +68,9 @@ fn main() {
     o.direct = true;
     o.engine = EngineKind::IoUring;
     o.image_type = if case == "raw" {
-        ImageType::Raw
+        ImageType::RAW
     } else {
-        ImageType::Qcow2
+        ImageType::Format("qcow2")
     };
     o.lock = false;
     o.readonly = true;

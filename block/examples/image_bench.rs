@@ -118,9 +118,9 @@ fn ours(path: &str, case: &str, engine: EngineKind, secs: u64, w: Workload) -> (
     o.direct = true;
     o.engine = engine;
     o.image_type = if case == "raw" {
-        ImageType::Raw
+        ImageType::RAW
     } else {
-        ImageType::Qcow2
+        ImageType::Format("qcow2")
     };
     o.lock = false;
     o.readonly = true;

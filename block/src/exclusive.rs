@@ -44,7 +44,7 @@ use std::sync::Arc;
 
 use crate::disk::Disk;
 use crate::error::BlockError;
-use crate::formats::open::open_image_tools;
+use crate::formats::registry::open_image_tools;
 use crate::formats::tools::ImageTools;
 use crate::options::DiskOptions;
 

@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 use crate::error::BlockError;
 use crate::formats::qcow2::bitmap_directory::BitmapEntry;
 use crate::formats::qcow2::snapshot_table::SnapshotInfo;
+use crate::formats::registry::FORMATS;
 use crate::formats::ImageInfo;
 use crate::options::{DiskOptions, EngineKind, ImageType};
 
@@ -43,12 +44,10 @@ pub fn chain_json(path: &Path, top: ImageInfo) -> Result<Vec<Value>, BlockError>
             let mut o = DiskOptions::new(backing);
             o.readonly = true;
             o.engine = EngineKind::Sync;
-            o.image_type = match info.backing_filename_format.as_deref() {
-                Some("raw") => ImageType::Raw,
-                Some("qcow2") => ImageType::Qcow2,
-                _ => ImageType::Auto,
-            };
-            let image = crate::formats::open_image_tools(&o)?;
+            o.image_type = (info.backing_filename_format.as_deref())
+                .and_then(|name| FORMATS.image_type(name))
+                .unwrap_or(ImageType::Auto);
+            let image = crate::formats::registry::open_image_tools(&o)?;
             layer = Some((backing.into(), image.info()));
         }
     }

@@ -26,7 +26,7 @@ fn ops_for_write_and_flush(cache: CacheMode) -> u64 {
     let path = dir.join("disk.raw");
     std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
     let mut o = DiskOptions::new(&path);
-    o.image_type = ImageType::Raw;
+    o.image_type = ImageType::RAW;
     o.engine = EngineKind::Threads;
     o.cache = cache;
     o.direct = cache.direct();
@@ -62,12 +62,12 @@ fn qcow2_metadata_syncs(cache: CacheMode, create_opts: &str) -> u64 {
     let path = dir.join("disk.qcow2");
     qemu_create("qcow2", s(&path), "8M", create_opts);
     let mut o = DiskOptions::new(&path);
-    o.image_type = ImageType::Qcow2;
+    o.image_type = ImageType::Format("qcow2");
     o.cache = cache;
     o.direct = cache.direct();
     o.lock = false;
     let file = block::formats::open::open_file(&o).unwrap();
-    let img = Arc::new(open_qcow2(&o, file).unwrap());
+    let img = Arc::new(open_qcow2(&o, file, &block::formats::FORMATS).unwrap());
     let mut seam = None;
     img.wrap_meta_io(|inner| {
         let f = Arc::new(FaultyMetaIo::new(inner, &[]));

@@ -97,7 +97,7 @@ fn case(engine: EngineKind, direct: bool, kind: Kind) {
     let mut o = DiskOptions::new(&img);
     o.engine = engine;
     o.direct = direct;
-    o.image_type = ImageType::Qcow2;
+    o.image_type = ImageType::Format("qcow2");
     if matches!(kind, Kind::Small) && direct {
         // 512-byte clusters share pages between metadata (buffered) and
         // data (O_DIRECT): a writable direct open is refused by name
@@ -204,7 +204,7 @@ fn faulty_case(engine: EngineKind, direct: bool) {
     let mut o = DiskOptions::new(&img);
     o.engine = engine;
     o.direct = direct;
-    o.image_type = ImageType::Qcow2;
+    o.image_type = ImageType::Format("qcow2");
     let disk = Disk::open(&o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
     let inner = new_engine(engine, disk.format().files().local(), efd).unwrap();

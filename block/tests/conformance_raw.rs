@@ -16,7 +16,7 @@ fn raw_case(engine: EngineKind, direct: bool) {
     let mut o = DiskOptions::new(&path);
     o.engine = engine;
     o.direct = direct;
-    o.image_type = ImageType::Raw;
+    o.image_type = ImageType::RAW;
     o.lock = false;
     let disk = Disk::open(&o).unwrap();
     assert_eq!(disk.engine(), engine);

@@ -50,7 +50,7 @@ fn crash_child_writer() {
     };
     let seed: u64 = seed.parse().expect("CRASH_SEED");
     let mut opts = DiskOptions::new(&img);
-    opts.image_type = ImageType::Qcow2;
+    opts.image_type = ImageType::Format("qcow2");
     let disk = Disk::open(&opts).expect("child: open image");
     let mut log = std::fs::OpenOptions::new()
         .append(true)

@@ -45,7 +45,7 @@ fn snapshot_crash_child() {
         panic!("snapshot_crash_child runs only as crash_snapshot's child (SNAPCRASH_IMG)");
     };
     let mut opts = DiskOptions::new(&img);
-    opts.image_type = ImageType::Qcow2;
+    opts.image_type = ImageType::Format("qcow2");
     let image = ExclusiveImage::open(&opts).expect("child: open");
     let f = image.tools();
     let tail = vec![0x5a; 65536];

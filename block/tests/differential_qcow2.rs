@@ -133,7 +133,7 @@ fn run(c: &Config) {
         );
     }
     let mut opts = DiskOptions::new(&img);
-    opts.image_type = ImageType::Qcow2;
+    opts.image_type = ImageType::Format("qcow2");
     let disk = Disk::open(&opts).unwrap_or_else(|e| panic!("open {}: {e}", img.display()));
     assert_eq!(disk.size(), c.size);
     let mut log: Vec<Op> = Vec::new();

@@ -27,9 +27,9 @@ fn allocated(fmt: &str, prealloc: &str) -> Result<Allocated, String> {
     let path = dir.join(format!("img.{fmt}"));
     qemu_create(fmt, s(&path), "4M", &format!("preallocation={prealloc}"));
     let t = if fmt == "raw" {
-        ImageType::Raw
+        ImageType::RAW
     } else {
-        ImageType::Qcow2
+        ImageType::Format("qcow2")
     };
     let disk = open(&path, t);
     fully_allocated(disk.format().as_ref())
@@ -59,7 +59,7 @@ fn a_qcow2_written_everywhere_counts_and_an_overlay_does_not() {
     let base = dir.join("base.qcow2");
     qemu_create("qcow2", s(&base), "4M", "");
     qemu_io("qcow2", &base, &["write -q -P 0x5a 0 4M"]);
-    let disk = open(&base, ImageType::Qcow2);
+    let disk = open(&base, ImageType::Format("qcow2"));
     assert_eq!(
         fully_allocated(disk.format().as_ref()),
         Ok(Allocated { unwritten: 0 })
@@ -67,7 +67,7 @@ fn a_qcow2_written_everywhere_counts_and_an_overlay_does_not() {
     drop(disk);
     let top = dir.join("top.qcow2");
     qemu_create_overlay("qcow2", s(&top), None, "", "base.qcow2", "qcow2");
-    let disk = open(&top, ImageType::Qcow2);
+    let disk = open(&top, ImageType::Format("qcow2"));
     assert!(fully_allocated(disk.format().as_ref()).is_err());
 }
 
@@ -141,7 +141,7 @@ fn disk_open_resolves_auto_to_io_uring_for_every_preallocation() {
             );
         }
         let mut o = DiskOptions::new(&path);
-        o.image_type = ImageType::Qcow2;
+        o.image_type = ImageType::Format("qcow2");
         o.direct = direct;
         o.engine = EngineKind::Auto;
         Disk::open(&o).unwrap().engine()

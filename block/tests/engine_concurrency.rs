@@ -284,7 +284,7 @@ fn run(engine: EngineKind, direct: bool, start: Start) {
     let mut o = DiskOptions::new(&img);
     o.engine = engine;
     o.direct = direct;
-    o.image_type = ImageType::Qcow2;
+    o.image_type = ImageType::Format("qcow2");
     let disk = Disk::open(&o).unwrap();
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {

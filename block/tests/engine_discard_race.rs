@@ -82,7 +82,7 @@ fn run_with(kind: EngineKind, free: Free) {
     qemu_io("qcow2", &path, &["write -P 0xaa 0 64k"]);
 
     let mut o = DiskOptions::new(&path);
-    o.image_type = ImageType::Qcow2;
+    o.image_type = ImageType::Format("qcow2");
     o.engine = kind;
     let disk = Disk::open(&o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());

@@ -40,7 +40,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn roundtrip(direct: bool) {
     let (_d, path) = temp_image("raw-roundtrip", 1 << 20);
-    let disk = open(&path, direct, ImageType::Raw);
+    let disk = open(&path, direct, ImageType::RAW);
     assert_eq!(disk.size(), 1 << 20);
     // Aligned and unaligned offsets/lengths (the latter bounce under O_DIRECT).
     for (off, len, seed) in [
@@ -85,7 +85,7 @@ fn raw_roundtrip_direct() {
 fn raw_write_zeroes_and_discard_read_back_zero() {
     for direct in [false, true] {
         let (_d, path) = temp_image("raw-zero", 1 << 20);
-        let disk = open(&path, direct, ImageType::Raw);
+        let disk = open(&path, direct, ImageType::RAW);
         disk.write_at(0, &vec![0xaa; 1 << 20]).unwrap();
         disk.write_zeroes(4096, 8192, false).unwrap();
         disk.write_zeroes(65536, 4096, true).unwrap();
@@ -104,7 +104,7 @@ fn raw_write_zeroes_and_discard_read_back_zero() {
 #[test]
 fn out_of_range_fails_without_touching_the_file() {
     let (_d, path) = temp_image("raw-oor", 65536);
-    let disk = open(&path, false, ImageType::Raw);
+    let disk = open(&path, false, ImageType::RAW);
     let err = disk.write_at(65536 - 10, &[1u8; 20]).unwrap_err();
     assert!(matches!(err, BlockError::OutOfRange { .. }), "{err:?}");
     let mut buf = [0u8; 20];
@@ -142,7 +142,7 @@ fn probed_raw_refuses_an_image_header_in_sector_zero() {
     // Elsewhere it is just data; with an explicit format it is allowed.
     disk.write_at(512, b"QFI\xfb").unwrap();
     drop(disk);
-    let disk = open(&path, false, ImageType::Raw);
+    let disk = open(&path, false, ImageType::RAW);
     disk.write_at(0, b"QFI\xfb").unwrap();
     let mut back = [0u8; 4];
     disk.read_at(0, &mut back).unwrap();
@@ -155,7 +155,7 @@ fn readonly_disk_refuses_writes() {
     let mut o = DiskOptions::new(&path);
     o.readonly = true;
     o.lock = false;
-    o.image_type = ImageType::Raw;
+    o.image_type = ImageType::RAW;
     let disk = Disk::open(&o).unwrap();
     assert!(matches!(disk.write_at(0, &[1]), Err(BlockError::ReadOnly)));
     let mut b = [9u8; 4];
@@ -167,7 +167,7 @@ fn readonly_disk_refuses_writes() {
 #[test]
 fn logical_block_size_reflects_direct() {
     let (_d, path) = temp_image("raw-lbs", 65536);
-    assert_eq!(open(&path, false, ImageType::Raw).logical_block_size(), 512);
-    let direct = open(&path, true, ImageType::Raw).logical_block_size();
+    assert_eq!(open(&path, false, ImageType::RAW).logical_block_size(), 512);
+    let direct = open(&path, true, ImageType::RAW).logical_block_size();
     assert!(direct.is_power_of_two() && direct >= 512, "{direct}");
 }

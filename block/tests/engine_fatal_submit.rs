@@ -35,7 +35,7 @@ fn run(direct: bool) {
     let dir = temp_dir("fatal-submit");
     let (path, data) = image(&dir, 16);
     let mut o = DiskOptions::new(&path);
-    o.image_type = ImageType::Raw;
+    o.image_type = ImageType::RAW;
     o.direct = direct;
     let disk = Disk::open(&o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());

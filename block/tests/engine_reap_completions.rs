@@ -25,7 +25,7 @@ fn open(dir: &TempDir, engine: EngineKind) -> (Disk, PathBuf) {
         .set_len(1 << 20)
         .unwrap();
     let mut o = DiskOptions::new(&path);
-    o.image_type = ImageType::Raw;
+    o.image_type = ImageType::RAW;
     o.engine = engine;
     o.lock = false;
     (Disk::open(&o).unwrap(), path)

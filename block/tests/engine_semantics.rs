@@ -403,7 +403,7 @@ fn raw_faulty(
     let path = dir.join("raw.img");
     std::fs::write(&path, vec![0xabu8; 1 << 20]).unwrap();
     let mut o = DiskOptions::new(&path);
-    o.image_type = block::ImageType::Raw;
+    o.image_type = block::ImageType::RAW;
     o.lock = false;
     let disk = Disk::open(&o).unwrap();
     let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
@@ -513,7 +513,7 @@ fn unaligned_direct_writes_sharing_a_block_both_survive() {
         let path = dir.join("raw.img");
         std::fs::write(&path, vec![0xabu8; 1 << 20]).unwrap();
         let mut o = DiskOptions::new(&path);
-        o.image_type = block::ImageType::Raw;
+        o.image_type = block::ImageType::RAW;
         o.lock = false;
         o.direct = true;
         o.engine = kind;

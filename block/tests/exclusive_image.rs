@@ -19,10 +19,10 @@ fn qcow2(dir: &TempDir, name: &str, size: u64, backing: Option<&str>) -> std::pa
     let path = dir.join(name);
     create_image(&CreateOptions {
         path: path.clone(),
-        format: ImageType::Qcow2,
+        format: ImageType::Format("qcow2"),
         size,
         backing_file: backing.map(str::to_string),
-        backing_fmt: backing.map(|_| ImageType::Qcow2),
+        backing_fmt: backing.map(|_| ImageType::Format("qcow2")),
         ..Default::default()
     })
     .unwrap();
@@ -31,7 +31,7 @@ fn qcow2(dir: &TempDir, name: &str, size: u64, backing: Option<&str>) -> std::pa
 
 fn open_owned(path: &std::path::Path) -> ExclusiveImage {
     let mut o = DiskOptions::new(path);
-    o.image_type = ImageType::Qcow2;
+    o.image_type = ImageType::Format("qcow2");
     ExclusiveImage::open(&o).unwrap()
 }
 

@@ -30,7 +30,7 @@ const CHUNK: usize = 64 << 10;
 fn open(img: &Path, engine: EngineKind) -> Result<Disk, BlockError> {
     let mut o = DiskOptions::new(img);
     o.engine = engine;
-    o.image_type = ImageType::Qcow2;
+    o.image_type = ImageType::Format("qcow2");
     o.lock = false;
     Disk::open(&o)
 }

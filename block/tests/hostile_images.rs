@@ -45,7 +45,7 @@ fn expect_error(case: &str, path: &str) -> BlockError {
         let result = (|| {
             let mut opts = DiskOptions::new(&p);
             opts.readonly = true;
-            opts.image_type = ImageType::Qcow2;
+            opts.image_type = ImageType::Format("qcow2");
             let disk = Disk::open(&opts)?;
             let size = disk.size().min(4 << 20);
             let mut buf = vec![0u8; 64 << 10];

@@ -41,10 +41,10 @@ fn create(path: &Path, format: ImageType, backing: Option<(&str, ImageType)>) {
 #[test]
 fn locks_go_at_close_while_the_descriptors_live_on() {
     for (top, base) in [
-        (ImageType::Raw, None),
-        (ImageType::Qcow2, None),
-        (ImageType::Qcow2, Some(ImageType::Raw)),
-        (ImageType::Qcow2, Some(ImageType::Qcow2)),
+        (ImageType::RAW, None),
+        (ImageType::Format("qcow2"), None),
+        (ImageType::Format("qcow2"), Some(ImageType::RAW)),
+        (ImageType::Format("qcow2"), Some(ImageType::Format("qcow2"))),
     ] {
         let case = format!("{top:?} over {base:?}");
         let dir = temp_dir("image-locks");

@@ -38,7 +38,7 @@ fn open_disk(p: &Path) -> (Disk, Arc<Qcow2Image>) {
     let mut o = DiskOptions::new(p);
     o.lock = false;
     let file = block::formats::open::open_file(&o).unwrap();
-    let img = Arc::new(open_qcow2(&o, file).unwrap());
+    let img = Arc::new(open_qcow2(&o, file, &block::formats::FORMATS).unwrap());
     (Disk::from_format(img.clone(), &o).unwrap(), img)
 }
 
@@ -228,7 +228,7 @@ fn open_image(p: &Path, readonly: bool) -> Arc<Qcow2Image> {
     o.lock = false;
     o.readonly = readonly;
     let file = block::formats::open::open_file(&o).unwrap();
-    Arc::new(open_qcow2(&o, file).unwrap())
+    Arc::new(open_qcow2(&o, file, &block::formats::FORMATS).unwrap())
 }
 
 /// A cluster whose first `random` bytes do not compress.

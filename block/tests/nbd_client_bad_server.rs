@@ -71,7 +71,7 @@ fn protocol_violations_fail_requests_without_panics_or_hangs() {
         within(30, move || {
             // Opening reads the first bytes (format probe): ask for raw.
             let mut o = DiskOptions::new(uri);
-            o.image_type = block::ImageType::Raw;
+            o.image_type = block::ImageType::RAW;
             let disk = Disk::open(&o).unwrap();
             let e = read(&disk, 65_536).unwrap_err();
             assert!(e.to_string().contains("read failed"), "{m:?}: {e}");

@@ -35,7 +35,7 @@ fn make(dir: &TempDir, mode: Preallocation) -> std::path::PathBuf {
     let path = dir.join(format!("img-{mode}.qcow2"));
     create_image(&CreateOptions {
         path: path.clone(),
-        format: ImageType::Qcow2,
+        format: ImageType::Format("qcow2"),
         size: SIZE,
         preallocation: mode,
         ..Default::default()
@@ -47,7 +47,7 @@ fn make(dir: &TempDir, mode: Preallocation) -> std::path::PathBuf {
 
 fn open(path: &std::path::Path, engine: EngineKind) -> Disk {
     let mut o = DiskOptions::new(path);
-    o.image_type = ImageType::Qcow2;
+    o.image_type = ImageType::Format("qcow2");
     o.engine = engine;
     o.direct = true;
     Disk::open(&o).unwrap()
@@ -182,7 +182,7 @@ fn grown_area_preallocation_never_overwrites_metadata() {
         f.read_exact_at(&mut table, l2).unwrap();
 
         let mut o = DiskOptions::new(&path);
-        o.image_type = ImageType::Qcow2;
+        o.image_type = ImageType::Format("qcow2");
         o.engine = EngineKind::Sync;
         o.direct = true;
         let image = block::ExclusiveImage::open(&o).unwrap();

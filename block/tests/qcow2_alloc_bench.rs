@@ -48,9 +48,9 @@ fn ours(p: &Path, qcow2: bool, count: u64) -> f64 {
     o.direct = true;
     o.engine = EngineKind::IoUring;
     o.image_type = if qcow2 {
-        ImageType::Qcow2
+        ImageType::Format("qcow2")
     } else {
-        ImageType::Raw
+        ImageType::RAW
     };
     o.lock = false;
     let disk = Disk::open(&o).expect("open");

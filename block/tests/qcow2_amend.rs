@@ -40,7 +40,7 @@ fn open_rw(p: &Path) -> Arc<Qcow2Image> {
     o.lock = false;
     o.keep_persistent_bitmaps = true;
     let file = block::formats::open::open_file(&o).unwrap();
-    Arc::new(open_qcow2(&o, file).unwrap())
+    Arc::new(open_qcow2(&o, file, &block::formats::FORMATS).unwrap())
 }
 
 /// Runs `amendment` on a copy of `base` with `fault` armed; returns

@@ -25,7 +25,7 @@ fn allocating_writes_per_second() {
             qemu_create("qcow2", p.to_str().unwrap(), "1G", "");
             let o = block::options::DiskOptions::new(&p);
             let file = block::formats::open::open_file(&o).unwrap();
-            let img = open_qcow2(&o, file).unwrap();
+            let img = open_qcow2(&o, file, &block::formats::FORMATS).unwrap();
             img.set_l2_write_through(write_through);
             img.set_write_barriers(barriers);
             let data = vec![1u8; 4096];

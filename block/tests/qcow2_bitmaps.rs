@@ -24,7 +24,7 @@ fn open(p: &Path, readonly: bool) -> Arc<Qcow2Image> {
     o.readonly = readonly;
     o.keep_persistent_bitmaps = !readonly;
     let file = block::formats::open::open_file(&o).unwrap();
-    Arc::new(open_qcow2(&o, file).unwrap())
+    Arc::new(open_qcow2(&o, file, &block::formats::FORMATS).unwrap())
 }
 
 /// `qemu-img info` without the lines that follow the layout.

@@ -27,7 +27,7 @@ fn cluster(i: usize) -> Vec<u8> {
 
 fn options(p: &std::path::Path, direct: bool) -> DiskOptions {
     let mut o = DiskOptions::new(p);
-    o.image_type = ImageType::Qcow2;
+    o.image_type = ImageType::Format("qcow2");
     o.direct = direct;
     o
 }

@@ -279,7 +279,7 @@ fn backing_chain_errors() {
         let p = d.join(name);
         create_image(&CreateOptions {
             path: p.clone(),
-            format: ImageType::Qcow2,
+            format: ImageType::Format("qcow2"),
             size: 1 << 20,
             ..Default::default()
         })
@@ -339,10 +339,10 @@ fn overlay_size_comes_from_the_backing_image() {
     let top = d.join("top.qcow2");
     create_image(&CreateOptions {
         path: top.clone(),
-        format: ImageType::Qcow2,
+        format: ImageType::Format("qcow2"),
         size: 0,
         backing_file: Some("base.raw".into()),
-        backing_fmt: Some(ImageType::Raw),
+        backing_fmt: Some(ImageType::RAW),
         ..Default::default()
     })
     .unwrap();
@@ -353,7 +353,7 @@ fn overlay_size_comes_from_the_backing_image() {
     // A backing file that does not exist is refused at creation.
     let e = create_image(&CreateOptions {
         path: d.join("bad.qcow2"),
-        format: ImageType::Qcow2,
+        format: ImageType::Format("qcow2"),
         backing_file: Some("missing.raw".into()),
         ..Default::default()
     })
@@ -419,7 +419,7 @@ fn direct_writes_to_sub_page_clusters_are_refused() {
     let p = d.join("small.qcow2");
     create_image(&CreateOptions {
         path: p.clone(),
-        format: ImageType::Qcow2,
+        format: ImageType::Format("qcow2"),
         size: 1 << 20,
         cluster_size: Some(512),
         ..Default::default()
@@ -447,7 +447,7 @@ fn direct_writes_to_sub_page_clusters_are_refused() {
     let q = d.join("page.qcow2");
     create_image(&CreateOptions {
         path: q.clone(),
-        format: ImageType::Qcow2,
+        format: ImageType::Format("qcow2"),
         size: 1 << 20,
         cluster_size: Some(4096),
         ..Default::default()

@@ -24,7 +24,7 @@ fn created_images_match_qemu_img_info() {
         let p = d.join(name);
         create_image(&CreateOptions {
             path: p.clone(),
-            format: ImageType::Qcow2,
+            format: ImageType::Format("qcow2"),
             size: 3 << 30,
             cluster_size: cs,
             compat: compat.map(String::from),
@@ -73,7 +73,7 @@ fn raw_create_and_bad_options() {
     let p = d.join("r.raw");
     create_image(&CreateOptions {
         path: p.clone(),
-        format: ImageType::Raw,
+        format: ImageType::RAW,
         size: 1 << 20,
         ..Default::default()
     })
@@ -85,7 +85,7 @@ fn raw_create_and_bad_options() {
     };
     let base = CreateOptions {
         path: d.join("q"),
-        format: ImageType::Qcow2,
+        format: ImageType::Format("qcow2"),
         size: 1 << 20,
         ..Default::default()
     };
@@ -213,7 +213,7 @@ fn writes_pass_qemu_check_and_compare() {
         let p = d.join(name);
         create_image(&CreateOptions {
             path: p.clone(),
-            format: ImageType::Qcow2,
+            format: ImageType::Format("qcow2"),
             size,
             cluster_size: Some(cs),
             compat: Some(compat.into()),
@@ -241,13 +241,13 @@ fn overlay_copies_on_write_from_backing() {
         let top = d.join(format!("top-{base_fmt}.qcow2"));
         create_image(&CreateOptions {
             path: top.clone(),
-            format: ImageType::Qcow2,
+            format: ImageType::Format("qcow2"),
             size,
             backing_file: Some(format!("base.{base_fmt}")),
             backing_fmt: Some(if base_fmt == "raw" {
-                ImageType::Raw
+                ImageType::RAW
             } else {
-                ImageType::Qcow2
+                ImageType::Format("qcow2")
             }),
             ..Default::default()
         })
@@ -374,7 +374,7 @@ fn locks_are_seen_by_qemu_and_qemu_locks_are_seen_by_us() {
     // Re-creating an image in use is refused before anything is truncated.
     let e = create_image(&CreateOptions {
         path: p.clone(),
-        format: ImageType::Qcow2,
+        format: ImageType::Format("qcow2"),
         size: 1 << 20,
         ..Default::default()
     })
@@ -423,7 +423,7 @@ fn locks_are_seen_by_qemu_and_qemu_locks_are_seen_by_us() {
         );
     };
     let mut o = block::options::DiskOptions::new(&p);
-    o.image_type = ImageType::Qcow2;
+    o.image_type = ImageType::Format("qcow2");
     let r = block::formats::open_format(&o);
     let locked = matches!(r, Err(block::BlockError::Locked { .. }));
     o.readonly = true;
@@ -512,7 +512,7 @@ fn resize_grows_and_lazy_refcounts_mark_dirty() {
     let p = d.join("r.qcow2");
     create_image(&CreateOptions {
         path: p.clone(),
-        format: ImageType::Qcow2,
+        format: ImageType::Format("qcow2"),
         size: 1 << 20,
         cluster_size: Some(512),
         lazy_refcounts: true,

@@ -58,7 +58,7 @@ fn overlap_check_cost_per_planned_write() {
     let mut o = DiskOptions::new(&p);
     o.lock = false;
     let file = block::formats::open::open_file(&o).unwrap();
-    let img = open_qcow2(&o, file).unwrap();
+    let img = open_qcow2(&o, file, &block::formats::FORMATS).unwrap();
     // Warm-up: every L2 table the writes need is cached before timing.
     plans_per_second(&img, size, plans, 0);
     let (mut on, mut off) = (Vec::new(), Vec::new());

@@ -24,7 +24,7 @@ fn open_faulty(p: &Path, faults: &[MetaFault]) -> (Arc<Qcow2Image>, Arc<FaultyMe
     let mut o = DiskOptions::new(p);
     o.lock = false;
     let file = block::formats::open::open_file(&o).unwrap();
-    let img = Arc::new(open_qcow2(&o, file).unwrap());
+    let img = Arc::new(open_qcow2(&o, file, &block::formats::FORMATS).unwrap());
     let mut installed = None;
     img.wrap_meta_io(|inner| {
         let f = Arc::new(FaultyMetaIo::new(inner, faults));

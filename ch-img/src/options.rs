@@ -7,6 +7,7 @@
 //! Words from the command line enter; block-crate option structs leave.
 
 use block::create::CreateOptions;
+use block::formats::{FormatDriver, FORMATS};
 use block::options::CacheMode;
 use block::{BlockError, DiskOptions, ImageType};
 
@@ -14,14 +15,21 @@ use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::size::parse_size;
 
-/// Parses `-f`/`-O`/`-F`: "raw" or "qcow2" (`None`: probe).
+/// Parses `-f`/`-O`/`-F`: a format of the block layer's registry ("raw",
+/// "qcow2"; `None`: probe).
 pub fn parse_format(value: Option<&str>) -> Result<ImageType, CliError> {
     match value {
         None => Ok(ImageType::Auto),
-        Some("raw") => Ok(ImageType::Raw),
-        Some("qcow2") => Ok(ImageType::Qcow2),
-        Some(other) => Err(CliError::Usage(format!("Unknown file format '{other}'"))),
+        Some(name) => FORMATS
+            .image_type(name)
+            .ok_or_else(|| CliError::Usage(format!("Unknown file format '{name}'"))),
     }
+}
+
+/// The driver of a format `parse_format` returned (`Auto`: the default
+/// of a new image, raw).
+pub fn driver_of(format: ImageType) -> &'static FormatDriver {
+    FORMATS.driver(format).unwrap_or_else(|| FORMATS.fallback())
 }
 
 /// Which cache option a value came from: qemu-img words its error

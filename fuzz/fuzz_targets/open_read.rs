@@ -25,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
     let mut opts = DiskOptions::new(&path);
     opts.readonly = true;
     opts.lock = false;
-    opts.image_type = ImageType::Qcow2;
+    opts.image_type = ImageType::Format("qcow2");
     if let Ok(disk) = Disk::open(&opts) {
         let size = disk.size();
         let mut buf = vec![0u8; 4096];

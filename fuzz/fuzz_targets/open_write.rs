@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
     let script: Vec<u8> = data.iter().rev().take(SCRIPT).copied().collect();
     let mut opts = DiskOptions::new(&path);
     opts.lock = false;
-    opts.image_type = ImageType::Qcow2;
+    opts.image_type = ImageType::Format("qcow2");
     if let Ok(image) = ExclusiveImage::open(&opts) {
         let disk = image.disk();
         let tools = image.tools();

@@ -348,7 +348,7 @@ fn malformed_chains_get_the_answers_of_the_in_vmm_device() {
     let copy = dir.join("copy.raw");
     std::fs::copy(&image, &copy).unwrap();
     let mut options = DiskOptions::new(&copy);
-    options.image_type = ImageType::Raw;
+    options.image_type = ImageType::RAW;
     options.engine = EngineKind::Sync;
     let disk = Disk::open(&options).unwrap();
     let config = BlockDeviceConfig {

@@ -33,7 +33,7 @@ fn cpus_of_thread(name: &str) -> Option<String> {
 fn pinned_queue_runs_on_its_cpus_only() {
     let dir = TempDir::new("affinity");
     let raw = raw_image(&dir, 1 << 20);
-    let disk = open(&raw, ImageType::Raw, false).unwrap();
+    let disk = open(&raw, ImageType::RAW, false).unwrap();
     let process = std::fs::read_to_string("/proc/self/status")
         .unwrap()
         .lines()

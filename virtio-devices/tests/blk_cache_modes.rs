@@ -27,7 +27,7 @@ fn the_write_cache_follows_the_cache_mode() {
         let dir = TempDir::new("cache-mode");
         let raw = raw_image(&dir, 1 << 20);
         let mut o = DiskOptions::new(&raw);
-        o.image_type = ImageType::Raw;
+        o.image_type = ImageType::RAW;
         o.engine = EngineKind::Sync;
         o.lock = false;
         o.cache = mode;

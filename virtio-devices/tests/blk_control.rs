@@ -43,7 +43,7 @@ fn capacity(h: &BlockHarness) -> u64 {
 fn counters_add_up_to_what_the_driver_did() {
     let dir = TempDir::new("ctl-counters");
     let raw = raw_image(&dir, 4 << 20);
-    let mut h = owned(&raw, ImageType::Raw, 2);
+    let mut h = owned(&raw, ImageType::RAW, 2);
     let counters = h.device.counters();
     for q in 0..2u16 {
         let d = h.queue(q).unwrap();
@@ -73,7 +73,7 @@ fn counters_add_up_to_what_the_driver_did() {
 fn a_paused_device_holds_requests_until_resumed() {
     let dir = TempDir::new("ctl-pause");
     let raw = raw_image(&dir, 1 << 20);
-    let mut h = owned(&raw, ImageType::Raw, 2);
+    let mut h = owned(&raw, ImageType::RAW, 2);
     h.device.pause().unwrap();
     // Nested pause: one resume is not enough.
     h.device.pause().unwrap();
@@ -98,7 +98,7 @@ fn a_paused_device_holds_requests_until_resumed() {
 fn raw_resize_grows_and_shrinks_with_a_config_interrupt() {
     let dir = TempDir::new("ctl-resize");
     let raw = raw_image(&dir, 1 << 20);
-    let mut h = owned(&raw, ImageType::Raw, 1);
+    let mut h = owned(&raw, ImageType::RAW, 1);
     assert_eq!(capacity(&h), 2048);
     let d = h.queue(0).unwrap();
     assert_eq!(d.run(VIRTIO_BLK_T_IN, 2048, 512).unwrap().status, IOERR);
@@ -143,7 +143,7 @@ fn qcow2_grows_only_and_takes_snapshots_between_requests() {
     let Some(qcow2) = qcow2_from_raw(&dir, &raw) else {
         return;
     };
-    let mut h = owned(&qcow2, ImageType::Qcow2, 1);
+    let mut h = owned(&qcow2, ImageType::Format("qcow2"), 1);
     assert!(matches!(
         h.device.resize(1 << 19, Shrink::Allowed),
         Err(ControlError::NoShrink { .. })
@@ -203,13 +203,13 @@ fn qcow2_grows_only_and_takes_snapshots_between_requests() {
 fn raw_images_have_no_internal_snapshots() {
     let dir = TempDir::new("ctl-raw-snap");
     let raw = raw_image(&dir, 1 << 20);
-    let mut h = owned(&raw, ImageType::Raw, 1);
+    let mut h = owned(&raw, ImageType::RAW, 1);
     assert!(matches!(
         h.device.snapshot("x"),
         Err(ControlError::SnapshotFormat("raw"))
     ));
     // A device without its image tools cannot resize.
-    let plain = open(&raw, ImageType::Raw, false).unwrap();
+    let plain = open(&raw, ImageType::RAW, false).unwrap();
     let mut dev = BlockDevice::new(plain, BlockDeviceConfig::default()).unwrap();
     assert!(matches!(
         dev.resize(2 << 20, Shrink::Refused),

@@ -19,7 +19,7 @@ fn reset_cycles_leak_no_fds_or_threads() {
     let dir = TempDir::new("leak");
     let raw = raw_image(&dir, 1 << 20);
     let mut h = harness(
-        open(&raw, ImageType::Raw, false).unwrap(),
+        open(&raw, ImageType::RAW, false).unwrap(),
         4,
         DriverOptions::default(),
     );

@@ -35,7 +35,7 @@ fn four_queues_in_parallel() {
     let dir = TempDir::new("mq");
     let raw = raw_image(&dir, 4 << 20);
     let mut h = harness(
-        open(&raw, ImageType::Raw, false).unwrap(),
+        open(&raw, ImageType::RAW, false).unwrap(),
         4,
         DriverOptions::default(),
     );
@@ -156,7 +156,7 @@ fn reset_then_reactivate_reuses_kick_eventfds() {
     let dir = TempDir::new("react");
     let raw = raw_image(&dir, 1 << 20);
     let mut h = harness(
-        open(&raw, ImageType::Raw, false).unwrap(),
+        open(&raw, ImageType::RAW, false).unwrap(),
         2,
         DriverOptions::default(),
     );
@@ -176,7 +176,7 @@ fn event_idx_suppresses_interrupts_until_used_event() {
     let dir = TempDir::new("evidx");
     let raw = raw_image(&dir, 1 << 20);
     let mut h = harness(
-        open(&raw, ImageType::Raw, false).unwrap(),
+        open(&raw, ImageType::RAW, false).unwrap(),
         1,
         DriverOptions::default(),
     );
@@ -213,7 +213,7 @@ fn event_idx_avail_event_controls_kicks() {
     let dir = TempDir::new("kick");
     let raw = raw_image(&dir, 1 << 20);
     let mut h = harness(
-        open(&raw, ImageType::Raw, false).unwrap(),
+        open(&raw, ImageType::RAW, false).unwrap(),
         1,
         DriverOptions::default(),
     );
@@ -236,7 +236,7 @@ fn shutdown_closes_and_refuses_activation() {
     let dir = TempDir::new("shut");
     let raw = raw_image(&dir, 1 << 20);
     let mut h = harness(
-        open(&raw, ImageType::Raw, false).unwrap(),
+        open(&raw, ImageType::RAW, false).unwrap(),
         1,
         DriverOptions::default(),
     );
@@ -269,7 +269,7 @@ fn shutdown_closes_and_refuses_activation() {
 fn activation_with_too_many_queues_fails_cleanly() {
     let dir = TempDir::new("act");
     let raw = raw_image(&dir, 1 << 20);
-    let disk = open(&raw, ImageType::Raw, false).unwrap();
+    let disk = open(&raw, ImageType::RAW, false).unwrap();
     let config = BlockDeviceConfig {
         num_queues: 1,
         queue_size: 64,
@@ -302,7 +302,7 @@ fn activation_with_too_many_queues_fails_cleanly() {
     assert!(dev.activate(mem, intr, bad).is_err());
     assert!(!dev.is_activated());
     // Invalid configurations are refused.
-    let disk = open(&raw, ImageType::Raw, false).unwrap();
+    let disk = open(&raw, ImageType::RAW, false).unwrap();
     let bad = BlockDeviceConfig {
         queue_size: 100,
         ..Default::default()

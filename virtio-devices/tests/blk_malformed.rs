@@ -28,7 +28,7 @@ fn setup() -> Setup {
     let dir = TempDir::new("bad");
     let raw = raw_image(&dir, 1 << 20);
     let h = harness(
-        open(&raw, ImageType::Raw, false).unwrap(),
+        open(&raw, ImageType::RAW, false).unwrap(),
         1,
         DriverOptions::default(),
     );

@@ -21,7 +21,7 @@ const OK: u8 = VIRTIO_BLK_S_OK as u8;
 fn a_stopped_queue_reports_its_positions_and_resumes_from_them() {
     let dir = TempDir::new("startstop");
     let raw = raw_image(&dir, 1 << 20);
-    let disk = open(&raw, ImageType::Raw, false).unwrap();
+    let disk = open(&raw, ImageType::RAW, false).unwrap();
     let mut h = harness(disk, 2, DriverOptions::default());
     for s in 0..3 {
         let u = h.queue(0).unwrap().run(VIRTIO_BLK_T_IN, s, 512).unwrap();

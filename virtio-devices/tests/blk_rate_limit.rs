@@ -35,7 +35,7 @@ fn run(engine: EngineKind, limit: RateLimitConfig, qd: u16, sectors: u32, total:
     let dir = TempDir::new("rate-limit");
     let raw = raw_image(&dir, SECTORS * 512);
     let mut o = DiskOptions::new(&raw);
-    o.image_type = ImageType::Raw;
+    o.image_type = ImageType::RAW;
     o.engine = engine;
     o.lock = false;
     let disk = Disk::open(&o).unwrap();
@@ -135,7 +135,7 @@ fn a_device_reset_does_not_refill_the_buckets() {
     let dir = TempDir::new("rate-limit-reset");
     let raw = raw_image(&dir, SECTORS * 512);
     let mut o = DiskOptions::new(&raw);
-    o.image_type = ImageType::Raw;
+    o.image_type = ImageType::RAW;
     o.engine = EngineKind::Sync;
     o.lock = false;
     let disk = Disk::open(&o).unwrap();

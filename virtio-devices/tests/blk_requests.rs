@@ -31,7 +31,7 @@ fn each_format_once(opts: DriverOptions, direct: bool, body: &impl Fn(&str, &mut
     let raw_dir = TempDir::new("req");
     let raw = raw_image(&raw_dir, SIZE);
     let mut h = harness(
-        open_with(&raw, ImageType::Raw, false, direct).unwrap(),
+        open_with(&raw, ImageType::RAW, false, direct).unwrap(),
         1,
         opts,
     );
@@ -43,7 +43,7 @@ fn each_format_once(opts: DriverOptions, direct: bool, body: &impl Fn(&str, &mut
     let Some(qcow2) = qcow2_from_raw(&dir, &start) else {
         return;
     };
-    let disk = open_with(&qcow2, ImageType::Qcow2, false, direct).unwrap();
+    let disk = open_with(&qcow2, ImageType::Format("qcow2"), false, direct).unwrap();
     let mut h = harness(disk, 1, opts);
     body(&format!("qcow2 {mode}"), &mut h);
     h.device.close().unwrap();
@@ -209,7 +209,7 @@ fn read_only_disk_refuses_writes() {
     let raw = raw_image(&dir, SIZE);
     let before = std::fs::read(&raw).unwrap();
     let mut h = harness(
-        open(&raw, ImageType::Raw, true).unwrap(),
+        open(&raw, ImageType::RAW, true).unwrap(),
         1,
         DriverOptions::default(),
     );

@@ -37,7 +37,7 @@ pub struct OpenedDisk {
 pub enum DiskBackend {
     /// Our virtio-blk device over an image we opened.
     Local {
-        config: LocalDiskConfig,
+        config: Box<LocalDiskConfig>,
         device: Arc<Mutex<BlockDevice>>,
     },
     /// A vhost-user backend serves it; we only forward.
@@ -186,7 +186,10 @@ impl DiskRegistry {
         config.id = Some(id.clone());
         self.disks.push(AttachedDisk {
             id,
-            backend: DiskBackend::Local { config, device },
+            backend: DiskBackend::Local {
+                config: Box::new(config),
+                device,
+            },
             function,
         });
         Ok(self.disks.last().expect("just pushed"))

@@ -1,16 +1,19 @@
-//! Consistency check and repair (`ch-img check`): a thin dispatcher by
-//! image format.
+//! Consistency check and repair (`ch-img check`): a thin dispatcher to
+//! the check of the format the image's first bytes claim (the
+//! registry's drivers).
 //!
 //! A path enters; a [`CheckReport`] leaves with qemu-img's counters and
-//! messages. Raw images (and NBD exports, which open as raw) have nothing
-//! to check ([`check_image`] answers
-//! `Unsupported { feature: "checks" }`, which `ch-img` prints as qemu-img
-//! does); qcow2 images are checked by `formats::qcow2::check`.
+//! messages. A format without a check (raw, and NBD exports, which open
+//! as raw) gets `Unsupported { feature: "checks" }` from
+//! [`check_image`], which `ch-img` prints as qemu-img does; qcow2 images
+//! are checked by `formats::qcow2::check`.
 
 use std::path::Path;
 
 use crate::error::BlockError;
 pub use crate::formats::check_report::{CheckReport, Repair};
+use crate::formats::driver::PROBE_BYTES;
+use crate::formats::registry::FORMATS;
 
 /// Checks the image at `path` (and repairs it when asked).
 pub fn check_image(path: &Path, repair: Option<Repair>) -> Result<CheckReport, BlockError> {
@@ -26,16 +29,16 @@ pub fn check_image(path: &Path, repair: Option<Repair>) -> Result<CheckReport, B
         path: path.to_owned(),
         source,
     })?;
-    let mut magic = [0u8; 4];
+    let mut magic = [0u8; PROBE_BYTES];
     let n = file
         .read_at(&mut magic, 0)
         .map_err(|source| BlockError::MetadataRead {
             what: "image header".into(),
             source,
         })?;
-    match crate::formats::probe::probe_image_type(&magic[..n]) {
-        crate::options::ImageType::Qcow2 => crate::formats::qcow2::check::check_qcow2(path, repair),
-        _ => Err(BlockError::Unsupported {
+    match FORMATS.probe(&magic[..n]).check {
+        Some(check) => check(path, repair),
+        None => Err(BlockError::Unsupported {
             path: path.to_owned(),
             feature: "checks".into(),
         }),

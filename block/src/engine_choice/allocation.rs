@@ -213,7 +213,7 @@ mod tests {
         write(&f);
         drop(f);
         let mut o = DiskOptions::new(&path);
-        o.image_type = ImageType::Raw;
+        o.image_type = ImageType::RAW;
         o.lock = false;
         let format = crate::formats::open_format(&o).unwrap();
         fully_allocated(format.as_ref())

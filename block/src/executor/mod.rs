@@ -1,20 +1,20 @@
 //! The executor behind a [`crate::DiskQueue`]: plans requests with the
 //! format, runs the plans' host operations on the queue's engine and turns
-//! op completions into exactly one [`Completion`] per request.
+//! op completions into exactly one `Completion` per request.
 //!
-//! [`Executor`] is a thin coordinator over parts with one job each:
+//! `Executor` is a thin coordinator over parts with one job each:
 //!
 //! | Part | Where | Job |
 //! | --- | --- | --- |
-//! | [`OpBuilder`] | `build.rs`, `read_ops.rs`, `write_ops.rs`, `memory.rs` | plan one request with the format and return its ops (bounce buffers, zero page, recycled vectors, the request memory's iovecs); the per-request bounce budget is a value of that call |
-//! | [`Accounting`] | `accounting.rs`, `table.rs` | own each request in flight (the [`table`]) until its last op is reaped; short transfers, first error, commit/abort, deferred commits, one completion per request |
-//! | [`CompressedReads`] | `compressed.rs`, `inflate_join.rs`, `inflate.rs`, `inflate_pool.rs` | read compressed clusters, inflate them (the process's [`inflate_pool`] or this thread) into the disk's inflate cache, join reads of a cluster already being read |
-//! | [`RmwLocks`], [`WriteTracker`] | `rmw.rs`, `barrier.rs` | partial-block locks of unaligned O_DIRECT writes (shared by the disk's queues), and write barriers for commits that free clusters (each queue numbers its writes in its own [`WriteLane`]) |
+//! | `OpBuilder` | `build.rs`, `read_ops.rs`, `write_ops.rs`, `memory.rs` | plan one request with the format and return its ops (bounce buffers, zero page, recycled vectors, the request memory's iovecs); the per-request bounce budget is a value of that call |
+//! | `Accounting` | `accounting.rs`, `table.rs` | own each request in flight (the `table`) until its last op is reaped; short transfers, first error, commit/abort, deferred commits, one completion per request |
+//! | `CompressedReads` | `compressed.rs`, `inflate_join.rs`, `inflate.rs`, `inflate_pool.rs` | read compressed clusters, inflate them (the process's `inflate_pool` or this thread) into the disk's inflate cache, join reads of a cluster already being read |
+//! | `RmwLocks`, `WriteTracker` | `rmw.rs`, `barrier.rs` | partial-block locks of unaligned O_DIRECT writes (shared by the disk's queues), and write barriers for commits that free clusters (each queue numbers its writes in its own `WriteLane`) |
 //!
-//! The flow: requests enter through [`Executor::submit_batch`]; `submit.rs`
+//! The flow: requests enter through `Executor::submit_batch`; `submit.rs`
 //! admits each (locks, write number), has the builder build it, hands it
 //! to the accounting and pushes its ops, or parks a write the format
-//! blocked (replanned on every drain). [`Executor::drain`] reaps op
+//! blocked (replanned on every drain). `Executor::drain` reaps op
 //! results into `complete.rs`, which asks the accounting what each means
 //! and acts on it (push again, inflate, serve waiters, complete);
 //! completions leave through `drain` (or `reap_ready`, the same without

@@ -59,7 +59,7 @@ pub struct ImageInfo {
 
 /// One opened image format (with its backing chain), as running queues
 /// see it: no method here changes the image's shape (snapshots, backing
-/// file, size); those are the tool capabilities of [`tools`].
+/// file, size); those are the tool capabilities of [`super::tools`].
 ///
 /// Plans take `&self`: implementations keep their metadata behind a lock
 /// whose read path is short, so queues on several threads plan at once.

@@ -1,7 +1,17 @@
 //! Image formats: where a guest range lives, and the metadata that says so.
+//! This floor knows the files and engines below it (`block_engines`), never
+//! the executor or the disk above it.
+//!
+//! Every format is a folder here with one [`FormatDriver`] (`driver.rs`:
+//! probe, open, open as a backing image, create, check, measure, `-o
+//! help`), listed once in the registry, [`FORMATS`] (`registry.rs`),
+//! which the entry points that open, create and check images by their
+//! options go through: raw (`raw/`), qcow2 (`qcow2/`), and a raw disk
+//! over an NBD export (`nbd_image.rs`, which the protocol of a path picks,
+//! not a probe).
 //!
 //! Two surfaces, so the types say who may do what:
-//! - [`Format`] (this file) is queue-facing: size, files, plan
+//! - [`Format`] (`format.rs`, with its plans in `plan.rs`) is queue-facing: size, files, plan
 //!   read/write/discard/write-zeroes, commit/abort, flush metadata, block
 //!   status, plus `info`, `name`, `close`. [`crate::Disk`],
 //!   [`crate::DiskQueue`] and the executor hold only an `Arc<dyn Format>`.
@@ -12,7 +22,9 @@
 //!
 //! A format turns a guest range into a plan ([`ReadPlan`], [`WritePlan`])
 //! of host extents in the files of the image chain, identified by
-//! [`FileId`] (an index into [`Format::files`]). The engine executes the
+//! [`FileId`] (an index into [`Format::files`], which names no kind of
+//! file: a file is local or remote as the engines see it). The engine
+//! executes the
 //! plan's data I/O; the format only does metadata I/O (headers, L1/L2
 //! tables, refcounts) itself, inline and write-through.
 //!
@@ -32,11 +44,14 @@
 
 pub mod amendment;
 pub mod check_report;
+pub mod create_options;
 pub mod dirty_bits;
+pub mod driver;
 pub mod format;
 pub mod holes;
 pub(crate) mod identity;
 pub(crate) mod lacking;
+pub mod measure;
 pub mod nbd_image;
 pub mod open;
 pub mod plan;
@@ -44,13 +59,15 @@ pub mod plan_cache;
 pub mod probe;
 pub mod qcow2;
 pub mod raw;
+pub mod registry;
 pub mod tools;
 
 pub use amendment::{AmendProgress, AmendStep, Amendment};
 pub use block_engines::{FileId, ImageFiles};
 pub use dirty_bits::{BitmapAction, DirtyBits};
+pub use driver::{FormatDriver, Formats, OptionDoc};
 pub use format::{BlockStatus, Format, ImageInfo};
-pub use open::{open_format, open_image_tools};
+pub use measure::{Measure, MeasureError, Measurement};
 pub use plan::{
     CompressedExtent, Compression, HostWrite, MemoryExtent, ReadPiece, ReadPlan, ReadSource, Waker,
     WriteCommit, WriteData, WriteOutcome, WritePlan,
@@ -60,6 +77,7 @@ pub use qcow2::bitmap_directory::BitmapEntry;
 pub use qcow2::compress_write::compress_cluster;
 pub use qcow2::snapshot_table::SnapshotInfo;
 pub use qcow2::snapshot_view::SnapshotRef;
+pub use registry::{open_format, open_image_tools, FORMATS};
 pub use tools::{
     Amendable, BackingEdits, CompressedWrites, FailureUndo, ImageTools, PersistentBitmaps,
     Resizable, Snapshots,

@@ -1,10 +1,12 @@
 //! [`NbdImage`]: a raw disk whose bytes are an NBD export (the guest
 //! view a qemu-nbd, qemu-storage-daemon or nbdkit serves), and opening
-//! an export as an image: the disk itself ([`open_image`]), a qcow2
-//! overlay's read-only raw backing file ([`open_backing`]), or the
-//! output of `create -f raw` ([`create_raw`]). The export is an
+//! an export as an image: the disk itself (`open_image`), a qcow2
+//! overlay's read-only raw backing file (`open_backing`), or the
+//! output of `create -f raw` (`create_on_export`). The export is an
 //! [`NbdFile`], the remote file the engines' NBD client reaches through
-//! its connections.
+//! its connections. An image of another format inside an export is
+//! refused: whether the export holds one is asked of the formats the
+//! caller gives (the registry's).
 //!
 //! It plans like a raw file, but its one file is remote: its
 //! [`Format::files`] are the export alone, so every planned op is file
@@ -15,7 +17,7 @@
 //! `base:allocation`, asked inline (as `qemu-img map` over NBD does).
 //! The tool capabilities (snapshots, backing edits, compressed writes,
 //! resize, amend, persistent bitmaps) are refused, in qemu-img's words
-//! where it has them ([`crate::formats::lacking`]; a resize to another
+//! where it has them (`lacking.rs`; a resize to another
 //! size: "Cannot resize NBD nodes"): an export's shape is its server's
 //! business; a failed tool operation has nothing to undo.
 
@@ -24,10 +26,11 @@ use std::time::Duration;
 
 use crate::error::BlockError;
 use crate::formats::amendment::{AmendProgress, Amendment};
+use crate::formats::create_options::CreateOptions;
 use crate::formats::dirty_bits::{BitmapAction, DirtyBits};
+use crate::formats::driver::{Formats, PROBE_BYTES};
 use crate::formats::identity::IdentityMap;
 use crate::formats::lacking::Lacking;
-use crate::formats::probe::QCOW2_MAGIC;
 use crate::formats::tools::{
     Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps, Resizable, Snapshots,
 };
@@ -36,6 +39,7 @@ use crate::formats::{
     WriteOutcome,
 };
 use crate::options::{DiskOptions, ImageType};
+use crate::prealloc::Preallocation;
 use block_engines::nbd::NbdFile;
 use nbd::wire::consts::state;
 
@@ -269,11 +273,34 @@ fn connect(path: &str, opts: &DiskOptions) -> Result<Arc<NbdFile>, BlockError> {
     NbdFile::connect(path, Duration::from_secs(opts.reconnect_delay))
 }
 
-const QCOW2_INSIDE: &str = "holds a qcow2 image: qcow2 inside an NBD export is not supported; \
-                            export its guest view (qemu-nbd -f qcow2, qemu-storage-daemon) instead";
+/// The refusal of an export whose first bytes are a `name` image.
+fn image_inside(path: &str, name: &str) -> BlockError {
+    nbd_error(
+        path,
+        format!(
+            "holds a {name} image: {name} inside an NBD export is not supported; \
+             export its guest view (qemu-nbd -f {name}, qemu-storage-daemon) instead"
+        ),
+    )
+}
 
-/// Opens the export `opts.path` names as a raw disk.
-pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<NbdImage>, BlockError> {
+/// The format other than raw that the export's first bytes claim.
+fn claimed_by(file: &NbdFile, formats: &Formats) -> Result<Option<&'static str>, BlockError> {
+    if file.size() < PROBE_BYTES as u64 {
+        return Ok(None);
+    }
+    let mut magic = [0u8; PROBE_BYTES];
+    file.read_at(0, &mut magic)?;
+    let driver = formats.probe(&magic);
+    Ok(driver.probe.is_some().then_some(driver.name))
+}
+
+/// Opens the export `opts.path` names as a raw disk; an image of another
+/// of `formats` inside it (named, or probed) is refused.
+pub(crate) fn open_image(
+    opts: &DiskOptions,
+    formats: &Formats,
+) -> Result<Arc<NbdImage>, BlockError> {
     let path = opts.path.to_string_lossy().into_owned();
     if opts.snapshot.is_some() {
         return Err(Lacking {
@@ -282,10 +309,11 @@ pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<NbdImage>, BlockError
         }
         .snapshot_view());
     }
-    if opts.image_type == ImageType::Qcow2 {
+    let raw = formats.fallback().name;
+    if let Some(name) = opts.image_type.name().filter(|n| *n != raw) {
         return Err(nbd_error(
             &path,
-            "image_type=qcow2: qcow2 inside an NBD export is not supported",
+            format!("image_type={name}: {name} inside an NBD export is not supported"),
         ));
     }
     let file = connect(&path, opts)?;
@@ -295,21 +323,50 @@ pub(crate) fn open_image(opts: &DiskOptions) -> Result<Arc<NbdImage>, BlockError
             "the export is read-only; open it with readonly=on",
         ));
     }
-    if opts.image_type == ImageType::Auto && file.size() >= 4 {
-        let mut magic = [0u8; 4];
-        file.read_at(0, &mut magic)?;
-        if magic == QCOW2_MAGIC {
-            return Err(nbd_error(&path, QCOW2_INSIDE));
+    if opts.image_type == ImageType::Auto {
+        if let Some(name) = claimed_by(&file, formats)? {
+            return Err(image_inside(&path, name));
         }
     }
     Ok(Arc::new(NbdImage::new(file, opts.readonly)))
+}
+
+/// An image "created" on an NBD export, as qemu-img creates one there: a
+/// raw image is the export itself (it keeps its size, must be large
+/// enough, and its first sector is zeroed); an image of another format
+/// inside an export is not supported (our client opens an export as
+/// raw), and an export cannot be preallocated (qemu-img's words).
+pub(crate) fn create_on_export(opts: &CreateOptions, formats: &Formats) -> Result<(), BlockError> {
+    let image = opts.path.to_string_lossy().into_owned();
+    let cannot = |reason: String| BlockError::CannotDo {
+        image: image.clone(),
+        reason,
+    };
+    match opts.format.name() {
+        Some(name) if name == formats.fallback().name => {}
+        Some(name) => {
+            return Err(cannot(format!(
+                "{name} inside an NBD export is not supported (an export opens as raw); \
+                 create the image elsewhere and export its guest view"
+            )))
+        }
+        None => return Err(opts.invalid("format", format!("give {}", formats.names_or()))),
+    }
+    crate::formats::raw::check_options(opts)?;
+    if opts.preallocation != Preallocation::Off {
+        return Err(cannot(format!(
+            "Unsupported preallocation mode '{}'",
+            opts.preallocation
+        )));
+    }
+    create_raw(&image, opts.size)
 }
 
 /// What `qemu-img create -f raw` does on an export (also the output of
 /// `dd` and `convert`): the export keeps its size, which must be at least
 /// `size` (qemu's "Cannot grow NBD nodes"), and its first sector is
 /// zeroed, so an old image header there is not probed again.
-pub(crate) fn create_raw(path: &str, size: u64) -> Result<(), BlockError> {
+fn create_raw(path: &str, size: u64) -> Result<(), BlockError> {
     let file = connect(path, &DiskOptions::new(path))?;
     if file.read_only() {
         return Err(nbd_error(path, "the export is read-only"));
@@ -328,24 +385,25 @@ pub(crate) fn create_raw(path: &str, size: u64) -> Result<(), BlockError> {
 }
 
 /// Opens the export `name` as the read-only raw backing image of an
-/// overlay opened with `opts`.
+/// overlay opened with `opts`; a backing format other than raw, or an
+/// image of another of `formats` inside the export, is refused.
 pub(crate) fn open_backing(
     name: &str,
     format: Option<&str>,
     opts: &DiskOptions,
+    formats: &Formats,
 ) -> Result<Arc<NbdImage>, BlockError> {
-    if let Some(f) = format.filter(|f| *f != "raw") {
+    let raw = formats.fallback().name;
+    if let Some(f) = format.filter(|f| *f != raw) {
         return Err(nbd_error(
             name,
             format!("backing format '{f}': an NBD backing file is raw"),
         ));
     }
     let file = connect(name, opts)?;
-    if format.is_none() && file.size() >= 4 {
-        let mut magic = [0u8; 4];
-        file.read_at(0, &mut magic)?;
-        if magic == QCOW2_MAGIC {
-            return Err(nbd_error(name, QCOW2_INSIDE));
+    if format.is_none() {
+        if let Some(inside) = claimed_by(&file, formats)? {
+            return Err(image_inside(name, inside));
         }
     }
     Ok(Arc::new(NbdImage::new(file, true)))

@@ -6,7 +6,7 @@
 //! [`crate::DiskQueue`] and the executor hold, and it has no way to reach
 //! the traits here (no downcast, no accessor). The object that has them is
 //! an [`ImageTools`], which only [`crate::ExclusiveImage`] (and
-//! [`super::open::open_image_tools`], for tests that drive a format without a disk)
+//! [`super::open_image_tools`], for tests that drive a format without a disk)
 //! hands out: whoever opened the image owns it, creates its queues, and
 //! decides when no request is in flight.
 //!

@@ -335,7 +335,7 @@ pub fn record(dir: &Path, img: &Path, cfg: &Config, seed: u64) -> Recording {
     o.engine = cfg.engine;
     o.direct = cfg.direct;
     let file = block::formats::open::open_file(&o).unwrap();
-    let qcow2 = Arc::new(open_qcow2(&o, file).unwrap());
+    let qcow2 = Arc::new(open_qcow2(&o, file, &block::formats::FORMATS).unwrap());
     let l = log.clone();
     qcow2.wrap_meta_io(move |inner| Arc::new(RecordingMetaIo::new(inner, l)) as Arc<dyn MetaIo>);
     let start = std::fs::read(img).unwrap();

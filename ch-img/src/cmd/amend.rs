@@ -21,7 +21,7 @@
 //! `-p` prints qemu-img's progress (its arithmetic over the upgrade, the
 //! refcount width change and the downgrade); `-o help` lists the options.
 
-use block::formats::{AmendStep, Amendment, ImageInfo};
+use block::formats::{AmendStep, Amendment, FormatDriver, ImageInfo, FORMATS};
 use block::options::CacheMode;
 use block::{BlockError, ImageType};
 
@@ -29,8 +29,8 @@ use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::option_help::{amend_help, wants_help};
 use crate::options::{
-    open_image_cached, open_image_keeping_bitmaps, option_items, parse_bool, parse_cache,
-    parse_format, CacheFlag,
+    driver_of, open_image_cached, open_image_keeping_bitmaps, option_items, parse_bool,
+    parse_cache, parse_format, CacheFlag,
 };
 use crate::progress::StepProgress;
 use crate::size::parse_size;
@@ -77,7 +77,7 @@ fn amend(
 ) -> Result<u8, CliError> {
     let format = p.value("f").map(|f| parse_format(Some(f))).transpose()?;
     if let (Some(format), true) = (format, wants_help(values)) {
-        print!("{}", amend_help(format)?);
+        print!("{}", amend_help(driver_of(format))?);
         return Ok(0);
     }
     let [path] = p.operands.as_slice() else {
@@ -100,10 +100,12 @@ fn amend(
             && image.format().info().compat.as_deref() == Some("0.10")
     });
     let info = image.format().info();
-    if format_of(&info) == ImageType::Raw {
-        return Err(CliError::Usage(
-            "Format driver 'raw' does not support option amendment".into(),
-        ));
+    let driver = format_of(&info);
+    if driver.amend_options.is_none() {
+        return Err(CliError::Usage(format!(
+            "Format driver '{}' does not support option amendment",
+            driver.name
+        )));
     }
     // qemu-img's report starts here, and ends at 100 % whatever happens.
     progress.set(0.0);
@@ -168,11 +170,12 @@ fn apply(
     image.close().map_err(CliError::Close)
 }
 
-fn format_of(info: &ImageInfo) -> ImageType {
-    match info.format {
-        "qcow2" => ImageType::Qcow2,
-        _ => ImageType::Raw,
-    }
+/// The driver of an opened image's format (raw for a format the
+/// registry does not name, which has nothing to amend either).
+fn format_of(info: &ImageInfo) -> &'static FormatDriver {
+    FORMATS
+        .by_name(info.format)
+        .unwrap_or_else(|| FORMATS.fallback())
 }
 
 /// A refusal in qemu-img's words is printed as it is.

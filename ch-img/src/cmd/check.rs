@@ -16,6 +16,7 @@
 //! the backing chain, which qemu-img opens too.
 
 use block::check::{check_image, CheckReport, Repair};
+use block::formats::FORMATS;
 use block::{BlockError, ImageType};
 use serde_json::{json, Map, Value};
 
@@ -76,7 +77,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     } else {
         Some(lock_for_check(path, fmt, repair.is_some(), shared)?)
     };
-    if fmt == ImageType::Raw {
+    if FORMATS.driver(fmt).is_some_and(|f| f.check.is_none()) {
         eprintln!("ch-img: This image format does not support checks");
         return Ok(63);
     }

@@ -153,11 +153,9 @@ fn open_layer(layer: &Layer, cache: CacheMode) -> Result<ImageIo, CliError> {
     opts.readonly = true;
     opts.no_backing = true;
     opts.direct = cache.direct();
-    opts.image_type = if layer.fmt == ImageType::Auto {
-        ImageType::Qcow2
-    } else {
-        layer.fmt
-    };
+    // A layer above the base has a backing file: probed, its format is
+    // one that has them.
+    opts.image_type = layer.fmt;
     ImageIo::open(&opts, cache).map_err(|source| open_error(&layer.path, cache, source))
 }
 

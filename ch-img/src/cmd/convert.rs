@@ -52,8 +52,8 @@ use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::option_help::{create_help, wants_help};
 use crate::options::{
-    apply_create_options, force_share, open_image_cached, option_items, parse_cache, parse_format,
-    CacheFlag,
+    apply_create_options, driver_of, force_share, open_image_cached, option_items, parse_cache,
+    parse_format, set_create_option, CacheFlag,
 };
 use crate::progress::Progress;
 use crate::size::parse_size;
@@ -69,7 +69,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let p = parse(args, &SPEC)?;
     if wants_help(&p.values("o")) {
         let format = parse_format(p.value("O"))?;
-        print!("{}", create_help(format, p.operands.len() >= 2));
+        print!("{}", create_help(driver_of(format), p.operands.len() >= 2));
         return Ok(0);
     }
     let compress = p.flag("c");
@@ -87,10 +87,10 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         None => 4096,
     };
     let out_fmt = match parse_format(p.value("O"))? {
-        ImageType::Auto => ImageType::Raw,
+        ImageType::Auto => ImageType::RAW,
         f => f,
     };
-    if compress && out_fmt != ImageType::Qcow2 {
+    if compress && !driver_of(out_fmt).compressed_clusters {
         return Err(CliError::Usage(
             "Compression not supported for this file format".into(),
         ));
@@ -201,7 +201,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     })?;
     drop(output);
     drop(held);
-    if out_fmt == ImageType::Raw && !skip_create {
+    if out_fmt == ImageType::RAW && !skip_create {
         // O_DIRECT pads the last partial block of the disk: cut the file
         // back to the disk's size.
         OpenOptions::new()
@@ -269,10 +269,12 @@ fn output_backing(
     let Some(name) = name else {
         return Ok(None);
     };
-    if out_fmt == ImageType::Raw {
-        return Err(CliError::Usage(
-            "Backing file not supported for file format 'raw'".into(),
-        ));
+    let format = driver_of(out_fmt);
+    if !format.backing_files {
+        return Err(CliError::Usage(format!(
+            "Backing file not supported for file format '{}'",
+            format.name
+        )));
     }
     let Some(fmt) = fmt else {
         return Err(CliError::Usage(
@@ -313,9 +315,10 @@ struct NewOutput<'a> {
 }
 
 impl NewOutput<'_> {
-    /// Creates the output: a qcow2 image with the `-o` options and the
-    /// backing file, or a raw file of the source's size (sparse, or
-    /// preallocated with `-o preallocation=falloc|full`). It must not be
+    /// Creates the output: an image with the `-o` options and the backing
+    /// file (qcow2), or, for a format with no options of its own (raw), a
+    /// file of the source's size (sparse, or preallocated with `-o
+    /// preallocation=falloc|full`). It must not be
     /// one of `sources`; it is locked before it is truncated
     /// ([`block::create`]). Preallocation with `-c` is refused, as
     /// qemu-img refuses it; a preallocation that fails removes the file.
@@ -325,20 +328,28 @@ impl NewOutput<'_> {
             size: self.size,
             ..Default::default()
         };
-        if self.format == ImageType::Qcow2 {
+        let format = driver_of(self.format);
+        if format.has_own_create_options() {
             apply_create_options(&mut opts, self.options)?;
             if let Some((name, fmt)) = &self.backing {
                 opts.backing_file = Some(name.clone());
                 opts.backing_fmt = Some(*fmt);
             }
         } else {
+            // Only the file protocol's options: the size is the source's.
+            let file_options: Vec<&str> = (format.create_options_with_file.iter())
+                .map(|o| o.name)
+                .filter(|name| *name != "size")
+                .collect();
             for (key, val) in option_items(self.options) {
-                if key != "preallocation" {
-                    return Err(CliError::Usage(
-                        "raw output takes no -o options but preallocation".into(),
-                    ));
+                if !file_options.contains(&key) {
+                    return Err(CliError::Usage(format!(
+                        "{} output takes no -o options but {}",
+                        format.name,
+                        file_options.join(", ")
+                    )));
                 }
-                opts.preallocation = val.parse().map_err(CliError::Usage)?;
+                set_create_option(&mut opts, key, val)?;
             }
         }
         if self.compress && opts.preallocation != Preallocation::Off {
@@ -351,11 +362,7 @@ impl NewOutput<'_> {
         opts.sources = sources;
         create_image(&opts).map_err(|source| CliError::ConvertCreate {
             path: self.path.into(),
-            format: if self.format == ImageType::Qcow2 {
-                "qcow2"
-            } else {
-                "raw"
-            },
+            format: format.name,
             source,
         })
     }

@@ -17,7 +17,7 @@ use block::ImageType;
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::option_help::{create_help, wants_help};
-use crate::options::{apply_create_options, open_reader, option_items, parse_format};
+use crate::options::{apply_create_options, driver_of, open_reader, option_items, parse_format};
 use crate::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
@@ -31,13 +31,16 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let p = parse(args, &SPEC)?;
     let mut opts = CreateOptions {
         format: match parse_format(p.value("f"))? {
-            ImageType::Auto => ImageType::Raw,
+            ImageType::Auto => ImageType::RAW,
             f => f,
         },
         ..Default::default()
     };
     if wants_help(&p.values("o")) {
-        print!("{}", create_help(opts.format, !p.operands.is_empty()));
+        print!(
+            "{}",
+            create_help(driver_of(opts.format), !p.operands.is_empty())
+        );
         return Ok(0);
     }
     apply_create_options(&mut opts, &p.values("o"))?;
@@ -73,16 +76,18 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "{path}: Image creation needs a size parameter"
         )));
     }
-    if opts.format == ImageType::Raw && opts.backing_file.is_some() {
-        return Err(CliError::Usage(
-            "raw images do not support backing files".into(),
-        ));
+    let format = driver_of(opts.format);
+    if !format.backing_files && opts.backing_file.is_some() {
+        return Err(CliError::Usage(format!(
+            "{} images do not support backing files",
+            format.name
+        )));
     }
     if opts.backing_file.is_some() {
         check_backing(&mut opts, p.flag("u"))?;
     }
     if !p.flag("q") {
-        println!("{}", formatting_line(&opts));
+        println!("{}", (format.formatting)(&opts));
     }
     create_image(&opts).map_err(|source| match source {
         // What the target cannot do (an NBD export that is too small),
@@ -96,45 +101,6 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         },
     })?;
     Ok(0)
-}
-
-/// qemu-img's "Formatting 'FILE', fmt=... size=..." line.
-fn formatting_line(o: &CreateOptions) -> String {
-    let path = o.path.display();
-    // qemu-img names preallocation when it was given; we when it is not off.
-    let prealloc = match o.preallocation {
-        block::prealloc::Preallocation::Off => String::new(),
-        p => format!(" preallocation={p}"),
-    };
-    if o.format == ImageType::Raw {
-        return format!("Formatting '{path}', fmt=raw size={}{prealloc}", o.size);
-    }
-    let onoff = |b: bool| if b { "on" } else { "off" };
-    let mut s = format!(
-        "Formatting '{path}', fmt=qcow2 cluster_size={} extended_l2={}{prealloc} compression_type={} size={}",
-        o.cluster_size.unwrap_or(65536),
-        onoff(o.extended_l2),
-        if o.zstd { "zstd" } else { "zlib" },
-        o.size
-    );
-    if let Some(b) = &o.backing_file {
-        s.push_str(&format!(" backing_file={b}"));
-    }
-    if let Some(f) = o.backing_fmt {
-        s.push_str(&format!(
-            " backing_fmt={}",
-            if f == ImageType::Raw { "raw" } else { "qcow2" }
-        ));
-    }
-    if let Some(c) = &o.compat {
-        s.push_str(&format!(" compat={c}"));
-    }
-    s.push_str(&format!(
-        " lazy_refcounts={} refcount_bits={}",
-        onoff(o.lazy_refcounts),
-        o.refcount_bits.unwrap_or(16)
-    ));
-    s
 }
 
 /// Checks the backing file as qemu-img does before anything is written:

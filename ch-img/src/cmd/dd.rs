@@ -119,7 +119,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     })?;
     let source = open_image(input, in_format, true)?;
     let out_format = match parse_format(p.value("O")) {
-        Ok(ImageType::Auto) => ImageType::Raw,
+        Ok(ImageType::Auto) => ImageType::RAW,
         Ok(f) => f,
         Err(_) => return Err(CliError::Usage("Unknown file format".into())),
     };

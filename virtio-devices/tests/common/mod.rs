@@ -66,7 +66,7 @@ pub fn open_engine(path: &Path, engine: EngineKind) -> Option<Disk> {
         return None;
     }
     let mut o = DiskOptions::new(path);
-    o.image_type = ImageType::Raw;
+    o.image_type = ImageType::RAW;
     o.engine = engine;
     o.lock = false;
     let disk = Disk::open(&o).unwrap();

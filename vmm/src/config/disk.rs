@@ -203,7 +203,7 @@ mod tests {
         .unwrap();
         assert_eq!(d.options.path.to_str(), Some("/i.qcow2"));
         assert!(d.options.readonly && d.options.direct && d.options.lock);
-        assert_eq!(d.options.image_type, ImageType::Qcow2);
+        assert_eq!(d.options.image_type, ImageType::Format("qcow2"));
         assert_eq!(d.options.engine, EngineKind::IoUring);
         assert_eq!((d.num_queues, d.queue_size), (4, 256));
         assert_eq!(d.id.as_deref(), Some("disk0"));

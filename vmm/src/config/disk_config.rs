@@ -31,6 +31,22 @@ pub enum ImageTypeName {
     Unknown,
 }
 
+impl ImageTypeName {
+    /// The format's name in the block layer's registry of formats
+    /// (`None`: probe). A format the registry does not have opens as
+    /// probed (the resolver refuses those first).
+    pub fn format_name(self) -> Option<&'static str> {
+        match self {
+            ImageTypeName::Raw => Some("raw"),
+            ImageTypeName::Qcow2 => Some("qcow2"),
+            ImageTypeName::FixedVhd => Some("vpc"),
+            ImageTypeName::Vhdx => Some("vhdx"),
+            ImageTypeName::FlatVmdk => Some("vmdk"),
+            ImageTypeName::Unknown => None,
+        }
+    }
+}
+
 /// How the image file is locked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LockGranularity {

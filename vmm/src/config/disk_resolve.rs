@@ -13,6 +13,7 @@
 //! `block::options::take_image_options` applies to `ch-storage-daemon
 //! --image` and `ch-img`.
 
+use block::formats::FORMATS;
 use block::options::{is_nbd_path, CacheMode, MAX_RECONNECT_DELAY};
 use block::{DiskOptions, EngineKind, ImageType};
 use thiserror::Error;
@@ -286,11 +287,9 @@ impl DiskConfig {
             _ => CacheMode::default(),
         };
         o.direct = o.cache.direct();
-        o.image_type = match self.image_type {
-            ImageTypeName::Raw => ImageType::Raw,
-            ImageTypeName::Qcow2 => ImageType::Qcow2,
-            _ => ImageType::Auto,
-        };
+        o.image_type = (self.image_type.format_name())
+            .and_then(|name| FORMATS.image_type(name))
+            .unwrap_or(ImageType::Auto);
         o.engine = self.engine_kind(o.direct)?;
         if let Some(d) = self.reconnect_delay {
             if d > MAX_RECONNECT_DELAY {
@@ -472,7 +471,7 @@ mod tests {
             (d.id.as_deref(), d.serial.as_deref()),
             (Some("data"), Some("S1"))
         );
-        assert_eq!(d.options.image_type, ImageType::Qcow2);
+        assert_eq!(d.options.image_type, ImageType::Format("qcow2"));
         assert_eq!(d.rate_limit.ops.unwrap().refill_time_ms, 1000);
         assert_eq!(d.queue_affinity, vec![None, Some(vec![0])]);
         assert!(!d.backing_files);

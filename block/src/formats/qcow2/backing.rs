@@ -5,21 +5,21 @@
 //! A backing name that is an NBD URI opens the export as a raw backing
 //! image ([`crate::formats::nbd_image`]), with the overlay's `reconnect_delay`.
 //!
-//! A backing name (untrusted, from the overlay's header) and the overlay's
-//! options enter [`find_backing`]; an opened read-only [`Backing`] (raw
-//! or NBD) leaves, whose files the overlay appends to its own `files()`
-//! table, or for a qcow2 backing file the checked path and descriptor the
-//! opener opens it from (one level down the chain, like the top image).
+//! A backing name (untrusted, from the overlay's header), the overlay's
+//! options and the formats a backing image may have enter
+//! [`find_backing`]; an opened read-only [`Backing`] leaves, whose files
+//! the overlay appends to its own `files()` table. Its format's driver
+//! opens it (a qcow2 one one level down the chain, like the top image).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::BlockError;
-use crate::formats::probe::probe_image_type;
-use crate::formats::raw::RawImage;
+use crate::formats::driver::{BackingOpen, Formats, PROBE_BYTES};
 use crate::formats::{Format, ReadPlan};
 use crate::options::{DiskOptions, ImageType};
+use block_engines::nbd::is_nbd_path;
 
 /// Longest backing chain we follow (images below the top one).
 pub(crate) const MAX_CHAIN_DEPTH: usize = 16;
@@ -63,7 +63,7 @@ fn refuse(path: &Path, reason: impl Into<String>) -> BlockError {
 /// URI is taken as it is).
 pub(crate) fn resolve(overlay: &Path, name: &str) -> PathBuf {
     let p = Path::new(name);
-    if block_engines::nbd::is_nbd_path(p) {
+    if is_nbd_path(p) {
         return p.to_owned();
     }
     if p.is_absolute() {
@@ -73,36 +73,25 @@ pub(crate) fn resolve(overlay: &Path, name: &str) -> PathBuf {
     }
 }
 
-/// What [`find_backing`] found.
-pub(crate) enum BackingFile {
-    /// A raw file or an NBD export, opened.
-    Opened(Backing),
-    /// A qcow2 image for the opener: its options (read-only, the
-    /// overlay's cache mode and locking), its descriptor opened with them,
-    /// and its canonical path (for the chain's cycle check).
-    Qcow2 {
-        opts: DiskOptions,
-        file: File,
-        canon: PathBuf,
-    },
-}
-
-/// Finds and checks the backing image `name` of `overlay`. `chain` holds
-/// the canonical paths of the images above it (cycle and depth check).
+/// Finds and checks the backing image `name` of `overlay` and opens it
+/// with the driver of its format (`fmt`, or probed) from `formats`.
+/// `chain` holds the canonical paths of the images above it (cycle and
+/// depth check).
 pub(crate) fn find_backing(
     overlay: &Path,
     name: &str,
     fmt: Option<&str>,
     opts: &DiskOptions,
-    chain: &[PathBuf],
-) -> Result<BackingFile, BlockError> {
-    if block_engines::nbd::is_nbd_path(Path::new(name)) {
-        let image = crate::formats::nbd_image::open_backing(name, fmt, opts)?;
-        return Ok(BackingFile::Opened(Backing {
+    chain: &mut Vec<PathBuf>,
+    formats: &Formats,
+) -> Result<Backing, BlockError> {
+    if is_nbd_path(Path::new(name)) {
+        let image = crate::formats::nbd_image::open_backing(name, fmt, opts, formats)?;
+        return Ok(Backing {
             image,
             cow_files: Vec::new(),
             layers: 1,
-        }));
+        });
     }
     if name.contains("://") || name.starts_with("json:") {
         return Err(BlockError::Unsupported {
@@ -156,35 +145,31 @@ pub(crate) fn find_backing(
         path: path.clone(),
         source,
     })?;
-    let kind = match fmt {
-        Some("qcow2") => ImageType::Qcow2,
-        Some("raw") => ImageType::Raw,
-        Some(other) => {
-            return Err(BlockError::Unsupported {
+    let driver = match fmt {
+        Some(name) => formats
+            .by_name(name)
+            .ok_or_else(|| BlockError::Unsupported {
                 path: overlay.to_owned(),
-                feature: format!("backing format '{other}'"),
-            })
-        }
+                feature: format!("backing format '{name}'"),
+            })?,
         None => {
-            let mut magic = [0u8; 4];
+            let mut magic = [0u8; PROBE_BYTES];
             super::meta_io::read_at(&buffered, super::meta_io::MetaKind::Header, 0, &mut magic)?;
-            probe_image_type(&magic)
+            formats.probe(&magic)
         }
     };
-    if kind == ImageType::Qcow2 {
-        return Ok(BackingFile::Qcow2 {
-            opts: bopts,
-            file,
-            canon,
-        });
-    }
-    let lock = (bopts.lock)
-        .then(|| crate::lock::lock_image(&file, &path, bopts.lock_mode()))
-        .transpose()?;
-    let img = RawImage::new(&path, Arc::new(file), true, fmt.is_none())?.with_lock(lock);
-    Ok(BackingFile::Opened(Backing {
-        image: Arc::new(img),
-        cow_files: vec![Arc::new(buffered)],
-        layers: 1,
-    }))
+    let opened = (driver.open_backing)(BackingOpen {
+        opts: bopts,
+        file,
+        buffered,
+        probed: fmt.is_none(),
+        canon,
+        chain,
+        formats,
+    })?;
+    Ok(Backing {
+        image: opened.image,
+        cow_files: opened.buffered,
+        layers: opened.layers,
+    })
 }

@@ -9,7 +9,8 @@
 //!   [`crate::formats::tools`]), each a thin front over the types below;
 //! - `opener`: [`open_qcow2`], the checks at open (the dirty-image repair
 //!   runs before the image is built), the data file and the backing
-//!   chain (`backing` finds and checks each backing file);
+//!   chain (`backing` finds and checks each backing file and opens it
+//!   with its format's driver);
 //! - `header` (with `header/bitmaps`), `header_cluster`, `features`: the
 //!   header, its extensions and feature bits, read and rewritten;
 //! - `layout`: the layout arithmetic (L1 and L2 tables per disk, the
@@ -43,7 +44,9 @@
 //!   `zero_expand` and `refcount_layout`), persistent bitmaps
 //!   (`bitmap_store` reads them, `bitmap_write` changes them), `undo`
 //!   (a failed tool operation puts the file back);
-//! - `create`: new images with qemu-img's defaults;
+//! - `driver`: qcow2's entry in the format registry ([`DRIVER`]); `create`
+//!   (new images with qemu-img's defaults, from options checked in
+//!   `new_image`), `measure` (`ch-img measure -O qcow2`);
 //! - `plan_exec`: executing a read plan inline (COW sources, tests).
 //!
 //! Module cycles are found by the workspace's checker (`module-cycles/`).
@@ -69,6 +72,7 @@ pub(crate) mod compressed;
 pub(crate) mod compressed_cache;
 pub(crate) mod cow;
 pub(crate) mod create;
+pub(crate) mod driver;
 pub(crate) mod features;
 pub(crate) mod geometry;
 pub(crate) mod guard;
@@ -78,9 +82,11 @@ pub mod image;
 pub(crate) mod inflight;
 pub(crate) mod l2_entry;
 pub mod layout;
+pub(crate) mod measure;
 pub(crate) mod meta;
 pub mod meta_faults;
 pub mod meta_io;
+pub(crate) mod new_image;
 pub mod opener;
 pub(crate) mod overlap;
 pub(crate) mod plan_builder;
@@ -106,5 +112,6 @@ pub(crate) mod write;
 pub(crate) mod zero;
 pub(crate) mod zero_expand;
 
+pub use driver::DRIVER;
 pub use image::Qcow2Image;
 pub use opener::open_qcow2;

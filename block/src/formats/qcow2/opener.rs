@@ -11,8 +11,9 @@
 //!    and clears the dirty bit) and its header read again, all before
 //!    the image is built; unknown autoclear bits are cleared;
 //! 3. the external data file, then the backing chain (`backing` finds
-//!    and checks each backing file; a qcow2 one is opened here, the same
-//!    way, one level down);
+//!    and checks each backing file and opens it with its format's driver
+//!    from the formats it is given; a qcow2 one comes back here, through
+//!    `driver`, one level down);
 //! 4. the tables (`MetaState`), the image, and for a read-only open of
 //!    an internal snapshot, the snapshot's tables in place of the active
 //!    ones (`snapshot_view`).
@@ -23,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
-use super::backing::{find_backing, resolve, Backing, BackingFile};
+use super::backing::{find_backing, resolve};
 use super::bitmap_directory::bitmaps_of;
 use super::chain::Chain;
 use super::check::check_qcow2;
@@ -37,6 +38,7 @@ use super::snapshot_view::view_snapshot;
 use super::state::State;
 use crate::error::BlockError;
 use crate::formats::check_report::Repair;
+use crate::formats::driver::Formats;
 use crate::formats::{FileId, ImageFiles};
 use crate::options::DiskOptions;
 
@@ -44,8 +46,13 @@ use crate::options::DiskOptions;
 /// shares its page with other clusters.
 const PAGE_SIZE: u64 = 4096;
 
-/// Opens the top image of a chain; `file` was opened with `opts`.
-pub fn open_qcow2(opts: &DiskOptions, file: File) -> Result<Qcow2Image, BlockError> {
+/// Opens the top image of a chain; `file` was opened with `opts`. Its
+/// backing images may have any of `formats`.
+pub fn open_qcow2(
+    opts: &DiskOptions,
+    file: File,
+    formats: &Formats,
+) -> Result<Qcow2Image, BlockError> {
     let canon = opts
         .path
         .canonicalize()
@@ -53,15 +60,16 @@ pub fn open_qcow2(opts: &DiskOptions, file: File) -> Result<Qcow2Image, BlockErr
             path: opts.path.clone(),
             source,
         })?;
-    open_chain(opts, file, &mut vec![canon])
+    open_chain(opts, file, &mut vec![canon], formats)
 }
 
 /// Opens one image of a chain; `chain` holds the canonical paths of the
 /// images above it and this one (cycle and depth check).
-fn open_chain(
+pub(crate) fn open_chain(
     opts: &DiskOptions,
     file: File,
     chain: &mut Vec<PathBuf>,
+    formats: &Formats,
 ) -> Result<Qcow2Image, BlockError> {
     let path = opts.path.clone();
     let lock = (opts.lock)
@@ -134,12 +142,13 @@ fn open_chain(
     }
     let backing_base = files.len() as u16;
     let backing = match header.backing_file.clone() {
-        Some(name) if !opts.no_backing => Some(open_backing(
+        Some(name) if !opts.no_backing => Some(find_backing(
             &path,
             &name,
             header.backing_format.as_deref(),
             opts,
             chain,
+            formats,
         )?),
         _ => None,
     };
@@ -193,30 +202,6 @@ fn open_chain(
         _data_file_lock: data_file_lock,
         backing_unopened,
     })
-}
-
-/// Opens the backing image `name` of `overlay` (found and checked by
-/// `backing`; a qcow2 one is opened here, one level down the chain).
-fn open_backing(
-    overlay: &Path,
-    name: &str,
-    fmt: Option<&str>,
-    opts: &DiskOptions,
-    chain: &mut Vec<PathBuf>,
-) -> Result<Backing, BlockError> {
-    match find_backing(overlay, name, fmt, opts, chain)? {
-        BackingFile::Opened(b) => Ok(b),
-        BackingFile::Qcow2 { opts, file, canon } => {
-            chain.push(canon);
-            let img = open_chain(&opts, file, chain)?;
-            chain.pop();
-            Ok(Backing {
-                layers: 1 + img.chain.backing_layers(),
-                cow_files: img.chain.cow_files.to_vec(),
-                image: Arc::new(img),
-            })
-        }
-    }
 }
 
 /// Read-write opens refuse images whose metadata cannot be trusted.

@@ -266,7 +266,9 @@ mod tests {
             .unwrap();
         (
             path,
-            Arc::new(crate::formats::qcow2::open_qcow2(&opts, file).unwrap()),
+            Arc::new(
+                crate::formats::qcow2::open_qcow2(&opts, file, &crate::formats::FORMATS).unwrap(),
+            ),
         )
     }
 

@@ -410,7 +410,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("fuse-devq-{}", std::process::id()));
         std::fs::write(&path, vec![7u8; 8192]).unwrap();
         let mut options = block::DiskOptions::new(&path);
-        options.image_type = block::ImageType::Raw;
+        options.image_type = block::ImageType::RAW;
         let image = block::ExclusiveImage::open(&options).unwrap();
         let state = Arc::new(ExportState::new(&image, false, false, false));
         let mut fds = [0; 2];

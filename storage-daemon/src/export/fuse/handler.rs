@@ -86,7 +86,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("fuse-dispatch-{}", std::process::id()));
         std::fs::File::create(&path).unwrap().set_len(4096).unwrap();
         let mut options = block::DiskOptions::new(&path);
-        options.image_type = block::ImageType::Raw;
+        options.image_type = block::ImageType::RAW;
         let image = block::ExclusiveImage::open(&options).unwrap();
         let state = Arc::new(ExportState::new(&image, false, false, false));
         let answer = |op: u32| {

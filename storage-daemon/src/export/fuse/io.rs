@@ -228,7 +228,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("fuse-io-{name}-{}", std::process::id()));
         std::fs::File::create(&path).unwrap().set_len(size).unwrap();
         let mut options = DiskOptions::new(&path);
-        options.image_type = block::ImageType::Raw;
+        options.image_type = block::ImageType::RAW;
         let image = ExclusiveImage::open(&options).unwrap();
         (
             Arc::new(ExportState::new(&image, writable, growable, false)),

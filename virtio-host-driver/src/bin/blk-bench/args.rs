@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use block::formats::FORMATS;
 use block::{EngineKind, ImageType};
 
 pub const USAGE: &str = "\
@@ -160,8 +161,8 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
             "-h" | "--help" => return Ok(None),
             "--image" => image = Some(PathBuf::from(value(name, inline, &mut it)?)),
             "--format" => {
-                o.format = value(name, inline, &mut it)?
-                    .parse()
+                o.format = FORMATS
+                    .parse_image_type(value(name, inline, &mut it)?)
                     .map_err(|e| format!("--format: {e}"))?
             }
             "--engine" => {

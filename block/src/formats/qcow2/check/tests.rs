@@ -17,13 +17,13 @@ fn image(dir: &TempDir) -> PathBuf {
     let path = dir.join("img.qcow2");
     create_image(&CreateOptions {
         path: path.clone(),
-        format: ImageType::Qcow2,
+        format: ImageType::Format("qcow2"),
         size: 4 << 20,
         ..Default::default()
     })
     .unwrap();
     let mut opts = DiskOptions::new(&path);
-    opts.image_type = ImageType::Qcow2;
+    opts.image_type = ImageType::Format("qcow2");
     let disk = Disk::open(&opts).unwrap();
     disk.write_at(0, &[0x11; 4096]).unwrap();
     disk.write_at(1 << 20, &[0x22; 4096]).unwrap();

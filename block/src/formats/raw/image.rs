@@ -1,25 +1,26 @@
-//! Raw images: the virtual disk is the file, byte for byte.
+//! [`RawImage`]: an opened raw image, whose virtual disk is its file,
+//! byte for byte.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::amendment::{AmendProgress, Amendment};
-use super::dirty_bits::{BitmapAction, DirtyBits};
-use super::identity::IdentityMap;
-use super::lacking::Lacking;
-use super::tools::{
+use crate::error::BlockError;
+use crate::formats::amendment::{AmendProgress, Amendment};
+use crate::formats::dirty_bits::{BitmapAction, DirtyBits};
+use crate::formats::identity::IdentityMap;
+use crate::formats::lacking::Lacking;
+use crate::formats::tools::{
     Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps, Resizable, Snapshots,
 };
-use super::{
+use crate::formats::{
     BlockStatus, Compression, FileId, Format, ImageFiles, ImageInfo, ReadPlan, Waker, WriteCommit,
     WriteOutcome,
 };
-use crate::error::BlockError;
 use crate::lock::ImageLock;
 
-pub use super::holes::file_size;
+use crate::formats::holes::file_size;
 
 const IMAGE: FileId = FileId(0);
 
@@ -127,8 +128,8 @@ impl Format for RawImage {
     fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
         self.map.check_range(self.size(), offset, len)?;
         // Holes of the file read as zeroes; qemu-img map reports them so.
-        let (hole, until) =
-            super::holes::extent_at(&self.files.local()[0], offset).unwrap_or((false, u64::MAX));
+        let (hole, until) = crate::formats::holes::extent_at(&self.files.local()[0], offset)
+            .unwrap_or((false, u64::MAX));
         Ok(BlockStatus {
             len: len.min(until - offset),
             depth: 0,
