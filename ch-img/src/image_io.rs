@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use block::aligned::AlignedBuf;
 use block::create::FileIdentity;
+use block::formats::format::status_within;
 use block::formats::{BlockStatus, Format, ImageTools};
 
 use crate::error::CliError;
@@ -218,25 +219,10 @@ impl ImageIo {
     /// The block status of the extent starting at `pos`, cut at `end`. A
     /// zero-length answer is an error: a walk over extents would not move.
     pub fn extent_at(&self, pos: u64, end: u64) -> Result<BlockStatus, CliError> {
-        let mut status = self
-            .format()
-            .block_status(pos, end - pos)
-            .map_err(|source| CliError::BlockStatus {
-                offset: pos,
-                source,
-            })?;
-        if status.len == 0 {
-            return Err(CliError::BlockStatus {
-                offset: pos,
-                source: BlockError::OutOfRange {
-                    offset: pos,
-                    len: 0,
-                    size: end,
-                },
-            });
-        }
-        status.len = status.len.min(end - pos);
-        Ok(status)
+        status_within(self.format().as_ref(), pos, end).map_err(|source| CliError::BlockStatus {
+            offset: pos,
+            source,
+        })
     }
 
     /// Makes `offset..offset+len` read as zeroes (a qcow2 v3 image keeps a

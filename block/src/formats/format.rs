@@ -32,6 +32,22 @@ pub struct BlockStatus {
     pub file: Option<FileId>,
 }
 
+/// The [`Format::block_status`] of the extent at `pos`, cut at `end`
+/// (at most `end`): one step of a walk over `pos..end`. An extent of no
+/// bytes is an error, so such a walk always ends.
+pub fn status_within(format: &dyn Format, pos: u64, end: u64) -> Result<BlockStatus, BlockError> {
+    let mut status = format.block_status(pos, end - pos)?;
+    if status.len == 0 {
+        return Err(BlockError::OutOfRange {
+            offset: pos,
+            len: 0,
+            size: end,
+        });
+    }
+    status.len = status.len.min(end - pos);
+    Ok(status)
+}
+
 /// Facts `ch-img info` prints.
 #[derive(Clone, Debug, Default)]
 pub struct ImageInfo {

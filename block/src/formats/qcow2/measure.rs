@@ -9,7 +9,7 @@
 
 use super::layout::{bitmaps_size, Geometry};
 use crate::formats::create_options::CreateOptions;
-use crate::formats::format::{Format, ImageInfo};
+use crate::formats::format::{status_within, Format, ImageInfo};
 use crate::formats::measure::{Measure, MeasureError, Measurement};
 use crate::prealloc::Preallocation;
 
@@ -140,23 +140,11 @@ fn data_clusters_bytes(image: &dyn Format, cluster_size: u64) -> Result<u64, Mea
     let mut pos = 0;
     while pos < size {
         let status =
-            image
-                .block_status(pos, size - pos)
-                .map_err(|source| MeasureError::BlockStatus {
-                    offset: pos,
-                    source,
-                })?;
-        if status.len == 0 {
-            return Err(MeasureError::BlockStatus {
+            status_within(image, pos, size).map_err(|source| MeasureError::BlockStatus {
                 offset: pos,
-                source: crate::error::BlockError::OutOfRange {
-                    offset: pos,
-                    len: 0,
-                    size,
-                },
-            });
-        }
-        let end = pos + status.len.min(size - pos);
+                source,
+            })?;
+        let end = pos + status.len;
         if status.zero || !(status.data && status.present) {
             pos = end;
             continue;
