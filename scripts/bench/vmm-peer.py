@@ -104,16 +104,21 @@ def cpu_split(a, b):
     """CPU seconds between samples a and b by thread kind; 'exited' is
     what the whole process used beyond its live threads."""
     out = {"vcpu": 0, "worker": 0, "io-wq": 0, "other": 0}
+    by_name = {}
     live = 0
     for tid, (comm, ticks) in b["threads"].items():
         before = a["threads"].get(tid, (comm, 0))[1]
         out[thread_kind(comm)] += ticks - before
+        name = re.sub(r"\d+", "N", comm)
+        by_name[name] = by_name.get(name, 0) + ticks - before
         live += ticks - before
     whole = b["whole"] - a["whole"]
     out["exited"] = max(whole - live, 0)
     out["other"] += out["exited"]
     out["whole"] = whole
-    return {k: v / CLK_TCK for k, v in out.items()}
+    split = {k: v / CLK_TCK for k, v in out.items()}
+    split["by_name"] = {k: v / CLK_TCK for k, v in sorted(by_name.items())}
+    return split
 
 
 def make_images(work, size, formats):
@@ -174,13 +179,14 @@ def parse_load(text):
                          r"interrupts=(\d+)$", text, re.M):
         queues.append({"disk": int(m[1]), "queue": int(m[2]), "requests": int(m[3]),
                        "kicks": int(m[4]), "interrupts": int(m[5])})
-    m = re.search(r"^LOAD done requests=(\d+) elapsed_ms=(\d+) iops=(\d+)$", text, re.M)
+    m = re.search(r"^LOAD done requests=(\d+) elapsed_us=(\d+) clock=(\w+) iops=(\d+)$",
+                  text, re.M)
     if not m or not queues:
         raise RuntimeError(f"no LOAD lines:\n{text[-3000:]}")
-    total, ms = int(m[1]), int(m[2])
+    total, us, clock = int(m[1]), int(m[2]), m[3]
     if total != sum(q["requests"] for q in queues):
         raise RuntimeError("LOAD done does not add up the per-queue lines")
-    return queues, total, ms
+    return queues, total, us / 1000, clock
 
 
 def run_one(vmm, image_fmt, image, args, guest, work):
@@ -216,12 +222,13 @@ def run_one(vmm, image_fmt, image, args, guest, work):
     finally:
         stop(proc)
         err.close()
-    queues, total, ms = parse_load(text)
+    queues, total, ms, clock = parse_load(text)
     cpu = cpu_split(a, b)
     busy = (b["system"][0] - a["system"][0]) / CLK_TCK
     window = b["t"] - a["t"]
     return {
         "vmm": vmm["name"], "image": image_fmt, "requests": total, "guest_ms": ms,
+        "guest_clock": clock,
         "host_ms": (t_done - t_start) * 1000, "queues": queues, "cpu_s": cpu,
         "window_s": window,
         # CPUs the rest of the host kept busy during the window.
