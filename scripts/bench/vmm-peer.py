@@ -137,6 +137,12 @@ def make_images(work, size, formats):
         subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, q],
                        check=True)
         images["qcow2"] = q
+    # Written back before the first run, so no run shares the disk with
+    # the images' own writeback.
+    for path in images.values():
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
     return images
 
 
