@@ -72,8 +72,13 @@ pub(super) struct Accounting {
     deferred: Vec<u32>,
 }
 
+// The per-request methods are marked inline, for the reason `table.rs`
+// gives for the table's: the coordinator that calls them may be compiled
+// in another codegen unit (which one depends on the module tree), and an
+// out-of-line call moves an `InFlight` and adds calls on every request.
 impl Accounting {
     /// Takes ownership of a request whose ops are about to be pushed.
+    #[inline]
     pub fn insert(&mut self, entry: InFlight) -> u32 {
         self.table.insert(entry)
     }
@@ -118,6 +123,7 @@ impl Accounting {
     }
 
     /// Accounts one reaped op result (see the module docs).
+    #[inline]
     pub fn result_of(&mut self, c: EngineCompletion, zero_page: &Arc<AlignedBuf>) -> Next {
         let (slot, i) = split_token(c.token);
         let i = i as usize;
@@ -185,6 +191,7 @@ impl Accounting {
     /// Marks op `i` of `slot` finished (with `err` if it failed) and runs
     /// its post-read work. A compressed leader's bytes go to `compressed`
     /// and the op stays pending until [`Accounting::account_inflated`].
+    #[inline]
     pub fn finish_op(
         &mut self,
         slot: u32,
@@ -320,6 +327,7 @@ impl Accounting {
     /// Completes the request in `slot` if none of its ops is pending (a
     /// commit that frees clusters first waits for older writes, see
     /// `barrier`: the slot is deferred and retried on every drain).
+    #[inline]
     pub fn finish_if_done(&mut self, slot: u32, end: RequestEnd<'_>) {
         let writes = &end.shared.writes;
         match self.table.get_mut(slot) {
@@ -427,6 +435,7 @@ fn op_error(op: &OpSlot, source: io::Error) -> BlockError {
 }
 
 /// Post-read work of op `i`: copy out of its bounce buffer.
+#[inline]
 fn after_read(entry: &mut InFlight, i: usize) -> Result<(), BlockError> {
     let Some(op) = entry.ops.get(i) else {
         return Ok(());
