@@ -4,7 +4,7 @@
 //! A queue whose compressed read has completed hands the pool an
 //! [`InflateJob`]: the compressed bytes (an owned buffer the kernel no
 //! longer uses), where they sit in it, and the queue's [`InflateReplies`].
-//! A worker inflates them (`io::inflate::inflate`), appends an
+//! A worker inflates them (`executor::inflate::inflate`), appends an
 //! [`InflateDone`] to the replies and signals the queue's completion
 //! eventfd, so the result flows through the queue's one completion path:
 //! the queue's next drain copies the piece into the request's memory.

@@ -6,7 +6,7 @@
 //! prints the same reason and an API can tell the asker's mistake from a
 //! failure ([`BlockError::is_callers_mistake`]).
 //!
-//! `raw.rs` and `nbd/image.rs` call these from their capability traits
+//! `raw/image.rs` and `nbd_image.rs` call these from their capability traits
 //! ([`super::tools`]); nothing here changes an image.
 
 use super::dirty_bits::BitmapAction;
