@@ -17,6 +17,8 @@
  *                 "WAIT unplug", polls PCID for that slot, resets the
  *                 device, writes the slot's bit to B0EJ (as the slot's
  *                 _EJ0 does) and waits until the slot reads empty.
+ *   load=SECONDS  the load mode (load.c) on every disk found at boot; its
+ *                 requests are counted in the COUNT lines.
  *   counts        prints one COUNT line per disk with what the guest asked
  *                 of it (blk_counts), for comparison with vm.counters.
  *   wait_power_button  prints "WAIT power-button", polls the Generic
@@ -31,6 +33,7 @@
 #include "api_checks.h"
 #include "blk_test.h"
 #include "irq.h"
+#include "load.h"
 
 #define SECTOR 512u
 #define ROUND_BASE (8UL << 20)
@@ -222,6 +225,8 @@ void api_checks_run(const struct boot_options *opt, struct vdev *disks, int *nd,
 		wait_resize(&disks[0]);
 	if (opt->io_rounds)
 		io_rounds(&disks[0], opt->io_rounds);
+	if (opt->load_seconds)
+		load_run(opt, disks, *nd);
 	if (opt->wait_hotplug)
 		wait_hotplug(opt, disks, nd, max);
 	if (opt->counts) {

@@ -43,6 +43,28 @@ static int word_is(const char *s, usize n, const char *w)
 	return strlen(w) == n && memcmp(s, w, n) == 0;
 }
 
+/* The decimal number s[0, n), with an optional k or m suffix (x1024,
+ * x1048576) when `suffixes`; 0 when it is not one (or is over 2^31). */
+static u64 parse_size(const char *s, usize n, int suffixes)
+{
+	u64 mult = 1;
+	if (suffixes && n > 1 && (s[n - 1] == 'k' || s[n - 1] == 'K')) {
+		mult = 1024;
+		n--;
+	} else if (suffixes && n > 1 && (s[n - 1] == 'm' || s[n - 1] == 'M')) {
+		mult = 1024 * 1024;
+		n--;
+	}
+	u64 v = 0;
+	for (usize k = 0; k < n; k++) {
+		if (s[k] < '0' || s[k] > '9' || v > (1UL << 31))
+			return 0;
+		v = v * 10 + (u64)(s[k] - '0');
+	}
+	v *= mult;
+	return v > (1UL << 31) ? 0 : v;
+}
+
 /* Parses the guest's own options (space-separated words); other words are
  * ignored, bad values of our options fail the run. */
 static void parse_cmdline(const char *s, usize len, struct boot_options *opt)
@@ -62,7 +84,6 @@ static void parse_cmdline(const char *s, usize len, struct boot_options *opt)
 			opt->expect_disks = (w[6] - '0') * (n == 8 ? 10 : 1) + (n == 8 ? w[7] - '0' : 0);
 		} else if (word_is(w, n, "event_idx=on")) {
 			opt->event_idx = 1;
-	opt->indirect = 1;
 		} else if (word_is(w, n, "event_idx=off")) {
 			opt->event_idx = 0;
 		} else if (n > 10 && memcmp(w, "event_idx=", 10) == 0) {
@@ -101,6 +122,34 @@ static void parse_cmdline(const char *s, usize len, struct boot_options *opt)
 				v = v * 10 + (w[k] - '0');
 			}
 			opt->io_rounds = v;
+		} else if (n > 5 && memcmp(w, "load=", 5) == 0) {
+			u64 v = parse_size(w + 5, n - 5, 0);
+			if (v < 1 || v > LOAD_MAX_SECONDS)
+				fail("bad guest option on cmdline (want load=SECONDS, 1..%d)",
+				     LOAD_MAX_SECONDS);
+			opt->load_seconds = (int)v;
+		} else if (n > 6 && memcmp(w, "depth=", 6) == 0) {
+			u64 v = parse_size(w + 6, n - 6, 0);
+			if (v < 1 || v > LOAD_MAX_DEPTH)
+				fail("bad guest option on cmdline (want depth=N, 1..%d)", LOAD_MAX_DEPTH);
+			opt->load_depth = (int)v;
+		} else if (n > 3 && memcmp(w, "bs=", 3) == 0) {
+			u64 v = parse_size(w + 3, n - 3, 1);
+			if (v < 512 || v > LOAD_MAX_BS || v % 512)
+				fail("bad guest option on cmdline (want bs=BYTES, a multiple of 512 up to "
+				     "1m; k and m suffixes)");
+			opt->load_bs = (u32)v;
+		} else if (n > 3 && memcmp(w, "rw=", 3) == 0) {
+			if (word_is(w, n, "rw=randread"))
+				opt->load_rw = LOAD_RANDREAD;
+			else if (word_is(w, n, "rw=randwrite"))
+				opt->load_rw = LOAD_RANDWRITE;
+			else if (word_is(w, n, "rw=read"))
+				opt->load_rw = LOAD_READ;
+			else if (word_is(w, n, "rw=write"))
+				opt->load_rw = LOAD_WRITE;
+			else
+				fail("bad guest option on cmdline (want rw=randread|randwrite|read|write)");
 		}
 		i = j;
 	}
@@ -158,6 +207,10 @@ void bootinfo_read(u64 start_info_paddr, struct boot_options *opt)
 	opt->wait_resize = opt->wait_hotplug = opt->io_rounds = opt->counts = opt->park = 0;
 	opt->wait_power_button = 0;
 	opt->end = END_POWEROFF;
+	opt->load_seconds = 0;
+	opt->load_depth = 1;
+	opt->load_bs = 4096;
+	opt->load_rw = LOAD_RANDREAD;
 	if (start_info_paddr == 0 || start_info_paddr >= MAPPED_LIMIT - sizeof(struct hvm_start_info))
 		fail("bad start_info address 0x%lx in %%ebx", start_info_paddr);
 	const struct hvm_start_info *si = (const struct hvm_start_info *)start_info_paddr;

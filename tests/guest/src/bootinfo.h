@@ -27,7 +27,20 @@ struct boot_options {
 	int park;
 	/* end=poweroff|acpi-reset|i8042|triple (machine_end.c). */
 	enum end_mode end;
+	/* Load mode (load.c): load=SECONDS (0: off), depth=N requests in
+	 * flight per queue, bs=BYTES per request, rw=one of enum load_rw. */
+	int load_seconds;
+	int load_depth;
+	u32 load_bs;
+	int load_rw;
 };
+
+enum load_rw { LOAD_RANDREAD, LOAD_RANDWRITE, LOAD_READ, LOAD_WRITE };
+/* Limits of the load options (the ring and the buffer bound them further,
+ * checked in load.c). */
+#define LOAD_MAX_SECONDS 3600
+#define LOAD_MAX_DEPTH 128
+#define LOAD_MAX_BS (1024u * 1024)
 
 /* Validates start_info (fails the run when it is bad), prints the command
  * line and memory map, fills opt. */

@@ -143,6 +143,17 @@ struct vchain {
 void virtq_start(struct vdev *d, int q, const struct vchain *chains, int n);
 void virtq_finish(struct vdev *d, int q, u32 *used_len);
 
+/* Makes the ring entries added since avail index old_idx visible (one
+ * index store) and notifies the queue unless EVENT_IDX says the device
+ * does not need it; returns whether it notified. */
+int virtq_publish(struct vdev *d, int q, u16 old_idx);
+/* Before sleeping with interrupts off: with EVENT_IDX asks for an
+ * interrupt at the next completion (used_event = last_used; without it the
+ * device interrupts on every used-ring update anyway); returns 1 when a
+ * completion is already waiting, so the caller must look again instead of
+ * sleeping. */
+int virtq_arm_interrupt(struct vdev *d, int q);
+
 /* Puts n chains (n <= VQ_MAX_BATCH) on queue q with one notification,
  * waits until all completed (any order) with at least one interrupt, and
  * stores each chain's used length in used_len[i] (may be NULL). */

@@ -135,14 +135,32 @@ void virtq_start(struct vdev *d, int q, const struct vchain *chains, int n)
 	 * that polls its avail ring may complete it, and interrupt, before
 	 * the kick below. */
 	vq->irqs_before = irq_count[vq->cpu_vector];
+	virtq_publish(d, q, old_idx);
+}
+
+int virtq_publish(struct vdev *d, int q, u16 old_idx)
+{
+	struct virtq *vq = &d->vq[q];
 	barrier(); /* descriptors and ring entries before the index */
 	vq->avail->idx = vq->avail_idx;
 	mb(); /* the index before reading avail_event */
 
-	if (!vdev_has(d, VIRTIO_F_RING_EVENT_IDX) || need_kick(vq, old_idx, vq->avail_idx))
+	if (!vdev_has(d, VIRTIO_F_RING_EVENT_IDX) || need_kick(vq, old_idx, vq->avail_idx)) {
 		mmio_write16(vq->notify_addr, vq->index);
-	else
-		vq->kicks_suppressed++;
+		return 1;
+	}
+	vq->kicks_suppressed++;
+	return 0;
+}
+
+int virtq_arm_interrupt(struct vdev *d, int q)
+{
+	struct virtq *vq = &d->vq[q];
+	if (vdev_has(d, VIRTIO_F_RING_EVENT_IDX)) {
+		*used_event(vq) = vq->last_used;
+		mb();
+	}
+	return *(volatile u16 *)&vq->used->idx != vq->last_used;
 }
 
 void virtq_finish(struct vdev *d, int q, u32 *used_len)
