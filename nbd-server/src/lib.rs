@@ -30,22 +30,14 @@
 //!
 //! # Threads and system calls
 //!
-//! [`NbdServer::start`] runs on the caller's thread: `socket`, `bind`,
-//! `listen`, `setsockopt` (TCP), `getsockname`, `newfstatat`/`statx` (a
-//! Unix socket path must not exist yet), `eventfd2`, `fcntl`/`ioctl`
-//! (non-blocking), and `clone3`/`clone` with `mmap`, `mprotect`,
-//! `munmap`, `rt_sigprocmask` for the accept thread. Threads it starts
-//! inherit the caller's seccomp filter. The accept thread needs `poll`
-//! (`ppoll`), `accept4`, `setsockopt` (`TCP_NODELAY`), `read`/`write`
-//! (eventfds), `shutdown`, `close`, `futex` and the thread calls above
-//! for connection threads; a connection thread `recvfrom`, `sendto`,
-//! `sendmsg`, `read`/`write` (handshake), `setsockopt` (timeouts),
-//! `ioctl` (`FIONBIO`), `getpeername` (TCP, for its log name), `poll`,
-//! `shutdown`, `close`, plus what its source's queue needs (for a
-//! [`DiskSource`], the block crate's engine). A TCP host name (not an
-//! address) is resolved through the C library, which reads files and
-//! may open sockets of its own; a numeric address is not resolved.
-//! docs/nbd.md lists the calls as measured with `strace`.
+//! [`NbdServer::start`] and [`NbdServer::stop`] run on the caller's
+//! thread (binding, listening, starting the accept thread; joining it and
+//! removing a Unix socket file); the accept thread and one thread per
+//! client inherit the caller's seccomp filter. docs/nbd.md ("The server
+//! as a library") lists the calls each of them makes, as `strace`
+//! recorded them. A TCP host name (not an address) is resolved through
+//! the C library, which reads files and may open sockets of its own; a
+//! numeric address is not resolved.
 
 mod addr;
 mod answers;
