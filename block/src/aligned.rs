@@ -8,6 +8,11 @@
 //! Length rule: a buffer is exactly as long as asked ([`AlignedBuf::len`]
 //! is the `len` given to [`AlignedBuf::new`]), never rounded up. Callers
 //! that need whole O_DIRECT blocks ask for a multiple of the block size.
+//!
+//! A window ([`AlignedBuf::set_window`]) shows only part of the buffer:
+//! `len`, the slices and `as_ptr` (so the I/O of a request that owns the
+//! buffer) cover just that part, until [`AlignedBuf::full_window`]. A
+//! tool writes a part of a buffer it read so, without copying it out.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
@@ -15,8 +20,13 @@ use std::ptr::NonNull;
 /// `len` zero-initialised bytes at an address that is a multiple of the
 /// requested alignment.
 pub struct AlignedBuf {
+    /// The allocation's first byte.
     ptr: NonNull<u8>,
+    /// The window: `start..start + len` of the allocation.
+    start: usize,
     len: usize,
+    /// The `len` asked for at allocation.
+    capacity: usize,
     /// What was allocated: at least one byte, so never a zero-size layout.
     layout: Layout,
 }
@@ -33,11 +43,47 @@ impl AlignedBuf {
         let layout = Layout::from_size_align(len.max(1), align).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
-        Some(AlignedBuf { ptr, len, layout })
+        Some(AlignedBuf {
+            ptr,
+            start: 0,
+            len,
+            capacity: len,
+            layout,
+        })
     }
 
+    /// The bytes the window shows (all of them unless narrowed).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The bytes allocated (the `len` asked for).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Shows only `range` of the allocation; false (and no change) when
+    /// it does not lie inside it.
+    pub fn set_window(&mut self, range: std::ops::Range<usize>) -> bool {
+        if range.start > range.end || range.end > self.capacity {
+            return false;
+        }
+        self.start = range.start;
+        self.len = range.end - range.start;
+        true
+    }
+
+    /// Shows the whole allocation again.
+    pub fn full_window(&mut self) {
+        self.start = 0;
+        self.len = self.capacity;
+    }
+
+    /// The window's first byte.
+    fn window_ptr(&self) -> *mut u8 {
+        // `start <= capacity` (set_window), inside or one past the
+        // allocation.
+        self.ptr.as_ptr().wrapping_add(self.start)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -48,18 +94,19 @@ impl AlignedBuf {
     /// through it is only sound while nothing else borrows the buffer
     /// (the executor's ops own theirs until they are reaped).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.window_ptr()
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` points to at least `len` initialised bytes owned by
-        // `self`, borrowed immutably for the returned lifetime.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        // SAFETY: the window `start..start + len` lies inside the
+        // allocation's `capacity` initialised bytes owned by `self`,
+        // borrowed immutably for the returned lifetime.
+        unsafe { std::slice::from_raw_parts(self.window_ptr(), self.len) }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, borrowed mutably through `&mut self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.window_ptr(), self.len) }
     }
 }
 
@@ -94,6 +141,20 @@ mod tests {
             assert!(b.as_slice().iter().all(|&x| x == 7));
         }
         assert!(AlignedBuf::new(16, 3).is_none());
+    }
+
+    #[test]
+    fn a_window_shows_part_of_the_buffer() {
+        let mut b = AlignedBuf::new(8192, 4096).unwrap();
+        b.as_mut_slice()[4096] = 9;
+        assert!(b.set_window(4096..6000));
+        assert_eq!((b.len(), b.capacity()), (1904, 8192));
+        assert_eq!(b.as_slice()[0], 9);
+        assert_eq!(b.as_ptr() as usize % 4096, 0);
+        assert!(!b.set_window(4096..8193), "past the allocation");
+        assert_eq!(b.len(), 1904, "a refused window changes nothing");
+        b.full_window();
+        assert_eq!((b.len(), b.as_slice()[4096]), (8192, 9));
     }
 
     #[test]

@@ -38,9 +38,16 @@ pub struct ImageIo {
 }
 
 impl ImageIo {
-    /// Opens the image; `opts.direct` must already say what `cache` asks.
+    /// Opens the image in cache mode `cache`, which the block crate sees
+    /// too (`opts.cache`, `opts.direct`): O_DIRECT, and with `unsafe` no
+    /// fdatasync anywhere, the format's ordering barriers included (an
+    /// image opened with the default mode would sync the whole page
+    /// cache at each new L2 table of a `-t unsafe` convert).
     pub fn open(opts: &DiskOptions, cache: CacheMode) -> Result<Self, BlockError> {
-        let image = ExclusiveImage::open(opts)?;
+        let mut opts = opts.clone();
+        opts.cache = cache;
+        opts.direct = cache.direct();
+        let image = ExclusiveImage::open(&opts)?;
         let queue = RefCell::new(image.disk().queue_with_engine(EngineKind::Sync)?);
         Ok(ImageIo {
             image,
@@ -117,6 +124,29 @@ impl ImageIo {
         }
     }
 
+    /// Reads `buf.len()` bytes at `offset` into the aligned buffer's
+    /// window and returns the buffer: no copy, and an O_DIRECT image
+    /// reads straight into it.
+    pub fn read_into(&self, offset: u64, buf: AlignedBuf) -> Result<AlignedBuf, BlockError> {
+        let len = buf.len();
+        match self.run(RequestOp::Read, offset, IoMemory::Aligned(buf))? {
+            IoMemory::Aligned(buf) if buf.len() == len => Ok(buf),
+            _ => Err(BlockError::LostCompletion),
+        }
+    }
+
+    /// Writes the aligned buffer's window at `offset` (no copy, in any
+    /// cache mode) and returns the buffer; durable on return in
+    /// writethrough and directsync modes.
+    pub fn write_from(&self, offset: u64, buf: AlignedBuf) -> Result<AlignedBuf, BlockError> {
+        let memory = self.run(RequestOp::Write, offset, IoMemory::Aligned(buf))?;
+        self.write_done()?;
+        match memory {
+            IoMemory::Aligned(buf) => Ok(buf),
+            _ => Err(BlockError::LostCompletion),
+        }
+    }
+
     /// Writes `data` at `offset` (allocating as the format needs).
     /// In writethrough and directsync modes the data is durable on return.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), BlockError> {
@@ -129,19 +159,6 @@ impl ImageIo {
         };
         self.run(RequestOp::Write, offset, memory)?;
         self.write_done()
-    }
-
-    /// [`ImageIo::write_at`] of a buffer the caller gives up: a buffered
-    /// write takes it without a copy. Returns the buffer when the request
-    /// hands it back (for reuse).
-    pub fn write_owned(&self, offset: u64, data: Vec<u8>) -> Result<Option<Vec<u8>>, BlockError> {
-        if self.cache.direct() {
-            self.write_at(offset, &data)?;
-            return Ok(Some(data));
-        }
-        let memory = self.run(RequestOp::Write, offset, IoMemory::Owned(data))?;
-        self.write_done()?;
-        Ok(memory.into_owned())
     }
 
     /// Writes one cluster at `offset` that `packed` holds compressed with
