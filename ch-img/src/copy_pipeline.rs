@@ -338,11 +338,13 @@ fn write_all(
 }
 
 /// Writes each chunk's pieces in order from the chunk's buffer and gives
-/// the buffer back to the pool. Data goes through `behind` (completes in
-/// the background) when the cache mode allows: a chunk with one data
-/// piece lends it its buffer, one with several has them copied (they
-/// share the buffer); else each piece is written synchronously from the
-/// buffer, narrowed to the piece.
+/// the buffer back to the pool. A chunk that is one data piece goes
+/// through `behind` (completes in the background) when the cache mode
+/// allows: the chunk lends it its buffer. Otherwise each piece is written
+/// synchronously, data from the buffer narrowed to the piece; with
+/// `behind`, after the writes in flight are done (a write that shares a
+/// cluster with an allocation still in flight would wait for it to be
+/// published, which only this thread does; chunks never share clusters).
 struct ChunkWriter<'a> {
     job: &'a Job<'a>,
     behind: Option<WriteBehind>,
@@ -355,16 +357,15 @@ impl ChunkWriter<'_> {
         for lost in c.lost {
             self.lost.add(lost);
         }
-        let data_pieces = c
-            .pieces
-            .iter()
-            .filter(|p| matches!(p, Piece::Data { .. }))
-            .count();
+        let lone_data = matches!(c.pieces[..], [Piece::Data { .. }]);
+        if !lone_data && !c.pieces.is_empty() {
+            self.finish_behind()?;
+        }
         let mut buf = c.buf;
         for piece in c.pieces {
             match piece {
                 Piece::Data { offset, range } => {
-                    buf = self.write_data(offset, range, buf, data_pieces == 1)?;
+                    buf = self.write_data(offset, range, buf, lone_data)?;
                 }
                 Piece::Packed { offset, bytes } => {
                     let r = self.job.output.write_packed(offset, &bytes);
@@ -384,8 +385,8 @@ impl ChunkWriter<'_> {
     }
 
     /// Writes `range` of the chunk's buffer at `offset`; the buffer comes
-    /// back unless the write-behind queue took it (`only`: the chunk's
-    /// one data piece).
+    /// back unless the write-behind queue took it (`only`: the chunk is
+    /// this one data piece, and there is a queue).
     fn write_data(
         &mut self,
         offset: u64,
@@ -408,13 +409,7 @@ impl ChunkWriter<'_> {
                     .map_err(|(at, source)| self.error(at, source))?;
                 Ok(None)
             }
-            Some(behind) => {
-                let r = behind.write(offset, buf.as_slice());
-                r.map_err(|(at, source)| self.error(at, source))?;
-                buf.full_window();
-                Ok(Some(buf))
-            }
-            None => {
+            _ => {
                 let r = self.job.output.write_from(offset, buf);
                 let mut buf = r.map_err(|source| self.error(offset, source))?;
                 buf.full_window();
@@ -432,13 +427,19 @@ impl ChunkWriter<'_> {
         }
     }
 
+    /// Waits for the write-behind queue's writes in flight.
+    fn finish_behind(&mut self) -> Result<(), CliError> {
+        if let Some(b) = &mut self.behind {
+            b.finish().map_err(|(at, source)| self.error(at, source))?;
+        }
+        self.give_back_written();
+        Ok(())
+    }
+
     /// Waits for the writes still in flight; reports the last lost range.
     fn finish(&mut self) -> Result<(), CliError> {
         self.lost.flush();
-        match &mut self.behind {
-            Some(b) => b.finish().map_err(|(at, source)| self.error(at, source)),
-            None => Ok(()),
-        }
+        self.finish_behind()
     }
 
     fn error(&self, offset: u64, source: BlockError) -> CliError {

@@ -4,11 +4,10 @@
 //! none`) sees several large writes queued instead of one synchronous
 //! write at a time.
 //!
-//! Writes enter through [`WriteBehind::submit`] (an aligned buffer of the
-//! copy's pool, whose window is the data: no copy) or
-//! [`WriteBehind::write`] (bytes copied into a buffer of its own): each
-//! becomes a request on a queue of its own on the output's [`Disk`], on
-//! the thread-pool engine. The format plans it (allocates its clusters)
+//! Writes enter through [`WriteBehind::submit`], an aligned buffer of the
+//! copy's pool whose window is the data (no copy): each becomes a request
+//! on a queue of its own on the output's [`Disk`], on the thread-pool
+//! engine. The format plans it (allocates its clusters)
 //! at once, in the order of the calls, so the image is laid out as with
 //! synchronous writes; the data write runs in the pool, and its L2 entry
 //! is published when its completion is drained here. Pool buffers come
@@ -26,17 +25,15 @@
 use block::aligned::AlignedBuf;
 use block::{BlockError, BlockRequest, Completion, DiskQueue, EngineKind, IoMemory, RequestOp};
 
-use crate::image_io::{aligned_copy, ImageIo};
+use crate::image_io::ImageIo;
 
 /// Writes in flight at most.
 pub const MAX_IN_FLIGHT: usize = 4;
 
-/// A write in flight: its request id, disk offset, and whether its buffer
-/// belongs to the caller's pool.
+/// A write in flight: its request id and disk offset.
 struct InFlight {
     id: u64,
     offset: u64,
-    pooled: bool,
 }
 
 /// See the module docs.
@@ -48,11 +45,7 @@ pub struct WriteBehind {
     cluster_size: u64,
     /// Last cluster of the latest write submitted.
     last_cluster: Option<u64>,
-    /// Buffers of finished [`WriteBehind::write`] copies, for the next
-    /// copies of the same size: a new one per write cost a page fault
-    /// per 4 KiB (mix zstd -t none, 1000 MiB: 74k faults per run).
-    free: Vec<AlignedBuf>,
-    /// Pool buffers whose writes completed, for the caller to take back.
+    /// Buffers whose writes completed, for the caller to take back.
     returned: Vec<AlignedBuf>,
 }
 
@@ -83,7 +76,6 @@ impl WriteBehind {
             done: Vec::new(),
             cluster_size,
             last_cluster: None,
-            free: Vec::new(),
             returned: Vec::new(),
         }))
     }
@@ -97,25 +89,16 @@ impl WriteBehind {
         }
         let len = buf.len() as u64;
         self.make_room(offset)?;
-        self.push(offset, len, IoMemory::Aligned(buf), true);
-        Ok(())
-    }
-
-    /// Submits a write of a copy of `data` at `offset`.
-    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), (u64, BlockError)> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.make_room(offset)?;
-        let memory = match self.free.iter().position(|b| b.len() == data.len()) {
-            Some(i) => {
-                let mut buf = self.free.swap_remove(i);
-                buf.as_mut_slice().copy_from_slice(data);
-                IoMemory::Aligned(buf)
-            }
-            None => aligned_copy(data),
-        };
-        self.push(offset, data.len() as u64, memory, false);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.queue.submit_batch_requests([BlockRequest {
+            user_data: id,
+            op: RequestOp::Write,
+            offset,
+            memory: IoMemory::Aligned(buf),
+        }]);
+        self.in_flight.push(InFlight { id, offset });
+        self.last_cluster = Some((offset + len - 1) / self.cluster_size);
         Ok(())
     }
 
@@ -142,19 +125,6 @@ impl WriteBehind {
         self.wait_until(MAX_IN_FLIGHT - 1)
     }
 
-    fn push(&mut self, offset: u64, len: u64, memory: IoMemory, pooled: bool) {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.queue.submit_batch_requests([BlockRequest {
-            user_data: id,
-            op: RequestOp::Write,
-            offset,
-            memory,
-        }]);
-        self.in_flight.push(InFlight { id, offset, pooled });
-        self.last_cluster = Some((offset + len - 1) / self.cluster_size);
-    }
-
     /// Drains completions until at most `limit` writes are in flight.
     fn wait_until(&mut self, limit: usize) -> Result<(), (u64, BlockError)> {
         while self.in_flight.len() > limit {
@@ -172,11 +142,7 @@ impl WriteBehind {
                 };
                 let w = self.in_flight.swap_remove(i);
                 if let IoMemory::Aligned(buf) = c.memory {
-                    if w.pooled {
-                        self.returned.push(buf);
-                    } else if self.free.len() < MAX_IN_FLIGHT {
-                        self.free.push(buf);
-                    }
+                    self.returned.push(buf);
                 }
                 if let Err(e) = c.result {
                     failed.get_or_insert((w.offset, e));
