@@ -3,7 +3,10 @@
 //! buffers, the shared zero page and the tools' direct-I/O buffers.
 //!
 //! `Vec<u8>` cannot promise more than byte alignment; this type allocates
-//! with the `Layout` it is asked for and frees with the same one.
+//! with the `Layout` it is asked for and frees with the same one, or, for
+//! long-lived buffers that may stay partly unused
+//! ([`AlignedBuf::new_mapped`]), maps pages of their own, which take
+//! memory only once touched.
 //!
 //! Length rule: a buffer is exactly as long as asked ([`AlignedBuf::len`]
 //! is the `len` given to [`AlignedBuf::new`]), never rounded up. Callers
@@ -27,8 +30,17 @@ pub struct AlignedBuf {
     len: usize,
     /// The `len` asked for at allocation.
     capacity: usize,
-    /// What was allocated: at least one byte, so never a zero-size layout.
-    layout: Layout,
+    /// How it was allocated, and so how it is freed.
+    alloc: Alloc,
+}
+
+/// Where an [`AlignedBuf`]'s memory comes from.
+enum Alloc {
+    /// The global allocator, with this layout (at least one byte, so never
+    /// a zero-size layout).
+    Heap(Layout),
+    /// An anonymous mapping of this many bytes (at least one).
+    Mapped(usize),
 }
 
 // SAFETY: the buffer is uniquely owned heap memory, like a `Vec<u8>`.
@@ -48,7 +60,39 @@ impl AlignedBuf {
             start: 0,
             len,
             capacity: len,
-            layout,
+            alloc: Alloc::Heap(layout),
+        })
+    }
+
+    /// `len` zero bytes on pages of their own (so page-aligned), which
+    /// take memory only once touched: for long-lived buffers that may
+    /// stay partly unused (ch-img convert's chunk pool). Each costs an
+    /// mmap and a munmap, and its pages fault in on first touch, so
+    /// per-request buffers use [`AlignedBuf::new`]. `None` when the
+    /// mapping fails.
+    pub fn new_mapped(len: usize) -> Option<Self> {
+        let size = len.max(1);
+        // SAFETY: a new anonymous private mapping (no address hint, no
+        // file); it aliases nothing, and the kernel fills it with zeroes.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        Some(AlignedBuf {
+            ptr: NonNull::new(p.cast())?,
+            start: 0,
+            len,
+            capacity: len,
+            alloc: Alloc::Mapped(size),
         })
     }
 
@@ -112,16 +156,27 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        match self.alloc {
+            // SAFETY: allocated in `new` with exactly this layout.
+            Alloc::Heap(layout) => unsafe { dealloc(self.ptr.as_ptr(), layout) },
+            Alloc::Mapped(size) => {
+                // SAFETY: mapped in `new_mapped` with exactly this size and
+                // not unmapped since; nothing borrows it once we drop.
+                unsafe { libc::munmap(self.ptr.as_ptr().cast(), size) };
+            }
+        }
     }
 }
 
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let align = match self.alloc {
+            Alloc::Heap(layout) => layout.align(),
+            Alloc::Mapped(_) => 4096,
+        };
         f.debug_struct("AlignedBuf")
             .field("len", &self.len)
-            .field("align", &self.layout.align())
+            .field("align", &align)
             .finish()
     }
 }
@@ -141,6 +196,18 @@ mod tests {
             assert!(b.as_slice().iter().all(|&x| x == 7));
         }
         assert!(AlignedBuf::new(16, 3).is_none());
+    }
+
+    #[test]
+    fn mapped_buffers_are_page_aligned_zeroed_and_writable() {
+        for len in [0, 1, 4096, 3 << 20] {
+            let mut b = AlignedBuf::new_mapped(len).unwrap();
+            assert_eq!(b.as_ptr() as usize % 4096, 0);
+            assert_eq!((b.len(), b.capacity()), (len, len));
+            assert!(b.as_slice().iter().all(|&x| x == 0));
+            b.as_mut_slice().fill(5);
+            assert!(b.as_slice().iter().all(|&x| x == 5));
+        }
     }
 
     #[test]

@@ -117,7 +117,7 @@ impl Window {
                     Some(buf) => Some(buf),
                     None if hand.unmade > 0 => {
                         hand.unmade -= 1;
-                        let made = AlignedBuf::new(self.buffer_len, 4096);
+                        let made = AlignedBuf::new_mapped(self.buffer_len);
                         Some(made.ok_or(BlockError::BufferAlloc(self.buffer_len))?)
                     }
                     None => None,
