@@ -199,12 +199,16 @@ impl ImageIo {
         }
     }
 
-    /// Asks the kernel to start reading `offset..offset+len` of a raw
-    /// image into the page cache (POSIX_FADV_WILLNEED), so a read there
-    /// later finds it: convert's workers read chunks in turn, each
-    /// through its own handle, which the kernel's readahead does not see
-    /// as one sequential stream. Nothing for other formats (their host
-    /// offsets differ) or O_DIRECT (no page cache).
+    /// Asks the kernel to start reading the data of `offset..offset+len`
+    /// of a raw image into the page cache (POSIX_FADV_WILLNEED), so a
+    /// read there later finds it: convert's workers read chunks in turn,
+    /// each through its own handle, which the kernel's readahead does not
+    /// see as one sequential stream. Only the extents with data: advice
+    /// over a hole makes the kernel fill the page cache with zero pages
+    /// that nothing reads (a 1 GiB source a quarter full: 0.37 s of
+    /// system time in fadvise, qemu-img's whole convert 0.17 s). Nothing
+    /// for other formats (their host offsets differ) or O_DIRECT (no page
+    /// cache).
     pub fn will_need(&self, offset: u64, len: u64) {
         if self.cache.direct() || self.format().name() != "raw" {
             return;
@@ -212,14 +216,25 @@ impl ImageIo {
         let Some(file) = self.format().files().first() else {
             return;
         };
-        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
-            return;
-        };
-        // SAFETY: a plain syscall on a file descriptor the image keeps
-        // open; it touches no memory of ours. Its result is advice only:
-        // the read itself reports any error.
-        unsafe {
-            libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_WILLNEED);
+        let end = offset.saturating_add(len);
+        let mut pos = offset;
+        while pos < end {
+            let Ok(status) = self.format().block_status(pos, end - pos) else {
+                return;
+            };
+            let n = status.len.min(end - pos);
+            if n == 0 {
+                return;
+            }
+            if let (false, Ok(at), Ok(n)) = (status.zero, i64::try_from(pos), i64::try_from(n)) {
+                // SAFETY: a plain syscall on a file descriptor the image
+                // keeps open; it touches no memory of ours. Its result is
+                // advice only: the read itself reports any error.
+                unsafe {
+                    libc::posix_fadvise(file.as_raw_fd(), at, n, libc::POSIX_FADV_WILLNEED);
+                }
+            }
+            pos += n;
         }
     }
 
