@@ -1,7 +1,9 @@
 //! convert's copy: `-m` workers read (and with `-c` compress) chunks of
 //! the source concurrently; the calling thread writes them to the output.
 //!
-//! The virtual disk is cut into chunks, numbered in disk order. A worker
+//! The virtual disk is cut into chunks, numbered in disk order (2 MiB,
+//! or 16 clusters with `-c`; without `-c` a boundary moves past a short
+//! data extent that would straddle it, [`crate::chunk_bounds`]). A worker
 //! takes the next number together with an aligned buffer from a fixed
 //! pool ([`Window`]), reads the chunk into it through its own handle on
 //! the source (ranges `block_status` reports as zero are not read), and
@@ -9,12 +11,18 @@
 //! of that buffer. The writer writes chunks in disk order (so a `-c`
 //! output is laid out exactly as a serial run's) or, with `-W`, as they
 //! arrive, straight from the buffer (no copy), and gives the buffer back
-//! to the pool. The pool bounds memory (`-m` + 2 buffers of a chunk, 4
-//! more for a write-behind target) and nothing is allocated per chunk;
+//! to the pool. The pool bounds memory (`-m` + 2 buffers of a chunk) and
+//! nothing is allocated per chunk;
 //! workers also stay at most a window of chunks ahead of the writer, so
 //! a run of empty chunks cannot pile up results. Bytes the source lost to
 //! damage are reported in disk order on stderr and converted as zeroes.
 //! The first error stops everything and is returned.
+//!
+//! Why it cannot stall: a worker takes a chunk number only together with
+//! a buffer, so the chunk the writer waits for is always being read; and
+//! before the writer waits for a chunk it takes back every buffer the
+//! write-behind queue holds, so buffers are only ever held by chunks
+//! being read, waiting for their turn, or being written.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,13 +32,14 @@ use std::sync::{Condvar, Mutex};
 use block::aligned::AlignedBuf;
 use block::BlockError;
 
+use crate::chunk_bounds::{chunk_range, max_shift};
 use crate::chunk_fill::{filled_pieces, read_filled, Fill};
 use crate::chunk_pieces::{pieces_of, read_chunk, Lost, Piece, ReadChunk};
 use crate::convert_source::ConvertSource;
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::progress::Progress;
-use crate::write_behind::{WriteBehind, MAX_IN_FLIGHT};
+use crate::write_behind::WriteBehind;
 
 pub use crate::chunk_pieces::Mode;
 
@@ -164,14 +173,15 @@ pub fn run(job: &Job, progress: &mut Progress) -> Result<(), CliError> {
     let chunks = job.size.div_ceil(chunk);
     let workers = job.workers.clamp(1, 16);
     // One buffer per worker, one being written, one for the next chunk
-    // in disk order while the others wait; a write-behind target keeps
-    // up to MAX_IN_FLIGHT more in flight.
-    let in_flight = if WriteBehind::used_for(job.output) {
-        MAX_IN_FLIGHT
-    } else {
-        0
-    };
-    let window = Window::new(workers + 2 + in_flight, chunk as usize);
+    // in disk order while the others wait. The write-behind queue's
+    // writes in flight hold buffers of these too (on an O_DIRECT target
+    // the disk is the bound, and readers can wait); the writer takes them
+    // back before it waits for a chunk (`write_all`).
+    let buffers = workers + 2;
+    // Without -c a chunk may reach past its place on the grid.
+    let movable = matches!(job.mode, Mode::Sparse { .. });
+    let capacity = chunk + if movable { max_shift(chunk) } else { 0 };
+    let window = Window::new(buffers, capacity as usize);
     let (tx, rx) = mpsc::channel::<ChunkResult>();
     std::thread::scope(|scope| {
         for _ in 0..workers {
@@ -183,6 +193,7 @@ pub fn run(job: &Job, progress: &mut Progress) -> Result<(), CliError> {
                 fill: job.fill,
                 chunk,
                 chunks,
+                movable,
                 window: &window,
                 readahead: workers as u64,
             };
@@ -203,6 +214,8 @@ struct Reader<'a> {
     fill: Fill,
     chunk: u64,
     chunks: u64,
+    /// Chunk boundaries may move ([`crate::chunk_bounds`]).
+    movable: bool,
     window: &'a Window,
     /// Chunks ahead of its own that a worker asks the kernel to read.
     readahead: u64,
@@ -238,14 +251,14 @@ impl Reader<'_> {
                     return;
                 }
             };
-            let start = i * self.chunk;
-            let len = self.chunk.min(self.size - start);
             // The chunk the workers take after the ones being read now.
-            let ahead = start.saturating_add(self.readahead.saturating_mul(self.chunk));
+            let ahead = (i * self.chunk).saturating_add(self.readahead.saturating_mul(self.chunk));
             if ahead < self.size {
                 source.will_need(ahead, self.chunk.min(self.size - ahead));
             }
-            let out = self.chunk_out(&source, start, len, buf).map(|mut out| {
+            let range = chunk_range(&source, i, self.chunk, self.size, self.movable);
+            let out = range.and_then(|r| self.chunk_out(&source, r.start, r.end - r.start, buf));
+            let out = out.map(|mut out| {
                 if !out.pieces.iter().any(|p| matches!(p, Piece::Data { .. })) {
                     kept = out.buf.take();
                 }
@@ -316,7 +329,17 @@ fn write_all(
         progress.update((written * chunk).min(job.size));
     };
     while written < chunks {
-        let Ok((i, result)) = rx.recv() else {
+        let received = match rx.try_recv() {
+            Err(mpsc::TryRecvError::Empty) => {
+                // Nothing to write yet: the write-behind queue's buffers
+                // go back to the pool before this thread sleeps, or a
+                // worker waiting for one would wait for ever.
+                out.finish_behind()?;
+                rx.recv().ok()
+            }
+            other => other.ok(),
+        };
+        let Some((i, result)) = received else {
             return Err(CliError::Usage("convert workers stopped early".into()));
         };
         let c = result?;

@@ -28,7 +28,7 @@ use block::{BlockError, BlockRequest, Completion, DiskQueue, EngineKind, IoMemor
 use crate::image_io::ImageIo;
 
 /// Writes in flight at most.
-pub const MAX_IN_FLIGHT: usize = 4;
+const MAX_IN_FLIGHT: usize = 4;
 
 /// A write in flight: its request id and disk offset.
 struct InFlight {
