@@ -34,7 +34,11 @@
 //! default 64, 0 for none).
 //!
 //! When a write fails (ENOSPC...), the error names the output and the
-//! partial output is left in place, as qemu-img leaves it.
+//! partial output is left in place, as qemu-img leaves it. Guest bytes a
+//! damaged source puts past the end of its file are converted as zeroes
+//! and named on stderr, and the exit status stays 0, as qemu-img 7.2
+//! converts such images ([`crate::convert_source`]); other damage fails
+//! the copy.
 
 use std::fs::OpenOptions;
 
