@@ -62,6 +62,10 @@ pub struct Job<'a> {
     pub fill: Fill,
     pub workers: usize,
     pub in_order: bool,
+    /// Chunk boundaries may move past short extents
+    /// ([`crate::chunk_bounds`]; never with `-c`): it asks the source for
+    /// each chunk's extents twice more.
+    pub extent_bounds: bool,
 }
 
 /// The hand-out of chunk numbers and of the buffers they are read into.
@@ -179,7 +183,7 @@ pub fn run(job: &Job, progress: &mut Progress) -> Result<(), CliError> {
     // back before it waits for a chunk (`write_all`).
     let buffers = workers + 2;
     // Without -c a chunk may reach past its place on the grid.
-    let movable = matches!(job.mode, Mode::Sparse { .. });
+    let movable = job.extent_bounds && matches!(job.mode, Mode::Sparse { .. });
     let capacity = chunk + if movable { max_shift(chunk) } else { 0 };
     let window = Window::new(buffers, capacity as usize);
     let (tx, rx) = mpsc::channel::<ChunkResult>();

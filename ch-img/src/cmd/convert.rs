@@ -175,11 +175,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // An NBD source has no local file the output could be, and its server
     // may serve one client at a time (qemu-nbd's default): the workers'
     // connections must not wait behind the one held here.
-    let held = if spec
+    let nbd_source = spec
         .paths
         .iter()
-        .any(|p| block::nbd::is_nbd_path(std::path::Path::new(p)))
-    {
+        .any(|p| block::nbd::is_nbd_path(std::path::Path::new(p)));
+    let held = if nbd_source {
         drop(source);
         None
     } else {
@@ -195,6 +195,8 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         fill,
         workers,
         in_order: compress || !p.flag("W"),
+        // Each block status of an NBD export is a round trip.
+        extent_bounds: !nbd_source,
     };
     let mut progress = Progress::new(p.flag("p") && !p.flag("q"), size);
     copy_pipeline::run(&job, &mut progress)?;
