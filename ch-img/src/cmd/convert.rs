@@ -34,7 +34,11 @@
 //! default 64, 0 for none).
 //!
 //! When a write fails (ENOSPC...), the error names the output and the
-//! partial output is left in place, as qemu-img leaves it.
+//! partial output is left in place, as qemu-img leaves it. Guest bytes a
+//! damaged source puts past the end of its file are converted as zeroes
+//! and named on stderr, and the exit status stays 0, as qemu-img 7.2
+//! converts such images ([`crate::convert_source`]); other damage fails
+//! the copy.
 
 use std::fs::OpenOptions;
 
@@ -171,11 +175,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // An NBD source has no local file the output could be, and its server
     // may serve one client at a time (qemu-nbd's default): the workers'
     // connections must not wait behind the one held here.
-    let held = if spec
+    let nbd_source = spec
         .paths
         .iter()
-        .any(|p| block::nbd::is_nbd_path(std::path::Path::new(p)))
-    {
+        .any(|p| block::nbd::is_nbd_path(std::path::Path::new(p)));
+    let held = if nbd_source {
         drop(source);
         None
     } else {
@@ -191,6 +195,8 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         fill,
         workers,
         in_order: compress || !p.flag("W"),
+        // Each block status of an NBD export is a round trip.
+        extent_bounds: !nbd_source,
     };
     let mut progress = Progress::new(p.flag("p") && !p.flag("q"), size);
     copy_pipeline::run(&job, &mut progress)?;
