@@ -50,9 +50,6 @@ members! {
     tests => "tests",
     virtio_devices => "virtio-devices",
     virtio_host_driver => "virtio-host-driver",
-    #[ignore = "vmm: boot/mod.rs (BootError, BootEntry, open_file) with its children, \
-                config/mod.rs (ConfigError, next_free_disk_id) with its children, api/mod.rs \
-                with server.rs; un-ignore when they are untangled"]
     vmm => "vmm",
 }
 

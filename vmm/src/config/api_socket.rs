@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use block::options::kv::{KvError, KvList};
 
-use super::ConfigError;
+use super::error::ConfigError;
 
 /// A file the VMM opens (or creates) by path, or a descriptor inherited
 /// from the parent.

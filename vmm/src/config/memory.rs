@@ -6,15 +6,14 @@
 //! lives in a memfd mapped shared (needed by vhost-user disks, whose
 //! backend maps guest RAM too).
 
+use super::error::ConfigError;
 use super::size::parse_size;
-pub use super::vm_config::MemoryConfig;
-use super::ConfigError;
+use super::vm_config::{MemoryConfig, DEFAULT_MEMORY};
 use block::options::kv::{parse_on_off, KvList};
 
 pub const MIN_MEMORY: u64 = 32 << 20;
 /// The host decides in the end; this only stops absurd values early.
 pub const MAX_MEMORY: u64 = 1 << 40;
-pub const DEFAULT_MEMORY: u64 = 512 << 20;
 
 /// `n` bytes of guest RAM, if this VMM can give them.
 pub fn check_size(n: u64) -> Result<u64, String> {

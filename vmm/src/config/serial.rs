@@ -7,8 +7,8 @@
 
 use std::path::PathBuf;
 
+use super::error::ConfigError;
 use super::vm_config::{ConsoleConfig, ConsoleMode};
-use super::ConfigError;
 use block::options::kv::KvError;
 use block::options::kv::KvList;
 
