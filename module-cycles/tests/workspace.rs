@@ -42,6 +42,7 @@ members! {
     block => "block",
     ch_img => "ch-img",
     ch_log => "ch-log",
+    ch_util => "ch-util",
     hypervisor => "hypervisor",
     module_cycles => "module-cycles",
     nbd => "nbd",

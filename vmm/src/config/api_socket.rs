@@ -7,7 +7,7 @@
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
-use block::options::kv::{KvError, KvList};
+use ch_util::kv::{KvError, KvList};
 
 use super::error::ConfigError;
 

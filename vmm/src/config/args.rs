@@ -28,7 +28,7 @@ use super::memory::parse_memory;
 use super::run_config::{RunConfig, SeccompMode};
 use super::serial::parse_serial;
 use super::vm_config::{ConsoleConfig, ConsoleMode, PayloadConfig, VmConfig};
-use block::options::kv::KvError;
+use ch_util::kv::KvError;
 
 /// What the user asked for.
 #[derive(Debug)]

@@ -12,7 +12,7 @@
 
 use super::error::ConfigError;
 use super::vm_config::CpusConfig;
-use block::options::kv::{KvError, KvList};
+use ch_util::kv::{KvError, KvList};
 use hypervisor::{BaseModel, CpuModel, Feature};
 
 /// The MP table and our APIC id space keep this small.

@@ -20,7 +20,7 @@
 //! disk is built from after the checks is a
 //! [`super::local_disk::LocalDiskConfig`]. Nothing is opened here.
 
-use block::options::kv::{parse_on_off, split_top_level, KvError, KvList};
+use ch_util::kv::{parse_on_off, split_top_level, KvError, KvList};
 
 use super::disk_config::{
     DiskConfig, ImageTypeName, LockGranularity, QueueAffinity, RateLimiterConfig, TokenBucket,

@@ -2,7 +2,7 @@
 //! own words (`--disk: ...`), for every option parser of this folder and
 //! for `main` to print.
 
-use block::options::kv::KvError;
+use ch_util::kv::KvError;
 use thiserror::Error;
 
 use super::disk_resolve::DiskConfigError;

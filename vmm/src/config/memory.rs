@@ -7,9 +7,9 @@
 //! backend maps guest RAM too).
 
 use super::error::ConfigError;
-use super::size::parse_size;
 use super::vm_config::{MemoryConfig, DEFAULT_MEMORY};
-use block::options::kv::{parse_on_off, KvList};
+use ch_util::kv::{parse_on_off, KvList};
+use ch_util::size::parse_size;
 
 pub const MIN_MEMORY: u64 = 32 << 20;
 /// The host decides in the end; this only stops absurd values early.
@@ -29,7 +29,9 @@ pub fn check_size(n: u64) -> Result<u64, String> {
 pub fn parse_memory(s: &str) -> Result<MemoryConfig, ConfigError> {
     let mut kv = KvList::parse("--memory", s)?;
     let size = kv
-        .take_parsed("size", |v| check_size(parse_size(v)?))?
+        .take_parsed("size", |v| {
+            check_size(parse_size(v).map_err(|e| e.to_string())?)
+        })?
         .unwrap_or(DEFAULT_MEMORY);
     let shared = kv.take_parsed("shared", parse_on_off)?.unwrap_or(false);
     kv.finish()?;

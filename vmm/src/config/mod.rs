@@ -4,7 +4,7 @@
 //! [`args::parse_args`] parses argv (clap) and hands each option's value
 //! to its group's parser ([`disk`], [`cpus`], [`memory`], [`serial`],
 //! [`api_socket`]), all built on the generic `key=value` syntax of
-//! `block::options::kv`. The VM's options become Cloud Hypervisor's
+//! `ch_util::kv`. The VM's options become Cloud Hypervisor's
 //! [`VmConfig`] ([`vm_config`]), the type `vm.create`'s body is too; a
 //! disk is its [`DiskConfig`] ([`disk_config`], `vm.add-disk`'s body).
 //! One function checks a `VmConfig` for both ways in and builds the
@@ -31,7 +31,6 @@ pub mod local_disk;
 pub mod memory;
 pub mod run_config;
 pub mod serial;
-pub mod size;
 pub mod vhost_user_disk;
 pub mod vm_config;
 pub mod vm_config_error;
