@@ -2,8 +2,9 @@
 //! `ch-storage-daemon --image` and `ch-img`.
 //!
 //! [`take_image_options`] reads the keys every binary shares from a
-//! `key=value` list (`ch_util::kv`) into a [`DiskOptions`]; each binary then takes
-//! its own keys from the same list.
+//! `key=value` list (`ch_util::kv`) into a [`DiskOptions`], by the rules
+//! between them that the VMM's JSON disk config follows too ([`rules`]);
+//! each binary then takes its own keys from the same list.
 
 use std::path::PathBuf;
 use std::str::FromStr;
