@@ -60,7 +60,7 @@ use crate::options::{
     CacheFlag,
 };
 use crate::progress::Progress;
-use crate::size::parse_size;
+use ch_util::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fOoStTBFml",
@@ -85,9 +85,12 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         return Err(CliError::Usage("Must specify image file name".into()));
     };
     let block = match p.value("S") {
-        Some(s) => parse_size(s).filter(|&b| b % 512 == 0).ok_or_else(|| {
-            CliError::Usage("Invalid buffer size for sparse output specified".into())
-        })?,
+        Some(s) => parse_size(s)
+            .ok()
+            .filter(|&b| b % 512 == 0)
+            .ok_or_else(|| {
+                CliError::Usage("Invalid buffer size for sparse output specified".into())
+            })?,
         None => 4096,
     };
     let out_fmt = match parse_format(p.value("O"))? {

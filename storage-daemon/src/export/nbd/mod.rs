@@ -31,8 +31,8 @@ mod shared;
 
 use std::sync::Arc;
 
-use block::options::kv::{parse_on_off, KvError, KvList};
 use block::Disk;
+use ch_util::kv::{parse_on_off, KvError, KvList};
 use nbd::wire::consts::{flag, MAX_PAYLOAD, MAX_STRING};
 
 use super::running::{Export, ExportError};
