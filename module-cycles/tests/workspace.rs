@@ -42,6 +42,7 @@ members! {
     block => "block",
     ch_img => "ch-img",
     ch_log => "ch-log",
+    ch_util => "ch-util",
     hypervisor => "hypervisor",
     module_cycles => "module-cycles",
     nbd => "nbd",
@@ -51,9 +52,6 @@ members! {
     tests => "tests",
     virtio_devices => "virtio-devices",
     virtio_host_driver => "virtio-host-driver",
-    #[ignore = "vmm: boot/mod.rs (BootError, BootEntry, open_file) with its children, \
-                config/mod.rs (ConfigError, next_free_disk_id) with its children, api/mod.rs \
-                with server.rs; un-ignore when they are untangled"]
     vmm => "vmm",
 }
 

@@ -3,9 +3,9 @@
 //! export parses its own keys, see [`crate::export`]), `-v`, `--help`,
 //! `--version`.
 
-use block::options::kv::{KvError, KvList};
 use block::options::take_image_options;
 use block::DiskOptions;
+use ch_util::kv::{KvError, KvList};
 use thiserror::Error;
 
 use crate::export::nbd::NbdConfig;

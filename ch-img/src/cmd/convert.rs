@@ -34,7 +34,11 @@
 //! default 64, 0 for none).
 //!
 //! When a write fails (ENOSPC...), the error names the output and the
-//! partial output is left in place, as qemu-img leaves it.
+//! partial output is left in place, as qemu-img leaves it. Guest bytes a
+//! damaged source puts past the end of its file are converted as zeroes
+//! and named on stderr, and the exit status stays 0, as qemu-img 7.2
+//! converts such images ([`crate::convert_source`]); other damage fails
+//! the copy.
 
 use std::fs::OpenOptions;
 
@@ -56,7 +60,7 @@ use crate::options::{
     CacheFlag,
 };
 use crate::progress::Progress;
-use crate::size::parse_size;
+use ch_util::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fOoStTBFml",
@@ -81,9 +85,12 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         return Err(CliError::Usage("Must specify image file name".into()));
     };
     let block = match p.value("S") {
-        Some(s) => parse_size(s).filter(|&b| b % 512 == 0).ok_or_else(|| {
-            CliError::Usage("Invalid buffer size for sparse output specified".into())
-        })?,
+        Some(s) => parse_size(s)
+            .ok()
+            .filter(|&b| b % 512 == 0)
+            .ok_or_else(|| {
+                CliError::Usage("Invalid buffer size for sparse output specified".into())
+            })?,
         None => 4096,
     };
     let out_fmt = match parse_format(p.value("O"))? {
@@ -171,11 +178,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // An NBD source has no local file the output could be, and its server
     // may serve one client at a time (qemu-nbd's default): the workers'
     // connections must not wait behind the one held here.
-    let held = if spec
+    let nbd_source = spec
         .paths
         .iter()
-        .any(|p| block::nbd::is_nbd_path(std::path::Path::new(p)))
-    {
+        .any(|p| block::nbd::is_nbd_path(std::path::Path::new(p)));
+    let held = if nbd_source {
         drop(source);
         None
     } else {
@@ -191,6 +198,8 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         fill,
         workers,
         in_order: compress || !p.flag("W"),
+        // Each block status of an NBD export is a round trip.
+        extent_bounds: !nbd_source,
     };
     let mut progress = Progress::new(p.flag("p") && !p.flag("q"), size);
     copy_pipeline::run(&job, &mut progress)?;

@@ -39,6 +39,7 @@ kinds!(
     BlockError::NoSuchSnapshot { .. },
     BlockError::Lock { .. },
     BlockError::InvalidImage { .. },
+    BlockError::BeyondEndOfFile { .. },
     BlockError::Unsupported { .. },
     BlockError::OutOfRange { .. },
     BlockError::ReadOnly,
@@ -99,6 +100,13 @@ fn samples() -> Vec<BlockError> {
         BlockError::InvalidImage {
             path: path(),
             reason: text(),
+        },
+        BlockError::BeyondEndOfFile {
+            path: path(),
+            what: "an L2 entry",
+            host: 1 << 40,
+            guest: 0,
+            len: 65536,
         },
         BlockError::Unsupported {
             path: path(),

@@ -16,8 +16,8 @@ pub mod nbd;
 mod running;
 pub mod vhost_user_blk;
 
-use block::options::kv::{KvError, KvList};
 use block::ExclusiveImage;
+use ch_util::kv::{KvError, KvList};
 
 pub use running::{Export, ExportError};
 

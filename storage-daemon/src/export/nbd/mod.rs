@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-use block::options::kv::{parse_on_off, KvError, KvList};
 use block::ExclusiveImage;
+use ch_util::kv::{parse_on_off, KvError, KvList};
 use nbd::wire::consts::MAX_STRING;
 use nbd_server::{DiskSource, ExportConfig, ListenAddr, NbdServer, PersistentBitmap};
 
