@@ -102,11 +102,9 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "Compression not supported for this file format".into(),
         ));
     }
-    if block::nbd::is_nbd_path(std::path::Path::new(dst)) && !skip_create {
-        return Err(CliError::Usage(format!(
-            "ch-img convert cannot create an image on an NBD export ({dst}); use -n to write into it"
-        )));
-    }
+    // Created on an export (as `create` does: the export keeps its size,
+    // its first sector is zeroed), an output does not read as zeroes.
+    let nbd_output = block::nbd::is_nbd_path(std::path::Path::new(dst));
     let snapshot = parse_snapshot(p.value("l"));
     if snapshot.is_some() && sources.len() > 1 {
         return Err(CliError::Usage(
@@ -169,7 +167,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         Mode::Sparse { block }
     };
     let fill = Fill {
-        zeroes: skip_create || backing.is_some(),
+        zeroes: skip_create || nbd_output || backing.is_some(),
         // Without an opened backing file nothing is past its end.
         backing: backing
             .as_ref()
@@ -210,7 +208,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     })?;
     drop(output);
     drop(held);
-    if out_fmt == ImageType::Raw && !skip_create {
+    if out_fmt == ImageType::Raw && !skip_create && !nbd_output {
         // O_DIRECT pads the last partial block of the disk: cut the file
         // back to the disk's size.
         OpenOptions::new()
