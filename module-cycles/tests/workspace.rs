@@ -46,6 +46,7 @@ members! {
     hypervisor => "hypervisor",
     module_cycles => "module-cycles",
     nbd => "nbd",
+    nbd_server => "nbd-server",
     storage_daemon => "storage-daemon",
     testkit => "testkit",
     tests => "tests",

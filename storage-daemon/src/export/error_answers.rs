@@ -12,11 +12,11 @@ use std::io;
 use block::BlockError;
 use nbd::wire::consts::error as nbd_err;
 use nbd::wire::nbd_error_from_errno;
+use nbd_server::answer_block_error as nbd_failed;
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_UNSUPP};
 use virtio_devices::block::error_status::status_of;
 
 use super::fuse::reply::{failed as fuse_failed, Reply};
-use super::nbd::commands::failed as nbd_failed;
 
 macro_rules! kinds {
     ($($kind:pat),* $(,)?) => {
