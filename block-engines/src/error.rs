@@ -52,6 +52,22 @@ pub enum BlockError {
     /// The image is malformed or hostile; the message says what was wrong.
     #[error("invalid image {path}: {reason}")]
     InvalidImage { path: PathBuf, reason: String },
+    /// The image's metadata puts guest bytes `guest..guest + len` (a data
+    /// cluster, or all an L2 table maps) at host offset `host`, past the
+    /// end of the file: a truncated image or a damaged table entry. qemu
+    /// reads them as zeroes; `ch-img convert` salvages around them.
+    #[error(
+        "invalid image {}: the {what} of guest bytes {guest:#x}..{:#x} is at {host:#x}, beyond the end of the file",
+        path.display(),
+        guest.saturating_add(*len)
+    )]
+    BeyondEndOfFile {
+        path: PathBuf,
+        what: &'static str,
+        host: u64,
+        guest: u64,
+        len: u64,
+    },
     /// The image uses something we do not implement; names the feature.
     #[error("unsupported image feature in {path}: {feature}")]
     Unsupported { path: PathBuf, feature: String },
@@ -197,7 +213,9 @@ impl BlockError {
             | Resize(_)
             | Preallocate { .. }
             | BufferAlloc(_) => Consequence::HostIo,
-            InvalidImage { .. } | Decompress { .. } | Corrupt => Consequence::Corrupt,
+            InvalidImage { .. } | BeyondEndOfFile { .. } | Decompress { .. } | Corrupt => {
+                Consequence::Corrupt
+            }
             Open { .. }
             | Locked { .. }
             | OverwritesSource { .. }

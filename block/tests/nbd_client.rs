@@ -29,8 +29,7 @@ fn qemu(args: &[&str]) -> String {
 }
 
 fn open(uri: &str, extra: &str) -> Disk {
-    let mut kv =
-        block::options::kv::KvList::parse("--disk", &format!("path={uri}{extra}")).unwrap();
+    let mut kv = ch_util::kv::KvList::parse("--disk", &format!("path={uri}{extra}")).unwrap();
     let opts = block::options::take_image_options(&mut kv).unwrap();
     kv.finish().unwrap();
     Disk::open(&opts).unwrap_or_else(|e| panic!("open {uri}: {e}"))
@@ -433,8 +432,7 @@ fn bad_uris_and_missing_servers_are_clear_errors() {
         // The URI is named once, by the block layer.
         assert_eq!(chain.matches(path).count(), 1, "{chain}");
     }
-    let mut kv =
-        block::options::kv::KvList::parse("--disk", "path=a.raw,reconnect_delay=5").unwrap();
+    let mut kv = ch_util::kv::KvList::parse("--disk", "path=a.raw,reconnect_delay=5").unwrap();
     let e = block::options::take_image_options(&mut kv)
         .unwrap_err()
         .to_string();

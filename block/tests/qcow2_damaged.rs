@@ -353,7 +353,8 @@ fn damaged_images_are_never_made_worse_and_are_checked_and_repaired_like_qemu_im
         let written = queue_write(&w);
         if c.write_refused {
             let read_refused = matches!(&written, Err(BlockError::InvalidImage { reason, .. })
-                if !reason.contains("marked corrupt"));
+                if !reason.contains("marked corrupt"))
+                || matches!(&written, Err(BlockError::BeyondEndOfFile { .. }));
             if written.is_ok() || !corrupt_bit(&w) || read_refused {
                 failures.push(format!(
                     "{}: the write was not refused with the corrupt bit set ({written:?})",

@@ -125,14 +125,7 @@ fn run_shape(d: &TempDir, sh: &Shape, seed: u64) {
     // Mirror the prep writes (all "write -P 0x77 off len").
     for cmd in sh.prep {
         let parts: Vec<&str> = cmd.split_whitespace().collect();
-        let parse = |v: &str| -> u64 {
-            let (n, m) = match (v.strip_suffix('k'), v.strip_suffix('M')) {
-                (Some(n), _) => (n, 1024),
-                (_, Some(n)) => (n, 1 << 20),
-                _ => (v, 1),
-            };
-            n.parse::<u64>().unwrap() * m
-        };
+        let parse = |v: &str| ch_util::size::parse_size(v).unwrap();
         r.write(parse(parts[3]), &vec![0x77; parse(parts[4]) as usize]);
     }
     if sh.snapshot {

@@ -13,16 +13,22 @@
 //!   the target would otherwise show its old data or its backing file;
 //! - the rest is data ([`Class::Data`]).
 //!
+//! - bytes lost to damage ([`crate::convert_source::Extent::Lost`]) read
+//!   as zeroes, so they are written as zeroes too.
+//!
 //! [`filled_pieces`] turns the spans and the chunk's bytes into the
 //! writes: data runs (`-S` blocks that are all zero become zeroes too),
 //! or with `-c` whole clusters, compressed, and zero clusters as
 //! write-zeroes; a `-c` cluster only partly left to the backing file is
-//! written whole (its bytes were read through the source's chain).
+//! written whole (its bytes were read through the source's chain). Data
+//! pieces name ranges of the chunk's buffer, as in
+//! [`crate::chunk_pieces`].
 
+use block::aligned::AlignedBuf;
 use block::formats::compress_cluster;
 
-use crate::chunk_pieces::{is_zero, Mode, Piece};
-use crate::convert_source::ConvertSource;
+use crate::chunk_pieces::{is_zero, push_range, Lost, Mode, Piece, ReadChunk};
+use crate::convert_source::{ConvertSource, Extent};
 use crate::error::CliError;
 
 /// What the output needs besides the data.
@@ -52,8 +58,8 @@ pub enum Class {
     Keep,
 }
 
-/// A chunk's bytes and its classified spans.
-pub type Classified = (Vec<u8>, Vec<Span>);
+/// A chunk read and its classified spans.
+pub type Classified = (ReadChunk, Vec<Span>);
 
 /// A range of the chunk's bytes and its class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,33 +69,45 @@ pub struct Span {
     pub class: Class,
 }
 
-/// Reads `start..start+len` of `source` into `buf` and classifies it;
-/// `None` when the whole chunk is left to the target's backing file.
-/// Every byte is read (zero spans zero-filled), so a `-c` cluster that is
-/// partly left to the backing file can be written whole.
+/// Reads `start..start+len` of `source` into `buf` and classifies it.
+/// Nothing is read when the whole chunk is left to the target's backing
+/// file. With `-c` the spans left to the backing file are read too, and
+/// zero spans zero-filled, so that every cluster can be written whole.
 pub fn read_filled(
     source: &ConvertSource,
     start: u64,
     len: u64,
-    mut buf: Vec<u8>,
+    buf: AlignedBuf,
     fill: Fill,
-) -> Result<Option<Classified>, CliError> {
+    mode: Mode,
+) -> Result<Classified, CliError> {
     let end = start + len;
     let mut spans: Vec<Span> = Vec::new();
+    let mut lost = Vec::new();
     let mut pos = start;
     while pos < end {
-        let status = source.extent_at(pos, end)?;
-        let mut stop = pos + status.len;
-        let class = match fill.backing {
-            Some(_) if status.depth > 0 => Class::Keep,
-            Some(b) if status.zero && pos >= b => Class::Keep,
-            Some(b) if status.zero && stop > b => {
-                // Zeroes up to the backing file's end, left to it after.
-                stop = b;
+        let extent = source.extent(pos, end)?;
+        let mut stop = pos + extent.length();
+        let class = match extent {
+            Extent::Lost { len, error } => {
+                lost.push(Lost {
+                    offset: pos,
+                    len,
+                    error,
+                });
                 Class::Zero
             }
-            _ if status.zero => Class::Zero,
-            _ => Class::Data,
+            Extent::Status(status) => match fill.backing {
+                Some(_) if status.depth > 0 => Class::Keep,
+                Some(b) if status.zero && pos >= b => Class::Keep,
+                Some(b) if status.zero && stop > b => {
+                    // Zeroes up to the backing file's end, left to it after.
+                    stop = b;
+                    Class::Zero
+                }
+                _ if status.zero => Class::Zero,
+                _ => Class::Data,
+            },
         };
         let (from, to) = ((pos - start) as usize, (stop - start) as usize);
         match spans.last_mut() {
@@ -98,40 +116,42 @@ pub fn read_filled(
         }
         pos = stop;
     }
-    if spans.iter().all(|s| s.class == Class::Keep) {
-        return Ok(None);
-    }
-    buf.resize(len as usize, 0);
-    for span in &spans {
-        let at = start + span.from as u64;
-        let bytes = &mut buf[span.from..span.to];
-        if span.class == Class::Zero {
-            bytes.fill(0);
-        } else {
-            source
-                .read_at(at, bytes)
-                .map_err(|source| CliError::Read { offset: at, source })?;
+    let compressed = matches!(mode, Mode::Compressed { .. });
+    let left_to_backing = spans.iter().all(|s| s.class == Class::Keep);
+    let mut data = Vec::new();
+    let mut buf = buf;
+    for span in spans.iter().filter(|_| !left_to_backing) {
+        match span.class {
+            Class::Data => push_range(&mut data, span.from..span.to),
+            Class::Keep if compressed => push_range(&mut data, span.from..span.to),
+            Class::Zero if compressed => buf.as_mut_slice()[span.from..span.to].fill(0),
+            Class::Keep | Class::Zero => {}
         }
     }
-    Ok(Some((buf, spans)))
+    for r in &data {
+        buf = source.read_into(start + r.start as u64, buf, r.clone())?;
+    }
+    Ok((ReadChunk { buf, data, lost }, spans))
 }
 
-/// The writes for one classified chunk (see the module docs); `data`
-/// comes back for reuse.
+/// The writes for one classified chunk of `len` bytes at disk offset
+/// `start` (see the module docs).
 pub fn filled_pieces(
     mode: Mode,
     start: u64,
-    data: Vec<u8>,
+    len: usize,
+    chunk: &mut ReadChunk,
     spans: &[Span],
-) -> Result<(Vec<Piece>, Option<Vec<u8>>), CliError> {
+) -> Result<Vec<Piece>, CliError> {
     let mut out = Pieces::default();
     match mode {
         Mode::Sparse { block } => {
+            let data = chunk.buf.as_slice();
             for span in spans {
                 match span.class {
                     Class::Keep => {}
                     Class::Zero => out.zeroes(start, span.from, span.to),
-                    Class::Data if block == 0 => out.data(start, &data, span.from, span.to),
+                    Class::Data if block == 0 => out.data(start, span.from, span.to),
                     Class::Data => {
                         let mut at = span.from;
                         while at < span.to {
@@ -141,7 +161,7 @@ pub fn filled_pieces(
                             if is_zero(&data[at..to]) {
                                 out.zeroes(start, at, to);
                             } else {
-                                out.data(start, &data, at, to);
+                                out.data(start, at, to);
                             }
                             at = to;
                         }
@@ -154,8 +174,11 @@ pub fn filled_pieces(
             algorithm,
         } => {
             let cs = cluster_size as usize;
-            for from in (0..data.len()).step_by(cs) {
-                let to = (from + cs).min(data.len());
+            // The last cluster is zero-padded, as qemu-img does.
+            chunk.buf.as_mut_slice()[len..len.div_ceil(cs) * cs].fill(0);
+            let data = chunk.buf.as_slice();
+            for from in (0..len).step_by(cs) {
+                let to = (from + cs).min(len);
                 let kept = spans
                     .iter()
                     .filter(|s| s.from < to && s.to > from)
@@ -163,25 +186,22 @@ pub fn filled_pieces(
                 if kept {
                     continue;
                 }
-                let part = &data[from..to];
-                if is_zero(part) {
+                let cluster = &data[from..from + cs];
+                if is_zero(cluster) {
                     out.zeroes(start, from, to);
                     continue;
                 }
                 let offset = start + from as u64;
-                let mut cluster = part.to_vec();
-                cluster.resize(cs, 0);
-                let packed = compress_cluster(algorithm, &cluster)
+                let packed = compress_cluster(algorithm, cluster)
                     .map_err(|source| CliError::Write { offset, source })?;
                 match packed {
                     Some(bytes) => out.pieces.push(Piece::Packed { offset, bytes }),
-                    // The last cluster is zero-padded, as qemu-img does.
-                    None => out.data_at(offset, &cluster),
+                    None => out.data(start, from, from + cs),
                 }
             }
         }
     }
-    Ok((out.pieces, Some(data)))
+    Ok(out.pieces)
 }
 
 /// Pieces being gathered, neighbours of one kind joined.
@@ -200,21 +220,14 @@ impl Pieces {
         }
     }
 
-    /// Adds `data[from..to]`, which lies at `start + from` of the disk.
-    fn data(&mut self, start: u64, data: &[u8], from: usize, to: usize) {
-        self.data_at(start + from as u64, &data[from..to]);
-    }
-
-    /// Adds `bytes` at disk offset `offset`.
-    fn data_at(&mut self, offset: u64, bytes: &[u8]) {
+    /// Adds the buffer's `from..to`, which lies at `start + from` of the
+    /// disk.
+    fn data(&mut self, start: u64, from: usize, to: usize) {
         match self.pieces.last_mut() {
-            Some(Piece::Data {
-                offset: o,
-                bytes: b,
-            }) if *o + b.len() as u64 == offset => b.extend_from_slice(bytes),
+            Some(Piece::Data { range, .. }) if range.end == from => range.end = to,
             _ => self.pieces.push(Piece::Data {
-                offset,
-                bytes: bytes.to_vec(),
+                offset: start + from as u64,
+                range: from..to,
             }),
         }
     }

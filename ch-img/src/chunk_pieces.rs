@@ -1,23 +1,24 @@
 //! What a convert worker does with one chunk of the source: reads it
-//! into a buffer it owns ([`read_chunk`]) and turns it into the writes the
-//! writer does ([`pieces_of`]): runs of non-zero `-S` blocks, or with `-c`
-//! whole clusters, compressed where that shrinks them (all-zero clusters
-//! stay unallocated; clusters compression does not shrink are written as
-//! they are, neighbours joined into one piece).
+//! into an aligned buffer of the copy's pool ([`read_chunk`]) and turns
+//! it into the writes the writer does ([`pieces_of`]): runs of non-zero
+//! `-S` blocks, or with `-c` whole clusters, compressed where that shrinks
+//! them (all-zero clusters stay unallocated; clusters compression does
+//! not shrink are written as they are, neighbours joined into one piece).
 //!
-//! A chunk's buffer enters [`read_chunk`] (any earlier contents) and
-//! leaves as the chunk's bytes; [`pieces_of`] takes it and either hands it
-//! back (the pieces are copies or compressed bytes) or makes it the
-//! chunk's only data piece when every byte of it is written as it is
-//! (an incompressible chunk, a chunk without zero blocks): no copy. The
-//! pieces leave to the writer, which may give written buffers back
-//! ([`SpareBuffers`]) for the next reads.
+//! A chunk's buffer enters [`read_chunk`] and leaves in a [`ReadChunk`]
+//! with the ranges that hold data and the ranges lost to damage
+//! ([`crate::convert_source::Extent::Lost`], read as zeroes). Data pieces
+//! name ranges of that buffer, so nothing is copied between the read and
+//! the write: the writer writes each range from the buffer itself and
+//! gives the buffer back to the pool.
 
-use std::sync::Mutex;
+use std::ops::Range;
 
+use block::aligned::AlignedBuf;
 use block::formats::{compress_cluster, Compression};
+use block::BlockError;
 
-use crate::convert_source::ConvertSource;
+use crate::convert_source::{ConvertSource, Extent};
 use crate::error::CliError;
 
 /// How the data is written.
@@ -33,9 +34,11 @@ pub enum Mode {
 }
 
 /// One write the writer does.
+#[derive(Debug, PartialEq, Eq)]
 pub enum Piece {
-    /// Bytes written as they are at `offset` of the virtual disk.
-    Data { offset: u64, bytes: Vec<u8> },
+    /// Bytes `range` of the chunk's buffer, written as they are at
+    /// `offset` of the virtual disk.
+    Data { offset: u64, range: Range<usize> },
     /// One cluster at `offset`, compressed.
     Packed { offset: u64, bytes: Vec<u8> },
     /// `len` bytes at `offset` made to read as zeroes (only where the
@@ -43,176 +46,155 @@ pub enum Piece {
     Zeroes { offset: u64, len: u64 },
 }
 
-/// Buffers the writer has written, for workers to read the next chunks
-/// into instead of allocating (and page-faulting in) new ones.
-pub struct SpareBuffers {
-    buffers: Mutex<Vec<Vec<u8>>>,
-    /// Buffers kept at most.
-    keep: usize,
-    /// Smallest and largest capacity worth keeping.
-    min_capacity: usize,
-    max_capacity: usize,
+/// Bytes of the source that could not be read (they read as zeroes).
+#[derive(Debug)]
+pub struct Lost {
+    pub offset: u64,
+    pub len: u64,
+    pub error: BlockError,
 }
 
-impl SpareBuffers {
-    /// A pool for reads of `chunk` bytes, keeping at most `keep` buffers.
-    pub fn new(chunk: usize, keep: usize) -> Self {
-        SpareBuffers {
-            buffers: Mutex::new(Vec::new()),
-            keep,
-            min_capacity: chunk,
-            max_capacity: 2 * chunk,
-        }
-    }
+/// One chunk as read: the buffer (its whole window shown), the ranges of
+/// it that hold data (chunk-relative, in order, neighbours joined) and the
+/// bytes lost to damage. Bytes outside `data` are not read: they hold
+/// whatever the buffer held before.
+pub struct ReadChunk {
+    pub buf: AlignedBuf,
+    pub data: Vec<Range<usize>>,
+    pub lost: Vec<Lost>,
+}
 
-    /// A buffer with room for a chunk, or an empty one.
-    pub fn take(&self) -> Vec<u8> {
-        let mut buffers = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
-        buffers.pop().unwrap_or_default()
-    }
-
-    /// Keeps `buf` for a later read if it is the right size and there is room.
-    pub fn give(&self, buf: Vec<u8>) {
-        if buf.capacity() < self.min_capacity || buf.capacity() > self.max_capacity {
-            return;
+impl ReadChunk {
+    /// Zeroes every byte of `0..len` outside the data ranges (the
+    /// compressed modes compress whole clusters).
+    pub fn zero_outside_data(&mut self, len: usize) {
+        let bytes = self.buf.as_mut_slice();
+        let mut at = 0;
+        for r in &self.data {
+            bytes[at..r.start].fill(0);
+            at = r.end;
         }
-        let mut buffers = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
-        if buffers.len() < self.keep {
-            buffers.push(buf);
+        if at < len {
+            bytes[at..len].fill(0);
         }
     }
 }
 
-/// Reads `start..start+len` of `source` into `buf` (zero ranges are not
-/// read, but zeroed); returns the buffer and whether any of it was read
-/// (if not, it holds stale bytes: not to be used).
+/// Joins `range` to the last of `ranges` when it continues it.
+pub fn push_range(ranges: &mut Vec<Range<usize>>, range: Range<usize>) {
+    match ranges.last_mut() {
+        Some(last) if last.end == range.start => last.end = range.end,
+        _ => ranges.push(range),
+    }
+}
+
+/// Reads the data of `start..start+len` of `source` into `buf` (at least
+/// `len` bytes): extents that read as zeroes are not read, lost ones are
+/// noted (see [`ReadChunk`]).
 pub fn read_chunk(
     source: &ConvertSource,
     start: u64,
     len: u64,
-    mut buf: Vec<u8>,
-) -> Result<(Vec<u8>, bool), CliError> {
-    // Earlier contents are overwritten below: no need to zero them first.
-    buf.resize(len as usize, 0);
+    buf: AlignedBuf,
+) -> Result<ReadChunk, CliError> {
     let end = start + len;
     let mut pos = start;
-    let mut any = false;
-    // Zeroed only when something was read: an all-zero chunk is skipped.
-    let mut zero_ranges = Vec::new();
+    let mut data = Vec::new();
+    let mut lost = Vec::new();
     while pos < end {
-        let status = source.extent_at(pos, end)?;
+        let extent = source.extent(pos, end)?;
+        let n = extent.length();
         let at = (pos - start) as usize;
-        let range = at..at + status.len as usize;
-        let read_error = |source| CliError::Read {
-            offset: pos,
-            source,
-        };
-        if status.zero {
-            zero_ranges.push(range);
-        } else if status.len == len {
-            // The whole chunk: the request reads into the buffer itself.
-            buf = source.read_owned(pos, buf).map_err(read_error)?;
-            any = true;
-        } else {
-            source.read_at(pos, &mut buf[range]).map_err(read_error)?;
-            any = true;
+        match extent {
+            Extent::Status(s) if !s.zero => push_range(&mut data, at..at + n as usize),
+            Extent::Status(_) => {}
+            Extent::Lost { len, error } => lost.push(Lost {
+                offset: pos,
+                len,
+                error,
+            }),
         }
-        pos += status.len;
+        pos += n;
     }
-    if any {
-        for range in zero_ranges {
-            buf[range].fill(0);
-        }
+    let mut buf = buf;
+    for r in &data {
+        buf = source.read_into(start + r.start as u64, buf, r.clone())?;
     }
-    Ok((buf, any))
+    Ok(ReadChunk { buf, data, lost })
 }
 
-/// The writes for one chunk's bytes `data`, which start at disk offset
-/// `start` (see the module docs), and `data` back unless it became the
-/// only piece.
+/// The writes for one chunk read at disk offset `start`, `len` bytes
+/// long (see the module docs).
 pub fn pieces_of(
     mode: Mode,
     start: u64,
-    data: Vec<u8>,
-) -> Result<(Vec<Piece>, Option<Vec<u8>>), CliError> {
+    len: usize,
+    chunk: &mut ReadChunk,
+) -> Result<Vec<Piece>, CliError> {
     let mut pieces = Vec::new();
+    if chunk.data.is_empty() {
+        return Ok(pieces);
+    }
     match mode {
         Mode::Sparse { block } => {
-            let runs = nonzero_runs(start, &data, block);
-            if let [(0, to)] = runs[..] {
-                if to == data.len() {
-                    pieces.push(Piece::Data {
-                        offset: start,
-                        bytes: data,
-                    });
-                    return Ok((pieces, None));
+            let bytes = chunk.buf.as_slice();
+            let mut runs = Vec::new();
+            for r in &chunk.data {
+                let at = start + r.start as u64;
+                for (from, to) in nonzero_runs(at, &bytes[r.clone()], block) {
+                    push_range(&mut runs, r.start + from..r.start + to);
                 }
             }
-            for (from, to) in runs {
-                pieces.push(Piece::Data {
-                    offset: start + from as u64,
-                    bytes: data[from..to].to_vec(),
-                });
-            }
+            pieces.extend(runs.into_iter().map(|range| Piece::Data {
+                offset: start + range.start as u64,
+                range,
+            }));
         }
         Mode::Compressed {
             cluster_size,
             algorithm,
         } => {
             let cs = cluster_size as usize;
-            // Clusters compression does not shrink, not yet in `pieces`:
-            // data[from..to] (`to` may pass the end: the last cluster is
-            // zero-padded, as qemu-img does).
-            let mut raw: Option<(usize, usize)> = None;
-            for (k, part) in data.chunks(cs).enumerate() {
-                let from = k * cs;
-                if is_zero(part) {
-                    push_raw(&mut pieces, start, &data, raw.take());
+            // The last cluster is zero-padded, as qemu-img does.
+            let padded = len.div_ceil(cs) * cs;
+            chunk.zero_outside_data(padded);
+            let bytes = chunk.buf.as_slice();
+            // Clusters compression does not shrink, not yet in `pieces`.
+            let mut raw: Option<Range<usize>> = None;
+            for from in (0..len).step_by(cs) {
+                let cluster = &bytes[from..from + cs];
+                if is_zero(cluster) {
+                    push_raw(&mut pieces, start, raw.take());
                     continue;
                 }
                 let offset = start + from as u64;
-                let packed = if part.len() == cs {
-                    compress_cluster(algorithm, part)
-                } else {
-                    let mut cluster = part.to_vec();
-                    cluster.resize(cs, 0);
-                    compress_cluster(algorithm, &cluster)
-                };
-                match packed.map_err(|source| CliError::Write { offset, source })? {
+                let packed = compress_cluster(algorithm, cluster)
+                    .map_err(|source| CliError::Write { offset, source })?;
+                match packed {
                     Some(bytes) => {
-                        push_raw(&mut pieces, start, &data, raw.take());
+                        push_raw(&mut pieces, start, raw.take());
                         pieces.push(Piece::Packed { offset, bytes });
                     }
                     None => match &mut raw {
-                        Some((_, to)) => *to = from + cs,
-                        None => raw = Some((from, from + cs)),
+                        Some(r) => r.end = from + cs,
+                        None => raw = Some(from..from + cs),
                     },
                 }
             }
-            if pieces.is_empty() && raw == Some((0, data.len())) {
-                pieces.push(Piece::Data {
-                    offset: start,
-                    bytes: data,
-                });
-                return Ok((pieces, None));
-            }
-            push_raw(&mut pieces, start, &data, raw);
+            push_raw(&mut pieces, start, raw);
         }
     }
-    Ok((pieces, Some(data)))
+    Ok(pieces)
 }
 
-/// Adds `data[from..to]` (zero-padded past the end) as a data piece.
-fn push_raw(pieces: &mut Vec<Piece>, start: u64, data: &[u8], raw: Option<(usize, usize)>) {
-    let Some((from, to)) = raw else {
-        return;
-    };
-    let mut bytes = data[from..to.min(data.len())].to_vec();
-    bytes.resize(to - from, 0);
-    pieces.push(Piece::Data {
-        offset: start + from as u64,
-        bytes,
-    });
+/// Adds the buffer's `range` as a data piece.
+fn push_raw(pieces: &mut Vec<Piece>, start: u64, range: Option<Range<usize>>) {
+    if let Some(range) = range {
+        pieces.push(Piece::Data {
+            offset: start + range.start as u64,
+            range,
+        });
+    }
 }
 
 /// Byte ranges of `data` (which starts at disk offset `start`) made of
@@ -296,11 +278,24 @@ mod tests {
         pieces
             .iter()
             .map(|p| match p {
-                Piece::Data { offset, bytes } => ('d', *offset, bytes.len()),
+                Piece::Data { offset, range } => ('d', *offset, range.len()),
                 Piece::Packed { offset, bytes } => ('p', *offset, bytes.len().min(1)),
                 Piece::Zeroes { offset, len } => ('z', *offset, *len as usize),
             })
             .collect()
+    }
+
+    /// A chunk whose `data` was read whole into a buffer of `capacity`
+    /// bytes that held 0xee before.
+    fn read_whole(data: &[u8], capacity: usize) -> ReadChunk {
+        let mut buf = AlignedBuf::new(capacity, 4096).unwrap();
+        buf.as_mut_slice().fill(0xee);
+        buf.as_mut_slice()[..data.len()].copy_from_slice(data);
+        ReadChunk {
+            buf,
+            data: std::iter::once(0..data.len()).collect(),
+            lost: Vec::new(),
+        }
     }
 
     #[test]
@@ -316,35 +311,81 @@ mod tests {
         data.extend(vec![0u8; cs]);
         data.extend(b"compressible ".repeat(cs / 13 + 1)[..cs].to_vec());
         data.extend(noise(2 * cs - 1, 2));
-        let (pieces, back) = pieces_of(mode, 1 << 20, data.clone()).unwrap();
-        assert_eq!(back.as_deref(), Some(&data[..]));
+        let mut chunk = read_whole(&data, 16 * cs);
+        let pieces = pieces_of(mode, 1 << 20, data.len(), &mut chunk).unwrap();
         let at = |k: usize| (1 << 20) + (k * cs) as u64;
         assert_eq!(
             describe(&pieces),
             vec![('d', at(0), 2 * cs), ('p', at(3), 1), ('d', at(4), 2 * cs)]
         );
-        let Piece::Data { bytes, .. } = &pieces[2] else {
-            panic!("not data")
-        };
-        assert_eq!(&bytes[..2 * cs - 1], &data[4 * cs..]);
-        assert!(bytes[2 * cs - 1] == 0, "the last cluster is zero-padded");
+        let bytes = chunk.buf.as_slice();
+        assert_eq!(&bytes[..2 * cs], &data[..2 * cs]);
+        assert_eq!(&bytes[4 * cs..6 * cs - 1], &data[4 * cs..]);
+        assert!(bytes[6 * cs - 1] == 0, "the last cluster is zero-padded");
     }
 
     #[test]
-    fn a_chunk_written_as_it_is_becomes_its_own_piece() {
+    fn a_chunk_written_as_it_is_is_one_piece_of_its_buffer() {
         let data = noise(4 * 4096, 3);
         let compressed = Mode::Compressed {
             cluster_size: 4096,
             algorithm: Compression::Deflate,
         };
         for mode in [compressed, Mode::Sparse { block: 4096 }] {
-            let (pieces, back) = pieces_of(mode, 8192, data.clone()).unwrap();
-            assert!(back.is_none(), "{mode:?}");
-            assert_eq!(describe(&pieces), vec![('d', 8192, data.len())]);
-            let Piece::Data { bytes, .. } = &pieces[0] else {
-                panic!("not data")
-            };
-            assert_eq!(bytes, &data);
+            let mut chunk = read_whole(&data, data.len());
+            let pieces = pieces_of(mode, 8192, data.len(), &mut chunk).unwrap();
+            assert_eq!(describe(&pieces), vec![('d', 8192, data.len())], "{mode:?}");
+            assert_eq!(chunk.buf.as_slice(), &data[..]);
         }
+    }
+
+    #[test]
+    fn sparse_runs_come_only_from_the_data_ranges() {
+        // Two data extents (the second starts with a zero block) around a
+        // hole whose stale bytes must not be written.
+        let mut buf = AlignedBuf::new(6 * 4096, 4096).unwrap();
+        buf.as_mut_slice().fill(0xee);
+        buf.as_mut_slice()[4 * 4096..5 * 4096].fill(0);
+        let mut chunk = ReadChunk {
+            buf,
+            data: vec![0..2 * 4096, 4 * 4096..6 * 4096],
+            lost: Vec::new(),
+        };
+        let pieces = pieces_of(Mode::Sparse { block: 4096 }, 0, 6 * 4096, &mut chunk).unwrap();
+        assert_eq!(
+            pieces,
+            vec![
+                Piece::Data {
+                    offset: 0,
+                    range: 0..2 * 4096
+                },
+                Piece::Data {
+                    offset: 5 * 4096,
+                    range: 5 * 4096..6 * 4096
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn compressed_chunks_zero_what_was_not_read() {
+        let mut buf = AlignedBuf::new(4 * 4096, 4096).unwrap();
+        buf.as_mut_slice().fill(0xee);
+        let mut chunk = ReadChunk {
+            buf,
+            data: std::iter::once(4096..2 * 4096).collect(),
+            lost: Vec::new(),
+        };
+        let mode = Mode::Compressed {
+            cluster_size: 4096,
+            algorithm: Compression::Zstd,
+        };
+        let pieces = pieces_of(mode, 0, 3 * 4096 + 5, &mut chunk).unwrap();
+        // The stale bytes of the unread clusters became zeroes: only the
+        // read cluster is written (0xee compresses).
+        assert_eq!(describe(&pieces), vec![('p', 4096, 1)]);
+        assert!(chunk.buf.as_slice()[2 * 4096..4 * 4096]
+            .iter()
+            .all(|&b| b == 0));
     }
 }

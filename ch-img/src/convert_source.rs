@@ -3,13 +3,25 @@
 //! (`-l`).
 //!
 //! The sources' paths and options enter [`ConvertSource::open`] (each
-//! worker opens its own); reads, block status and read-ahead hints at
-//! offsets of the joined disk leave, each served by the image that holds
-//! the offset (an extent never crosses from one image into the next).
-//! [`ConvertSource::identities`] lists every file the sources read
-//! (their backing chains and data files too), which the output must not
-//! be.
+//! worker opens its own); reads, extents and read-ahead hints at offsets
+//! of the joined disk leave, each served by the image that holds the
+//! offset (an extent never crosses from one image into the next; a read
+//! is split where one image ends). [`ConvertSource::identities`] lists
+//! every file the sources read (their backing chains and data files too),
+//! which the output must not be.
+//!
+//! Salvage: where an image's metadata puts guest bytes past the end of
+//! its file (a truncated image, an L1 or L2 entry gone wrong), qemu-img
+//! 7.2 reads zeroes and converts the rest. [`ConvertSource::extent`] does
+//! the same: the block layer refuses such a range with
+//! [`BlockError::BeyondEndOfFile`], which names the guest bytes it costs,
+//! and the range comes back as [`Extent::Lost`] (read as zeroes, reported
+//! by the writer) while the bytes around it are read as usual. Any other
+//! damage still stops the copy, as it stops qemu-img's.
 
+use std::ops::Range;
+
+use block::aligned::AlignedBuf;
 use block::create::FileIdentity;
 use block::formats::{BlockStatus, SnapshotRef};
 use block::options::CacheMode;
@@ -93,29 +105,95 @@ impl ConvertSource {
         (io, *start, end)
     }
 
-    /// The block status of the extent at `pos`, cut at `end` and at the
-    /// end of the image holding `pos`.
-    pub fn extent_at(&self, pos: u64, end: u64) -> Result<BlockStatus, CliError> {
+    /// The extent at `pos`, cut at `end` and at the end of the image
+    /// holding `pos`: its block status, or the bytes lost to damage (see
+    /// the module docs).
+    pub fn extent(&self, pos: u64, end: u64) -> Result<Extent, CliError> {
         let (io, start, stop) = self.part(pos);
-        io.extent_at(pos - start, end.min(stop) - start)
+        let mut limit = end.min(stop);
+        loop {
+            let error = match io.extent_at(pos - start, limit - start) {
+                Ok(status) => return Ok(Extent::Status(status)),
+                Err(CliError::BlockStatus {
+                    source: error @ BlockError::BeyondEndOfFile { .. },
+                    ..
+                }) => error,
+                Err(other) => return Err(other),
+            };
+            let BlockError::BeyondEndOfFile { guest, len, .. } = error else {
+                unreachable!("matched above");
+            };
+            let lost_from = guest.saturating_add(start);
+            let lost_to = lost_from.saturating_add(len);
+            if lost_from <= pos && pos < lost_to {
+                let len = lost_to.min(limit) - pos;
+                return Ok(Extent::Lost { len, error });
+            }
+            if pos < lost_from && lost_from < limit {
+                // The damage lies further on: ask again for what precedes it.
+                limit = lost_from;
+                continue;
+            }
+            return Err(CliError::BlockStatus {
+                offset: pos,
+                source: error,
+            });
+        }
     }
 
-    /// Fills `buf` with the joined disk's bytes at `offset` (within one
-    /// extent, so within one image).
-    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BlockError> {
-        let (io, start, _) = self.part(offset);
-        io.read_at(offset - start, buf)
-    }
-
-    /// [`ImageIo::read_owned`] at an offset of the joined disk.
-    pub fn read_owned(&self, offset: u64, buf: Vec<u8>) -> Result<Vec<u8>, BlockError> {
-        let (io, start, _) = self.part(offset);
-        io.read_owned(offset - start, buf)
+    /// Reads the joined disk's bytes at `offset` into `range` of `buf`,
+    /// image by image, and returns the buffer (its whole window shown).
+    pub fn read_into(
+        &self,
+        offset: u64,
+        mut buf: AlignedBuf,
+        range: Range<usize>,
+    ) -> Result<AlignedBuf, CliError> {
+        let mut at = range.start;
+        while at < range.end {
+            let pos = offset + (at - range.start) as u64;
+            let (io, start, stop) = self.part(pos);
+            let n = ((stop - pos) as usize).min(range.end - at);
+            let fail = |source| CliError::Read {
+                offset: pos,
+                source,
+            };
+            if !buf.set_window(at..at + n) {
+                return Err(fail(BlockError::OutOfRange {
+                    offset: at as u64,
+                    len: n as u64,
+                    size: buf.capacity() as u64,
+                }));
+            }
+            buf = io.read_into(pos - start, buf).map_err(fail)?;
+            at += n;
+        }
+        buf.full_window();
+        Ok(buf)
     }
 
     /// [`ImageIo::will_need`] at an offset of the joined disk.
     pub fn will_need(&self, offset: u64, len: u64) {
         let (io, start, stop) = self.part(offset);
         io.will_need(offset - start, len.min(stop - offset));
+    }
+}
+
+/// An extent of the source (see [`ConvertSource::extent`]).
+pub enum Extent {
+    /// Readable; its block status (`len` included).
+    Status(BlockStatus),
+    /// `len` bytes the source's metadata puts past the end of its file:
+    /// they read as zeroes, and `error` says why.
+    Lost { len: u64, error: BlockError },
+}
+
+impl Extent {
+    /// The bytes it covers.
+    pub fn length(&self) -> u64 {
+        match self {
+            Extent::Status(s) => s.len,
+            Extent::Lost { len, .. } => *len,
+        }
     }
 }

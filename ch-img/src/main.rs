@@ -7,6 +7,7 @@
 //! with the verb's error status (1, or 2 for `compare`).
 
 mod args;
+mod chunk_bounds;
 mod chunk_fill;
 mod chunk_pieces;
 mod cmd;

@@ -13,7 +13,7 @@ use block::{BlockError, DiskOptions, ImageType};
 
 use crate::error::CliError;
 use crate::image_io::ImageIo;
-use crate::size::parse_size;
+use ch_util::size::parse_size;
 
 /// Parses `-f`/`-O`/`-F`: a format of the block layer's registry ("raw",
 /// "qcow2"; `None`: probe).
@@ -227,9 +227,9 @@ pub fn option_items<'a>(values: &[&'a str]) -> Vec<(&'a str, &'a str)> {
 pub fn set_create_option(opts: &mut CreateOptions, key: &str, val: &str) -> Result<bool, CliError> {
     let bad = || CliError::Usage(format!("Invalid value '{val}' for option '{key}'"));
     match key {
-        "size" => opts.size = parse_size(val).ok_or_else(bad)?,
+        "size" => opts.size = parse_size(val).ok().ok_or_else(bad)?,
         "preallocation" => opts.preallocation = val.parse().map_err(CliError::Usage)?,
-        "cluster_size" => opts.cluster_size = Some(parse_size(val).ok_or_else(bad)?),
+        "cluster_size" => opts.cluster_size = Some(parse_size(val).ok().ok_or_else(bad)?),
         "backing_file" => opts.backing_file = Some(val.to_string()),
         "backing_fmt" => opts.backing_fmt = Some(parse_format(Some(val))?),
         "compat" => opts.compat = Some(val.to_string()),

@@ -40,17 +40,16 @@ members! {
     block_engines => "block-engines",
     ch_img => "ch-img",
     ch_log => "ch-log",
+    ch_util => "ch-util",
     hypervisor => "hypervisor",
     module_cycles => "module-cycles",
     nbd => "nbd",
+    nbd_server => "nbd-server",
     storage_daemon => "storage-daemon",
     testkit => "testkit",
     tests => "tests",
     virtio_devices => "virtio-devices",
     virtio_host_driver => "virtio-host-driver",
-    #[ignore = "vmm: boot/mod.rs (BootError, BootEntry, open_file) with its children, \
-                config/mod.rs (ConfigError, next_free_disk_id) with its children, api/mod.rs \
-                with server.rs; un-ignore when they are untangled"]
     vmm => "vmm",
 }
 

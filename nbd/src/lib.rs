@@ -16,10 +16,11 @@
 //!   with one `sendmsg` per batch, without blocking; [`stream`]: a Unix
 //!   or TCP socket.
 //!
-//! Who drives the sockets lives elsewhere: the storage daemon's NBD export
-//! (one thread per connection over a block queue) and the block layer's
-//! NBD client (`block_engines::nbd`, a file below the formats). The two
-//! parsers are what the fuzz targets feed (`nbd/fuzz`).
+//! Who drives the sockets lives elsewhere: the `nbd-server` crate (the
+//! server of `ch-storage-daemon`'s export, one thread per connection over
+//! a block queue) and the block layer's NBD client (`block_engines::nbd`,
+//! a file below the formats). The two parsers are what the fuzz targets
+//! feed (`nbd/fuzz`).
 //!
 //! Hand-written because no maintained crate does this: the `nbd` crate on
 //! crates.io is a small synchronous client/server without structured

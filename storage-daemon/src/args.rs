@@ -3,11 +3,12 @@
 //! export parses its own keys, see [`crate::export`]), `-v`, `--help`,
 //! `--version`.
 
-use block::options::kv::{KvError, KvList};
 use block::options::take_image_options;
 use block::DiskOptions;
+use ch_util::kv::{KvError, KvList};
 use thiserror::Error;
 
+use crate::export::nbd::NbdConfig;
 use crate::export::ExportConfig;
 
 pub const USAGE: &str = "\
@@ -53,6 +54,9 @@ every request, flushes and closes the image clean.
   writable=on|off          allow writes (default off)
   max_connections=N        clients at once, 0 for no limit (default 0);
                            multi-conn is advertised unless N is 1
+  bitmap=NAME              offer the image's persistent dirty bitmap NAME as
+                           the qemu:dirty-bitmap:NAME meta context (needs
+                           --image ...,readonly=on)
 
 Other options:
   -v                       more logging (repeat for more)
@@ -89,6 +93,8 @@ pub enum ArgsError {
     RepeatedImage,
     #[error("at least one --export is required")]
     MissingExport,
+    #[error("--export type=nbd,bitmap={0} needs --image ...,readonly=on: a read-write open makes the image's persistent bitmaps invalid (this daemon does not record writes in them)")]
+    BitmapNeedsReadOnly(String),
 }
 
 pub fn parse_args(argv: &[String]) -> Result<Command, ArgsError> {
@@ -128,6 +134,17 @@ pub fn parse_args(argv: &[String]) -> Result<Command, ArgsError> {
     let image = image.ok_or(ArgsError::MissingImage)?;
     if exports.is_empty() {
         return Err(ArgsError::MissingExport);
+    }
+    // Refused before the open, which would already drop the bitmaps.
+    for e in &exports {
+        if let ExportConfig::Nbd(NbdConfig {
+            bitmap: Some(name), ..
+        }) = e
+        {
+            if !image.readonly {
+                return Err(ArgsError::BitmapNeedsReadOnly(name.clone()));
+            }
+        }
     }
     Ok(Command::Run(DaemonConfig {
         image,
@@ -171,6 +188,29 @@ mod tests {
             err.contains("--image") && err.contains("num_queues"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_bitmap_export_needs_a_read_only_image() {
+        let export = "type=nbd,addr=unix:s,bitmap=b0";
+        let err = run(&["--image", "path=a.qcow2", "--export", export]).unwrap_err();
+        assert!(
+            matches!(&err, ArgsError::BitmapNeedsReadOnly(n) if n == "b0"),
+            "{err}"
+        );
+        assert!(matches!(
+            run(&["--image", "path=a.qcow2,readonly=on", "--export", export]),
+            Ok(Command::Run(_))
+        ));
+        let err = run(&[
+            "--image",
+            "path=a,readonly=on",
+            "--export",
+            "type=nbd,addr=unix:s,bitmap=",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("bitmap"), "{err}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Issue 27, convert's options beside qemu-img 7.2: `-B`/`-F` and `-o
 //! backing_file=` (only what the source's top image holds is written),
-//! `-n` (an existing output, which must read as the source afterwards),
+//! `-n` (an existing output, which must read as the source afterwards
+//! and, for a fully allocated qcow2, map as qemu-img's: issue 34),
 //! `-l` (an internal snapshot, by id or name, or `snapshot.id=`/
 //! `snapshot.name=`), several sources joined into one disk, and the
 //! command lines qemu-img refuses. Each output is compared with qemu-img's
@@ -205,6 +206,11 @@ fn n_writes_into_an_existing_image_like_qemu_img() {
         assert!(same.status.success(), "{fmt}: {}", stdout(&same));
         if fmt == "qcow2" {
             assert_eq!(allocated(&c), allocated(&q), "-n {fmt}");
+            // Zero ranges of the source become zero clusters, their host
+            // clusters freed, as qemu-img leaves them: the same map, host
+            // offsets included.
+            let full_map = |p: &str| ok(&qemu(&["map", "--output=json", "-U", p]), "map");
+            assert_eq!(full_map(&c), full_map(&q), "-n {fmt}: the maps differ");
         }
     }
 }

@@ -179,6 +179,7 @@ fn every_verb_answers_as_qemu_img_on_an_export() {
         &["snapshot", "-l", "{}"],
         &["resize", "-f", "raw", "{}", SIZE],
         &["create", "-f", "raw", "{}", "4M"],
+        &["convert", "-f", "raw", "-O", "raw", &local, "{}"],
         &["convert", "-n", "-f", "raw", "-O", "raw", &local, "{}"],
         &[
             "dd",
@@ -194,7 +195,8 @@ fn every_verb_answers_as_qemu_img_on_an_export() {
         assert_eq!(c.code, 0, "{args:?}: {c:?}");
     }
     // The last commands wrote the local image's first 128 KiB (dd) and
-    // the rest of its 1 MiB (convert -n) over the zeroed first sector.
+    // the rest of its 1 MiB (convert, then convert -n) over the zeroed
+    // first sector.
     qemu_io("raw", uri, &["read -P 0x33 0 64k", "read -P 0 64k 960k"]);
 
     let json = integration_tests::json(&qemu_img(&["info", "--output=json", uri]));

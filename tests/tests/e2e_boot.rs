@@ -112,8 +112,10 @@ fn threads_reach_seccomp_mode(extra: &[&str], want: u32) -> Vec<(String, u32)> {
     let start = Instant::now();
     let seen = loop {
         let modes = seccomp_modes(child.id());
-        // main + 2 vCPUs
-        if modes.len() >= 3 && modes.iter().all(|m| m.1 == want) {
+        // Every thread, once both vCPUs exist (the VM is built after the
+        // main, connector and builder threads have their filters).
+        let vcpus = modes.iter().filter(|m| m.0.starts_with("vcpu")).count();
+        if vcpus == 2 && modes.iter().all(|m| m.1 == want) {
             break modes;
         }
         assert!(

@@ -16,8 +16,9 @@
 //!
 //! Upstream's binaries come from the folder in `CH_UPSTREAM_DIR` (`.ci/run`
 //! sets it); no package provides them, so without it each test reports a
-//! skip naming the variable (a failure under `CH_REQUIRE_ALL=1`). Upstream
-//! turns the guest's reset into a reboot, hence `park` and `vmm.shutdown`.
+//! skip naming the variable, even under `CH_REQUIRE_ALL=1`
+//! (testkit::upstream). Upstream turns the guest's reset into a reboot,
+//! hence `park` and `vmm.shutdown`.
 
 mod e2e_api_support;
 mod e2e_support;
@@ -33,25 +34,11 @@ use integration_tests::{json, qemu_img, TempDir};
 use serde_json::Value;
 use testkit::ChildGuard;
 
-const UPSTREAM_VAR: &str = "CH_UPSTREAM_DIR";
-
-/// Upstream's folder, or `None` (a reported skip) when the variable is
-/// unset or the folder lacks `cloud-hypervisor`.
+/// Upstream's folder, or `None` (a reported skip naming
+/// `CH_UPSTREAM_DIR`) when the variable is unset (testkit::upstream).
 fn upstream_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os(UPSTREAM_VAR).map(PathBuf::from);
-    let check = match &dir {
-        None => Err(format!(
-            "{UPSTREAM_VAR} is not set (the folder with upstream Cloud Hypervisor's \
-             cloud-hypervisor; no package provides it)"
-        )),
-        Some(d) => testkit::exists(&d.join("cloud-hypervisor")),
-    };
-    let what = format!("upstream Cloud Hypervisor ({UPSTREAM_VAR})");
-    if testkit::available(&what, check) && have_curl() {
-        dir
-    } else {
-        None
-    }
+    let binary = testkit::upstream_binary("cloud-hypervisor")?;
+    have_curl().then(|| binary.parent().map(PathBuf::from))?
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]

@@ -8,13 +8,10 @@
 //! - [`vhost_user_blk`]: virtio-blk served by a vhost-user backend (the
 //!   VMM as a vhost-user front end).
 //! - `transport`: virtio-pci (modern) with MSI-X.
-//! - [`adaptive_poll`]: the spin-before-sleep budget of queue threads
-//!   (virtio-blk workers, the storage daemon's FUSE threads).
 //!
 //! The host-side driver that plays the guest in tests and `blk-bench`
 //! lives in its own crate, `virtio-host-driver`, so the VMM does not link it.
 
-pub mod adaptive_poll;
 pub mod block;
 pub mod device;
 pub mod transport;

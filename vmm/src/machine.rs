@@ -20,7 +20,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::Killable;
 
-use crate::boot::{self, BootEntry};
+use crate::boot::{self, entry::BootEntry};
 use crate::config::{BootConfig, SeccompMode};
 use crate::device_manager::{Carried, DeviceManager, Devices};
 use crate::exit::ExitSignal;

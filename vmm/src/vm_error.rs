@@ -5,7 +5,7 @@
 use thiserror::Error;
 
 use crate::api::socket::SocketError;
-use crate::boot::BootError;
+use crate::boot::error::BootError;
 use crate::device_error::DeviceError;
 use crate::exit::ExitReason;
 use crate::memory::MemoryError;

@@ -13,7 +13,7 @@
 //! and the recycled vectors ([`Spares`]).
 
 use std::fs::File;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::compressed::CompressedReads;
 use super::spares::Spares;
@@ -95,19 +95,30 @@ impl BounceBudget {
     }
 }
 
-impl OpBuilder {
-    pub fn new(format: Arc<dyn Format>, ignore_flushes: bool) -> Self {
+/// The process's one zero page: every queue writes zeroes from it and
+/// nothing writes into it, so one copy serves them all (a page per queue
+/// cost each queue 1 MiB of memory: the allocation zeroes it).
+fn shared_zero_page() -> Arc<AlignedBuf> {
+    static PAGE: OnceLock<Arc<AlignedBuf>> = OnceLock::new();
+    let page = PAGE.get_or_init(|| {
         // Like a `Vec`, a fixed-size allocation failure is fatal.
-        let zero_page = AlignedBuf::new(ZERO_PAGE, 4096).unwrap_or_else(|| {
+        let page = AlignedBuf::new(ZERO_PAGE, 4096).unwrap_or_else(|| {
             std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u8; ZERO_PAGE]>())
         });
+        Arc::new(page)
+    });
+    Arc::clone(page)
+}
+
+impl OpBuilder {
+    pub fn new(format: Arc<dyn Format>, ignore_flushes: bool) -> Self {
         let files = format.files().local().to_vec();
         let align = format.files().alignments();
         OpBuilder {
             format,
             files,
             align,
-            zero_page: Arc::new(zero_page),
+            zero_page: shared_zero_page(),
             spares: Spares::default(),
             plan_cache: PlanCache::default(),
             ignore_flushes,

@@ -1,29 +1,35 @@
 //! The image keys every binary shares (`--disk`, `ch-storage-daemon
 //! --image`): [`take_image_options`] reads them from a `key=value` list
-//! ([`super::kv`]) into a [`DiskOptions`]; each binary then takes its own
-//! keys from the same list. `image_type=` takes `auto` or a registered
-//! format's name (`formats::registry`).
+//! (`ch_util::kv`) into a [`DiskOptions`], by the rules between them that
+//! the VMM's JSON disk config follows too ([`super::rules`]); each binary
+//! then takes its own keys from the same list. `image_type=` takes
+//! `auto` or a registered format's name (`formats::registry`).
 
 use super::cache::CacheMode;
 use super::disk_options::DiskOptions;
-use super::kv::{parse_on_off, KvError, KvList};
+use super::rules::{self, CacheKeys, KeyConflict};
 use crate::formats::registry::FORMATS;
 use block_engines::nbd::is_nbd_path;
 use block_engines::EngineKind;
-
-/// Longest `reconnect_delay` accepted (an hour).
-pub const MAX_RECONNECT_DELAY: u64 = 3600;
+use ch_util::kv::{parse_on_off, KvError, KvList};
 
 /// Takes the image keys shared by `--disk` and `--image` from `kv`:
 /// `path` (required), `readonly`, `direct`, `cache`, `image_type`,
 /// `engine` and `reconnect_delay` (NBD paths only). Other keys stay in
 /// `kv` for the caller.
 ///
-/// Refused: a `direct` that disagrees with `cache` (naming both), and
-/// `engine=aio` without O_DIRECT (QEMU's aio=native needs
-/// cache.direct=on).
+/// Refused, by the rules every way in shares ([`rules`]): a `direct`
+/// that disagrees with `cache` (naming both), `engine=aio` without
+/// O_DIRECT (QEMU's aio=native needs cache.direct=on), a
+/// `reconnect_delay` out of range or on a path that is not NBD.
 pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
     let option = kv.option();
+    let conflict = |c: KeyConflict| KvError::Conflict {
+        option,
+        first: c.first,
+        second: c.second,
+        reason: c.reason,
+    };
     let path = kv.take_required("path")?;
     if path.is_empty() {
         return Err(KvError::BadValue {
@@ -37,25 +43,11 @@ pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
     if let Some(v) = kv.take_parsed("readonly", parse_on_off)? {
         options.readonly = v;
     }
-    let direct = kv.take_parsed("direct", parse_on_off)?;
-    let cache = kv.take_parsed("cache", |s| s.parse::<CacheMode>())?;
-    let on_off = |d: bool| if d { "on" } else { "off" };
-    match (direct, cache) {
-        (Some(d), Some(c)) if d != c.direct() => {
-            return Err(KvError::Conflict {
-                option,
-                first: format!("direct={}", on_off(d)),
-                second: format!("cache={c}"),
-                reason: format!(
-                    "cache={c} opens the image {} O_DIRECT; drop one of the two",
-                    if c.direct() { "with" } else { "without" }
-                ),
-            });
-        }
-        (_, Some(c)) => options.cache = c,
-        (Some(true), None) => options.cache = CacheMode::None,
-        _ => {}
-    }
+    let keys = CacheKeys {
+        direct: kv.take_parsed("direct", parse_on_off)?,
+        cache: kv.take_parsed("cache", |s| s.parse::<CacheMode>())?,
+    };
+    options.cache = keys.mode().map_err(conflict)?;
     options.direct = options.cache.direct();
     if let Some(v) = kv.take_parsed("image_type", |s| FORMATS.parse_image_type(s))? {
         options.image_type = v;
@@ -63,32 +55,17 @@ pub fn take_image_options(kv: &mut KvList) -> Result<DiskOptions, KvError> {
     if let Some(v) = kv.take_parsed("engine", |s| s.parse::<EngineKind>())? {
         options.engine = v;
     }
-    if let Some(v) = kv.take_parsed("reconnect_delay", |s| match s.parse::<u64>() {
-        Ok(n) if n <= MAX_RECONNECT_DELAY => Ok(n),
-        _ => Err(format!("expected seconds from 0 to {MAX_RECONNECT_DELAY}")),
+    let nbd = is_nbd_path(&options.path);
+    if let Some(v) = kv.take_parsed("reconnect_delay", |s| {
+        let delay = s
+            .parse::<u64>()
+            .map_err(|_| rules::reconnect_delay_range())?;
+        rules::check_reconnect_delay(delay, nbd)
     })? {
-        if !is_nbd_path(&options.path) {
-            return Err(KvError::BadValue {
-                option,
-                key: "reconnect_delay".into(),
-                value: v.to_string(),
-                reason: "only NBD exports (nbd:// or nbd+unix:// paths) reconnect".into(),
-            });
-        }
         options.reconnect_delay = v;
     }
-    if options.engine == EngineKind::Aio && !options.direct {
-        let buffered = match (direct, cache) {
-            (_, Some(c)) => format!("cache={c}"),
-            (Some(_), None) => "direct=off".to_string(),
-            (None, None) => "cache=writeback (the default)".to_string(),
-        };
-        return Err(KvError::Conflict {
-            option,
-            first: "engine=aio".into(),
-            second: buffered,
-            reason: "Linux AIO needs O_DIRECT (as QEMU's aio=native): use cache=none or cache=directsync".into(),
-        });
+    if options.engine == EngineKind::Aio {
+        keys.check_aio().map_err(conflict)?;
     }
     Ok(options)
 }

@@ -33,7 +33,7 @@ use crate::options::{
     parse_cache, parse_format, CacheFlag,
 };
 use crate::progress::StepProgress;
-use crate::size::parse_size;
+use ch_util::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "oft",
@@ -199,7 +199,7 @@ fn parse_amendment(values: &[&str]) -> Result<(Amendment, Option<String>), CliEr
         let not_bool = || usage(format!("Parameter '{key}' expects 'on' or 'off'"));
         match key {
             "size" => {
-                a.size = Some(parse_size(val).ok_or_else(|| usage(
+                a.size = Some(parse_size(val).ok().ok_or_else(|| usage(
                     "Parameter 'size' expects a non-negative number below 2^64\nOptional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\nand exabytes, respectively.".into(),
                 ))?)
             }

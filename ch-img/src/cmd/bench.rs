@@ -27,7 +27,7 @@ use crate::args::{parse, OptSpec};
 use crate::cmd::{print_json, OutputFormat};
 use crate::error::CliError;
 use crate::options::{open_error, parse_cache, parse_format, CacheFlag};
-use crate::size::parse_size;
+use ch_util::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "cdfiostST",
@@ -131,6 +131,7 @@ fn sized(p: &crate::args::Parsed, name: &str, default: u64) -> Result<u64, CliEr
     match p.value(name) {
         None => Ok(default),
         Some(v) => parse_size(v)
+            .ok()
             .ok_or_else(|| CliError::Usage(format!("Invalid size '{v}' for option -{name}"))),
     }
 }

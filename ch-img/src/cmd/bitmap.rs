@@ -20,7 +20,7 @@ use block::BlockError;
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::options::{open_image_cached, open_image_keeping_bitmaps, parse_format};
-use crate::size::parse_size;
+use ch_util::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "bFgf",
@@ -38,7 +38,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let granularity = p
         .value("g")
         .map(|g| {
-            parse_size(g).ok_or_else(|| {
+            parse_size(g).ok().ok_or_else(|| {
                 usage("Invalid granularity specified. You may use k, M, G, T, P or E suffixes for\nch-img: kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.")
             })
         })

@@ -34,7 +34,11 @@
 //! default 64, 0 for none).
 //!
 //! When a write fails (ENOSPC...), the error names the output and the
-//! partial output is left in place, as qemu-img leaves it.
+//! partial output is left in place, as qemu-img leaves it. Guest bytes a
+//! damaged source puts past the end of its file are converted as zeroes
+//! and named on stderr, and the exit status stays 0, as qemu-img 7.2
+//! converts such images ([`crate::convert_source`]); other damage fails
+//! the copy.
 
 use std::fs::OpenOptions;
 
@@ -56,7 +60,7 @@ use crate::options::{
     parse_format, set_create_option, CacheFlag,
 };
 use crate::progress::Progress;
-use crate::size::parse_size;
+use ch_util::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fOoStTBFml",
@@ -81,9 +85,12 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         return Err(CliError::Usage("Must specify image file name".into()));
     };
     let block = match p.value("S") {
-        Some(s) => parse_size(s).filter(|&b| b % 512 == 0).ok_or_else(|| {
-            CliError::Usage("Invalid buffer size for sparse output specified".into())
-        })?,
+        Some(s) => parse_size(s)
+            .ok()
+            .filter(|&b| b % 512 == 0)
+            .ok_or_else(|| {
+                CliError::Usage("Invalid buffer size for sparse output specified".into())
+            })?,
         None => 4096,
     };
     let out_fmt = match parse_format(p.value("O"))? {
@@ -95,11 +102,9 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
             "Compression not supported for this file format".into(),
         ));
     }
-    if block::engines::nbd::is_nbd_path(std::path::Path::new(dst)) && !skip_create {
-        return Err(CliError::Usage(format!(
-            "ch-img convert cannot create an image on an NBD export ({dst}); use -n to write into it"
-        )));
-    }
+    // Created on an export (as `create` does: the export keeps its size,
+    // its first sector is zeroed), an output does not read as zeroes.
+    let nbd_output = block::engines::nbd::is_nbd_path(std::path::Path::new(dst));
     let snapshot = parse_snapshot(p.value("l"));
     if snapshot.is_some() && sources.len() > 1 {
         return Err(CliError::Usage(
@@ -162,7 +167,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         Mode::Sparse { block }
     };
     let fill = Fill {
-        zeroes: skip_create || backing.is_some(),
+        zeroes: skip_create || nbd_output || backing.is_some(),
         // Without an opened backing file nothing is past its end.
         backing: backing
             .as_ref()
@@ -171,11 +176,11 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     // An NBD source has no local file the output could be, and its server
     // may serve one client at a time (qemu-nbd's default): the workers'
     // connections must not wait behind the one held here.
-    let held = if spec
+    let nbd_source = spec
         .paths
         .iter()
-        .any(|p| block::engines::nbd::is_nbd_path(std::path::Path::new(p)))
-    {
+        .any(|p| block::engines::nbd::is_nbd_path(std::path::Path::new(p)));
+    let held = if nbd_source {
         drop(source);
         None
     } else {
@@ -191,6 +196,8 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         fill,
         workers,
         in_order: compress || !p.flag("W"),
+        // Each block status of an NBD export is a round trip.
+        extent_bounds: !nbd_source,
     };
     let mut progress = Progress::new(p.flag("p") && !p.flag("q"), size);
     copy_pipeline::run(&job, &mut progress)?;
@@ -201,7 +208,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     })?;
     drop(output);
     drop(held);
-    if out_fmt == ImageType::RAW && !skip_create {
+    if out_fmt == ImageType::RAW && !skip_create && !nbd_output {
         // O_DIRECT pads the last partial block of the disk: cut the file
         // back to the disk's size.
         OpenOptions::new()

@@ -18,7 +18,7 @@ use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::option_help::{create_help, wants_help};
 use crate::options::{apply_create_options, driver_of, open_reader, option_items, parse_format};
-use crate::size::parse_size;
+use ch_util::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fobF",
@@ -66,7 +66,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
         )));
     }
     if let Some(size) = size {
-        opts.size = parse_size(size).ok_or_else(|| {
+        opts.size = parse_size(size).ok().ok_or_else(|| {
             CliError::Usage(
                 "Invalid image size specified. You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.".into(),
             )

@@ -28,7 +28,7 @@ use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::options::{open_image, parse_format};
-use crate::size::parse_size;
+use ch_util::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fO",
@@ -68,7 +68,7 @@ fn parse_operands(words: &[String]) -> Result<Operands, CliError> {
         };
         match key {
             "bs" => {
-                let bs = parse_size(value).ok_or_else(|| suffix_error("bs"))?;
+                let bs = parse_size(value).ok().ok_or_else(|| suffix_error("bs"))?;
                 if !(1..=MAX_BS).contains(&bs) {
                     return Err(CliError::Usage(format!(
                         "Invalid bs specified. Must be between 1 and {MAX_BS}."
@@ -76,8 +76,14 @@ fn parse_operands(words: &[String]) -> Result<Operands, CliError> {
                 }
                 ops.bs = bs;
             }
-            "count" => ops.count = Some(parse_size(value).ok_or_else(|| suffix_error("count"))?),
-            "skip" => ops.skip = Some(parse_size(value).ok_or_else(|| suffix_error("skip"))?),
+            "count" => {
+                ops.count = Some(
+                    parse_size(value)
+                        .ok()
+                        .ok_or_else(|| suffix_error("count"))?,
+                )
+            }
+            "skip" => ops.skip = Some(parse_size(value).ok().ok_or_else(|| suffix_error("skip"))?),
             "if" => ops.input = Some(value.to_string()),
             "of" => ops.output = Some(value.to_string()),
             _ => return Err(CliError::Usage(format!("unrecognized operand {key}"))),

@@ -15,8 +15,8 @@ use crate::cmd::OutputFormat;
 use crate::error::CliError;
 use crate::image_io::ImageIo;
 use crate::options::{force_share, open_reader, parse_format};
-use crate::size::parse_size;
 use block::options::CacheMode;
+use ch_util::size::parse_size;
 
 const SUFFIX_HINT: &str = "You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.";
 
@@ -43,7 +43,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let range_value = |name: &str, what: &str| -> Result<Option<u64>, CliError> {
         p.value(name)
             .map(|v| {
-                parse_size(v).ok_or_else(|| {
+                parse_size(v).ok().ok_or_else(|| {
                     CliError::Usage(format!("Invalid {what} specified. {SUFFIX_HINT}"))
                 })
             })

@@ -22,8 +22,8 @@ use crate::error::CliError;
 use crate::options::{
     driver_of, force_share, open_reader, option_items, parse_format, set_create_option,
 };
-use crate::size::parse_size;
 use block::options::CacheMode;
+use ch_util::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "fOols",
@@ -44,7 +44,7 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let size = p
         .value("size")
         .map(|v| {
-            parse_size(v).ok_or_else(|| {
+            parse_size(v).ok().ok_or_else(|| {
                 CliError::Usage(
                     "Invalid image size specified. You may use k, M, G, T, P or E suffixes for kilobytes, megabytes, gigabytes, terabytes, petabytes and exabytes.".into(),
                 )

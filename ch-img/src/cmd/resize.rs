@@ -14,7 +14,7 @@ use block::prealloc::{preallocate_grown, Preallocation};
 use crate::args::{parse, OptSpec};
 use crate::error::CliError;
 use crate::options::{open_image, parse_format};
-use crate::size::parse_size;
+use ch_util::size::parse_size;
 
 pub const SPEC: OptSpec = OptSpec {
     short_with_value: "f",
@@ -46,14 +46,14 @@ pub fn run(args: &[String]) -> Result<u8, CliError> {
     let current = image.size();
     let new_size = if let Some(d) = last.strip_prefix('+') {
         current
-            .checked_add(parse_size(d).ok_or_else(bad)?)
+            .checked_add(parse_size(d).ok().ok_or_else(bad)?)
             .ok_or_else(bad)?
     } else if let Some(d) = last.strip_prefix('-') {
         current
-            .checked_sub(parse_size(d).ok_or_else(bad)?)
+            .checked_sub(parse_size(d).ok().ok_or_else(bad)?)
             .ok_or_else(bad)?
     } else {
-        parse_size(last).ok_or_else(bad)?
+        parse_size(last).ok().ok_or_else(bad)?
     };
     if new_size < current && !p.flag("shrink") {
         eprintln!("ch-img: Use the --shrink option to perform a shrink operation.");

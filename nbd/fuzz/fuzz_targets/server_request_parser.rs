@@ -1,15 +1,21 @@
 //! Fuzzes what an NBD server reads from a client: the handshake
-//! (`nbd::server::negotiate`, when the first byte's top bit is set) or
-//! the transmission-phase request parser, fed in pieces of a size the
-//! input chooses. Nothing may panic, and every request the parser
-//! accepts must fit the export and the rules it was given.
+//! (`nbd::server::negotiate_offering_bitmaps`, when the first byte's top
+//! bit is set; the export offers two `qemu:dirty-bitmap:` contexts when
+//! bit 6 is set too) or the transmission-phase request parser, fed in
+//! pieces of a size the input chooses. Nothing may panic, a session
+//! selects only contexts the export offers (each once, `base:allocation`
+//! first), and every request the parser accepts must fit the export and
+//! the rules it was given.
 
 #![no_main]
 
 use std::io::{Read, Write};
 
 use libfuzzer_sys::fuzz_target;
-use nbd::server::{negotiate, Command, ExportDesc, Parsed, RequestParser, Rules};
+use nbd::server::{
+    negotiate_offering_bitmaps, Command, ExportDesc, MetaContext, Negotiated, Parsed,
+    RequestParser, Rules,
+};
 use nbd::wire::consts::{cmd_flag, flag};
 
 /// A client whose bytes are the input; what the server says is dropped.
@@ -43,7 +49,26 @@ fuzz_target!(|data: &[u8]| {
             flags: flag::HAS_FLAGS | flag::SEND_FLUSH,
             block_sizes: [1, 4096, 1 << 16],
         };
-        let _ = negotiate(&mut Client(input), &export);
+        let bitmaps = match knobs[0] & 0x40 {
+            0 => Vec::new(),
+            _ => vec!["b0".to_string(), "disk-bitmap".to_string()],
+        };
+        if let Ok(Negotiated::Go(session)) =
+            negotiate_offering_bitmaps(&mut Client(input), &export, &bitmaps)
+        {
+            let contexts = session.contexts();
+            let mut ids: Vec<u32> = contexts.iter().map(|c| c.id()).collect();
+            ids.dedup();
+            assert_eq!(ids.len(), contexts.len(), "a context selected twice");
+            for (i, c) in contexts.iter().enumerate() {
+                match c {
+                    MetaContext::BaseAllocation => assert_eq!(i, 0),
+                    MetaContext::DirtyBitmap(n) => assert!((*n as usize) < bitmaps.len()),
+                }
+            }
+            assert!(contexts.is_empty() || session.structured);
+            assert_eq!(session.block_status(), !contexts.is_empty());
+        }
         return;
     }
     let rules = Rules {

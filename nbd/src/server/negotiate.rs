@@ -4,7 +4,9 @@
 //! Options answered: EXPORT_NAME, ABORT, LIST, STARTTLS (refused: no
 //! TLS), INFO, GO (export size and flags, block sizes, name and
 //! description), STRUCTURED_REPLY, LIST_META_CONTEXT and
-//! SET_META_CONTEXT (`base:allocation` only); any other option gets
+//! SET_META_CONTEXT (`base:allocation` and the export's
+//! `qemu:dirty-bitmap:NAME` contexts, matched by [`super::meta_context`]);
+//! any other option gets
 //! `NBD_REP_ERR_UNSUP` and the client may go on. A client that breaks the
 //! framing (wrong magic, unknown client flags, an option longer than
 //! [`MAX_OPTION_LEN`]) is disconnected, as QEMU's server does.
@@ -13,9 +15,8 @@ use std::io::{self, Read, Write};
 
 use thiserror::Error;
 
-use crate::wire::consts::{
-    handshake, info, opt, rep, BASE_ALLOCATION, IHAVEOPT, MAX_STRING, NBD_MAGIC,
-};
+use super::meta_context::{MetaContext, Selection};
+use crate::wire::consts::{handshake, info, opt, rep, IHAVEOPT, MAX_STRING, NBD_MAGIC};
 use crate::wire::{be16, be32, put_string, OptionHeader, OptionReplyHeader};
 
 /// Longest option data accepted; longer options end the connection.
@@ -35,13 +36,44 @@ pub struct ExportDesc {
 }
 
 /// What a client negotiated before it entered the transmission phase.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Session {
     pub structured: bool,
     /// `base:allocation` was selected (context id 0).
     pub base_allocation: bool,
+    /// The offered bitmaps whose `qemu:dirty-bitmap:NAME` context was
+    /// selected (indexes into the names given to
+    /// [`negotiate_offering_bitmaps`]), in that order.
+    pub bitmaps: Vec<u32>,
     /// The transmission flags the client was told.
     pub flags: u16,
+}
+
+impl Session {
+    /// The selected contexts, in the order their BLOCK_STATUS chunks are
+    /// sent: `base:allocation` first, then the bitmaps.
+    pub fn contexts(&self) -> Vec<MetaContext> {
+        let base = self.base_allocation.then_some(MetaContext::BaseAllocation);
+        base.into_iter()
+            .chain(self.bitmaps.iter().map(|&n| MetaContext::DirtyBitmap(n)))
+            .collect()
+    }
+
+    /// At least one context was selected: BLOCK_STATUS may be used.
+    pub fn block_status(&self) -> bool {
+        self.base_allocation || !self.bitmaps.is_empty()
+    }
+
+    fn select(&mut self, contexts: &[MetaContext]) {
+        self.base_allocation = contexts.contains(&MetaContext::BaseAllocation);
+        self.bitmaps = contexts
+            .iter()
+            .filter_map(|c| match c {
+                MetaContext::DirtyBitmap(n) => Some(*n),
+                MetaContext::BaseAllocation => None,
+            })
+            .collect();
+    }
 }
 
 #[derive(Debug)]
@@ -68,10 +100,22 @@ pub enum HandshakeError {
     NotFixedNewstyle(u32),
 }
 
-/// Runs the handshake on `stream` for `export`.
+/// Runs the handshake on `stream` for `export`, offering
+/// `base:allocation` as its only metadata context.
 pub fn negotiate<S: Read + Write>(
     stream: &mut S,
     export: &ExportDesc,
+) -> Result<Negotiated, HandshakeError> {
+    negotiate_offering_bitmaps(stream, export, &[])
+}
+
+/// Runs the handshake on `stream` for `export`, offering
+/// `base:allocation` and a `qemu:dirty-bitmap:NAME` context for each of
+/// `bitmaps` (names of at most [`MAX_STRING`] bytes with the prefix).
+pub fn negotiate_offering_bitmaps<S: Read + Write>(
+    stream: &mut S,
+    export: &ExportDesc,
+    bitmaps: &[String],
 ) -> Result<Negotiated, HandshakeError> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBD_MAGIC.to_be_bytes());
@@ -89,6 +133,7 @@ pub fn negotiate<S: Read + Write>(
     }
     let mut n = Negotiation {
         export,
+        bitmaps,
         fixed: flags & u32::from(handshake::FIXED_NEWSTYLE) != 0,
         no_zeroes: flags & u32::from(handshake::NO_ZEROES) != 0,
         session: Session::default(),
@@ -132,6 +177,7 @@ enum Step {
 
 struct Negotiation<'a> {
     export: &'a ExportDesc,
+    bitmaps: &'a [String],
     fixed: bool,
     no_zeroes: bool,
     session: Session,
@@ -289,12 +335,17 @@ impl Negotiation<'_> {
 
     fn meta_context(&mut self, option: u32, data: &[u8]) -> Result<Step, HandshakeError> {
         let set = option == opt::SET_META_CONTEXT;
-        if set && !self.session.structured {
-            return self.error(
-                option,
-                rep::ERR_INVALID,
-                "OPT_SET_META_CONTEXT needs structured replies first",
-            );
+        if set {
+            // A SET replaces what an earlier one selected, even when it
+            // fails.
+            self.session.select(&[]);
+            if !self.session.structured {
+                return self.error(
+                    option,
+                    rep::ERR_INVALID,
+                    "OPT_SET_META_CONTEXT needs structured replies first",
+                );
+            }
         }
         let mut at = 0;
         let Some(name) = take_string(data, &mut at) else {
@@ -307,13 +358,16 @@ impl Negotiation<'_> {
             return self.error(option, rep::ERR_INVALID, "inconsistent lengths in option");
         };
         at += 4;
-        let mut base_allocation = !set && count == 0;
+        let offered = self.bitmaps.len();
+        let mut selection = match (set, count) {
+            (false, 0) => Selection::all(offered),
+            _ => Selection::none(offered),
+        };
         for _ in 0..count {
             let Some(query) = take_string(data, &mut at) else {
                 return self.error(option, rep::ERR_INVALID, "inconsistent lengths in option");
             };
-            base_allocation |= query == BASE_ALLOCATION.as_bytes()
-                || (!set && (query == b"base:" || query.is_empty()));
+            selection.query(query, !set, self.bitmaps);
         }
         if at != data.len() {
             return self.error(option, rep::ERR_INVALID, "inconsistent lengths in option");
@@ -321,13 +375,15 @@ impl Negotiation<'_> {
         if name != self.export.name.as_bytes() {
             return self.error(option, rep::ERR_UNKNOWN, "export not present");
         }
-        if base_allocation {
-            let mut b = 0u32.to_be_bytes().to_vec();
-            b.extend_from_slice(BASE_ALLOCATION.as_bytes());
+        let contexts = selection.contexts();
+        for c in &contexts {
+            let id = if set { c.id() } else { 0 };
+            let mut b = id.to_be_bytes().to_vec();
+            b.extend_from_slice(c.name(self.bitmaps).as_bytes());
             self.reply(option, rep::META_CONTEXT, &b);
         }
         if set {
-            self.session.base_allocation = base_allocation;
+            self.session.select(&contexts);
         }
         self.reply(option, rep::ACK, &[]);
         Ok(Step::Next)

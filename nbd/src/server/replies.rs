@@ -43,8 +43,21 @@ pub fn error_chunk(out: &mut Vec<u8>, cookie: u64, error: u32, message: &str) {
 
 /// A final BLOCK_STATUS chunk: `(length, flags)` extents of `context`.
 pub fn block_status_chunk(out: &mut Vec<u8>, cookie: u64, context: u32, extents: &[(u32, u32)]) {
+    block_status_part(out, cookie, context, extents, true);
+}
+
+/// A BLOCK_STATUS chunk of one of several selected contexts (one chunk
+/// per context; `done` on the last).
+pub fn block_status_part(
+    out: &mut Vec<u8>,
+    cookie: u64,
+    context: u32,
+    extents: &[(u32, u32)],
+    done: bool,
+) {
     let len = 4 + 8 * extents.len() as u32;
-    ChunkHeader::new(chunk::FLAG_DONE, chunk::BLOCK_STATUS, cookie, len).encode(out);
+    let flags = if done { chunk::FLAG_DONE } else { 0 };
+    ChunkHeader::new(flags, chunk::BLOCK_STATUS, cookie, len).encode(out);
     out.extend_from_slice(&context.to_be_bytes());
     for (l, f) in extents {
         out.extend_from_slice(&l.to_be_bytes());

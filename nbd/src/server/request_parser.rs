@@ -25,7 +25,8 @@ pub struct Rules {
     pub writable: bool,
     /// Structured replies were negotiated (DF is a valid READ flag).
     pub structured: bool,
-    /// `base:allocation` was negotiated (BLOCK_STATUS is allowed).
+    /// At least one metadata context was selected (BLOCK_STATUS is
+    /// allowed).
     pub block_status: bool,
     /// Largest READ/WRITE/CACHE length.
     pub max_payload: u32,

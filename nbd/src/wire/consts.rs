@@ -110,10 +110,13 @@ pub mod chunk {
     pub const ERROR_OFFSET: u16 = ERROR_BIT | 2;
 }
 
-/// `base:allocation` status bits.
+/// Block status bits: `base:allocation`'s, and the one bit of a
+/// `qemu:dirty-bitmap:NAME` context.
 pub mod state {
     pub const HOLE: u32 = 1 << 0;
     pub const ZERO: u32 = 1 << 1;
+    /// `qemu:dirty-bitmap:NAME`: the extent is dirty.
+    pub const DIRTY: u32 = 1 << 0;
 }
 
 /// Error values of replies (the same numbers as Linux's errno).
@@ -128,8 +131,13 @@ pub mod error {
     pub const ESHUTDOWN: u32 = 108;
 }
 
-/// The meta context this implementation offers and asks for.
+/// The meta context every export offers and the client asks for.
 pub const BASE_ALLOCATION: &str = "base:allocation";
+
+/// The prefix of QEMU's dirty-bitmap contexts, `qemu:dirty-bitmap:NAME`
+/// (QEMU's `docs/interop/nbd.rst`), which an export offers for the
+/// bitmaps it names.
+pub const QEMU_DIRTY_BITMAP: &str = "qemu:dirty-bitmap:";
 
 /// Largest READ/WRITE payload (QEMU's and nbdkit's limit, and the
 /// protocol's advice to clients that know no better).

@@ -12,11 +12,11 @@ use std::io;
 use block::BlockError;
 use nbd::wire::consts::error as nbd_err;
 use nbd::wire::nbd_error_from_errno;
+use nbd_server::answer_block_error as nbd_failed;
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_UNSUPP};
 use virtio_devices::block::error_status::status_of;
 
 use super::fuse::reply::{failed as fuse_failed, Reply};
-use super::nbd::commands::failed as nbd_failed;
 
 macro_rules! kinds {
     ($($kind:pat),* $(,)?) => {
@@ -39,6 +39,7 @@ kinds!(
     BlockError::NoSuchSnapshot { .. },
     BlockError::Lock { .. },
     BlockError::InvalidImage { .. },
+    BlockError::BeyondEndOfFile { .. },
     BlockError::Unsupported { .. },
     BlockError::OutOfRange { .. },
     BlockError::ReadOnly,
@@ -99,6 +100,13 @@ fn samples() -> Vec<BlockError> {
         BlockError::InvalidImage {
             path: path(),
             reason: text(),
+        },
+        BlockError::BeyondEndOfFile {
+            path: path(),
+            what: "an L2 entry",
+            host: 1 << 40,
+            guest: 0,
+            len: 65536,
         },
         BlockError::Unsupported {
             path: path(),

@@ -16,8 +16,8 @@ pub mod nbd;
 mod running;
 pub mod vhost_user_blk;
 
-use block::options::kv::{KvError, KvList};
 use block::ExclusiveImage;
+use ch_util::kv::{KvError, KvList};
 
 pub use running::{Export, ExportError};
 
@@ -52,11 +52,12 @@ impl ExportConfig {
 
 /// Starts the export `config` of `image`, which the daemon owns: the
 /// vhost-user export gets its disk (queues only), FUSE also a
-/// [`block::Resizer`] for `truncate` and growable writes.
+/// [`block::Resizer`] for `truncate` and growable writes, NBD the image
+/// to read a persistent bitmap from when one is exported.
 pub fn start(image: &ExclusiveImage, config: ExportConfig) -> Result<Box<dyn Export>, ExportError> {
     match config {
         ExportConfig::Fuse(c) => fuse::start(image, c),
         ExportConfig::VhostUserBlk(c) => vhost_user_blk::start(image.disk(), c),
-        ExportConfig::Nbd(c) => nbd::start(image.disk(), c),
+        ExportConfig::Nbd(c) => nbd::start(image, c),
     }
 }

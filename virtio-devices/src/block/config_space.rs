@@ -56,7 +56,7 @@ pub struct BlockDeviceConfig {
     /// The longest a queue worker spins for work before it sleeps, in
     /// microseconds (0: never; at most 1000; default [`DEFAULT_POLL_US`]).
     /// The spin adapts below it and stops on an idle queue (see
-    /// `crate::adaptive_poll`, docs/disk-options.md "Polling").
+    /// `ch_util::adaptive_poll`, docs/disk-options.md "Polling").
     pub poll_us: u32,
     /// I/O throttling per queue (none by default).
     pub rate_limit: super::rate_limit::RateLimitConfig,

@@ -17,7 +17,7 @@ use thiserror::Error;
 
 use super::endpoint::{Endpoint, FlagKind, VerbArgs};
 use crate::config::disk::parse_disk;
-use crate::config::size::parse_size;
+use ch_util::size::parse_size;
 
 /// Longer than the server waits for the control loop.
 const TIMEOUT: Duration = Duration::from_secs(130);

@@ -17,10 +17,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::channel::ApiSender;
 use super::endpoint::Endpoint;
 use super::http::{read_request, write_response};
 use super::response::ApiResponse;
-use super::{routes, ApiSender};
+use super::routes;
 
 /// The endpoint table the connection threads route by.
 pub type Table<C> = Arc<Vec<Endpoint<C>>>;

@@ -16,7 +16,9 @@ use linux_loader::loader::KernelLoader;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::e820::memory_map;
-use super::{load_initramfs, open_file, BootEntry, BootError};
+use super::entry::BootEntry;
+use super::error::BootError;
+use super::files::{load_initramfs, open_file};
 use crate::layout::{GDT_START, HIGH_RAM_START, PDPT_START, PD_START, PML4_START, ZERO_PAGE_START};
 
 /// The GDT the boot protocol asks for: null, null, code64, data, TSS.

@@ -11,7 +11,7 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::BootError;
+use super::error::BootError;
 use crate::config::cpus::MAX_VCPUS;
 use crate::layout::{IOAPIC_START, LAPIC_START, MPTABLE_START};
 

@@ -13,7 +13,9 @@ use linux_loader::loader::KernelLoader;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::e820::memory_map;
-use super::{load_initramfs, open_file, BootEntry, BootError};
+use super::entry::BootEntry;
+use super::error::BootError;
+use super::files::{load_initramfs, open_file};
 use crate::layout::{HIGH_RAM_START, PVH_INFO_START};
 
 const HVM_START_MAGIC: u32 = 0x336e_c578;

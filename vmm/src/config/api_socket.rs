@@ -7,9 +7,9 @@
 use std::os::fd::RawFd;
 use std::path::PathBuf;
 
-use block::options::kv::{KvError, KvList};
+use ch_util::kv::{KvError, KvList};
 
-use super::ConfigError;
+use super::error::ConfigError;
 
 /// A file the VMM opens (or creates) by path, or a descriptor inherited
 /// from the parent.

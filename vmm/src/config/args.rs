@@ -23,11 +23,12 @@ use clap::{Arg, ArgAction, ArgMatches};
 use super::api_socket::{parse_api_socket, parse_event_monitor};
 use super::cpus::parse_cpus;
 use super::disk::parse_disk;
+use super::error::ConfigError;
 use super::memory::parse_memory;
+use super::run_config::{RunConfig, SeccompMode};
 use super::serial::parse_serial;
 use super::vm_config::{ConsoleConfig, ConsoleMode, PayloadConfig, VmConfig};
-use super::{ConfigError, RunConfig, SeccompMode};
-use block::options::kv::KvError;
+use ch_util::kv::KvError;
 
 /// What the user asked for.
 #[derive(Debug)]

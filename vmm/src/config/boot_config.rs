@@ -2,7 +2,7 @@
 //! and turned into a [`BootConfig`], what the VM is built from, for a
 //! VM described on the command line and one made by `vm.create` alike.
 //! A value this VMM cannot honour is refused by its JSON path
-//! ([`VmConfigError`]), never ignored.
+//! ([`VmConfigError`], [`super::vm_config_error`]), never ignored.
 //!
 //! Disks without an id get Cloud Hypervisor's default ones (`_disk0`,
 //! `_disk1`, ... in PCI order: the in-VMM disks first, then the
@@ -11,15 +11,14 @@
 
 use std::path::PathBuf;
 
-use thiserror::Error;
-
 use super::cpus::resolve_cpus;
-use super::disk_resolve::{DiskConfigError, ResolvedDisk};
+use super::disk_resolve::ResolvedDisk;
 use super::local_disk::LocalDiskConfig;
 use super::memory::check_size;
 use super::serial::SerialMode;
 use super::vhost_user_disk::VhostUserDiskConfig;
-use super::vm_config::{ConsoleMode, Unimplemented, VmConfig};
+use super::vm_config::{ConsoleMode, VmConfig};
+use super::vm_config_error::VmConfigError;
 
 /// Everything needed to boot, checked.
 #[derive(Clone, Debug)]
@@ -37,32 +36,6 @@ pub struct BootConfig {
     /// Disks a vhost-user backend serves.
     pub vhost_user_disks: Vec<VhostUserDiskConfig>,
     pub serial: SerialMode,
-}
-
-/// A config that cannot be booted here; each names the field.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum VmConfigError {
-    #[error(transparent)]
-    Unimplemented(#[from] Unimplemented),
-    #[error("'{0}' is required")]
-    Missing(&'static str),
-    #[error("bad value '{value}' for '{field}': {reason}")]
-    BadValue {
-        field: String,
-        value: String,
-        reason: String,
-    },
-    #[error("disks[{index}]: {error}")]
-    Disk {
-        index: usize,
-        error: DiskConfigError,
-    },
-    #[error("two disks share the id '{0}'")]
-    DuplicateDiskId(String),
-    #[error(
-        "a vhost-user disk needs memory.shared (--memory shared=on): the backend maps guest RAM"
-    )]
-    VhostUserNeedsSharedMemory,
 }
 
 fn bad(field: &str, value: impl ToString, reason: impl Into<String>) -> VmConfigError {
@@ -86,7 +59,7 @@ impl VmConfig {
         for vhost_user in [false, true] {
             for d in disks.iter_mut().filter(|d| d.vhost_user == vhost_user) {
                 if d.id.is_none() {
-                    d.id = Some(super::next_free_disk_id(&mut next, &taken));
+                    d.id = Some(super::disk_id::next_free_disk_id(&mut next, &taken));
                 }
             }
         }

@@ -10,9 +10,9 @@
 //! the hypervisor crate's table (`hypervisor::cpu_model`), so a typo is
 //! refused before anything starts. Why a model: docs/vmm.md.
 
+use super::error::ConfigError;
 use super::vm_config::CpusConfig;
-use super::ConfigError;
-use block::options::kv::{KvError, KvList};
+use ch_util::kv::{KvError, KvList};
 use hypervisor::{BaseModel, CpuModel, Feature};
 
 /// The MP table and our APIC id space keep this small.

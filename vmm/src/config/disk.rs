@@ -20,13 +20,13 @@
 //! disk is built from after the checks is a
 //! [`super::local_disk::LocalDiskConfig`]. Nothing is opened here.
 
-use block::options::kv::{parse_on_off, split_top_level, KvError, KvList};
+use ch_util::kv::{parse_on_off, split_top_level, KvError, KvList};
 
 use super::disk_config::{
     DiskConfig, ImageTypeName, LockGranularity, QueueAffinity, RateLimiterConfig, TokenBucket,
 };
+use super::error::ConfigError;
 use super::local_disk::MAX_POLL_US;
-use super::ConfigError;
 
 /// `[0@[0,2-3],1@[1]]`: for each listed queue, its host CPUs (ranges
 /// expanded, in order, each once). Which queues and CPUs are allowed is

@@ -9,12 +9,13 @@
 //! `auto`; `disable_io_uring` picks the thread pool; `disable_aio` alone
 //! keeps `auto` away from Linux AIO (io_uring where the kernel has it,
 //! else the thread pool). An explicit `engine` they rule out is a
-//! conflict. The `direct`/`cache` and `engine=aio` rules are the ones
-//! `block::options::take_image_options` applies to `ch-storage-daemon
-//! --image` and `ch-img`.
+//! conflict. The `direct`/`cache`, `engine=aio` and `reconnect_delay`
+//! rules are `block::options::rules`, which `--image` and `ch-img` go
+//! through too.
 
 use block::formats::FORMATS;
-use block::options::{is_nbd_path, CacheMode, MAX_RECONNECT_DELAY};
+use block::options::rules::{check_reconnect_delay, CacheKeys, KeyConflict};
+use block::options::{is_nbd_path, CacheMode};
 use block::{DiskOptions, EngineKind, ImageType};
 use thiserror::Error;
 use virtio_devices::block::rate_limit::{RateLimitConfig, TokenBucketConfig};
@@ -74,11 +75,11 @@ fn unsupported(field: &'static str, value: impl ToString, reason: &'static str) 
     }
 }
 
-fn on_off(b: bool) -> &'static str {
-    if b {
-        "on"
-    } else {
-        "off"
+fn conflict(c: KeyConflict) -> DiskConfigError {
+    DiskConfigError::Conflict {
+        first: c.first,
+        second: c.second,
+        reason: c.reason,
     }
 }
 
@@ -267,58 +268,25 @@ impl DiskConfig {
         };
         let mut o = DiskOptions::new(path);
         o.readonly = self.readonly;
-        let cache = match &self.cache {
-            None => None,
-            Some(c) => Some(c.parse::<CacheMode>().map_err(|e| bad("cache", c, e))?),
+        let keys = CacheKeys {
+            direct: self.direct,
+            cache: match &self.cache {
+                None => None,
+                Some(c) => Some(c.parse::<CacheMode>().map_err(|e| bad("cache", c, e))?),
+            },
         };
-        o.cache = match (self.direct, cache) {
-            (Some(d), Some(c)) if d != c.direct() => {
-                return Err(DiskConfigError::Conflict {
-                    first: format!("direct={}", on_off(d)),
-                    second: format!("cache={c}"),
-                    reason: format!(
-                        "cache={c} opens the image {} O_DIRECT; drop one of the two",
-                        if c.direct() { "with" } else { "without" }
-                    ),
-                })
-            }
-            (_, Some(c)) => c,
-            (Some(true), None) => CacheMode::None,
-            _ => CacheMode::default(),
-        };
+        o.cache = keys.mode().map_err(conflict)?;
         o.direct = o.cache.direct();
         o.image_type = (self.image_type.format_name())
             .and_then(|name| FORMATS.image_type(name))
             .unwrap_or(ImageType::Auto);
         o.engine = self.engine_kind(o.direct)?;
         if let Some(d) = self.reconnect_delay {
-            if d > MAX_RECONNECT_DELAY {
-                return Err(bad(
-                    "reconnect_delay",
-                    d,
-                    format!("expected seconds from 0 to {MAX_RECONNECT_DELAY}"),
-                ));
-            }
-            if !is_nbd_path(&o.path) {
-                return Err(bad(
-                    "reconnect_delay",
-                    d,
-                    "only NBD exports (nbd:// or nbd+unix:// paths) reconnect",
-                ));
-            }
-            o.reconnect_delay = d;
+            o.reconnect_delay = check_reconnect_delay(d, is_nbd_path(&o.path))
+                .map_err(|reason| bad("reconnect_delay", d, reason))?;
         }
-        if o.engine == EngineKind::Aio && !o.direct {
-            let buffered = match (self.direct, cache) {
-                (_, Some(c)) => format!("cache={c}"),
-                (Some(_), None) => "direct=off".to_string(),
-                (None, None) => "cache=writeback (the default)".to_string(),
-            };
-            return Err(DiskConfigError::Conflict {
-                first: "engine=aio".into(),
-                second: buffered,
-                reason: "Linux AIO needs O_DIRECT (as QEMU's aio=native): use cache=none or cache=directsync".into(),
-            });
+        if o.engine == EngineKind::Aio {
+            keys.check_aio().map_err(conflict)?;
         }
         Ok(o)
     }

@@ -6,15 +6,14 @@
 //! lives in a memfd mapped shared (needed by vhost-user disks, whose
 //! backend maps guest RAM too).
 
-use super::size::parse_size;
-pub use super::vm_config::MemoryConfig;
-use super::ConfigError;
-use block::options::kv::{parse_on_off, KvList};
+use super::error::ConfigError;
+use super::vm_config::{MemoryConfig, DEFAULT_MEMORY};
+use ch_util::kv::{parse_on_off, KvList};
+use ch_util::size::parse_size;
 
 pub const MIN_MEMORY: u64 = 32 << 20;
 /// The host decides in the end; this only stops absurd values early.
 pub const MAX_MEMORY: u64 = 1 << 40;
-pub const DEFAULT_MEMORY: u64 = 512 << 20;
 
 /// `n` bytes of guest RAM, if this VMM can give them.
 pub fn check_size(n: u64) -> Result<u64, String> {
@@ -30,7 +29,9 @@ pub fn check_size(n: u64) -> Result<u64, String> {
 pub fn parse_memory(s: &str) -> Result<MemoryConfig, ConfigError> {
     let mut kv = KvList::parse("--memory", s)?;
     let size = kv
-        .take_parsed("size", |v| check_size(parse_size(v)?))?
+        .take_parsed("size", |v| {
+            check_size(parse_size(v).map_err(|e| e.to_string())?)
+        })?
         .unwrap_or(DEFAULT_MEMORY);
     let shared = kv.take_parsed("shared", parse_on_off)?.unwrap_or(false);
     kv.finish()?;

@@ -7,10 +7,10 @@
 
 use std::path::PathBuf;
 
+use super::error::ConfigError;
 use super::vm_config::{ConsoleConfig, ConsoleMode};
-use super::ConfigError;
-use block::options::kv::KvError;
-use block::options::kv::KvList;
+use ch_util::kv::KvError;
+use ch_util::kv::KvList;
 
 /// Where the serial port's output goes, checked.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -77,6 +77,9 @@ impl Default for CpusConfig {
     }
 }
 
+/// Guest RAM when `memory` (or its `size`) is not given.
+pub const DEFAULT_MEMORY: u64 = 512 << 20;
+
 /// `memory`: guest RAM.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -111,7 +114,7 @@ pub struct MemoryConfig {
 impl Default for MemoryConfig {
     fn default() -> Self {
         MemoryConfig {
-            size: super::memory::DEFAULT_MEMORY,
+            size: DEFAULT_MEMORY,
             shared: false,
             mergeable: false,
             hotplug_method: None,

@@ -17,7 +17,7 @@
 use block::{BlockError, Consequence};
 use virtio_devices::block::{BlockDeviceError, ControlError};
 
-use crate::boot::BootError;
+use crate::boot::error::BootError;
 use crate::device_manager::DeviceError;
 use crate::vm_error::VmError;
 

@@ -108,23 +108,27 @@ pub(crate) fn checked_entry(
             _ => Ok((e, bitmap)),
         };
     }
-    // A data cluster past the file's last cluster is hostile (qemu
-    // writes a cluster's data before publishing it).
+    // A data cluster past the file's last cluster is damage (qemu
+    // writes a cluster's data before publishing it): a truncated file or
+    // a bad entry, refused with the guest range it costs.
     let limit = file_size.div_ceil(g.cluster_size) * g.cluster_size;
-    let host = match e {
+    match e {
         L2Entry::Normal { host, .. }
         | L2Entry::Zero {
             host: Some(host), ..
-        } => Some(host),
-        L2Entry::Compressed(d) => Some(d.host_offset),
-        _ => None,
-    };
-    if let Some(h) = host.filter(|h| *h >= limit) {
-        return Err(invalid(format!(
-            "guest offset {guest:#x} maps to {h:#x}, beyond the end of the file"
-        )));
+        } if host >= limit => Err(BlockError::BeyondEndOfFile {
+            path: path.to_owned(),
+            what: "data cluster",
+            host,
+            guest: guest & !(g.cluster_size - 1),
+            len: g.cluster_size,
+        }),
+        L2Entry::Compressed(d) if d.host_offset >= limit => Err(invalid(format!(
+            "guest offset {guest:#x} maps to compressed data at {:#x}, beyond the end of the file",
+            d.host_offset
+        ))),
+        _ => Ok((e, bitmap)),
     }
-    Ok((e, bitmap))
 }
 
 /// The raw entry and subcluster bitmap (0 unless extended L2) at index

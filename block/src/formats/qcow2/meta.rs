@@ -194,6 +194,19 @@ impl MetaState {
         };
         let t = decode_l1(raw, self.g.cluster_size).map_err(|r| self.invalid(r))?;
         if let Some((off, _)) = t {
+            let cs = self.g.cluster_size;
+            if off >= cs && !within(off, cs, self.file_size) {
+                // Past (or across) the end of the file: everything the
+                // table maps is lost, and the error says which range.
+                let span = self.g.l2_coverage();
+                return Err(BlockError::BeyondEndOfFile {
+                    path: self.path.clone(),
+                    what: "L2 table",
+                    host: off,
+                    guest: (i as u64).saturating_mul(span),
+                    len: span,
+                });
+            }
             self.check_table(off, "L2 table")?;
         }
         Ok(t)

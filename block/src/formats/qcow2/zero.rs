@@ -3,9 +3,10 @@
 //! tables (`Format::plan_write_zeroes` in `queue.rs` takes the lock).
 //!
 //! A guest range enters; the plan's ops go into a `PlanBuilder`. Whole clusters change metadata
-//! only: on v3 images the L2 entry becomes a zero cluster (when a backing
-//! image would otherwise show through, or the guest did not allow
-//! unmapping) or unallocated; the L2 entry is written now, the engine then
+//! only: on v3 images the L2 entry becomes a zero cluster, as QEMU's
+//! qcow2 makes it for write-zeroes and for discard alike (an unallocated
+//! cluster with nothing behind it is left alone); with unmapping allowed
+//! the host cluster goes: the L2 entry is written now, the engine then
 //! punches the old host cluster, and `commit` drops its refcount, so a
 //! crash leaks, never corrupts, and a reused cluster is never punched.
 //! A cluster flagged zero while keeping its host cluster (no unmapping
@@ -127,19 +128,12 @@ impl ZeroPlanner<'_> {
             L2Entry::Zero { host: None, .. } => Ok(()),
             L2Entry::Zero { host: Some(_), .. } if !may_unmap => Ok(()),
             L2Entry::Unallocated if !has_backing => Ok(()),
-            _ => {
-                let target = if has_backing || !may_unmap {
-                    OFLAG_ZERO
-                } else {
-                    0
-                };
-                self.unmap(guest, entry, (target, 0), b)
-            }
+            _ => self.unmap(guest, entry, (OFLAG_ZERO, 0), b),
         }
     }
 
-    /// Extended L2: the subcluster bitmap says zero (all 32 zero bits) or
-    /// unallocated; a kept host cluster becomes preallocated zeroes.
+    /// Extended L2: the subcluster bitmap says zero (all 32 zero bits); a
+    /// kept host cluster becomes preallocated zeroes.
     fn zero_cluster_extended(
         &mut self,
         guest: u64,
@@ -157,14 +151,7 @@ impl ZeroPlanner<'_> {
                 keep_allocation_zeroed(self.meta, guest, host | OFLAG_COPIED, ALL_ZERO)
             }
             L2Entry::Unallocated if bitmap == ALL_ZERO || (bitmap == 0 && !has_backing) => Ok(()),
-            _ => {
-                let target = if has_backing || !may_unmap {
-                    ALL_ZERO
-                } else {
-                    0
-                };
-                self.unmap(guest, entry, (0, target), b)
-            }
+            _ => self.unmap(guest, entry, (0, ALL_ZERO), b),
         }
     }
 

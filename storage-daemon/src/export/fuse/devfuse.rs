@@ -35,7 +35,7 @@ use super::limits::DEV_BUFFER_SIZE;
 use super::reader_gate::{QuietSince, ReaderGate};
 use super::reply::{Action, Pending, Reply};
 use super::request::{FuseRequest, ParseError};
-use virtio_devices::adaptive_poll::{AdaptivePoll, WaitKind};
+use ch_util::adaptive_poll::{AdaptivePoll, WaitKind};
 
 const FUSE_EVENT: u64 = 0;
 const COMPLETION_EVENT: u64 = 1;

@@ -41,8 +41,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use block::options::kv::{parse_on_off, KvError, KvList};
 use block::{Disk, ExclusiveImage};
+use ch_util::kv::{parse_on_off, KvError, KvList};
 
 use super::running::{Export, ExportError};
 use attr::ExportState;
@@ -70,7 +70,7 @@ pub struct FuseConfig {
     pub io_uring: bool,
     pub num_queues: u16,
     /// The longest a queue thread spins for an event before it sleeps
-    /// ([`virtio_devices::adaptive_poll`]); zero: never.
+    /// ([`ch_util::adaptive_poll`]); zero: never.
     pub poll_max: Duration,
 }
 

@@ -54,7 +54,7 @@ use super::uring_setup::{
     build_ring, fuse_cmd, possible_cpus, register_sqe, served_queues, RingError, SERVERS_PER_QUEUE,
 };
 use super::uring_wake::{CompletionWake, COMPLETION_POLL, COMPLETION_READ};
-use virtio_devices::adaptive_poll::{AdaptivePoll, WaitKind};
+use ch_util::adaptive_poll::{AdaptivePoll, WaitKind};
 
 /// Ring entries per kernel queue, all threads together (qemu's series
 /// uses 64): at least fio's depth 64 from one CPU.

@@ -15,8 +15,8 @@ mod server;
 
 use std::path::PathBuf;
 
-use block::options::kv::{parse_on_off, KvError, KvList};
 use block::Disk;
+use ch_util::kv::{parse_on_off, KvError, KvList};
 use virtio_devices::block::BlockDeviceConfig;
 
 use super::running::{Export, ExportError};

@@ -15,7 +15,7 @@
 //! without waiting for a kick.
 //! The kick eventfd is edge-triggered and never read. Before it sleeps
 //! the worker looks for work without sleeping for an adaptive time
-//! (`spin.rs`, [`crate::adaptive_poll`]; the
+//! (`spin.rs`, [`ch_util::adaptive_poll`]; the
 //! ceiling is [`QueueWorker::poll`]). Optional throttling ([`super::rate_limit`]): a
 //! chain the buckets cannot pay for yet goes back on the ring, and the
 //! worker takes no more until a timer (a fourth epoll source) says the
@@ -54,7 +54,7 @@ use super::affinity::pin_current_thread;
 use super::request_parser::{
     parse_chain_with, ParseScratch, ParsedChain, RequestWork, DEVICE_ID_LEN,
 };
-use crate::adaptive_poll::AdaptivePoll;
+use ch_util::adaptive_poll::AdaptivePoll;
 
 mod commands;
 mod completion;

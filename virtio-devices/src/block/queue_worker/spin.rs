@@ -1,5 +1,5 @@
 //! The spin before a queue worker sleeps: for an adaptive time (see
-//! [`crate::adaptive_poll`]) the worker looks for its next event without
+//! [`ch_util::adaptive_poll`]) the worker looks for its next event without
 //! sleeping, the disk's completions (reaped without a system call) and
 //! chains the driver posted, yielding the CPU between looks.
 //!
@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use super::state::WorkerState;
-use crate::adaptive_poll::{yield_cpu, WaitKind};
+use ch_util::adaptive_poll::{yield_cpu, WaitKind};
 
 /// How a spin before a sleep ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

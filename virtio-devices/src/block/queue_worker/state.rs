@@ -19,11 +19,11 @@ use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::control::WorkerCommand;
-use crate::adaptive_poll::AdaptivePoll;
 use crate::block::counters::{CountedOp, QueueCounterHandle};
 use crate::block::rate_limit::RateLimiter;
 use crate::block::request_parser::{ParseScratch, ParserLimits, DEVICE_ID_LEN};
 use crate::device::VirtioInterrupt;
+use ch_util::adaptive_poll::AdaptivePoll;
 
 /// A chain handed to the disk and not yet completed.
 #[derive(Clone, Copy, Debug)]

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use block::formats::FORMATS;
 use block::{EngineKind, ImageType};
+use ch_util::size::parse_size;
 
 pub const USAGE: &str = "\
 blk-bench: drive the real virtio-blk device (worker threads, split virtqueues
@@ -94,18 +95,6 @@ pub struct Options {
     pub repeats: u32,
 }
 
-/// Parses "4096", "4k", "128K", "1m", "2g".
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last()? {
-        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
-        (i, 'm' | 'M') => (&s[..i], 1 << 20),
-        (i, 'g' | 'G') => (&s[..i], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mult)
-}
-
 fn value<'a>(
     name: &str,
     inline: Option<&'a str>,
@@ -121,7 +110,7 @@ fn value<'a>(
 }
 
 fn number<T: TryFrom<u64>>(name: &str, v: &str, min: u64) -> Result<T, String> {
-    let n = parse_size(v).ok_or_else(|| format!("{name}: '{v}' is not a number"))?;
+    let n = parse_size(v).map_err(|_| format!("{name}: '{v}' is not a number"))?;
     if n < min {
         return Err(format!("{name}: must be at least {min}"));
     }
@@ -256,9 +245,9 @@ mod tests {
 
     #[test]
     fn parses_sizes_and_options() {
-        assert_eq!(parse_size("128k"), Some(128 << 10));
-        assert_eq!(parse_size("1M"), Some(1 << 20));
-        assert_eq!(parse_size("x"), None);
+        assert_eq!(number::<u32>("--bs", "128k", 1), Ok(128 << 10));
+        assert_eq!(number::<u32>("--bs", "1M", 1), Ok(1 << 20));
+        assert!(number::<u32>("--bs", "x", 1).is_err());
         let o = parse(&args(
             "--image a --qd 32 --bs=64k --rw read --output=json --queues 4 --poll-us 20 \
              --halt-poll-us=200",

@@ -21,7 +21,7 @@ mod tables;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::BootError;
+use crate::boot::error::BootError;
 use crate::layout::{ACPI_END, ACPI_START};
 
 /// Every table with its guest address, RSDP first, laid out from `base`

@@ -2,7 +2,7 @@
 //! `vm.create` refuses by name, and what `resolve` makes of it.
 
 use super::*;
-use crate::config::boot_config::VmConfigError;
+use crate::config::vm_config_error::VmConfigError;
 use crate::config::SerialMode;
 
 /// What upstream's `vm.info` shows for a VM created with a kernel, two

@@ -1,5 +1,5 @@
-//! The one `poll(2)` entry the accept thread ([`super::listen`]) and
-//! every connection thread ([`super::connection`]) build their waits
+//! The one `poll(2)` entry the accept thread (`crate::listen`) and
+//! every connection thread (`crate::connection`) build their waits
 //! from.
 
 /// Waits for `fd` to become readable (a negative `fd` is skipped by

@@ -6,40 +6,25 @@
 //! FAST_ZERO that would not be fast). [`Commands::on_completion`] turns
 //! each block completion into the reply; a write with FUA is followed by
 //! a flush, and answered when that completes. A request the block layer
-//! fails is answered and logged by [`failed`], through the same seam as
-//! FUSE and virtio-blk.
+//! fails is answered and logged by `crate::answers`, through the same
+//! seam as FUSE and virtio-blk.
 //!
 //! READ answers with one data chunk (structured) or the data after a
 //! simple reply; successes without data get a simple reply, errors an
 //! error chunk when structured replies were negotiated. CACHE is a hint
 //! the protocol lets a server ignore, and is answered at once.
-//! BLOCK_STATUS is the format's block status (`qemu-img map`'s source),
-//! read inline: holes (no data) and zeroes, merged into extents.
+//! BLOCK_STATUS is answered inline, one chunk per selected context
+//! (`crate::block_status`).
 
 use std::sync::Arc;
 
-use block::{BlockError, BlockRequest, Completion, IoMemory, RequestOp};
+use block::{BlockRequest, Completion, IoMemory, RequestOp};
 use nbd::outbox::Outbox;
-use nbd::server::{replies, Command, Request};
-use nbd::wire::consts::{cmd_flag, error, state};
-use nbd::wire::nbd_error_from_errno;
+use nbd::server::{replies, Command, MetaContext, Request};
+use nbd::wire::consts::{cmd_flag, error};
 
-use super::shared::ExportShared;
-
-/// Most extents in one BLOCK_STATUS answer (QEMU's server sends at most
-/// 1 MiB of them).
-const MAX_EXTENTS: usize = 1 << 17;
-
-/// The answer to a request that failed in the block layer, as FUSE and
-/// virtio-blk answer it: logged through the block crate's one log of
-/// failed requests (at the error's level, rate-limited;
-/// [`block::error_log`]), answered with the protocol's number for the
-/// error's errno ([`BlockError::errno`]: the host's own where there is
-/// one).
-pub fn failed(request: std::fmt::Arguments<'_>, e: &BlockError) -> u32 {
-    block::error_log::log_failed_request(request, e);
-    nbd_error_from_errno(e.errno())
-}
+use crate::answers::answer_block_error;
+use crate::shared::ExportShared;
 
 /// What a block request in flight answers.
 enum Pending {
@@ -60,6 +45,8 @@ enum Pending {
 pub struct Commands {
     shared: Arc<ExportShared>,
     structured: bool,
+    /// The metadata contexts the client selected.
+    contexts: Vec<MetaContext>,
     /// Requests in flight, indexed by the block request's `user_data`.
     pending: Vec<Option<Pending>>,
     free: Vec<usize>,
@@ -67,10 +54,11 @@ pub struct Commands {
 }
 
 impl Commands {
-    pub fn new(shared: Arc<ExportShared>, structured: bool) -> Self {
+    pub fn new(shared: Arc<ExportShared>, structured: bool, contexts: Vec<MetaContext>) -> Self {
         Commands {
             shared,
             structured,
+            contexts,
             pending: Vec::new(),
             free: Vec::new(),
             in_flight: 0,
@@ -164,7 +152,11 @@ impl Commands {
             }
             Command::WriteZeroes => {
                 let may_unmap = !req.has(cmd_flag::NO_HOLE);
-                if req.has(cmd_flag::FAST_ZERO) && !self.zeroing_is_fast(req.offset, len, may_unmap)
+                if req.has(cmd_flag::FAST_ZERO)
+                    && !self
+                        .shared
+                        .source
+                        .zeroing_is_fast(req.offset, len, may_unmap)
                 {
                     self.reject(
                         out,
@@ -186,66 +178,14 @@ impl Commands {
                 IoMemory::None,
             ),
             Command::Cache => ok(out),
-            Command::BlockStatus => self.block_status(&req, out),
+            Command::BlockStatus => crate::block_status::answer(
+                &self.shared,
+                &self.contexts,
+                self.structured,
+                &req,
+                out,
+            ),
         }
-    }
-
-    /// FAST_ZERO: only zeroing that changes metadata, not data, is fast:
-    /// whole qcow2 clusters, or a hole punched in a raw file.
-    fn zeroing_is_fast(&self, offset: u64, len: u64, may_unmap: bool) -> bool {
-        match self.shared.cluster_size {
-            Some(cs) => {
-                offset.is_multiple_of(cs)
-                    && (len.is_multiple_of(cs) || offset + len == self.shared.desc.size)
-            }
-            None => may_unmap,
-        }
-    }
-
-    fn block_status(&self, req: &Request, out: &mut Outbox) {
-        let format = self.shared.disk.format();
-        let one = req.has(cmd_flag::REQ_ONE);
-        let mut extents: Vec<(u32, u32)> = Vec::new();
-        let (mut at, end) = (req.offset, req.offset + u64::from(req.len));
-        while at < end {
-            let st = match format.block_status(at, end - at) {
-                Ok(st) if st.len > 0 => st,
-                Ok(_) => break,
-                Err(e) => {
-                    let cookie = req.cookie;
-                    let code = failed(
-                        format_args!("nbd: request {cookie:#x} (block status at {at})"),
-                        &e,
-                    );
-                    let msg = format!("block status at {at}: {e}");
-                    out.push_with(|b| replies::error(b, self.structured, cookie, code, &msg));
-                    return;
-                }
-            };
-            let flags =
-                (if st.data { 0 } else { state::HOLE }) | (if st.zero { state::ZERO } else { 0 });
-            let len = st.len.min(end - at) as u32;
-            let full = extents.len() == MAX_EXTENTS || (one && !extents.is_empty());
-            match extents.last_mut() {
-                Some((l, f)) if *f == flags => *l += len,
-                _ if full => break,
-                _ => extents.push((len, flags)),
-            }
-            at += u64::from(len);
-        }
-        if extents.is_empty() {
-            out.push_with(|b| {
-                replies::error(
-                    b,
-                    self.structured,
-                    req.cookie,
-                    error::EIO,
-                    "no block status",
-                )
-            });
-            return;
-        }
-        out.push_with(|b| replies::block_status_chunk(b, req.cookie, 0, &extents));
     }
 
     /// Answers the request `c` completes (or submits its FUA flush).
@@ -291,7 +231,7 @@ impl Commands {
             }
             (_, Ok(_)) => out.push_with(|b| replies::ok(b, cookie)),
             (_, Err(e)) => {
-                let code = failed(format_args!("nbd: request {cookie:#x}"), &e);
+                let code = answer_block_error(format_args!("nbd: request {cookie:#x}"), &e);
                 let msg = e.to_string();
                 out.push_with(|b| replies::error(b, self.structured, cookie, code, &msg));
             }

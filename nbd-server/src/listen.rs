@@ -3,13 +3,12 @@
 //! `addr=unix:PATH` (a new socket file, removed at stop) or
 //! `addr=tcp:HOST:PORT` (`tcp:[V6]:PORT`; port 10809 when left out). The
 //! accept thread waits on the listening socket and the stop eventfd, and
-//! starts one thread per client ([`super::connection::serve`]); at the
+//! starts one thread per client (`crate::connection::serve`); at the
 //! connection limit it stops accepting, as QEMU does, so further clients
 //! wait in the backlog until one leaves. At stop it shuts the read side
 //! of every client socket down (handshakes end, transmission loops stop
 //! reading and finish what they have in flight) and joins every thread.
 
-use std::fmt;
 use std::net::TcpListener;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixListener;
@@ -18,66 +17,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use nbd::stream::Stream;
-use nbd::wire::consts::DEFAULT_PORT;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::poll::pollfd;
-use super::shared::ExportShared;
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ListenAddr {
-    Unix(PathBuf),
-    Tcp { host: String, port: u16 },
-}
-
-impl ListenAddr {
-    pub fn parse(s: &str) -> Result<ListenAddr, String> {
-        if let Some(p) = s.strip_prefix("unix:") {
-            if p.is_empty() {
-                return Err("unix: needs a socket path".into());
-            }
-            return Ok(ListenAddr::Unix(PathBuf::from(p)));
-        }
-        let Some(hp) = s.strip_prefix("tcp:") else {
-            return Err("expected unix:PATH or tcp:HOST:PORT".into());
-        };
-        let (host, port) = if let Some(rest) = hp.strip_prefix('[') {
-            let (h, after) = rest
-                .split_once(']')
-                .ok_or("an IPv6 host needs its closing ]")?;
-            (h, after.strip_prefix(':'))
-        } else {
-            match hp.rsplit_once(':') {
-                Some((h, p)) if !h.contains(':') => (h, Some(p)),
-                Some(_) => return Err("put an IPv6 host in brackets: tcp:[::1]:10809".into()),
-                None => (hp, None),
-            }
-        };
-        if host.is_empty() {
-            return Err("tcp: needs a host".into());
-        }
-        let port = match port {
-            None => DEFAULT_PORT,
-            Some(p) => p.parse().map_err(|_| format!("bad port '{p}'"))?,
-        };
-        Ok(ListenAddr::Tcp {
-            host: host.to_string(),
-            port,
-        })
-    }
-}
-
-impl fmt::Display for ListenAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
-            ListenAddr::Tcp { host, port } if host.contains(':') => {
-                write!(f, "tcp:[{host}]:{port}")
-            }
-            ListenAddr::Tcp { host, port } => write!(f, "tcp:{host}:{port}"),
-        }
-    }
-}
+use crate::addr::ListenAddr;
+use crate::poll::pollfd;
+use crate::shared::ExportShared;
 
 enum Socket {
     Unix(UnixListener),
@@ -103,10 +47,13 @@ impl Socket {
     }
 }
 
+/// The listening socket and its accept thread; stopped by
+/// [`Listener::stop`] or when dropped.
 pub struct Listener {
     stop: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
-    shown: String,
+    /// Where it listens (the bound port for `tcp:...:0`).
+    bound: ListenAddr,
     unix_path: Option<PathBuf>,
 }
 
@@ -116,33 +63,45 @@ impl Listener {
         shared: Arc<ExportShared>,
         max_connections: u32,
     ) -> Result<Listener, String> {
-        let (socket, shown, unix_path) = match addr {
+        let stop = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| e.to_string())?);
+        let left = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| e.to_string())?);
+        let (socket, bound, unix_path) = match addr {
             ListenAddr::Unix(p) => {
                 if std::fs::symlink_metadata(p).is_ok() {
                     return Err(format!("{} already exists", p.display()));
                 }
                 let l = UnixListener::bind(p)
                     .map_err(|e| format!("cannot listen on {}: {e}", p.display()))?;
-                (Socket::Unix(l), addr.to_string(), Some(p.clone()))
+                (Socket::Unix(l), addr.clone(), Some(p.clone()))
             }
             ListenAddr::Tcp { host, port } => {
                 let l = TcpListener::bind((host.as_str(), *port))
                     .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
                 let local = l.local_addr().map_err(|e| e.to_string())?;
-                (Socket::Tcp(l), format!("tcp:{local}"), None)
+                let bound = ListenAddr::Tcp {
+                    host: local.ip().to_string(),
+                    port: local.port(),
+                };
+                (Socket::Tcp(l), bound, None)
             }
+        };
+        // From here on, a failure must not leave the socket file behind.
+        let mut listener = Listener {
+            stop,
+            thread: None,
+            bound,
+            unix_path,
         };
         let nonblocking = match &socket {
             Socket::Unix(l) => l.set_nonblocking(true),
             Socket::Tcp(l) => l.set_nonblocking(true),
         };
         nonblocking.map_err(|e| e.to_string())?;
-        let stop = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| e.to_string())?);
         let accept = Acceptor {
             socket,
             shared,
-            stop: stop.clone(),
-            left: Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| e.to_string())?),
+            stop: listener.stop.clone(),
+            left,
             max: max_connections as usize,
             clients: Vec::new(),
         };
@@ -150,21 +109,18 @@ impl Listener {
             .name("nbd-accept".into())
             .spawn(move || accept.run())
             .map_err(|e| e.to_string())?;
-        Ok(Listener {
-            stop,
-            thread: Some(thread),
-            shown,
-            unix_path,
-        })
+        listener.thread = Some(thread);
+        Ok(listener)
     }
 
-    /// The address clients connect to (the bound port for `tcp:...:0`).
-    pub fn addr(&self) -> &str {
-        &self.shown
+    /// Where clients connect (the bound port for `tcp:...:0`).
+    pub fn bound(&self) -> &ListenAddr {
+        &self.bound
     }
 
-    /// Stops accepting, ends every connection and joins its thread.
-    pub fn stop(mut self) {
+    /// Stops accepting, ends every connection and joins its thread, then
+    /// removes the socket file. Once; later calls do nothing.
+    pub fn stop(&mut self) {
         let _ = self.stop.write(1);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -172,6 +128,12 @@ impl Listener {
         if let Some(p) = self.unix_path.take() {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -255,53 +217,12 @@ impl Acceptor {
         let spawned = std::thread::Builder::new()
             .name("nbd-conn".into())
             .spawn(move || {
-                super::connection::serve(stream, &shared, &stop);
+                crate::connection::serve(stream, &shared, &stop);
                 let _ = left.write(1);
             });
         match spawned {
             Ok(thread) => self.clients.push(Client { thread, socket }),
             Err(e) => log::warn!("nbd: cannot start a connection thread: {e}"),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses_parse_and_print() {
-        assert_eq!(
-            ListenAddr::parse("unix:/run/a.sock").unwrap(),
-            ListenAddr::Unix("/run/a.sock".into())
-        );
-        for (s, host, port) in [
-            ("tcp:localhost:99", "localhost", 99),
-            ("tcp:127.0.0.1", "127.0.0.1", 10809),
-            ("tcp:[::1]:7", "::1", 7),
-        ] {
-            let a = ListenAddr::parse(s).unwrap();
-            assert_eq!(
-                a,
-                ListenAddr::Tcp {
-                    host: host.into(),
-                    port
-                }
-            );
-        }
-        assert_eq!(
-            ListenAddr::parse("tcp:[::1]:7").unwrap().to_string(),
-            "tcp:[::1]:7"
-        );
-        for bad in [
-            "unix:",
-            "tcp:",
-            "tcp:h:x",
-            "tcp:::1:7",
-            "udp:x",
-            "tcp:h:70000",
-        ] {
-            assert!(ListenAddr::parse(bad).is_err(), "{bad}");
         }
     }
 }

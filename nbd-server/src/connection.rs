@@ -23,16 +23,17 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use block::{BlockRequest, Completion, DiskQueue};
+use block::{BlockRequest, Completion};
 use nbd::outbox::{Flushed, Outbox};
-use nbd::server::{negotiate, Negotiated, Parsed, RequestParser, Rules};
+use nbd::server::{negotiate_offering_bitmaps, Negotiated, Parsed, RequestParser, Rules};
 use nbd::stream::Stream;
 use nbd::wire::consts::MAX_PAYLOAD;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::commands::Commands;
-use super::poll::pollfd;
-use super::shared::ExportShared;
+use crate::commands::Commands;
+use crate::poll::pollfd;
+use crate::shared::ExportShared;
+use crate::source::SourceQueue;
 
 /// A client has this long for each step of the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -73,7 +74,8 @@ fn serve_until_done(mut stream: Stream, shared: &Arc<ExportShared>, stop: &Event
         log::warn!("nbd: {who}: {e}");
         return;
     }
-    let session = match negotiate(&mut stream, &shared.desc) {
+    let session = match negotiate_offering_bitmaps(&mut stream, &shared.desc, &shared.bitmap_names)
+    {
         Ok(Negotiated::Go(s)) => s,
         Ok(Negotiated::Aborted) => {
             log::debug!("nbd: {who} ended the handshake");
@@ -94,7 +96,7 @@ fn serve_until_done(mut stream: Stream, shared: &Arc<ExportShared>, stop: &Event
         log::warn!("nbd: {who}: {e}");
         return;
     }
-    let queue = match shared.disk.queue() {
+    let queue = match shared.source.queue() {
         Ok(q) => q,
         Err(e) => {
             log::error!("nbd: no queue for {who}: {}", ch_log::error_chain(&e));
@@ -102,21 +104,22 @@ fn serve_until_done(mut stream: Stream, shared: &Arc<ExportShared>, stop: &Event
         }
     };
     log::debug!(
-        "nbd: {who} connected (structured replies: {})",
-        session.structured
+        "nbd: {who} connected (structured replies: {}, meta contexts: {})",
+        session.structured,
+        session.contexts().len()
     );
     let rules = Rules {
         size: shared.desc.size,
         writable: shared.writable,
         structured: session.structured,
-        block_status: session.base_allocation,
+        block_status: session.block_status(),
         max_payload: MAX_PAYLOAD,
     };
     let mut t = Transmission {
         stream,
         queue,
         parser: RequestParser::new(rules),
-        commands: Commands::new(shared.clone(), session.structured),
+        commands: Commands::new(shared.clone(), session.structured, session.contexts()),
         out: Outbox::new(),
         buf: vec![0; RECV_BUF],
         batch: Vec::new(),
@@ -133,7 +136,7 @@ fn serve_until_done(mut stream: Stream, shared: &Arc<ExportShared>, stop: &Event
 
 struct Transmission {
     stream: Stream,
-    queue: DiskQueue,
+    queue: Box<dyn SourceQueue>,
     parser: RequestParser,
     commands: Commands,
     out: Outbox,
@@ -169,7 +172,7 @@ impl Transmission {
                 (if take { libc::POLLIN } else { 0 }) | (if unsent { libc::POLLOUT } else { 0 });
             let mut fds = [
                 sock,
-                pollfd(self.queue.completion_eventfd().as_raw_fd()),
+                pollfd(self.queue.completion_fd()),
                 pollfd(if self.reading { stop.as_raw_fd() } else { -1 }),
             ];
             let timeout = if self.reading { -1 } else { 100 };
@@ -187,7 +190,7 @@ impl Transmission {
             }
             let submitted = !self.batch.is_empty();
             if submitted {
-                self.queue.submit_batch_requests(self.batch.drain(..));
+                self.queue.submit(&mut self.batch);
             }
             // Requests often complete during their submission (buffered
             // reads, inline work): answer them now rather than after one
@@ -284,7 +287,7 @@ impl Transmission {
                 .on_completion(c, &mut self.batch, &mut self.out);
         }
         if !self.batch.is_empty() {
-            self.queue.submit_batch_requests(self.batch.drain(..));
+            self.queue.submit(&mut self.batch);
         }
     }
 

@@ -5,8 +5,9 @@
 //! with [`KvList::take`] and finish with [`KvList::finish`], which refuses
 //! whatever is left, naming the key. A value may contain a comma only
 //! inside square brackets (`queue_affinity=[0@[0,1],1@[2]]`), as in
-//! Cloud Hypervisor. It lives in the block crate because the image keys
-//! ([`super::take_image_keys`]) are parsed the same way by every binary.
+//! Cloud Hypervisor. The image keys every binary shares are taken from a
+//! list by `block::options::take_image_options`; each binary takes its
+//! own keys from the same list.
 
 use thiserror::Error;
 
