@@ -17,7 +17,7 @@ use crate::events::emit;
 
 impl Control {
     /// The in-VMM disk `id`, or the answer that says why not.
-    fn local_disk(&self, id: &str, what: &str) -> Result<&AttachedDisk, ApiResponse> {
+    pub(super) fn local_disk(&self, id: &str, what: &str) -> Result<&AttachedDisk, ApiResponse> {
         let d = self
             .machine(what)?
             .devices

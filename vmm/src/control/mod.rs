@@ -22,6 +22,7 @@
 //! thread while nothing is in flight, and resumes them. Every change
 //! worth reporting is one [`crate::events::emit`] call in its handler.
 
+mod disk_group;
 mod disk_ops;
 mod hotplug;
 mod info;
