@@ -14,7 +14,9 @@ use crate::devices::bus::BusOverlap;
 
 #[derive(Debug, Error)]
 pub enum DeviceError {
-    #[error("cannot open disk {path}")]
+    /// The path is left out when the block error names it already (it
+    /// does for a missing file or an NBD URI), so it is printed once.
+    #[error("{}", open_disk_message(path, source))]
     OpenDisk {
         path: String,
         #[source]
@@ -50,4 +52,36 @@ pub enum DeviceError {
     TooManyDisks(usize),
     #[error("cannot set up a vhost-user disk")]
     VhostUser(#[source] virtio_devices::vhost_user_blk::VhostUserBlkError),
+}
+
+fn open_disk_message(path: &str, source: &BlockError) -> String {
+    if source.to_string().contains(path) {
+        "cannot open a disk".to_string()
+    } else {
+        format!("cannot open disk {path}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_disk_path_is_named_once() {
+        let uri = "nbd+unix:///e?socket=/run/e.sock";
+        let named = DeviceError::OpenDisk {
+            path: uri.into(),
+            source: BlockError::Nbd {
+                uri: uri.into(),
+                reason: "gone".into(),
+            },
+        };
+        let chain = ch_log::error_chain(&named);
+        assert_eq!(chain.matches(uri).count(), 1, "{chain}");
+        let unnamed = DeviceError::OpenDisk {
+            path: "a.qcow2".into(),
+            source: BlockError::Corrupt,
+        };
+        assert_eq!(unnamed.to_string(), "cannot open disk a.qcow2");
+    }
 }
