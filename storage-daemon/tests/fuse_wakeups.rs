@@ -129,22 +129,31 @@ fn fio_reads(file: &std::path::Path, jobs: u32, depth: u32, ios: u32) {
 }
 
 /// Voluntary context switches (sleeps) so far of the thread of `pid`
-/// named `name`.
+/// named `name`. The daemon answers once its mount is up, which can be
+/// before its last queue thread has started and named itself on a busy
+/// machine: the thread is waited for, up to 10 s.
 fn thread_sleeps(pid: i32, name: &str) -> u64 {
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let task = task.unwrap().path();
-        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        if comm.trim() != name {
-            continue;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+            let task = task.unwrap().path();
+            let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            if comm.trim() != name {
+                continue;
+            }
+            let status = std::fs::read_to_string(task.join("status")).unwrap();
+            return status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap();
         }
-        let status = std::fs::read_to_string(task.join("status")).unwrap();
-        return status
-            .lines()
-            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no thread {name} in process {pid} after 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    panic!("no thread {name} in process {pid}");
 }
 
 /// The CPUs thread `name` of `pid` may run on (`Cpus_allowed_list`;
@@ -221,6 +230,7 @@ fn a_second_queue_thread_reads_only_under_load() {
     // sleeps again.
     let d = Daemon::start(&dir, &image_keys, "num_queues=2").unwrap();
     let all_cpus = cpus_allowed(d.pid(), None);
+    thread_sleeps(d.pid(), "fuse-q1"); // waits until the thread has started
     assert_eq!(cpus_allowed(d.pid(), Some("fuse-q1")), all_cpus);
     fio_reads(&d.mountpoint, 4, 16, 5000);
     let loaded = cpus_allowed(d.pid(), Some("fuse-q1"));
