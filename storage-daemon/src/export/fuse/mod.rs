@@ -1,5 +1,6 @@
 //! The FUSE export: the image's guest view as a regular file, with
-//! qemu-storage-daemon's semantics (REFERENCE.md §2), over classic
+//! qemu-storage-daemon's semantics (docs/storage-daemon.md, "FUSE
+//! export", lists them and the differences), over classic
 //! /dev/fuse queues or FUSE-over-io_uring.
 //!
 //! The protocol layer is our own: no FUSE server crate speaks
