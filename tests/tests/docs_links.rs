@@ -13,6 +13,7 @@
 //!   home);
 //! - in Markdown, talk of other processes sharing the machine;
 //! - in the docs, an environment variable `CH_...` that no code reads;
+//! - a page of docs/ that README.md does not list;
 //! - docs/performance.md over 400 lines.
 
 use std::collections::{BTreeSet, HashMap};
@@ -377,6 +378,24 @@ fn docs_cite_only_what_the_repository_holds() {
                     checker.problem(file, n, format!("names {var}, which no code reads"));
                 }
             }
+        }
+    }
+
+    // The README's list of docs names every page.
+    let readme = &texts
+        .iter()
+        .find(|(f, _)| f == Path::new("README.md"))
+        .expect("README.md")
+        .1;
+    for (file, _) in texts
+        .iter()
+        .filter(|(f, _)| f.parent() == Some(Path::new("docs")))
+    {
+        if file.extension().is_some_and(|e| e == "md") && !readme.contains(&*file.to_string_lossy())
+        {
+            checker
+                .problems
+                .push(format!("README.md: its docs list lacks {}", file.display()));
         }
     }
 
