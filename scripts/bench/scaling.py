@@ -18,7 +18,7 @@ CPU figures, per request of one queue (a queue's requests = all requests
 process's user+system CPU per request (from wait4, so it includes
 io_uring's io-wq workers, which do the copy on tmpfs), for blk-bench and
 for fio alike: fio's "whole" is the cost of the request to compare a
-worker with (docs/perf-notes.md).
+worker with (docs/performance.md, "Queue scaling").
 
 fio: --fio CMD, else the FIO environment variable (a command line, as
 `. target-device/fio-env.sh` sets it on a bare host: the Linux test

@@ -4,7 +4,7 @@
 //! contents, status and used length. That the poll of an idle ring takes
 //! a chain that was never kicked can only be seen against a clock, so it
 //! is measured, not asserted: blk-bench's QD 1 rows with `--poll-us`
-//! (docs/performance.md, "Device QD 1 latency").
+//! (docs/performance.md, "What explains the limits").
 
 mod common;
 

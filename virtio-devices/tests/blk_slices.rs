@@ -10,7 +10,7 @@
 //! That the slices let the driver refill while the worker works (the
 //! throughput gain) can only be seen against a clock, so it is measured,
 //! not asserted: blk-bench's per-thread CPU and context switches
-//! (docs/performance.md, "Device path CPU per request").
+//! (docs/performance.md, "What explains the limits").
 
 mod common;
 

@@ -274,8 +274,8 @@ impl UringEngine {
     /// under one block plug before the first reaches the device, and the
     /// batch then completes together: a convoy that cost 15-20 % of
     /// 4 KiB QD 32 random-read throughput on this project's machine
-    /// (docs/perf-notes.md, "4 KiB random reads at QD 32: the submission
-    /// convoy"). fio submits one request per enter.
+    /// (docs/performance.md, "What explains the limits"). fio submits one
+    /// request per enter.
     ///
     /// When the kernel completed every op of the last enter inside the
     /// call (reads of unwritten extents or holes need no device I/O), an

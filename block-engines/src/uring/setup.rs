@@ -16,7 +16,7 @@
 //! 4 KiB random writes into fallocated extents, QD 128, it raised our
 //! io_uring engine from 77-87k to 103-112k IOPS (fio: 90-112k) and cut
 //! the queue thread's CPU per request from 11.1-11.8 us to 8.5-9.2
-//! (docs/performance.md, "io_uring first writes into unwritten extents").
+//! (docs/performance.md, "What explains the limits").
 //! Older kernels refuse the flags with EINVAL and get a ring without them.
 
 use std::fs::File;

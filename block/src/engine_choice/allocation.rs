@@ -1,8 +1,10 @@
 //! Whether an opened image is fully allocated: no guest write can make
 //! the file system allocate blocks. That is the condition under which
-//! Linux AIO's `io_submit` does not block the submitting thread
-//! (REFERENCE.md section 4), so `engine=auto` asks it before picking the
-//! `aio` engine, and an explicit `engine=aio` warns when it does not hold.
+//! Linux AIO's `io_submit` does not block the submitting thread (a
+//! write that makes the file system allocate blocks, or any I/O without
+//! O_DIRECT, runs inside `io_submit`), so `engine=auto` asks it before
+//! picking the `aio` engine, and an explicit `engine=aio` warns when it
+//! does not hold.
 //!
 //! Enters as an opened [`Format`]; leaves as an [`Allocated`] summary
 //! (how much of the guest's host space is fallocated but never written)

@@ -77,7 +77,7 @@ impl InflateReplies {
 
 /// Whether clusters compressed with `algorithm` are inflated by the queue
 /// that read them rather than by the pool. Measured on the 2-core
-/// development machine (docs/io-engines.md, "Compressed reads"): a 64 KiB
+/// development machine (docs/io-engines.md, "What still runs inline"): a 64 KiB
 /// zstd cluster inflates in 6-8 us, while handing it to the pool and back
 /// kept it 165-290 us away from the queue (a pool thread's wake-up, then
 /// the queue's), so 4 KiB random reads of a zstd image went 12-15 %

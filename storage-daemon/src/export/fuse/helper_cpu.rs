@@ -6,7 +6,7 @@
 //! with the first thread, which never sleeps long under load. The two
 //! readers then take turns on one vCPU while the other runs only the
 //! application. Measured on the 2-CPU machine at four jobs x depth 1
-//! (docs/performance.md, "FUSE (4,1): where the queue threads run"): 93
+//! (docs/performance.md, "What explains the limits"): 93
 //! MiB/s median with both threads free, against 101 and 106 with the two
 //! threads pinned to different CPUs either way round (eight alternating
 //! rounds). Pinning the first thread costs depth 1 a quarter of its speed

@@ -1,5 +1,6 @@
 //! The FUSE export: the image's guest view as a regular file, with
-//! qemu-storage-daemon's semantics (REFERENCE.md §2), over classic
+//! qemu-storage-daemon's semantics (docs/storage-daemon.md, "FUSE
+//! export", lists them and the differences), over classic
 //! /dev/fuse queues or FUSE-over-io_uring.
 //!
 //! The protocol layer is our own: no FUSE server crate speaks
@@ -77,9 +78,9 @@ pub struct FuseConfig {
 /// Most FUSE queues (threads) per export.
 pub const MAX_QUEUES: u16 = 64;
 
-/// Default of `poll_max_us`: off. Measured on the shared 2-CPU machine
+/// Default of `poll_max_us`: off. Measured on a 2-CPU machine
 /// (docs/storage-daemon.md, "Polling"), spinning cost more CPU than the
-/// wake-ups it saved; a quiet machine may differ.
+/// wake-ups it saved, loaded or quiet.
 pub const DEFAULT_POLL_MAX_US: u64 = 0;
 /// Largest `poll_max_us` accepted.
 const MAX_POLL_MAX_US: u64 = 1000;

@@ -9,7 +9,7 @@
 //! sleeping sibling, which mostly finds the request already taken by the
 //! first thread back in epoll: a wake-up on the other vCPU for nothing, for
 //! 675 of 1000 fio reads at depth 1. Measured on the quiet 2-CPU machine
-//! (docs/performance.md, "FUSE depth 1: one reader at low load"): at (1,1)
+//! (docs/performance.md, "What explains the limits"): at (1,1)
 //! one queue thread took 94-99 us per I/O and 1.3-1.4 sleeps, two took
 //! 106-113 us and 2.0 sleeps; at (1,64) two threads were about 10 % faster
 //! than one.

@@ -260,8 +260,8 @@ impl WorkerState {
     /// Reads that need no device I/O (holes, unwritten extents) complete
     /// inside the submission, so the driver gets the first half back and
     /// refills it while the worker works on the second: the two threads
-    /// overlap instead of taking turns (docs/performance.md, "Device path
-    /// CPU per request").
+    /// overlap instead of taking turns (docs/performance.md, "What explains
+    /// the limits").
     ///
     /// One call takes at most one queue size of chains, so a driver that
     /// keeps posting cannot hold the worker away from its other sources

@@ -56,8 +56,8 @@ impl WorkerState {
     /// completion: that wait is the device's whole latency, not the gap
     /// between completions of many requests, and a spin that misses it
     /// costs more than its CPU: on the development VM it made queue-depth-1
-    /// reads slower than no polling at all (docs/perf-notes.md, "Device QD
-    /// 1", has the figures). Such a wait is
+    /// reads slower than no polling at all (docs/performance.md, "What
+    /// explains the limits"). Such a wait is
     /// not recorded either, so it does not shrink the budget that the
     /// deeper waits of the same kind use. Says how the spin ended.
     pub(super) fn poll_before_sleep(&mut self, wait: WaitKind, start: Instant) -> Spin {
