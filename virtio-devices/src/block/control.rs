@@ -76,6 +76,28 @@ pub enum ControlError {
     Flush(#[source] BlockError),
     #[error("creating the snapshot failed")]
     Snapshot(#[source] BlockError),
+    #[error("the device was shut down")]
+    Closed,
+    #[error("the queues must be paused for this")]
+    NotPaused,
+    #[error("the new image is {}, the running disk is {}", rw(*.new), rw(*.now))]
+    SwitchReadOnly { now: bool, new: bool },
+    #[error("the new image needs {new}-byte blocks, the guest was told {now}")]
+    SwitchBlockSize { now: u32, new: u32 },
+    #[error("cannot set up a queue on the new image")]
+    SwitchQueue(#[source] BlockError),
+    #[error("a queue worker did not take the new image; the disk stays on its image")]
+    SwitchRefused,
+    #[error("closing the old image failed")]
+    Close(#[source] BlockError),
+}
+
+fn rw(readonly: bool) -> &'static str {
+    if readonly {
+        "read-only"
+    } else {
+        "writable"
+    }
 }
 
 impl BlockDevice {

@@ -63,7 +63,7 @@ mod spin;
 mod state;
 
 use commands::ControlOutcome;
-pub use control::{WorkerCommand, WorkerControl};
+pub use control::{SwapAnswer, WorkerCommand, WorkerControl};
 use spin::Spin;
 use state::{PendingChain, WorkerState};
 pub use state::{QueueWorker, WorkerExit};
@@ -168,7 +168,7 @@ impl WorkerState {
                 return Ok(());
             }
             if !stopping && self.ready_to_park() {
-                if self.park() == ControlOutcome::Stop {
+                if self.park(&epoll) == ControlOutcome::Stop {
                     stopping = true;
                 }
                 continue;
