@@ -66,6 +66,11 @@ struct load_queue {
 static struct load_hdr slot_hdr[LOAD_MAX_SLOTS] __attribute__((aligned(16), section(".noinit")));
 static volatile u8 slot_status[LOAD_MAX_SLOTS] __attribute__((section(".noinit")));
 static u8 slot_busy[LOAD_MAX_SLOTS] __attribute__((section(".noinit")));
+/* The longest request completed in each second of the load (kvm-clock),
+ * for the first LAT_SECONDS seconds. */
+#define LAT_SECONDS 120
+static u32 lat_by_second_us[LAT_SECONDS];
+static u64 lat_start_ns;
 /* When each slot's request was put on the ring (kvm-clock ns; 0 without). */
 static u64 slot_t[LOAD_MAX_SLOTS] __attribute__((section(".noinit")));
 /* Data buffers: slot i of every queue uses [i * bs, (i + 1) * bs). */
@@ -168,8 +173,12 @@ static u32 reap(struct load_queue *lq, int stopping, int rw, u64 blocks, u32 bs,
 		if (slot_status[s] != S_OK)
 			fail("disk%d queue %d: load %s at sector %lu gave status %u", d->index, lq->q,
 			     rw_names[rw], slot_hdr[s].sector, slot_status[s]);
-		if (now - slot_t[s] > lq->max_lat_ns)
-			lq->max_lat_ns = now - slot_t[s];
+		u64 lat = now - slot_t[s];
+		if (lat > lq->max_lat_ns)
+			lq->max_lat_ns = lat;
+		u64 sec = (now - lat_start_ns) / 1000000000UL;
+		if (now && sec < LAT_SECONDS && lat / 1000 > lat_by_second_us[sec])
+			lat_by_second_us[sec] = (u32)(lat / 1000);
 		slot_busy[s] = 0;
 		lq->inflight--;
 		lq->done++;
@@ -230,6 +239,7 @@ void load_run(const struct boot_options *opt, struct vdev *disks, int nd)
 	kprintf("LOAD start\n");
 	u64 start = irq_ticks;
 	u64 start_ns = kvm_clock ? clock_ns() : 0;
+	lat_start_ns = start_ns;
 	u64 end_at = start + (u64)opt->load_seconds * IRQ_TICKS_PER_SECOND;
 	u64 end_ns = (u64)opt->load_seconds * 1000000000UL;
 
@@ -310,7 +320,13 @@ void load_run(const struct boot_options *opt, struct vdev *disks, int nd)
 	}
 	kprintf("LOAD done requests=%lu elapsed_us=%lu clock=%s iops=%lu\n", total, elapsed_us,
 		kvm_clock ? "kvm" : "lapic", elapsed_us ? total * 1000000 / elapsed_us : 0);
-	if (kvm_clock && nq)
+	if (kvm_clock && nq) {
 		kprintf("LOAD max_latency_us=%lu disk%d q%d\n", lqs[slowest].max_lat_ns / 1000,
 			lqs[slowest].d->index, lqs[slowest].q);
+		int secs = opt->load_seconds + 1 < LAT_SECONDS ? opt->load_seconds + 1 : LAT_SECONDS;
+		kprintf("LOAD max_latency_us_by_second=");
+		for (int k = 0; k < secs; k++)
+			kprintf(k ? ",%u" : "%u", lat_by_second_us[k]);
+		kprintf("\n");
+	}
 }

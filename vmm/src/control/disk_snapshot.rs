@@ -91,7 +91,10 @@ impl Control {
         }
         let ids: Vec<&str> = members.iter().map(|m| m.id).collect();
         let started = Instant::now();
+        // When every queue was parked, and when every disk had switched.
+        let mut phases = (started, started);
         let outs = self.with_disks_paused(&ids, WHAT, |devices| {
+            phases.0 = Instant::now();
             let mut outs = Vec::with_capacity(devices.len());
             let mut prepared = prepared.into_iter();
             for i in 0..devices.len() {
@@ -109,14 +112,21 @@ impl Control {
                     }
                 }
             }
+            phases.1 = Instant::now();
             Ok(outs)
         })?;
-        let parked = started.elapsed();
+        let ended = Instant::now();
+        let parked = ended - started;
         let parked_us = parked.as_micros().to_string();
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         log::info!(
-            "{WHAT}: {} disks switched in {:.3} ms (queues parked)",
+            "{WHAT}: {} disks switched in {:.3} ms (queues parked; pausing {:.3} ms, \
+             switching {:.3} ms, resuming {:.3} ms)",
             outs.len(),
-            parked.as_secs_f64() * 1e3
+            ms(parked),
+            ms(phases.0 - started),
+            ms(phases.1 - phases.0),
+            ms(ended - phases.1)
         );
         for out in outs {
             let base = out.disk().clone();
