@@ -11,8 +11,9 @@
 //! 2. every overlay is created (`block::overlay`: a path that exists,
 //!    is the running image or one of its backing files is refused, 409)
 //!    and opened over its disk's open image, and each device builds its
-//!    queues on it ([`BlockDevice::prepare_switch`]); a failure removes
-//!    the overlays made so far and nothing was switched;
+//!    queues on it ([`BlockDevice::prepare_switch`]); each running image
+//!    is flushed (so that closing it after the switch is short); a
+//!    failure removes the overlays made so far and nothing was switched;
 //! 3. the disks' queues are paused together
 //!    ([`Control::with_disks_paused`]) and each device takes its overlay
 //!    ([`BlockDevice::swap_prepared`]); one failing switches the ones
@@ -80,6 +81,19 @@ impl Control {
                 ApiResponse::from_error_in(status::of_control(&e), Some(&context), &e)
             })?;
             prepared.push(p);
+        }
+        // What the old tops have cached goes out now, while the guest
+        // runs: their close after the switch then has little to write
+        // (the overlays' reads of their backing image wait for it).
+        for (m, disk) in members.iter().zip(&running) {
+            if let Err(e) = disk.flush() {
+                let context = format!("{WHAT}: cannot flush disk '{}'", m.id);
+                return Err(ApiResponse::from_error_in(
+                    status::of_block(&e),
+                    Some(&context),
+                    &e,
+                ));
+            }
         }
         for m in &members {
             let overlay = m.overlay.path().display().to_string();
