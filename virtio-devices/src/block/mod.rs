@@ -36,6 +36,6 @@ pub mod request_parser;
 pub mod switch;
 
 pub use config_space::{BlockDeviceConfig, DEFAULT_POLL_US};
-pub use control::{ControlError, SharedBlockDevice, Shrink};
+pub use control::{ControlError, PauseTicket, SharedBlockDevice, Shrink};
 pub use device::{BlockDevice, BlockDeviceError, StoppedQueue, VIRTIO_ID_BLOCK};
 pub use switch::{NewImage, PreparedSwitch, SwitchedOut};
