@@ -14,7 +14,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
 use super::control::{SwapAnswer, WorkerCommand};
 use super::state::WorkerState;
-use super::COMPLETION;
+use super::tokens::COMPLETION;
 
 /// What the event loop should do after reading the control channel.
 #[derive(Clone, Copy, PartialEq, Eq)]

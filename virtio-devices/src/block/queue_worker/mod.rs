@@ -61,6 +61,7 @@ mod completion;
 mod control;
 mod spin;
 mod state;
+mod tokens;
 
 use commands::ControlOutcome;
 pub use control::{SwapAnswer, WorkerCommand, WorkerControl};
@@ -68,10 +69,7 @@ use spin::Spin;
 use state::{PendingChain, WorkerState};
 pub use state::{QueueWorker, WorkerExit};
 
-const KICK: u64 = 0;
-const COMPLETION: u64 = 1;
-const CONTROL: u64 = 2;
-const THROTTLE_TIMER: u64 = 3;
+use tokens::{COMPLETION, CONTROL, KICK, THROTTLE_TIMER};
 
 /// The longest busy poll a worker does before sleeping.
 pub const MAX_POLL: Duration = Duration::from_millis(1);
