@@ -473,6 +473,52 @@ mod tests {
     }
 
     #[test]
+    fn repeated_records_become_one_list() {
+        let ok = |_: &mut ()| ApiResponse::no_content();
+        let t = vec![Endpoint::new("vm.group", Method::Put, ok).verb(
+            "group",
+            VerbArgs::Records {
+                flag: "disk",
+                field: "disks",
+                keys: &["id", "overlay"],
+            },
+            "--disk id=ID,overlay=PATH ...",
+            "group",
+        )];
+        let c = call_for(
+            &t,
+            "group",
+            &args(&["--disk", "id=a,overlay=/x", "--disk=overlay=/y,id=b"]),
+        )
+        .unwrap();
+        assert_eq!(
+            body(&c),
+            serde_json::json!({"disks": [{"id": "a", "overlay": "/x"},
+                                         {"id": "b", "overlay": "/y"}]})
+        );
+        let file = std::env::temp_dir().join(format!("records-{}.json", std::process::id()));
+        std::fs::write(&file, r#"{"disks":[]}"#).unwrap();
+        let c = call_for(&t, "group", &args(&[file.to_str().unwrap()])).unwrap();
+        assert_eq!(c.body.as_deref(), Some(r#"{"disks":[]}"#));
+        std::fs::remove_file(&file).unwrap();
+        for (a, word) in [
+            (&[][..], "at least once"),
+            (&["--disk", "id=a"][..], "'overlay=' is required"),
+            (
+                &["--disk", "id=a,overlay=/x,size=1"][..],
+                "unknown key 'size'",
+            ),
+            (&["--disk", "id=a,id=b,overlay=/x"][..], "given twice"),
+            (&["--disk", "id"][..], "not KEY=VALUE"),
+            (&["--disk"][..], "needs a value"),
+            (&["--disk", "id=a,overlay=/x", "x"][..], "unexpected"),
+        ] {
+            let e = call_for(&t, "group", &args(a)).unwrap_err().to_string();
+            assert!(e.contains(word), "{a:?}: {e}");
+        }
+    }
+
+    #[test]
     fn answers_and_error_bodies() {
         // Cloud Hypervisor's status line has no reason phrase.
         let a = parse_answer(b"HTTP/1.1 404 \r\nContent-Length: 9\r\n\r\n[\"a\",\"b\"]").unwrap();
