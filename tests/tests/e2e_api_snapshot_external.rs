@@ -7,7 +7,9 @@
 //! base holds exactly the rounds written before the instant (the same
 //! instant on both disks: crash-consistent) and each overlay exactly the
 //! rest. A disk whose qcow2 image has an NBD backing file snapshots the
-//! same way (its overlay over the qcow2, over the export). Bad requests get their status and leave no file behind.
+//! same way (its overlay over the qcow2, over the export). Bad requests
+//! (a disk being removed among them) get their status and leave no file
+//! behind.
 //! The VMM runs with its default seccomp filter throughout.
 
 mod e2e_api_support;
@@ -15,7 +17,7 @@ mod e2e_support;
 
 use std::path::Path;
 
-use e2e_api_support::{have_curl, ApiVm};
+use e2e_api_support::{curl_raw, have_curl, ApiVm};
 use e2e_support::check_clean;
 use integration_tests::{json, qemu_img, TempDir};
 use testkit::nbd_server::{Kind, NbdServer};
@@ -295,9 +297,11 @@ fn bad_requests_get_their_status_and_leave_no_file() {
     qemu_img(&["create", "-q", "-f", "raw", &ro, "16M"]);
     let taken = dir.file("taken.qcow2");
     std::fs::write(&taken, b"someone's file").unwrap();
+    let leaving = dir.file("leaving.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &leaving, "16M"]);
     let mut vm = ApiVm::start(
         &dir,
-        "disks=3 park",
+        "disks=4 park",
         &[
             "--disk",
             &format!("path={img},id=d"),
@@ -305,9 +309,32 @@ fn bad_requests_get_their_status_and_leave_no_file() {
             &format!("path={other},id=e"),
             "--disk",
             &format!("path={ro},id=ro,readonly=on"),
+            "--disk",
+            &format!("path={leaving},id=leaving"),
         ],
     );
     vm.wait_for("info parked");
+    // A disk being removed (this guest never ejects: the VMM waits 10 s
+    // for it) is busy: 409.
+    let socket = vm.socket.clone();
+    let removal = std::thread::spawn(move || {
+        curl_raw(
+            &socket,
+            "PUT",
+            "http://localhost/api/v1/vm.remove-device",
+            Some(r#"{"id":"leaving"}"#),
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let busy = format!(
+        r#"{{"disks":[{{"id":"leaving","overlay":"{}"}}]}}"#,
+        dir.file("leaving.ov")
+    );
+    let (status, text) = vm.curl("PUT", "vm.disk-snapshot-external", Some(&busy));
+    assert_eq!(status, 409, "{text}");
+    assert!(text.contains("being removed"), "{text}");
+    assert!(!Path::new(&dir.file("leaving.ov")).exists());
+    assert_eq!(removal.join().unwrap().0, 204);
     let files_before = listing(&dir);
     let new = dir.file("new.qcow2");
     let new2 = dir.file("new2.qcow2");
