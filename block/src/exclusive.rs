@@ -44,7 +44,7 @@ use std::sync::Arc;
 
 use crate::disk::Disk;
 use crate::error::BlockError;
-use crate::formats::registry::open_image_tools;
+use crate::formats::registry::{open_image_tools, open_overlay_tools};
 use crate::formats::tools::ImageTools;
 use crate::options::DiskOptions;
 
@@ -63,6 +63,23 @@ impl ExclusiveImage {
     /// engine, like [`Disk::open`].
     pub fn open(options: &DiskOptions) -> Result<ExclusiveImage, BlockError> {
         Self::from_tools(open_image_tools(options)?, options)
+    }
+
+    /// Opens the qcow2 overlay `options.path`, whose backing file is
+    /// `backing`'s image, with `backing`'s open format as its backing
+    /// image (the file is not opened again: a running disk holds its
+    /// lock). The overlay's header must name `backing`'s path. This is
+    /// how a running disk gets its new top (an external snapshot).
+    pub fn open_overlay(
+        options: &DiskOptions,
+        backing: &Disk,
+    ) -> Result<ExclusiveImage, BlockError> {
+        let tools = open_overlay_tools(
+            options,
+            Arc::clone(backing.format()),
+            &backing.options().path,
+        )?;
+        Self::from_tools(tools, options)
     }
 
     /// Wraps an already opened image (tests that inject faults).

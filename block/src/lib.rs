@@ -29,7 +29,8 @@
 //!    from, with the engine a disk's queues use ([`engine_choice`]);
 //!    [`ExclusiveImage`], the owner's open, with the tool capabilities no
 //!    `Disk` or `DiskQueue` can reach, and [`Resizer`], the one an owner
-//!    may lend to threads running queues ([`exclusive`]). The write seam
+//!    may lend to threads running queues ([`exclusive`]); a new overlay
+//!    on a running disk's image ([`overlay`]). The write seam
 //!    and image switch of live operations (docs/live-operations.md) go
 //!    on this floor.
 //!
@@ -52,6 +53,7 @@ pub mod info_json;
 pub mod lock;
 pub mod new_file;
 pub mod options;
+pub mod overlay;
 pub mod padded;
 pub mod prealloc;
 pub mod request;

@@ -174,6 +174,23 @@ pub fn lock_image(file: &File, path: &Path, mode: LockMode) -> Result<ImageLock,
     Ok(ImageLock { file: guard })
 }
 
+/// Gives up the writer's permissions (write, resize) that [`lock_image`]
+/// took on `file`'s open file description, keeping a reader's: others
+/// may then read the image (`qemu-img info`, `convert` without `-U`),
+/// still not write it. A description that held a reader's locks only is
+/// left as it was. The image's [`ImageLock`] still releases the rest.
+pub fn give_up_writing(file: &File) -> std::io::Result<()> {
+    for n in [PERM_WRITE, PERM_RESIZE] {
+        let fl = flock(libc::F_UNLCK as libc::c_short, PERM_BASE + i64::from(n));
+        // SAFETY: F_OFD_SETLK only reads the flock struct we own.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &fl) };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Opens `path` and locks it in `mode`, for a tool that reads or writes
 /// the file through descriptors of its own (`ch-img check`): the locks
 /// last as long as the returned guard.
@@ -252,6 +269,22 @@ mod tests {
         drop(reader);
         let _shared = lock_image(&File::open(&p).unwrap(), &p, LockMode::ForceShare).unwrap();
         assert!(!refused(&open_rw(&p), &p, LockMode::Writer));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A writer that gives up writing lets readers in, and still keeps
+    /// writers out.
+    #[test]
+    fn a_writer_that_gives_up_writing_is_a_reader() {
+        let (dir, p) = scratch("downgrade");
+        let writer = open_rw(&p);
+        let guard = lock_image(&writer, &p, LockMode::Writer).unwrap();
+        assert!(refused(&File::open(&p).unwrap(), &p, LockMode::Reader));
+        give_up_writing(&writer).unwrap();
+        drop(lock_image(&File::open(&p).unwrap(), &p, LockMode::Reader).unwrap());
+        assert!(refused(&open_rw(&p), &p, LockMode::Writer));
+        drop(guard);
+        drop(lock_image(&open_rw(&p), &p, LockMode::Writer).unwrap());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

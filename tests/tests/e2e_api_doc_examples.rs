@@ -139,8 +139,9 @@ fn examples_run_as_written(prefix: &str) {
         }
     });
     // ping, info, counters, pause, resume, resize, add, remove,
-    // snapshot, disk-info, vm.shutdown, vmm.shutdown.
-    assert_eq!(ran, 12, "{prefix} examples");
+    // snapshot, disk-info, disk-snapshot-external, vm.shutdown,
+    // vmm.shutdown.
+    assert_eq!(ran, 13, "{prefix} examples");
     let (status, stderr) = vm.wait_exit();
     assert!(status.success(), "{status}: {stderr}");
     assert!(
@@ -148,6 +149,7 @@ fn examples_run_as_written(prefix: &str) {
         "{stderr}"
     );
     check_clean(&root);
+    check_clean(&dir.file("root-1.qcow2"));
     check_clean(&data);
 }
 

@@ -5,8 +5,8 @@
 //! `ch-storage-daemon` serves. The test guest uses them all, then one
 //! hot-added overlay over NBD (its queues open their own connections:
 //! the server is multi-conn); then each verb runs on each disk, each
-//! kind is hot-added and removed again, and the vhost-user disk is
-//! removed. The VMM must stay up
+//! kind is hot-added and removed again, the in-VMM ones get external
+//! snapshots as one group, and the vhost-user disk is removed. The VMM must stay up
 //! through all of it (no SIGSYS: NBD sockets are opened on the NBD
 //! connector thread), answer each request with the status the docs give
 //! (a caller's mistake is 4xx), and every one of its threads runs under
@@ -231,6 +231,29 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
             400,
         );
     }
+    // External snapshots: every in-VMM kind in one group, at one
+    // instant; the vhost-user disk is its backend's to snapshot.
+    let ext = |id: &str| dir.file(&format!("{id}.ext.qcow2"));
+    let specs: Vec<String> = ["raw", "qcow2", "overlay", "nbd"]
+        .iter()
+        .map(|id| format!("id={id},overlay={}", ext(id)))
+        .collect();
+    let mut verb = vec!["disk-snapshot-external"];
+    for s in &specs {
+        verb.extend(["--disk", s.as_str()]);
+    }
+    ok(&vm.ch_remote(&verb));
+    for id in ["raw", "qcow2", "overlay", "nbd"] {
+        let info = json(&ok(&vm.ch_remote(&["disk-info", id])));
+        assert_eq!(info[0]["filename"], ext(id).as_str(), "{id}: {info}");
+    }
+    let vu_ext = format!("id=vu,overlay={}", ext("vu"));
+    let err = refused(
+        &vm.ch_remote(&["disk-snapshot-external", "--disk", &vu_ext]),
+        400,
+    );
+    assert!(err.contains("vhost-user"), "{err}");
+    assert!(!std::path::Path::new(&ext("vu")).exists());
     ok(&vm.ch_remote(&["pause"]));
     ok(&vm.ch_remote(&["resume"]));
     every_thread_is_filtered(pid);
@@ -298,6 +321,9 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
     }
     check_clean(&qcow2);
     check_clean(&overlay);
+    for id in ["raw", "qcow2", "overlay", "nbd"] {
+        check_clean(&ext(id));
+    }
     let info = json(&ok(&vm.ch_remote(&["info"])));
     assert_eq!(info["state"], "Created");
     // The final counts stay readable.

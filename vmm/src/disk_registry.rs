@@ -133,6 +133,10 @@ impl DiskRegistry {
         self.disks.iter().find(|d| d.id == id)
     }
 
+    pub fn find_mut(&mut self, id: &str) -> Option<&mut AttachedDisk> {
+        self.disks.iter_mut().find(|d| d.id == id)
+    }
+
     pub fn find_by_slot(&self, slot: usize) -> Option<&AttachedDisk> {
         self.disks.iter().find(|d| d.function.slot == slot)
     }

@@ -10,7 +10,7 @@
 //! (docs/api.md has the table against upstream's).
 
 use crate::api::endpoint::{Endpoint, Flag, FlagKind, Method, VerbArgs};
-use crate::api::types::{IdBody, ResizeDiskBody, SnapshotDiskBody};
+use crate::api::types::{IdBody, ResizeDiskBody, SnapshotDiskBody, SnapshotExternalBody};
 use crate::config::{DiskConfig, VmConfig};
 use crate::control::Control;
 
@@ -169,6 +169,22 @@ pub fn table() -> Vec<E> {
             },
             "ID",
             "ch-img info of a running disk's image",
+        ),
+        // External snapshots (docs/block-jobs.md).
+        E::with_body(
+            "vm.disk-snapshot-external",
+            "SnapshotExternal",
+            |c, b: SnapshotExternalBody| c.disk_snapshot_external(b),
+        )
+        .verb(
+            "disk-snapshot-external",
+            VerbArgs::Records {
+                flag: "disk",
+                field: "disks",
+                keys: &["id", "overlay"],
+            },
+            "--disk id=ID,overlay=PATH [--disk ...] | FILE",
+            "new qcow2 overlays on running disks, switched to at one instant",
         ),
     ]
 }

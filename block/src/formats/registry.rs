@@ -18,6 +18,7 @@ use super::raw;
 use super::tools::ImageTools;
 use crate::error::BlockError;
 use crate::options::DiskOptions;
+use block_engines::nbd::is_nbd_path;
 
 /// Every format, in the order `-f`'s help and refusals list them. A
 /// probe asks each driver that has one; raw is what none claims.
@@ -33,6 +34,25 @@ pub fn open_format(opts: &DiskOptions) -> Result<Arc<dyn Format>, BlockError> {
 /// [`crate::ExclusiveImage::open`].
 pub fn open_image_tools(opts: &DiskOptions) -> Result<Arc<dyn ImageTools>, BlockError> {
     open_with(&FORMATS, opts)
+}
+
+/// Opens the qcow2 overlay `opts.path` with every capability, its
+/// backing image being `backing` (already open, from `backing_path`)
+/// instead of a second open of the file its header names; the header
+/// must name `backing_path`. Only qcow2 overlays can be opened so.
+pub fn open_overlay_tools(
+    opts: &DiskOptions,
+    backing: Arc<dyn Format>,
+    backing_path: &std::path::Path,
+) -> Result<Arc<dyn ImageTools>, BlockError> {
+    if !matches!(opts.image_type.name(), None | Some("qcow2")) || is_nbd_path(&opts.path) {
+        return Err(BlockError::Unsupported {
+            path: opts.path.clone(),
+            feature: "an overlay over an open image that is not a local qcow2 file".into(),
+        });
+    }
+    let image = qcow2::overlay::open_overlay_over(opts, backing, backing_path, &FORMATS)?;
+    Ok(Arc::new(image))
 }
 
 #[cfg(test)]

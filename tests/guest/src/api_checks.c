@@ -8,6 +8,8 @@
  *                 checks it; every 8th round flushes; about 30 ms between
  *                 rounds; at the end every round is read back again. The
  *                 host pauses, resumes or snapshots the disk meanwhile.
+ *                 With rounds_all, each round goes to every disk in turn
+ *                 (disk k's bytes: 0x20 + (r + 0x31 * k) % 0xC0).
  *   wait_resize   prints "WAIT resize", polls disk0's capacity until it
  *                 changes, then writes and reads back the last 4 KiB
  *                 before the new end and expects IOERR at the new end.
@@ -59,7 +61,7 @@ static void sleep_ticks(u64 ticks)
 		sti_hlt();
 }
 
-static u8 round_byte(int r) { return (u8)(0x20 + r % 0xC0); }
+static u8 round_byte(int k, int r) { return (u8)(0x20 + (r + 0x31 * k) % 0xC0); }
 
 static void check_fill(struct vdev *d, u64 off, u8 want, const char *what)
 {
@@ -70,36 +72,53 @@ static void check_fill(struct vdev *d, u64 off, u8 want, const char *what)
 	}
 }
 
-static void io_rounds(struct vdev *d, int n)
+/* Round r on disk d: write, read back, check; every 8th round flushes. */
+static void one_round(struct vdev *d, int r)
+{
+	u64 off = ROUND_BASE + (u64)r * ROUND_LEN;
+	u8 want = round_byte(d->index, r);
+	memset(buf, want, ROUND_LEN);
+	u8 s = blk_rw(d, 0, 1, off, buf, ROUND_LEN);
+	if (s != S_OK)
+		fail("disk%d: round %d write gave status %u", d->index, r, s);
+	memset(buf, 0xA5, ROUND_LEN);
+	s = blk_rw(d, 0, 0, off, buf, ROUND_LEN);
+	if (s != S_OK)
+		fail("disk%d: round %d read gave status %u", d->index, r, s);
+	check_fill(d, off, want, "round read-back");
+	if (r % 8 == 7 && blk_flush(d, 0) != S_OK)
+		fail("disk%d: round %d flush failed", d->index, r);
+}
+
+/* The rounds on disks[0..nd). */
+static void io_rounds(struct vdev *disks, int nd, int n)
 {
 	u64 end = ROUND_BASE + (u64)n * ROUND_LEN;
-	if (end > d->cfg.capacity * SECTOR)
-		fail("disk%d: io_rounds=%d needs %lu bytes, the disk has %lu", d->index, n, end,
-		     d->cfg.capacity * SECTOR);
+	for (int k = 0; k < nd; k++) {
+		if (end > disks[k].cfg.capacity * SECTOR)
+			fail("disk%d: io_rounds=%d needs %lu bytes, the disk has %lu", disks[k].index,
+			     n, end, disks[k].cfg.capacity * SECTOR);
+	}
 	for (int r = 0; r < n; r++) {
-		u64 off = ROUND_BASE + (u64)r * ROUND_LEN;
-		memset(buf, round_byte(r), ROUND_LEN);
-		u8 s = blk_rw(d, 0, 1, off, buf, ROUND_LEN);
-		if (s != S_OK)
-			fail("disk%d: round %d write gave status %u", d->index, r, s);
-		memset(buf, 0xA5, ROUND_LEN);
-		s = blk_rw(d, 0, 0, off, buf, ROUND_LEN);
-		if (s != S_OK)
-			fail("disk%d: round %d read gave status %u", d->index, r, s);
-		check_fill(d, off, round_byte(r), "round read-back");
-		if (r % 8 == 7 && blk_flush(d, 0) != S_OK)
-			fail("disk%d: round %d flush failed", d->index, r);
+		for (int k = 0; k < nd; k++)
+			one_round(&disks[k], r);
 		kprintf("ok   round %d\n", r);
 		sleep_ticks(3);
 	}
-	for (int r = 0; r < n; r++) {
-		u64 off = ROUND_BASE + (u64)r * ROUND_LEN;
-		memset(buf, 0xA5, ROUND_LEN);
-		if (blk_rw(d, 0, 0, off, buf, ROUND_LEN) != S_OK)
-			fail("disk%d: re-reading round %d failed", d->index, r);
-		check_fill(d, off, round_byte(r), "round re-read");
+	for (int k = 0; k < nd; k++) {
+		struct vdev *d = &disks[k];
+		for (int r = 0; r < n; r++) {
+			u64 off = ROUND_BASE + (u64)r * ROUND_LEN;
+			memset(buf, 0xA5, ROUND_LEN);
+			if (blk_rw(d, 0, 0, off, buf, ROUND_LEN) != S_OK)
+				fail("disk%d: re-reading round %d failed", d->index, r);
+			check_fill(d, off, round_byte(d->index, r), "round re-read");
+		}
 	}
-	kprintf("ok   all %d rounds read back\n", n);
+	if (nd > 1)
+		kprintf("ok   all %d rounds read back on %d disks\n", n, nd);
+	else
+		kprintf("ok   all %d rounds read back\n", n);
 }
 
 static void wait_resize(struct vdev *d)
@@ -224,7 +243,7 @@ void api_checks_run(const struct boot_options *opt, struct vdev *disks, int *nd,
 	if (opt->wait_resize)
 		wait_resize(&disks[0]);
 	if (opt->io_rounds)
-		io_rounds(&disks[0], opt->io_rounds);
+		io_rounds(disks, opt->rounds_all ? *nd : 1, opt->io_rounds);
 	if (opt->load_seconds)
 		load_run(opt, disks, *nd);
 	if (opt->wait_hotplug)

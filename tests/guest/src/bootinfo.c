@@ -100,6 +100,8 @@ static void parse_cmdline(const char *s, usize len, struct boot_options *opt)
 			opt->wait_hotplug = 1;
 		} else if (word_is(w, n, "counts")) {
 			opt->counts = 1;
+		} else if (word_is(w, n, "rounds_all")) {
+			opt->rounds_all = 1;
 		} else if (word_is(w, n, "park")) {
 			opt->park = 1;
 		} else if (word_is(w, n, "wait_power_button")) {
@@ -205,6 +207,7 @@ void bootinfo_read(u64 start_info_paddr, struct boot_options *opt)
 	opt->event_idx = 1;
 	opt->indirect = 1;
 	opt->wait_resize = opt->wait_hotplug = opt->io_rounds = opt->counts = opt->park = 0;
+	opt->rounds_all = 0;
 	opt->wait_power_button = 0;
 	opt->end = END_POWEROFF;
 	opt->load_seconds = 0;

@@ -18,10 +18,12 @@ struct boot_options {
 	 * on); the position-pattern requests then use an indirect table. */
 	int indirect;
 	/* The API checks (api_checks.c): wait_resize, wait_hotplug,
-	 * io_rounds=N (0: none), counts, wait_power_button, park. */
+	 * io_rounds=N (0: none), rounds_all (the rounds go to every disk,
+	 * not only disk0), counts, wait_power_button, park. */
 	int wait_resize;
 	int wait_hotplug;
 	int io_rounds;
+	int rounds_all;
 	int counts;
 	int wait_power_button;
 	int park;

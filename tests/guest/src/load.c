@@ -58,6 +58,7 @@ struct load_queue {
 	u64 done;
 	u32 kicks;
 	u32 irqs_before;
+	u64 max_lat_ns; /* the longest request, submission to reap (kvm-clock) */
 };
 
 /* Per slot (all queues): the request header and status byte. Every field
@@ -65,6 +66,13 @@ struct load_queue {
 static struct load_hdr slot_hdr[LOAD_MAX_SLOTS] __attribute__((aligned(16), section(".noinit")));
 static volatile u8 slot_status[LOAD_MAX_SLOTS] __attribute__((section(".noinit")));
 static u8 slot_busy[LOAD_MAX_SLOTS] __attribute__((section(".noinit")));
+/* The longest request completed in each second of the load (kvm-clock),
+ * for the first LAT_SECONDS seconds. */
+#define LAT_SECONDS 120
+static u32 lat_by_second_us[LAT_SECONDS];
+static u64 lat_start_ns;
+/* When each slot's request was put on the ring (kvm-clock ns; 0 without). */
+static u64 slot_t[LOAD_MAX_SLOTS] __attribute__((section(".noinit")));
 /* Data buffers: slot i of every queue uses [i * bs, (i + 1) * bs). */
 static u8 load_buf[LOAD_BUF_BYTES] __attribute__((aligned(4096), section(".noinit")));
 static struct load_queue lqs[LOAD_MAX_QUEUES];
@@ -125,11 +133,12 @@ static void setup_queue(struct load_queue *lq, const struct boot_options *opt, u
 }
 
 /* Puts slot i of lq (head CHAIN_LEN * i) on the avail ring for the next
- * block; the caller publishes. */
-static void submit(struct load_queue *lq, int i, int rw, u64 blocks, u32 bs)
+ * block at time now (kvm-clock ns); the caller publishes. */
+static void submit(struct load_queue *lq, int i, int rw, u64 blocks, u32 bs, u64 now)
 {
 	struct virtq *vq = &lq->d->vq[lq->q];
 	u32 s = lq->first_slot + (u32)i;
+	slot_t[s] = now;
 	slot_hdr[s].sector = next_block(lq, rw, blocks) * (bs / SECTOR);
 	slot_status[s] = STATUS_UNSET;
 	slot_busy[s] = 1;
@@ -138,9 +147,11 @@ static void submit(struct load_queue *lq, int i, int rw, u64 blocks, u32 bs)
 	lq->inflight++;
 }
 
-/* Consumes lq's used entries; resubmits each slot unless `stopping`, then
- * publishes. Returns the number of completions. */
-static u32 reap(struct load_queue *lq, int stopping, int rw, u64 blocks, u32 bs, int depth)
+/* Consumes lq's used entries (seen at time now, kvm-clock ns: the
+ * latency of each is now minus its submission); resubmits each slot unless
+ * `stopping`, then publishes. Returns the number of completions. */
+static u32 reap(struct load_queue *lq, int stopping, int rw, u64 blocks, u32 bs, int depth,
+		u64 now)
 {
 	struct vdev *d = lq->d;
 	struct virtq *vq = &d->vq[lq->q];
@@ -162,12 +173,18 @@ static u32 reap(struct load_queue *lq, int stopping, int rw, u64 blocks, u32 bs,
 		if (slot_status[s] != S_OK)
 			fail("disk%d queue %d: load %s at sector %lu gave status %u", d->index, lq->q,
 			     rw_names[rw], slot_hdr[s].sector, slot_status[s]);
+		u64 lat = now - slot_t[s];
+		if (lat > lq->max_lat_ns)
+			lq->max_lat_ns = lat;
+		u64 sec = (now - lat_start_ns) / 1000000000UL;
+		if (now && sec < LAT_SECONDS && lat / 1000 > lat_by_second_us[sec])
+			lat_by_second_us[sec] = (u32)(lat / 1000);
 		slot_busy[s] = 0;
 		lq->inflight--;
 		lq->done++;
 		n++;
 		if (!stopping)
-			submit(lq, (int)i, rw, blocks, bs);
+			submit(lq, (int)i, rw, blocks, bs, now);
 	}
 	if (vq->avail_idx != old_avail)
 		lq->kicks += (u32)virtq_publish(d, lq->q, old_avail);
@@ -222,6 +239,7 @@ void load_run(const struct boot_options *opt, struct vdev *disks, int nd)
 	kprintf("LOAD start\n");
 	u64 start = irq_ticks;
 	u64 start_ns = kvm_clock ? clock_ns() : 0;
+	lat_start_ns = start_ns;
 	u64 end_at = start + (u64)opt->load_seconds * IRQ_TICKS_PER_SECOND;
 	u64 end_ns = (u64)opt->load_seconds * 1000000000UL;
 
@@ -231,8 +249,9 @@ void load_run(const struct boot_options *opt, struct vdev *disks, int nd)
 		u64 blocks = lq->d->cfg.capacity * SECTOR / bs;
 		u16 old_avail = vq->avail_idx;
 		lq->irqs_before = irq_count[vq->cpu_vector];
+		u64 now = kvm_clock ? clock_ns() : 0;
 		for (int i = 0; i < depth; i++)
-			submit(lq, i, rw, blocks, bs);
+			submit(lq, i, rw, blocks, bs, now);
 		lq->kicks += (u32)virtq_publish(lq->d, lq->q, old_avail);
 	}
 
@@ -243,10 +262,11 @@ void load_run(const struct boot_options *opt, struct vdev *disks, int nd)
 	 * they are off only from the last look at the rings to the hlt. */
 	for (;;) {
 		u32 inflight = 0, progress = 0;
+		u64 now_ns = kvm_clock ? clock_ns() : 0;
 		for (int k = 0; k < nq; k++) {
 			struct load_queue *lq = &lqs[k];
 			u64 blocks = lq->d->cfg.capacity * SECTOR / bs;
-			progress += reap(lq, stopping, rw, blocks, bs, depth);
+			progress += reap(lq, stopping, rw, blocks, bs, depth, now_ns);
 			inflight += lq->inflight;
 		}
 		u64 now = irq_ticks;
@@ -278,9 +298,12 @@ void load_run(const struct boot_options *opt, struct vdev *disks, int nd)
 	u64 elapsed_us = kvm_clock ? (clock_ns() - start_ns) / 1000
 				   : (irq_ticks - start) * (1000000 / IRQ_TICKS_PER_SECOND);
 	u64 total = 0;
+	int slowest = 0;
 	for (int k = 0; k < nq; k++) {
 		struct load_queue *lq = &lqs[k];
 		struct virtq *vq = &lq->d->vq[lq->q];
+		if (lq->max_lat_ns > lqs[slowest].max_lat_ns)
+			slowest = k;
 		kprintf("LOAD disk%d q%d requests=%lu kicks=%u interrupts=%u\n", lq->d->index, lq->q,
 			lq->done, lq->kicks, irq_count[vq->cpu_vector] - lq->irqs_before);
 		total += lq->done;
@@ -297,4 +320,13 @@ void load_run(const struct boot_options *opt, struct vdev *disks, int nd)
 	}
 	kprintf("LOAD done requests=%lu elapsed_us=%lu clock=%s iops=%lu\n", total, elapsed_us,
 		kvm_clock ? "kvm" : "lapic", elapsed_us ? total * 1000000 / elapsed_us : 0);
+	if (kvm_clock && nq) {
+		kprintf("LOAD max_latency_us=%lu disk%d q%d\n", lqs[slowest].max_lat_ns / 1000,
+			lqs[slowest].d->index, lqs[slowest].q);
+		int secs = opt->load_seconds + 1 < LAT_SECONDS ? opt->load_seconds + 1 : LAT_SECONDS;
+		kprintf("LOAD max_latency_us_by_second=");
+		for (int k = 0; k < secs; k++)
+			kprintf(k ? ",%u" : "%u", lat_by_second_us[k]);
+		kprintf("\n");
+	}
 }

@@ -41,6 +41,14 @@ pub enum Shrink {
 /// How long a pause waits for the workers to drain what is in flight.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A pause asked for and not yet waited for ([`BlockDevice::begin_pause`]).
+pub struct PauseTicket {
+    answers: mpsc::Receiver<u16>,
+    /// Workers asked to park that have not answered yet.
+    waiting: usize,
+    deadline: Instant,
+}
+
 #[derive(Debug, Error)]
 pub enum ControlError {
     #[error("the disk's queues did not drain within {0:?}")]
@@ -76,6 +84,28 @@ pub enum ControlError {
     Flush(#[source] BlockError),
     #[error("creating the snapshot failed")]
     Snapshot(#[source] BlockError),
+    #[error("the device was shut down")]
+    Closed,
+    #[error("the queues must be paused for this")]
+    NotPaused,
+    #[error("the new image is {}, the running disk is {}", rw(*.new), rw(*.now))]
+    SwitchReadOnly { now: bool, new: bool },
+    #[error("the new image needs {new}-byte blocks, the guest was told {now}")]
+    SwitchBlockSize { now: u32, new: u32 },
+    #[error("cannot set up a queue on the new image")]
+    SwitchQueue(#[source] BlockError),
+    #[error("a queue worker did not take the new image; the disk stays on its image")]
+    SwitchRefused,
+    #[error("closing the old image failed")]
+    Close(#[source] BlockError),
+}
+
+fn rw(readonly: bool) -> &'static str {
+    if readonly {
+        "read-only"
+    } else {
+        "writable"
+    }
 }
 
 impl BlockDevice {
@@ -97,22 +127,44 @@ impl BlockDevice {
     /// Parks every running worker once its requests in flight have
     /// completed. Nested calls only count.
     pub fn pause(&mut self) -> Result<(), ControlError> {
+        let ticket = self.begin_pause();
+        self.finish_pause(ticket)
+    }
+
+    /// The first half of [`BlockDevice::pause`]: asks every worker to
+    /// park and returns at once, so that an owner pausing several devices
+    /// lets them all drain at the same time; [`BlockDevice::finish_pause`]
+    /// waits. Until then the pause counts (a [`BlockDevice::resume`]
+    /// undoes it).
+    pub fn begin_pause(&mut self) -> PauseTicket {
         self.pause_depth += 1;
-        if self.pause_depth > 1 {
-            return Ok(());
-        }
         let (tx, rx) = mpsc::channel();
         let mut waiting = 0usize;
-        for w in &self.workers {
-            if w.control.send(WorkerCommand::Pause(tx.clone())) {
-                waiting += 1;
+        if self.pause_depth == 1 {
+            for w in &self.workers {
+                if w.control.send(WorkerCommand::Pause(tx.clone())) {
+                    waiting += 1;
+                }
             }
         }
-        drop(tx);
-        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        PauseTicket {
+            answers: rx,
+            waiting,
+            deadline: Instant::now() + DRAIN_TIMEOUT,
+        }
+    }
+
+    /// Waits until every worker asked by `ticket`'s pause has parked; if
+    /// they do not drain in time, the pause is undone.
+    pub fn finish_pause(&mut self, ticket: PauseTicket) -> Result<(), ControlError> {
+        let PauseTicket {
+            answers,
+            mut waiting,
+            deadline,
+        } = ticket;
         while waiting > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
+            match answers.recv_timeout(left) {
                 Ok(_) => waiting -= 1,
                 // Every sender gone: the workers that did not answer have
                 // stopped (nothing in flight there either).
@@ -121,8 +173,7 @@ impl BlockDevice {
                     // Leave it paused as far as the workers are concerned
                     // (they park once drained) but undo our count so a
                     // resume is not owed.
-                    self.resume_workers();
-                    self.pause_depth -= 1;
+                    self.resume();
                     return Err(ControlError::DrainTimeout(DRAIN_TIMEOUT));
                 }
             }

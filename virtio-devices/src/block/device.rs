@@ -67,7 +67,7 @@ pub struct BlockDevice {
     /// The owner's open, with the tools (resize, snapshots) queues never
     /// reach; `None` for a device made from a plain [`Disk`].
     pub(super) image: Option<ExclusiveImage>,
-    config: BlockDeviceConfig,
+    pub(super) config: BlockDeviceConfig,
     pub(super) config_space: ConfigSpace,
     queue_sizes: Vec<u16>,
     offered: u64,
@@ -85,7 +85,7 @@ pub struct BlockDevice {
     /// holds its own while it runs); kept across resets so a reset does
     /// not refill them.
     limiters: Vec<Option<RateLimiter>>,
-    closed: bool,
+    pub(super) closed: bool,
 }
 
 impl BlockDevice {

@@ -15,6 +15,8 @@
 //! - [`counters`]: per-queue I/O counters, summed for `vm.counters`.
 //! - [`control`]: pause/resume, resize, flush and snapshot of a running
 //!   device, and [`SharedBlockDevice`] for owners that keep a handle.
+//! - [`switch`]: the image switch (a running device moves to another
+//!   image at one instant: external snapshots, a mirror's complete).
 //! - [`config_space`]: [`BlockDeviceConfig`] and the config space layout.
 //! - [`features`]: which feature bits are offered.
 //! - [`device`]: [`BlockDevice`], the [`crate::VirtioDevice`] the transport
@@ -31,7 +33,9 @@ pub mod features;
 pub mod queue_worker;
 pub mod rate_limit;
 pub mod request_parser;
+pub mod switch;
 
 pub use config_space::{BlockDeviceConfig, DEFAULT_POLL_US};
-pub use control::{ControlError, SharedBlockDevice, Shrink};
+pub use control::{ControlError, PauseTicket, SharedBlockDevice, Shrink};
 pub use device::{BlockDevice, BlockDeviceError, StoppedQueue, VIRTIO_ID_BLOCK};
+pub use switch::{NewImage, PreparedSwitch, SwitchedOut};

@@ -166,6 +166,14 @@ fn body_for(command: &str, kind: VerbArgs, args: &[String]) -> Result<Option<Str
                 .map(Some)
                 .map_err(|e| usage_error(e.to_string()))
         }
+        VerbArgs::Records { flag, field, keys } => {
+            if let [one] = args {
+                if !one.starts_with("--") {
+                    return body_for(command, VerbArgs::JsonFile, args);
+                }
+            }
+            records_body(command, flag, field, keys, args).map(Some)
+        }
         VerbArgs::JsonFile => {
             let path = match args {
                 [] => "-",
@@ -182,6 +190,58 @@ fn body_for(command: &str, kind: VerbArgs, args: &[String]) -> Result<Option<Str
             Ok(Some(text))
         }
     }
+}
+
+/// `{"field": [{KEY: VALUE, ...}, ...]}` from `--flag KEY=VALUE,...`
+/// repeated (see [`VerbArgs::Records`]).
+fn records_body(
+    command: &str,
+    flag: &str,
+    field: &str,
+    keys: &[&str],
+    args: &[String],
+) -> Result<String, ClientError> {
+    let long = format!("--{flag}");
+    let mut list = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let spec = if *a == long {
+            it.next()
+                .ok_or_else(|| usage_error(format!("{command}: {long} needs a value")))?
+                .as_str()
+        } else if let Some(v) = a.strip_prefix(&format!("{long}=")) {
+            v
+        } else {
+            return Err(usage_error(format!("{command}: unexpected argument '{a}'")));
+        };
+        let mut m = Map::new();
+        for pair in spec.split(',') {
+            let (k, v) = pair.split_once('=').ok_or_else(|| {
+                usage_error(format!("{command}: {long}: '{pair}' is not KEY=VALUE"))
+            })?;
+            if !keys.contains(&k) {
+                return Err(usage_error(format!(
+                    "{command}: {long}: unknown key '{k}' (expected {})",
+                    keys.join(", ")
+                )));
+            }
+            if m.insert(k.into(), Value::from(v)).is_some() {
+                return Err(usage_error(format!("{command}: {long}: '{k}' given twice")));
+            }
+        }
+        if let Some(missing) = keys.iter().find(|k| !m.contains_key(**k)) {
+            return Err(usage_error(format!(
+                "{command}: {long}: '{missing}=' is required"
+            )));
+        }
+        list.push(Value::Object(m));
+    }
+    if list.is_empty() {
+        return Err(usage_error(format!("{command}: give {long} at least once")));
+    }
+    let mut body = Map::new();
+    body.insert(field.into(), Value::Array(list));
+    Ok(Value::Object(body).to_string())
 }
 
 /// The request `command` `args` stand for among `table`'s verbs.
@@ -410,6 +470,52 @@ mod tests {
             u.contains("resize-disk --disk ID --size SIZE") && u.contains("vm.add-disk"),
             "{u}"
         );
+    }
+
+    #[test]
+    fn repeated_records_become_one_list() {
+        let ok = |_: &mut ()| ApiResponse::no_content();
+        let t = vec![Endpoint::new("vm.group", Method::Put, ok).verb(
+            "group",
+            VerbArgs::Records {
+                flag: "disk",
+                field: "disks",
+                keys: &["id", "overlay"],
+            },
+            "--disk id=ID,overlay=PATH ...",
+            "group",
+        )];
+        let c = call_for(
+            &t,
+            "group",
+            &args(&["--disk", "id=a,overlay=/x", "--disk=overlay=/y,id=b"]),
+        )
+        .unwrap();
+        assert_eq!(
+            body(&c),
+            serde_json::json!({"disks": [{"id": "a", "overlay": "/x"},
+                                         {"id": "b", "overlay": "/y"}]})
+        );
+        let file = std::env::temp_dir().join(format!("records-{}.json", std::process::id()));
+        std::fs::write(&file, r#"{"disks":[]}"#).unwrap();
+        let c = call_for(&t, "group", &args(&[file.to_str().unwrap()])).unwrap();
+        assert_eq!(c.body.as_deref(), Some(r#"{"disks":[]}"#));
+        std::fs::remove_file(&file).unwrap();
+        for (a, word) in [
+            (&[][..], "at least once"),
+            (&["--disk", "id=a"][..], "'overlay=' is required"),
+            (
+                &["--disk", "id=a,overlay=/x,size=1"][..],
+                "unknown key 'size'",
+            ),
+            (&["--disk", "id=a,id=b,overlay=/x"][..], "given twice"),
+            (&["--disk", "id"][..], "not KEY=VALUE"),
+            (&["--disk"][..], "needs a value"),
+            (&["--disk", "id=a,overlay=/x", "x"][..], "unexpected"),
+        ] {
+            let e = call_for(&t, "group", &args(a)).unwrap_err().to_string();
+            assert!(e.contains(word), "{a:?}: {e}");
+        }
     }
 
     #[test]

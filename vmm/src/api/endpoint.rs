@@ -72,6 +72,15 @@ pub enum VerbArgs {
     Disk,
     /// A JSON file (`-` or nothing: standard input), sent as it is.
     JsonFile,
+    /// `--flag KEY=VALUE,KEY=VALUE`, repeated: each one an object with
+    /// every one of `keys` (strings), sent as the list
+    /// `{"field": [...]}`; or one argument, a JSON file (`-`: standard
+    /// input), sent as it is.
+    Records {
+        flag: &'static str,
+        field: &'static str,
+        keys: &'static [&'static str],
+    },
 }
 
 /// One `--flag` of a verb.

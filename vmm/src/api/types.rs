@@ -32,6 +32,20 @@ pub struct SnapshotDiskBody {
     pub name: String,
 }
 
+/// `vm.disk-snapshot-external` (ours): the disks to switch to a new
+/// qcow2 overlay each, all at one instant.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct SnapshotExternalBody {
+    pub disks: Vec<DiskOverlay>,
+}
+
+/// One disk of [`SnapshotExternalBody`]: its id and the overlay to make.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct DiskOverlay {
+    pub id: String,
+    pub overlay: String,
+}
+
 /// `vmm.ping`'s answer.
 #[derive(Debug, Serialize)]
 pub struct VmmPingResponse {

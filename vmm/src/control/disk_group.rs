@@ -5,10 +5,11 @@
 //! transactions and groups of external snapshots go through here
 //! (docs/live-operations.md, "One instant").
 //!
-//! The devices are locked and paused in the order given; a disk that
-//! cannot be paused (its queues do not drain in time) resumes the ones
-//! paused before it and nothing runs. The change gets the locked devices
-//! in the same order.
+//! The devices are locked in the order given; every disk's workers are
+//! asked to park before any is waited for, so they drain at the same
+//! time. A disk that cannot be paused (its queues do not drain in time)
+//! resumes the others and nothing runs. The change gets the locked
+//! devices in the same order.
 
 use std::sync::MutexGuard;
 
@@ -22,8 +23,6 @@ impl Control {
     /// paused together; `what` names the request in error answers. An
     /// unknown id is a 404, a vhost-user disk or one being removed a
     /// 4xx (as [`Control::local_disk`] answers), a repeated id a 400.
-    // Its callers (vm.disk-transaction, vm.disk-snapshot-external) land next.
-    #[allow(dead_code)]
     pub(crate) fn with_disks_paused<T>(
         &self,
         ids: &[&str],
@@ -46,18 +45,32 @@ impl Control {
             .iter()
             .map(|d| d.lock_device().expect("local_disk checked"))
             .collect();
-        for i in 0..devices.len() {
-            if let Err(e) = devices[i].pause() {
-                for dev in devices[..i].iter_mut() {
-                    dev.resume();
+        // Every disk's workers are asked first, then waited for: they
+        // drain at the same time.
+        let tickets: Vec<_> = devices.iter_mut().map(|d| d.begin_pause()).collect();
+        let mut failed = None;
+        for (i, (dev, ticket)) in devices.iter_mut().zip(tickets).enumerate() {
+            match failed {
+                // A failed pause undid itself; the others are undone
+                // once every one has been waited for.
+                None => {
+                    if let Err(e) = dev.finish_pause(ticket) {
+                        failed = Some((i, e));
+                    }
                 }
-                let context = format!("{what}: cannot pause disk '{}'", ids[i]);
-                return Err(ApiResponse::from_error_in(
-                    status::of_control(&e),
-                    Some(&context),
-                    &e,
-                ));
+                Some(_) => dev.resume(),
             }
+        }
+        if let Some((i, e)) = failed {
+            for dev in devices[..i].iter_mut() {
+                dev.resume();
+            }
+            let context = format!("{what}: cannot pause disk '{}'", ids[i]);
+            return Err(ApiResponse::from_error_in(
+                status::of_control(&e),
+                Some(&context),
+                &e,
+            ));
         }
         let result = change(&mut devices);
         for dev in devices.iter_mut() {

@@ -10,7 +10,8 @@
 //! handler, a method of [`Control`]: the VM's lifecycle ([`lifecycle`]:
 //! create, boot, reboot, shutdown, delete, the power button), its state
 //! ([`vm_ops`]: pause, resume, counters), disk operations ([`disk_ops`]:
-//! resize, snapshot, info), hotplug ([`hotplug`]: add, remove). A
+//! resize, snapshot, info; [`disk_snapshot`]: external snapshots of
+//! a group of disks), hotplug ([`hotplug`]: add, remove). A
 //! removal waits for the guest's eject without blocking the loop: it is
 //! parked in `removals` and answered when the eject arrives or its
 //! deadline passes.
@@ -24,6 +25,7 @@
 
 mod disk_group;
 mod disk_ops;
+mod disk_snapshot;
 mod hotplug;
 mod info;
 mod lifecycle;

@@ -60,8 +60,25 @@ pub(super) fn of_control(e: &ControlError) -> u16 {
         | ControlError::BadSnapshotName
         | ControlError::NoImageTools => 400,
         ControlError::SnapshotExists(_) => 409,
-        ControlError::DrainTimeout(_) => 500,
-        ControlError::Resize(e) | ControlError::Flush(e) | ControlError::Snapshot(e) => of_block(e),
+        ControlError::SwitchReadOnly { .. } | ControlError::SwitchBlockSize { .. } => 400,
+        ControlError::Closed | ControlError::NotPaused => 409,
+        ControlError::DrainTimeout(_) | ControlError::SwitchRefused => 500,
+        ControlError::Resize(e)
+        | ControlError::Flush(e)
+        | ControlError::Snapshot(e)
+        | ControlError::SwitchQueue(e)
+        | ControlError::Close(e) => of_block(e),
+    }
+}
+
+/// The status of an overlay that was not made: the asker's path (it
+/// exists, it is the running image or a backing file) or the host.
+pub(super) fn of_overlay(e: &block::overlay::OverlayError) -> u16 {
+    use block::overlay::OverlayError;
+    match e {
+        OverlayError::IsRunningImage(_) | OverlayError::InChain(_) | OverlayError::Exists(_) => 409,
+        OverlayError::NotLocal(_) => 400,
+        OverlayError::Create { source, .. } | OverlayError::Open { source, .. } => of_block(source),
     }
 }
 

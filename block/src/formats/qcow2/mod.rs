@@ -89,6 +89,7 @@ pub mod meta_io;
 pub(crate) mod new_image;
 pub mod opener;
 pub(crate) mod overlap;
+pub(crate) mod overlay;
 pub(crate) mod plan_builder;
 pub(crate) mod plan_exec;
 pub(crate) mod prealloc_detect;

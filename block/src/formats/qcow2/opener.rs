@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
-use super::backing::{find_backing, resolve};
+use super::backing::{find_backing, resolve, Backing};
 use super::bitmap_directory::bitmaps_of;
 use super::chain::Chain;
 use super::check::check_qcow2;
@@ -70,6 +70,19 @@ pub(crate) fn open_chain(
     file: File,
     chain: &mut Vec<PathBuf>,
     formats: &Formats,
+) -> Result<Qcow2Image, BlockError> {
+    open_chain_over(opts, file, chain, formats, None)
+}
+
+/// As [`open_chain`]; with `given`, the image's backing file is that
+/// already opened image instead of one found and opened from the header
+/// (an overlay made on a running disk, `super::overlay`).
+pub(crate) fn open_chain_over(
+    opts: &DiskOptions,
+    file: File,
+    chain: &mut Vec<PathBuf>,
+    formats: &Formats,
+    given: Option<Backing>,
 ) -> Result<Qcow2Image, BlockError> {
     let path = opts.path.clone();
     let lock = (opts.lock)
@@ -142,6 +155,13 @@ pub(crate) fn open_chain(
     }
     let backing_base = files.len() as u16;
     let backing = match header.backing_file.clone() {
+        Some(_) if given.is_some() => given,
+        None if given.is_some() => {
+            return Err(BlockError::InvalidImage {
+                path,
+                reason: "the image has no backing file to open over".into(),
+            })
+        }
         Some(name) if !opts.no_backing => Some(find_backing(
             &path,
             &name,

@@ -1,11 +1,20 @@
 //! The worker's end of its control channel ([`super::control`]): reading
 //! the commands when the control eventfd fires, and parking the worker
-//! while it is paused, until a resume or a stop.
+//! while it is paused, until a resume or a stop. A parked worker may be
+//! handed a queue on another image (the image switch): it moves its
+//! epoll registration from the old queue's completion eventfd to the new
+//! one's and sends the old queue back.
 
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::os::fd::AsRawFd;
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
-use super::control::WorkerCommand;
+use block::DiskQueue;
+use log::error;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+
+use super::control::{SwapAnswer, WorkerCommand};
 use super::state::WorkerState;
+use super::tokens::COMPLETION;
 
 /// What the event loop should do after reading the control channel.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -31,6 +40,14 @@ impl WorkerState {
                     self.w.limits = limits;
                     self.pause_ack = None;
                 }
+                Ok(WorkerCommand::Swap { queue, done }) => {
+                    // Requests may be in flight: never switch here.
+                    let _ = done.send(SwapAnswer {
+                        index: self.w.index,
+                        unused: *queue,
+                        swapped: false,
+                    });
+                }
                 Err(TryRecvError::Empty) => return ControlOutcome::Continue,
             }
         }
@@ -41,8 +58,9 @@ impl WorkerState {
         self.pause_ack.is_some() && self.pending.is_empty() && self.w.disk.in_flight() == 0
     }
 
-    /// Answers the pause and blocks until resumed or stopped.
-    pub(super) fn park(&mut self) -> ControlOutcome {
+    /// Answers the pause and blocks until resumed or stopped; `epoll`
+    /// is the event loop's (a swap moves the completion source in it).
+    pub(super) fn park(&mut self, epoll: &Epoll) -> ControlOutcome {
         if let Some(ack) = self.pause_ack.take() {
             // The device may have given up waiting; nothing to do then.
             let _ = ack.send(self.w.index);
@@ -60,9 +78,47 @@ impl WorkerState {
                 Some(WorkerCommand::Pause(ack)) => {
                     let _ = ack.send(self.w.index);
                 }
+                Some(WorkerCommand::Swap { queue, done }) => self.swap_queue(epoll, *queue, &done),
                 Some(WorkerCommand::Stop) | None => return ControlOutcome::Stop,
             }
         }
+    }
+
+    /// Serves the queue from `queue` from now on (nothing is in flight:
+    /// the worker is parked) and sends the old one back on `done`. If
+    /// the epoll set cannot take the new completion eventfd, the worker
+    /// keeps its old queue and sends the new one back unused.
+    fn swap_queue(&mut self, epoll: &Epoll, queue: DiskQueue, done: &Sender<SwapAnswer>) {
+        let old_fd = self.w.disk.completion_eventfd().as_raw_fd();
+        let new_fd = queue.completion_eventfd().as_raw_fd();
+        let event = EpollEvent::new(EventSet::IN, COMPLETION);
+        if let Err(e) = epoll.ctl(ControlOperation::Add, new_fd, event) {
+            error!(
+                "virtio-blk queue {}: cannot watch the new image's completions: {e}",
+                self.w.index
+            );
+            let _ = done.send(SwapAnswer {
+                index: self.w.index,
+                unused: queue,
+                swapped: false,
+            });
+            return;
+        }
+        if let Err(e) = epoll.ctl(ControlOperation::Delete, old_fd, EpollEvent::default()) {
+            // Harmless: the old eventfd closes with its queue, which
+            // takes it out of the set.
+            error!(
+                "virtio-blk queue {}: cannot unwatch the old image's completions: {e}",
+                self.w.index
+            );
+        }
+        let old = std::mem::replace(&mut self.w.disk, queue);
+        self.signal_stale = false;
+        let _ = done.send(SwapAnswer {
+            index: self.w.index,
+            unused: old,
+            swapped: true,
+        });
     }
 }
 

@@ -9,11 +9,13 @@
 //! given sender, and then block until [`WorkerCommand::Resume`] (which
 //! may carry new parser limits, e.g. a grown capacity) or `Stop`. While a
 //! worker is paused its disk has no request of this queue in flight, so
-//! the owner may resize, flush or snapshot the image.
+//! the owner may resize, flush or snapshot the image, or hand the worker
+//! a queue on another image ([`WorkerCommand::Swap`], the image switch).
 
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
+use block::DiskQueue;
 use log::error;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -28,6 +30,22 @@ pub enum WorkerCommand {
     Pause(Sender<u16>),
     /// Take chains again, checking them against these limits.
     Resume(ParserLimits),
+    /// Only while paused: serve the queue from `queue` (on another
+    /// image) from now on, and send the one it replaces back on `done`.
+    /// A worker that is not paused sends `queue` back unused.
+    Swap {
+        queue: Box<DiskQueue>,
+        done: Sender<SwapAnswer>,
+    },
+}
+
+/// A worker's answer to [`WorkerCommand::Swap`].
+pub struct SwapAnswer {
+    pub index: u16,
+    /// The queue the worker no longer uses: its old one when `swapped`,
+    /// else the one it was given.
+    pub unused: DiskQueue,
+    pub swapped: bool,
 }
 
 /// The device's end of one worker's control channel.

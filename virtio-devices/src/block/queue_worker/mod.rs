@@ -61,17 +61,15 @@ mod completion;
 mod control;
 mod spin;
 mod state;
+mod tokens;
 
 use commands::ControlOutcome;
-pub use control::{WorkerCommand, WorkerControl};
+pub use control::{SwapAnswer, WorkerCommand, WorkerControl};
 use spin::Spin;
 use state::{PendingChain, WorkerState};
 pub use state::{QueueWorker, WorkerExit};
 
-const KICK: u64 = 0;
-const COMPLETION: u64 = 1;
-const CONTROL: u64 = 2;
-const THROTTLE_TIMER: u64 = 3;
+use tokens::{COMPLETION, CONTROL, KICK, THROTTLE_TIMER};
 
 /// The longest busy poll a worker does before sleeping.
 pub const MAX_POLL: Duration = Duration::from_millis(1);
@@ -168,7 +166,7 @@ impl WorkerState {
                 return Ok(());
             }
             if !stopping && self.ready_to_park() {
-                if self.park() == ControlOutcome::Stop {
+                if self.park(&epoll) == ControlOutcome::Stop {
                     stopping = true;
                 }
                 continue;
