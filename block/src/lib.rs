@@ -30,8 +30,8 @@
 //!    [`ExclusiveImage`], the owner's open, with the tool capabilities no
 //!    `Disk` or `DiskQueue` can reach, and [`Resizer`], the one an owner
 //!    may lend to threads running queues ([`exclusive`]). The write seam
-//!    and image switch of live operations (docs/live-operations.md) go
-//!    on this floor.
+//!    of live operations ([`live`]: dirty bitmaps marked by every queue,
+//!    docs/live-operations.md) and the image switch go on this floor.
 //!
 //! [`error_log`] is the one rate-limited log of failed requests that
 //! every front end writes through.
@@ -49,6 +49,7 @@ pub mod exclusive;
 pub mod executor;
 pub mod formats;
 pub mod info_json;
+pub mod live;
 pub mod lock;
 pub mod new_file;
 pub mod options;
