@@ -81,6 +81,11 @@ impl Disk {
             .iter()
             .map(|a| a.offset)
             .fold(crate::SECTOR_SIZE as u32, u32::max);
+        let live = Arc::new(LiveState::default());
+        live.bitmaps().configure(
+            format.size(),
+            Some(no_persistence_reason(format.name(), options)),
+        );
         Ok(Disk {
             format,
             options: options.clone(),
@@ -92,7 +97,7 @@ impl Disk {
                 ..Default::default()
             }),
             pool: Arc::new(OnceLock::new()),
-            live: Arc::new(LiveState::default()),
+            live,
         })
     }
 
@@ -234,13 +239,37 @@ impl Disk {
         self.run(RequestOp::Flush, 0, IoMemory::None).map(|_| ())
     }
 
-    /// Closes the image cleanly: the format writes its metadata and marks
-    /// the image clean, then its files are synced.
+    /// Closes the image cleanly: the persistent dirty bitmaps are stored
+    /// (`live`), the format writes its metadata and marks the image
+    /// clean, then its files are synced.
     pub fn close(&self) -> Result<(), BlockError> {
+        // The persistent dirty bitmaps first (their in-use flag cleared);
+        // if that fails the image still closes, its bitmaps left in use
+        // (inconsistent), as after a crash.
+        let stored = self.live.store_persistent();
+        if let Err(e) = &stored {
+            log::error!(
+                "{}: cannot store its persistent dirty bitmaps ({e}); they stay marked in use",
+                self.options.path.display()
+            );
+        }
         self.format.close()?;
-        let r = self.flush();
+        let r = self.flush().and(stored);
         *self.helper.lock().unwrap_or_else(|p| p.into_inner()) = None;
         r
+    }
+}
+
+/// Why the dirty bitmaps of a disk opened this way can only live in
+/// memory, until an owner that stores them in the image says otherwise
+/// (`BitmapRegistry::configure`).
+fn no_persistence_reason(format: &str, options: &DiskOptions) -> String {
+    if format != "qcow2" {
+        format!("{format} images keep dirty bitmaps in memory only")
+    } else if options.readonly {
+        "the disk is read-only".to_string()
+    } else {
+        "this image was opened without its persistent bitmaps".to_string()
     }
 }
 

@@ -17,6 +17,8 @@ use super::dirty_bitmap::{check_granularity, DirtyBitmap};
 
 /// The longest name (qcow2 stores at most 1023 bytes).
 pub const MAX_NAME: usize = 1023;
+/// The most bytes of bits a qcow2 image stores for one bitmap.
+const MAX_STORED_BYTES: u64 = 512 << 20;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum LiveError {
@@ -137,10 +139,21 @@ impl BitmapRegistry {
             return Err(LiveError::Exists(name.to_string()));
         }
         if persistent {
-            if let Some(why) = &self.no_persistence {
+            let why = match &self.no_persistence {
+                Some(why) => Some(why.clone()),
+                // qcow2 stores at most 512 MiB of bits per bitmap.
+                None if self.disk_size.div_ceil(granularity).div_ceil(8) > MAX_STORED_BYTES => {
+                    Some(
+                        "its bits would take too much space in the image; use a larger granularity"
+                            .into(),
+                    )
+                }
+                None => None,
+            };
+            if let Some(why) = why {
                 return Err(LiveError::NotPersistable {
                     name: name.to_string(),
-                    why: why.clone(),
+                    why,
                 });
             }
         }

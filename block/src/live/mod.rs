@@ -12,11 +12,17 @@
 //! load, the whole cost of the seam when no filter is active) and marks
 //! the dirty bitmaps with the completions it hands out.
 //!
-//! This floor knows formats only through `Disk`; virtio, the VMM and the
-//! API reach it through `Disk::live`.
+//! Persistent bitmaps of a qcow2 image are loaded into the registry and
+//! marked in use by [`attach`] (the owner's open,
+//! `ExclusiveImage::attach_persistent_bitmaps`) and stored back by
+//! [`LiveState::store_persistent`] when the disk closes (`persist.rs`).
+//!
+//! This floor reaches formats only through their traits; virtio, the VMM
+//! and the API reach it through `Disk::live`.
 
 mod bitmaps;
 mod dirty_bitmap;
+mod persist;
 mod queue_filters;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +32,7 @@ pub use bitmaps::{BitmapInfo, BitmapRegistry, Checkpoint, LiveError, NamedBitmap
 pub use dirty_bitmap::{
     check_granularity, DirtyBitmap, DEFAULT_GRANULARITY, MAX_GRANULARITY, MIN_GRANULARITY,
 };
+pub use persist::{attach, BitmapSink};
 pub use queue_filters::QueueFilters;
 
 /// The filters active on a disk, as its queues read them when the
@@ -52,6 +59,8 @@ pub struct LiveState {
     filters: Mutex<Arc<Filters>>,
     /// The owner's named bitmaps; queues never lock this.
     bitmaps: Mutex<BitmapRegistry>,
+    /// Where the persistent ones go when the disk closes (`persist`).
+    sink: Mutex<Option<BitmapSink>>,
 }
 
 impl LiveState {

@@ -193,6 +193,8 @@ impl BlockDevice {
         self.quiesced(|dev| {
             resizer.resize(new_size).map_err(ControlError::Resize)?;
             dev.config_space.set_capacity(dev.disk.size());
+            // Dirty bitmaps follow the disk's size (queues are paused).
+            dev.disk.live().bitmaps().resize(dev.disk.size());
             Ok(())
         })?;
         if let Some(irq) = &self.interrupt {

@@ -22,8 +22,6 @@ impl Control {
     /// paused together; `what` names the request in error answers. An
     /// unknown id is a 404, a vhost-user disk or one being removed a
     /// 4xx (as [`Control::local_disk`] answers), a repeated id a 400.
-    // Its callers (vm.disk-transaction, vm.disk-snapshot-external) land next.
-    #[allow(dead_code)]
     pub(crate) fn with_disks_paused<T>(
         &self,
         ids: &[&str],

@@ -10,8 +10,9 @@
 //! handler, a method of [`Control`]: the VM's lifecycle ([`lifecycle`]:
 //! create, boot, reboot, shutdown, delete, the power button), its state
 //! ([`vm_ops`]: pause, resume, counters), disk operations ([`disk_ops`]:
-//! resize, snapshot, info), hotplug ([`hotplug`]: add, remove). A
-//! removal waits for the guest's eject without blocking the loop: it is
+//! resize, snapshot, info; [`disk_bitmaps`]: dirty bitmaps and their
+//! transactions, on disks paused together by [`disk_group`]), hotplug
+//! ([`hotplug`]: add, remove). A removal waits for the guest's eject without blocking the loop: it is
 //! parked in `removals` and answered when the eject arrives or its
 //! deadline passes.
 //!
@@ -22,6 +23,7 @@
 //! thread while nothing is in flight, and resumes them. Every change
 //! worth reporting is one [`crate::events::emit`] call in its handler.
 
+mod disk_bitmaps;
 mod disk_group;
 mod disk_ops;
 mod hotplug;
