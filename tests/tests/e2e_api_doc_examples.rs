@@ -139,8 +139,9 @@ fn examples_run_as_written(prefix: &str) {
         }
     });
     // ping, info, counters, pause, resume, resize, add, remove,
-    // snapshot, disk-info, vm.shutdown, vmm.shutdown.
-    assert_eq!(ran, 12, "{prefix} examples");
+    // snapshot, disk-info, bitmap add, transaction, bitmap remove,
+    // vm.shutdown, vmm.shutdown.
+    assert_eq!(ran, 15, "{prefix} examples");
     let (status, stderr) = vm.wait_exit();
     assert!(status.success(), "{status}: {stderr}");
     assert!(
