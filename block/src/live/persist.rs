@@ -16,44 +16,11 @@ use std::sync::Arc;
 
 use super::bitmaps::NamedBitmap;
 use super::dirty_bitmap::DirtyBitmap;
-use super::LiveState;
+use super::sink::BitmapSink;
+use super::state::LiveState;
 use crate::error::BlockError;
 use crate::formats::dirty_bits::PersistedBitmap;
 use crate::formats::tools::ImageTools;
-
-/// Stores a disk's persistent bitmaps in its image (made by [`attach`]).
-pub struct BitmapSink {
-    tools: Arc<dyn ImageTools>,
-    /// The image's cluster size: the chunk of the bits it stores.
-    cluster_size: u64,
-}
-
-impl std::fmt::Debug for BitmapSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BitmapSink")
-            .field("cluster_size", &self.cluster_size)
-            .finish()
-    }
-}
-
-impl BitmapSink {
-    /// Writes `bitmaps` (the persistent ones of the registry) as the
-    /// image's bitmaps, consistent ones with their bits and not in use.
-    fn store(&self, bitmaps: &[NamedBitmap]) -> Result<(), BlockError> {
-        let list: Vec<PersistedBitmap> = bitmaps
-            .iter()
-            .filter(|b| b.persistent)
-            .map(|b| PersistedBitmap {
-                name: b.name.clone(),
-                granularity: b.bitmap.granularity(),
-                recording: b.enabled,
-                in_use: b.inconsistent,
-                bits: (!b.inconsistent).then(|| b.bitmap.to_bits(self.cluster_size)),
-            })
-            .collect();
-        self.tools.store_bitmaps(&list)
-    }
-}
 
 /// Loads the image's persistent bitmaps into `live` and marks them in
 /// use in the image (see the module docs). A qcow2 image of version 2
@@ -113,26 +80,6 @@ pub fn attach(tools: Arc<dyn ImageTools>, live: &LiveState) -> Result<(), BlockE
         let _ = registry.insert(b);
     }
     drop(registry);
-    live.set_sink(BitmapSink {
-        tools,
-        cluster_size,
-    });
+    live.set_sink(BitmapSink::new(tools, cluster_size));
     Ok(())
-}
-
-impl LiveState {
-    fn set_sink(&self, sink: BitmapSink) {
-        *super::lock(&self.sink) = Some(sink);
-    }
-
-    /// Stores the persistent bitmaps in the image they were loaded from
-    /// (once: the disk is closing; later calls do nothing). The queues
-    /// must be stopped.
-    pub fn store_persistent(&self) -> Result<(), BlockError> {
-        let Some(sink) = super::lock(&self.sink).take() else {
-            return Ok(());
-        };
-        let bitmaps = self.bitmaps().list().to_vec();
-        sink.store(&bitmaps)
-    }
 }

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use super::{Filters, LiveState};
+use super::state::{Filters, LiveState};
 use crate::request::Completion;
 
 /// See the module docs.

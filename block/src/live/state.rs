@@ -1,0 +1,136 @@
+//! [`LiveState`]: what a disk's queues share to find the write seam's
+//! filters (a generation and the current [`Filters`]), the owner's named
+//! bitmaps beside them, and where persistent ones go at close.
+//!
+//! The owner changes it (through [`LiveState::bitmaps`], whose guard
+//! publishes the recording bitmaps as the new filter set when dropped)
+//! while the queues are quiesced; queues read the generation once per
+//! batch and the filters only when it moved (`queue_filters`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::bitmaps::BitmapRegistry;
+use super::dirty_bitmap::DirtyBitmap;
+use super::sink::BitmapSink;
+use crate::error::BlockError;
+
+/// The filters active on a disk, as its queues read them when the
+/// generation moves. Copy-before-write and mirror targets join this set
+/// (docs/live-operations.md); the queues build their per-queue handles
+/// from it.
+#[derive(Debug, Default)]
+pub struct Filters {
+    /// Marked when a write-like request completes.
+    pub bitmaps: Vec<Arc<DirtyBitmap>>,
+}
+
+impl Filters {
+    /// Whether any filter is active.
+    pub fn is_empty(&self) -> bool {
+        self.bitmaps.is_empty()
+    }
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct LiveState {
+    generation: AtomicU64,
+    filters: Mutex<Arc<Filters>>,
+    /// The owner's named bitmaps; queues never lock this.
+    bitmaps: Mutex<BitmapRegistry>,
+    /// Where the persistent ones go when the disk closes (`persist`).
+    sink: Mutex<Option<BitmapSink>>,
+}
+
+impl LiveState {
+    /// The generation now (queues compare it with the one they saw).
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// The filters now and their generation.
+    pub fn filters(&self) -> (u64, Arc<Filters>) {
+        let f = lock(&self.filters);
+        (self.generation.load(Ordering::Acquire), f.clone())
+    }
+
+    /// Installs a new filter set and bumps the generation. The disk's
+    /// queues must be quiesced (or the caller accepts that requests in
+    /// flight complete under the old set).
+    pub fn set_filters(&self, filters: Filters) {
+        let mut f = lock(&self.filters);
+        *f = Arc::new(filters);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The named bitmaps, for the owner to change; dropping the guard
+    /// publishes the enabled ones as the filter set
+    /// ([`BitmapGuard`]). The disk's queues must be quiesced.
+    pub fn bitmaps(&self) -> BitmapGuard<'_> {
+        BitmapGuard {
+            live: self,
+            registry: lock(&self.bitmaps),
+        }
+    }
+}
+
+/// The owner's hold on a disk's named bitmaps; when it is dropped the
+/// bitmaps that record writes become the disk's filter set.
+pub struct BitmapGuard<'a> {
+    live: &'a LiveState,
+    registry: MutexGuard<'a, BitmapRegistry>,
+}
+
+impl std::ops::Deref for BitmapGuard<'_> {
+    type Target = BitmapRegistry;
+    fn deref(&self) -> &BitmapRegistry {
+        &self.registry
+    }
+}
+
+impl std::ops::DerefMut for BitmapGuard<'_> {
+    fn deref_mut(&mut self) -> &mut BitmapRegistry {
+        &mut self.registry
+    }
+}
+
+impl Drop for BitmapGuard<'_> {
+    fn drop(&mut self) {
+        let recording = self.registry.recording();
+        let (_, now) = self.live.filters();
+        let same = now.bitmaps.len() == recording.len()
+            && now
+                .bitmaps
+                .iter()
+                .zip(&recording)
+                .all(|(a, b)| Arc::ptr_eq(a, b));
+        if !same {
+            self.live.set_filters(Filters { bitmaps: recording });
+        }
+    }
+}
+
+impl LiveState {
+    pub(super) fn set_sink(&self, sink: BitmapSink) {
+        *lock(&self.sink) = Some(sink);
+    }
+
+    /// Stores the persistent bitmaps in the image they were loaded from
+    /// (once: the disk is closing; later calls do nothing). The queues
+    /// must be stopped.
+    pub fn store_persistent(&self) -> Result<(), BlockError> {
+        let Some(sink) = lock(&self.sink).take() else {
+            return Ok(());
+        };
+        let bitmaps = self.bitmaps().list().to_vec();
+        sink.store(&bitmaps)
+    }
+}
+
+/// A poisoned lock only means a thread panicked while holding it; the
+/// values behind these locks are replaced whole, so they stay usable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
