@@ -218,3 +218,24 @@ fn an_image_without_bitmaps_is_not_rewritten_and_raw_ones_stay_in_memory() {
         .unwrap();
     image.close().unwrap();
 }
+
+#[test]
+fn an_image_dropped_without_close_still_stores_its_bitmaps() {
+    let dir = temp_dir("live-bitmaps-drop");
+    let img = sample(&dir);
+    let image = open_recording(&img);
+    image.disk().write_at(3 << 20, &[2; 4096]).unwrap();
+    drop(image);
+    assert_eq!(
+        qemu_bitmaps(&img),
+        vec![
+            ("b0".to_string(), vec!["auto".to_string()]),
+            ("off".to_string(), vec![]),
+        ]
+    );
+    assert_eq!(
+        stored_extents(&img, "b0"),
+        vec![(0, 65536), (3 << 20, 65536)]
+    );
+    qemu_check(&img);
+}

@@ -10,6 +10,8 @@
 //!   the guest wrote.
 //! - `vm.disk-transaction` over two disks applies all actions or none;
 //!   the error codes of docs/api.md; the ch-remote verbs.
+//! - `vm.remove-device` stores the bitmaps of a hot-added disk before
+//!   it answers.
 //! - A VMM killed with SIGKILL leaves the image's bitmaps in use
 //!   (`qemu-img info`), `qemu-img check` passes, and the next VMM keeps
 //!   them inconsistent: refused (409) for use, removable.
@@ -445,4 +447,45 @@ fn a_killed_vmm_leaves_its_bitmaps_in_use_and_the_next_one_refuses_them() {
     assert!(status.success());
     assert_eq!(image_bitmaps(&img), vec![]);
     qemu_check(&img);
+}
+
+#[test]
+fn remove_device_stores_the_bitmaps_of_a_hot_added_disk() {
+    if !tools() {
+        return;
+    }
+    let dir = TempDir::new("bitmaps-hotplug");
+    let boot = dir.file("boot.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &boot, "16M"]);
+    let hot = dir.file("hot.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &hot, "16M"]);
+    qemu_img(&["bitmap", "--add", &hot, "old"]);
+    let disk = format!("path={boot}");
+    let mut vm = ApiVm::start(&dir, "disks=1 wait_hotplug park", &["--disk", &disk]);
+    vm.wait_for("WAIT hotplug");
+    let body = format!(r#"{{"path":"{hot}","id":"hot"}}"#);
+    vm.curl_ok("PUT", "vm.add-disk", Some(&body), 200);
+    vm.wait_for("WAIT unplug");
+    // The guest's block checks wrote the hot disk: "old" recorded them.
+    let old = &live_bitmaps(&vm, "hot")[0];
+    assert!(old["count"].as_u64().unwrap() > 0, "{old}");
+    vm.curl_ok(
+        "PUT",
+        "vm.disk-bitmap-add",
+        Some(r#"{"id":"hot","name":"new","persistent":true}"#),
+        204,
+    );
+    vm.curl_ok("PUT", "vm.remove-device", Some(r#"{"id":"hot"}"#), 204);
+    // Closed before the answer: stored, not in use.
+    let auto = vec!["auto".to_string()];
+    assert_eq!(
+        image_bitmaps(&hot),
+        vec![("old".to_string(), auto.clone()), ("new".to_string(), auto)]
+    );
+    qemu_check(&hot);
+    assert!(!dirty_extents_by_qsd(&dir, &hot, "old").is_empty());
+    assert_eq!(dirty_extents_by_qsd(&dir, &hot, "new"), vec![]);
+    vm.wait_for("RESULT: PASS");
+    let (status, _) = vm.shutdown();
+    assert!(status.success());
 }

@@ -129,6 +129,18 @@ impl LiveState {
     }
 }
 
+/// A disk dropped without [`crate::Disk::close`] (a failed boot, an owner
+/// that gave up) still stores its persistent bitmaps, as the qcow2 image
+/// still writes its cached metadata when dropped: no queue is left (each
+/// holds this state), and what they recorded is complete.
+impl Drop for LiveState {
+    fn drop(&mut self) {
+        if let Err(e) = self.store_persistent() {
+            log::error!("cannot store the persistent dirty bitmaps ({e}); they stay marked in use");
+        }
+    }
+}
+
 /// A poisoned lock only means a thread panicked while holding it; the
 /// values behind these locks are replaced whole, so they stay usable.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
