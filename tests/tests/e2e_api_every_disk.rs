@@ -6,7 +6,8 @@
 //! hot-added overlay over NBD (its queues open their own connections:
 //! the server is multi-conn); then each verb runs on each disk, each
 //! kind is hot-added and removed again, and the vhost-user disk is
-//! removed. The VMM must stay up
+//! removed; dirty bitmaps are added to each (persistent where it can
+//! be) and removed in one transaction. The VMM must stay up
 //! through all of it (no SIGSYS: NBD sockets are opened on the NBD
 //! connector thread), answer each request with the status the docs give
 //! (a caller's mistake is 4xx), and every one of its threads runs under
@@ -231,6 +232,46 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
             400,
         );
     }
+    // Dirty bitmaps: in memory on every local kind, persistent where the
+    // top image is a writable qcow2, refused for the vhost-user disk.
+    for id in ["raw", "qcow2", "overlay", "nbd"] {
+        ok(&vm.ch_remote(&["disk-bitmap-add", "--disk", id, "--name", "b"]));
+    }
+    for id in ["qcow2", "overlay"] {
+        ok(&vm.ch_remote(&[
+            "disk-bitmap-add",
+            "--disk",
+            id,
+            "--name",
+            "p",
+            "--persistent",
+        ]));
+    }
+    for id in ["raw", "nbd"] {
+        refused(
+            &vm.ch_remote(&[
+                "disk-bitmap-add",
+                "--disk",
+                id,
+                "--name",
+                "p",
+                "--persistent",
+            ]),
+            400,
+        );
+    }
+    let err = refused(
+        &vm.ch_remote(&["disk-bitmap-add", "--disk", "vu", "--name", "b"]),
+        400,
+    );
+    assert!(err.contains("vhost-user"), "{err}");
+    let removals: Vec<String> = ["raw", "qcow2", "overlay", "nbd"]
+        .iter()
+        .map(|id| format!(r#"{{"type":"bitmap-remove","data":{{"id":"{id}","name":"b"}}}}"#))
+        .collect();
+    let tx = dir.file("tx.json");
+    std::fs::write(&tx, format!(r#"{{"actions":[{}]}}"#, removals.join(","))).unwrap();
+    ok(&vm.ch_remote(&["disk-transaction", &tx]));
     ok(&vm.ch_remote(&["pause"]));
     ok(&vm.ch_remote(&["resume"]));
     every_thread_is_filtered(pid);
@@ -298,6 +339,17 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
     }
     check_clean(&qcow2);
     check_clean(&overlay);
+    // The persistent bitmaps were stored at the close, not in use.
+    for img in [&qcow2, &overlay] {
+        let info = json(&qemu_img(&["info", "--output=json", img]));
+        let bitmaps = &info["format-specific"]["data"]["bitmaps"];
+        assert_eq!(bitmaps[0]["name"], "p", "{img}: {info}");
+        assert_eq!(
+            bitmaps[0]["flags"],
+            serde_json::json!(["auto"]),
+            "{img}: {info}"
+        );
+    }
     let info = json(&ok(&vm.ch_remote(&["info"])));
     assert_eq!(info["state"], "Created");
     // The final counts stay readable.
