@@ -239,3 +239,45 @@ fn an_image_dropped_without_close_still_stores_its_bitmaps() {
     );
     qemu_check(&img);
 }
+
+#[test]
+fn a_grown_disk_rewrites_its_bitmaps_so_a_crash_leaves_an_image_that_opens() {
+    let dir = temp_dir("live-bitmaps-resize");
+    let img = sample(&dir);
+    let image = open_recording(&img);
+    image.resizer().resize(8 << 30).unwrap();
+    image.disk().live().resize(image.disk().size()).unwrap();
+    image.disk().write_at(100 << 20, &[3; 4096]).unwrap();
+    std::mem::forget(image);
+    // The tables fit 8 GiB (32 clusters for the 512-byte bitmap, one
+    // before): qemu-img opens the image, the bitmaps in
+    // use, and so does the next owner.
+    let left = qemu_bitmaps(&img);
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.iter().all(|(_, f)| f.contains(&"in-use".to_string())));
+    qemu_check(&img);
+    let image = open_recording(&img);
+    assert!(image
+        .disk()
+        .live()
+        .bitmaps()
+        .list()
+        .iter()
+        .all(|b| b.inconsistent));
+    image.close().unwrap();
+
+    // Grown and closed cleanly: the bits at the new size.
+    let dir = temp_dir("live-bitmaps-resize-clean");
+    let img = sample(&dir);
+    let image = open_recording(&img);
+    image.resizer().resize(8 << 30).unwrap();
+    image.disk().live().resize(image.disk().size()).unwrap();
+    image.disk().write_at(100 << 20, &[3; 4096]).unwrap();
+    image.close().unwrap();
+    qemu_check(&img);
+    assert_eq!(
+        stored_extents(&img, "b0"),
+        vec![(0, 65536), (100 << 20, 65536)]
+    );
+    assert!(qemu_img(&["info", s(&img)]).contains("8 GiB"));
+}

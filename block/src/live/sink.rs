@@ -33,7 +33,8 @@ impl BitmapSink {
     }
 
     /// Writes `bitmaps` (the persistent ones of the registry) as the
-    /// image's bitmaps, consistent ones with their bits and not in use.
+    /// image's bitmaps, consistent ones with their bits and not in use
+    /// (the disk is closing).
     pub(super) fn store(&self, bitmaps: &[NamedBitmap]) -> Result<(), BlockError> {
         let list: Vec<PersistedBitmap> = bitmaps
             .iter()
@@ -44,6 +45,25 @@ impl BitmapSink {
                 recording: b.enabled,
                 in_use: b.inconsistent,
                 bits: (!b.inconsistent).then(|| b.bitmap.to_bits(self.cluster_size)),
+            })
+            .collect();
+        self.tools.store_bitmaps(&list)
+    }
+
+    /// Writes every persistent bitmap of `bitmaps` still in use, with
+    /// tables that fit the disk's size now (it was resized: a crash
+    /// before the close must leave tables an open accepts). The bits are
+    /// written too, though an in-use bitmap's bits are never read.
+    pub(super) fn store_in_use(&self, bitmaps: &[NamedBitmap]) -> Result<(), BlockError> {
+        let list: Vec<PersistedBitmap> = bitmaps
+            .iter()
+            .filter(|b| b.persistent)
+            .map(|b| PersistedBitmap {
+                name: b.name.clone(),
+                granularity: b.bitmap.granularity(),
+                recording: b.enabled,
+                in_use: true,
+                bits: Some(b.bitmap.to_bits(self.cluster_size)),
             })
             .collect();
         self.tools.store_bitmaps(&list)

@@ -117,6 +117,22 @@ impl LiveState {
         *lock(&self.sink) = Some(sink);
     }
 
+    /// The disk now has `size` bytes (its queues quiesced): every bitmap
+    /// follows ([`DirtyBitmap::resized`]), and the image's persistent
+    /// ones are rewritten at the new size, still in use, so that tables
+    /// and disk agree if the VMM dies before the close.
+    pub fn resize(&self, size: u64) -> Result<(), BlockError> {
+        let bitmaps = {
+            let mut registry = self.bitmaps();
+            registry.resize(size);
+            registry.list().to_vec()
+        };
+        match lock(&self.sink).as_ref() {
+            Some(sink) => sink.store_in_use(&bitmaps),
+            None => Ok(()),
+        }
+    }
+
     /// Stores the persistent bitmaps in the image they were loaded from
     /// (once: the disk is closing; later calls do nothing). The queues
     /// must be stopped.
