@@ -9,7 +9,8 @@ use crate::error::BlockError;
 use crate::formats::dirty_bits::PersistedBitmap;
 use crate::formats::tools::ImageTools;
 
-/// Stores a disk's persistent bitmaps in its image (made by [`attach`]).
+/// Stores a disk's persistent bitmaps in its image (made by
+/// [`attach`](super::attach)).
 pub struct BitmapSink {
     tools: Arc<dyn ImageTools>,
     /// The image's cluster size: the chunk of the bits it stores.
