@@ -25,6 +25,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::error::BlockError;
 use crate::executor::{DiskShared, Executor};
 use crate::formats::Format;
+use crate::live::{LiveState, QueueFilters};
 use crate::options::{DiskOptions, EngineKind};
 use crate::request::{BlockRequest, Completion, IoMemory, RequestOp};
 use block_engines::threads::{self, WorkerPool};
@@ -49,6 +50,8 @@ pub struct Disk {
     shared: Arc<DiskShared>,
     /// The worker pool of this disk's `threads` queues (made by the first).
     pool: Arc<OnceLock<Arc<WorkerPool>>>,
+    /// The write seam's shared state: the filters every queue applies.
+    live: Arc<LiveState>,
 }
 
 impl Disk {
@@ -78,6 +81,11 @@ impl Disk {
             .iter()
             .map(|a| a.offset)
             .fold(crate::SECTOR_SIZE as u32, u32::max);
+        let live = Arc::new(LiveState::default());
+        live.bitmaps().configure(
+            format.size(),
+            Some(no_persistence_reason(format.name(), options)),
+        );
         Ok(Disk {
             format,
             options: options.clone(),
@@ -89,6 +97,7 @@ impl Disk {
                 ..Default::default()
             }),
             pool: Arc::new(OnceLock::new()),
+            live,
         })
     }
 
@@ -117,6 +126,13 @@ impl Disk {
     /// the image's files, at least 512 (virtio-blk's `blk_size`).
     pub fn logical_block_size(&self) -> u32 {
         self.block_size
+    }
+
+    /// The write seam's state (dirty bitmaps, later other filters),
+    /// shared by every queue of this disk; changed by the owner while the
+    /// queues are quiesced (docs/live-operations.md).
+    pub fn live(&self) -> &Arc<LiveState> {
+        &self.live
     }
 
     /// Creates a queue handle with its own engine and completion eventfd.
@@ -158,6 +174,7 @@ impl Disk {
     pub fn queue_on(&self, engine: Box<dyn Engine>) -> DiskQueue {
         DiskQueue {
             exec: Executor::new(self.format.clone(), engine, self.shared.clone()),
+            filters: QueueFilters::new(self.live.clone()),
         }
     }
 
@@ -222,25 +239,52 @@ impl Disk {
         self.run(RequestOp::Flush, 0, IoMemory::None).map(|_| ())
     }
 
-    /// Closes the image cleanly: the format writes its metadata and marks
-    /// the image clean, then its files are synced.
+    /// Closes the image cleanly: the persistent dirty bitmaps are stored
+    /// (`live`), the format writes its metadata and marks the image
+    /// clean, then its files are synced.
     pub fn close(&self) -> Result<(), BlockError> {
+        // The persistent dirty bitmaps first (their in-use flag cleared);
+        // if that fails the image still closes, its bitmaps left in use
+        // (inconsistent), as after a crash.
+        let stored = self.live.store_persistent();
+        if let Err(e) = &stored {
+            log::error!(
+                "{}: cannot store its persistent dirty bitmaps ({e}); they stay marked in use",
+                self.options.path.display()
+            );
+        }
         self.format.close()?;
-        let r = self.flush();
+        let r = self.flush().and(stored);
         *self.helper.lock().unwrap_or_else(|p| p.into_inner()) = None;
         r
+    }
+}
+
+/// Why the dirty bitmaps of a disk opened this way can only live in
+/// memory, until an owner that stores them in the image says otherwise
+/// (`BitmapRegistry::configure`).
+fn no_persistence_reason(format: &str, options: &DiskOptions) -> String {
+    if format != "qcow2" {
+        format!("{format} images keep dirty bitmaps in memory only")
+    } else if options.readonly {
+        "the disk is read-only".to_string()
+    } else {
+        "this image was opened without its persistent bitmaps".to_string()
     }
 }
 
 /// One queue's handle on a [`Disk`].
 pub struct DiskQueue {
     exec: Executor,
+    /// This queue's side of the write seam.
+    filters: QueueFilters,
 }
 
 impl DiskQueue {
     /// Plans and submits every request; all of them reach the kernel before
     /// this returns. Each request later yields exactly one completion.
     pub fn submit_batch_requests(&mut self, requests: impl IntoIterator<Item = BlockRequest>) {
+        self.filters.refresh();
         self.exec.submit_batch(requests);
     }
 
@@ -251,7 +295,19 @@ impl DiskQueue {
 
     /// Clears the eventfd, then moves every finished request to `out`.
     pub fn drain_completions(&mut self, out: &mut Vec<Completion>) {
+        let start = out.len();
         self.exec.drain(out);
+        self.leaving(out, start);
+    }
+
+    /// Completions `out[start..]` are about to leave: the filters see
+    /// them (dirty bitmaps mark write-like ones).
+    #[inline]
+    fn leaving(&mut self, out: &[Completion], start: usize) {
+        self.filters.refresh();
+        if let Some(done) = out.get(start..) {
+            self.filters.completed(done);
+        }
     }
 
     /// Moves every finished request to `out` like
@@ -263,13 +319,18 @@ impl DiskQueue {
     /// (compressed clusters still to inflate), signals the eventfd again;
     /// a caller that never clears it just sees it stay readable.
     pub fn reap_completions(&mut self, out: &mut Vec<Completion>) {
+        let start = out.len();
         self.exec.reap_ready(out);
+        self.leaving(out, start);
     }
 
     /// Blocks until at least one request has completed (or none is in
     /// flight), then drains like [`DiskQueue::drain_completions`].
     pub fn wait_completions(&mut self, out: &mut Vec<Completion>) -> Result<(), BlockError> {
-        self.exec.wait(out)
+        let start = out.len();
+        let r = self.exec.wait(out);
+        self.leaving(out, start);
+        r
     }
 
     /// Requests submitted and not yet drained.

@@ -111,6 +111,18 @@ impl ExclusiveImage {
         }
     }
 
+    /// Loads the image's persistent dirty bitmaps into the disk's live
+    /// bitmaps and marks them in use in the image; [`Disk::close`]
+    /// stores them back (`crate::live::attach`). For a read-write open
+    /// with `records_bitmaps`; call it before the first guest write.
+    /// Fails with the image unchanged.
+    pub fn attach_persistent_bitmaps(&self) -> Result<(), BlockError> {
+        if self.disk.readonly() || !self.disk.options().records_bitmaps {
+            return Ok(());
+        }
+        crate::live::attach(self.tools.clone(), self.disk.live())
+    }
+
     /// Closes the image cleanly (see [`Disk::close`]).
     pub fn close(self) -> Result<(), BlockError> {
         self.disk.close()

@@ -30,9 +30,9 @@
 //!    [`ExclusiveImage`], the owner's open, with the tool capabilities no
 //!    `Disk` or `DiskQueue` can reach, and [`Resizer`], the one an owner
 //!    may lend to threads running queues ([`exclusive`]); a new overlay
-//!    on a running disk's image ([`overlay`]). The write seam
-//!    and image switch of live operations (docs/live-operations.md) go
-//!    on this floor.
+//!    on a running disk's image ([`overlay`]). The write seam of live
+//!    operations ([`live`]: dirty bitmaps marked by every queue,
+//!    docs/live-operations.md) and the image switch go on this floor.
 //!
 //! [`error_log`] is the one rate-limited log of failed requests that
 //! every front end writes through.
@@ -50,6 +50,7 @@ pub mod exclusive;
 pub mod executor;
 pub mod formats;
 pub mod info_json;
+pub mod live;
 pub mod lock;
 pub mod new_file;
 pub mod options;

@@ -136,10 +136,16 @@ impl NewOverlay {
             no_backing: false,
             ..running.options().clone()
         };
-        ExclusiveImage::open_overlay(&opts, running).map_err(|source| OverlayError::Open {
+        let open_error = |source| OverlayError::Open {
             path: self.path.clone(),
             source,
-        })
+        };
+        let image = ExclusiveImage::open_overlay(&opts, running).map_err(open_error)?;
+        // The overlay (empty: nothing is loaded or written) takes over
+        // the running disk's persistent dirty bitmaps at the switch and
+        // stores them at its close.
+        image.attach_persistent_bitmaps().map_err(open_error)?;
+        Ok(image)
     }
 
     /// The overlay stays (the disk now runs on it).

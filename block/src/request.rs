@@ -134,9 +134,33 @@ impl BlockRequest {
 #[derive(Debug)]
 pub struct Completion {
     pub user_data: u64,
+    /// The request's op, offset and length ([`BlockRequest::len`]), so
+    /// the queue can act on what completed (dirty bitmaps mark the range
+    /// of every write-like completion, failed ones too).
+    pub op: RequestOp,
+    pub offset: u64,
+    pub len: u64,
     /// Bytes transferred (reads: bytes written into `memory`), or the first
     /// error any part of the request met.
     pub result: Result<u64, BlockError>,
     /// The request's memory, handed back.
     pub memory: IoMemory,
+}
+
+impl Completion {
+    /// Whether the request may have changed the disk's data (a write,
+    /// write-zeroes or discard), whatever its result.
+    pub fn changes_data(&self) -> bool {
+        self.op.changes_data()
+    }
+}
+
+impl RequestOp {
+    /// Write, write-zeroes and discard: the ops that change data.
+    pub fn changes_data(self) -> bool {
+        matches!(
+            self,
+            RequestOp::Write | RequestOp::WriteZeroes { .. } | RequestOp::Discard { .. }
+        )
+    }
 }

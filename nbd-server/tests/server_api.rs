@@ -40,6 +40,7 @@ impl SourceQueue for MemoryQueue {
         let mut bytes = self.bytes.lock().unwrap();
         for r in batch.drain(..) {
             let at = r.offset as usize;
+            let (op, offset, len) = (r.op, r.offset, r.len());
             let (result, memory) = match (r.op, r.memory) {
                 (RequestOp::Read, IoMemory::Owned(mut b)) => {
                     let n = b.len();
@@ -59,6 +60,9 @@ impl SourceQueue for MemoryQueue {
             };
             self.done.push(Completion {
                 user_data: r.user_data,
+                op,
+                offset,
+                len,
                 result,
                 memory,
             });

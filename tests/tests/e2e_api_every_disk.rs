@@ -5,8 +5,11 @@
 //! `ch-storage-daemon` serves. The test guest uses them all, then one
 //! hot-added overlay over NBD (its queues open their own connections:
 //! the server is multi-conn); then each verb runs on each disk, each
-//! kind is hot-added and removed again, the in-VMM ones get external
-//! snapshots as one group, and the vhost-user disk is removed. The VMM must stay up
+//! kind is hot-added and removed again, and the vhost-user disk is
+//! removed; dirty bitmaps are added to each (persistent where it can
+//! be) and some removed in one transaction; then the in-VMM ones get
+//! external snapshots as one group (their bitmaps move to the new tops).
+//! The VMM must stay up
 //! through all of it (no SIGSYS: NBD sockets are opened on the NBD
 //! connector thread), answer each request with the status the docs give
 //! (a caller's mistake is 4xx), and every one of its threads runs under
@@ -231,6 +234,46 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
             400,
         );
     }
+    // Dirty bitmaps: in memory on every local kind, persistent where the
+    // top image is a writable qcow2, refused for the vhost-user disk.
+    for id in ["raw", "qcow2", "overlay", "nbd"] {
+        ok(&vm.ch_remote(&["disk-bitmap-add", "--disk", id, "--name", "b"]));
+    }
+    for id in ["qcow2", "overlay"] {
+        ok(&vm.ch_remote(&[
+            "disk-bitmap-add",
+            "--disk",
+            id,
+            "--name",
+            "p",
+            "--persistent",
+        ]));
+    }
+    for id in ["raw", "nbd"] {
+        refused(
+            &vm.ch_remote(&[
+                "disk-bitmap-add",
+                "--disk",
+                id,
+                "--name",
+                "p",
+                "--persistent",
+            ]),
+            400,
+        );
+    }
+    let err = refused(
+        &vm.ch_remote(&["disk-bitmap-add", "--disk", "vu", "--name", "b"]),
+        400,
+    );
+    assert!(err.contains("vhost-user"), "{err}");
+    let removals: Vec<String> = ["raw", "qcow2", "overlay", "nbd"]
+        .iter()
+        .map(|id| format!(r#"{{"type":"bitmap-remove","data":{{"id":"{id}","name":"b"}}}}"#))
+        .collect();
+    let tx = dir.file("tx.json");
+    std::fs::write(&tx, format!(r#"{{"actions":[{}]}}"#, removals.join(","))).unwrap();
+    ok(&vm.ch_remote(&["disk-transaction", &tx]));
     // External snapshots: every in-VMM kind in one group, at one
     // instant; the vhost-user disk is its backend's to snapshot.
     let ext = |id: &str| dir.file(&format!("{id}.ext.qcow2"));
@@ -323,6 +366,24 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
     check_clean(&overlay);
     for id in ["raw", "qcow2", "overlay", "nbd"] {
         check_clean(&ext(id));
+    }
+    // The persistent bitmaps moved to the new tops at the external
+    // snapshot and were stored there at the close, not in use; the old
+    // tops no longer hold them.
+    for img in [ext("qcow2"), ext("overlay")] {
+        let info = json(&qemu_img(&["info", "--output=json", &img]));
+        let bitmaps = &info["format-specific"]["data"]["bitmaps"];
+        assert_eq!(bitmaps[0]["name"], "p", "{img}: {info}");
+        assert_eq!(
+            bitmaps[0]["flags"],
+            serde_json::json!(["auto"]),
+            "{img}: {info}"
+        );
+    }
+    for img in [&qcow2, &overlay] {
+        let info = json(&qemu_img(&["info", "--output=json", img]));
+        let bitmaps = &info["format-specific"]["data"]["bitmaps"];
+        assert!(bitmaps.is_null(), "{img}: {info}");
     }
     let info = json(&ok(&vm.ch_remote(&["info"])));
     assert_eq!(info["state"], "Created");

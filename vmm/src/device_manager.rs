@@ -62,6 +62,16 @@ pub fn open_disk(c: &LocalDiskConfig) -> Result<OpenedDisk, DeviceError> {
                     path: c.options.path.display().to_string(),
                     source,
                 })?;
+            // Before any guest write: the image's persistent dirty bitmaps
+            // are loaded and marked in use (a crash leaves them
+            // inconsistent); a failure leaves the image as it was.
+            if let Err(source) = image.attach_persistent_bitmaps() {
+                let path = c.options.path.display().to_string();
+                if let Err(e) = image.close() {
+                    log::warn!("disk {path}: closing after the refusal failed: {e}");
+                }
+                return Err(DeviceError::OpenDisk { path, source });
+            }
             let disk = image.disk();
             if !c.backing_files {
                 if let Some(backing) = disk.format().info().backing_filename {

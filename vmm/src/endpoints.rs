@@ -9,6 +9,9 @@
 //! argument syntax; `vm.snapshot-disk` and `vm.disk-info` are ours
 //! (docs/api.md has the table against upstream's).
 
+use crate::api::bitmap_types::{
+    BitmapAddBody, BitmapBody, BitmapMergeBody, TransactionAction, TransactionBody,
+};
 use crate::api::endpoint::{Endpoint, Flag, FlagKind, Method, VerbArgs};
 use crate::api::types::{IdBody, ResizeDiskBody, SnapshotDiskBody, SnapshotExternalBody};
 use crate::config::{DiskConfig, VmConfig};
@@ -42,6 +45,50 @@ const SNAPSHOT_DISK_FLAGS: &[Flag] = &[
         flag: "name",
         field: "name",
         kind: FlagKind::Text,
+    },
+];
+
+const DISK_FLAG: Flag = Flag {
+    flag: "disk",
+    field: "id",
+    kind: FlagKind::Text,
+};
+
+const NAME_FLAG: Flag = Flag {
+    flag: "name",
+    field: "name",
+    kind: FlagKind::Text,
+};
+
+const BITMAP_ADD_FLAGS: &[Flag] = &[
+    DISK_FLAG,
+    NAME_FLAG,
+    Flag {
+        flag: "granularity",
+        field: "granularity",
+        kind: FlagKind::OptionalSize,
+    },
+    Flag {
+        flag: "persistent",
+        field: "persistent",
+        kind: FlagKind::Switch,
+    },
+    Flag {
+        flag: "disabled",
+        field: "disabled",
+        kind: FlagKind::Switch,
+    },
+];
+
+const BITMAP_FLAGS: &[Flag] = &[DISK_FLAG, NAME_FLAG];
+
+const BITMAP_MERGE_FLAGS: &[Flag] = &[
+    DISK_FLAG,
+    NAME_FLAG,
+    Flag {
+        flag: "sources",
+        field: "sources",
+        kind: FlagKind::List,
     },
 ];
 
@@ -168,7 +215,80 @@ pub fn table() -> Vec<E> {
                 what: "the disk id",
             },
             "ID",
-            "ch-img info of a running disk's image",
+            "ch-img info of a running disk's image, with its dirty bitmaps",
+        ),
+        // Dirty bitmaps of running disks (docs/backup.md).
+        E::with_body("vm.disk-bitmap-add", "BitmapAdd", |c, b: BitmapAddBody| {
+            c.disk_bitmap("vm.disk-bitmap-add", TransactionAction::BitmapAdd(b))
+        })
+        .verb(
+            "disk-bitmap-add",
+            VerbArgs::Flags(BITMAP_ADD_FLAGS),
+            "--disk ID --name NAME [--granularity SIZE] [--persistent] [--disabled]",
+            "a dirty bitmap on a running disk (granularity 64K by default)",
+        ),
+        E::with_body("vm.disk-bitmap-remove", "Bitmap", |c, b: BitmapBody| {
+            c.disk_bitmap("vm.disk-bitmap-remove", TransactionAction::BitmapRemove(b))
+        })
+        .verb(
+            "disk-bitmap-remove",
+            VerbArgs::Flags(BITMAP_FLAGS),
+            "--disk ID --name NAME",
+            "drop a dirty bitmap (from the image too at close)",
+        ),
+        E::with_body("vm.disk-bitmap-clear", "Bitmap", |c, b: BitmapBody| {
+            c.disk_bitmap("vm.disk-bitmap-clear", TransactionAction::BitmapClear(b))
+        })
+        .verb(
+            "disk-bitmap-clear",
+            VerbArgs::Flags(BITMAP_FLAGS),
+            "--disk ID --name NAME",
+            "make every granule of a dirty bitmap clean",
+        ),
+        E::with_body("vm.disk-bitmap-enable", "Bitmap", |c, b: BitmapBody| {
+            c.disk_bitmap("vm.disk-bitmap-enable", TransactionAction::BitmapEnable(b))
+        })
+        .verb(
+            "disk-bitmap-enable",
+            VerbArgs::Flags(BITMAP_FLAGS),
+            "--disk ID --name NAME",
+            "a dirty bitmap records writes again",
+        ),
+        E::with_body("vm.disk-bitmap-disable", "Bitmap", |c, b: BitmapBody| {
+            c.disk_bitmap(
+                "vm.disk-bitmap-disable",
+                TransactionAction::BitmapDisable(b),
+            )
+        })
+        .verb(
+            "disk-bitmap-disable",
+            VerbArgs::Flags(BITMAP_FLAGS),
+            "--disk ID --name NAME",
+            "a dirty bitmap stops recording writes",
+        ),
+        E::with_body(
+            "vm.disk-bitmap-merge",
+            "BitmapMerge",
+            |c, b: BitmapMergeBody| {
+                c.disk_bitmap("vm.disk-bitmap-merge", TransactionAction::BitmapMerge(b))
+            },
+        )
+        .verb(
+            "disk-bitmap-merge",
+            VerbArgs::Flags(BITMAP_MERGE_FLAGS),
+            "--disk ID --name NAME --sources NAME[,NAME...]",
+            "mark in a dirty bitmap what other bitmaps of the disk have dirty",
+        ),
+        E::with_body(
+            "vm.disk-transaction",
+            "DiskTransaction",
+            |c, b: TransactionBody| c.disk_transaction(b),
+        )
+        .verb(
+            "disk-transaction",
+            VerbArgs::JsonFile,
+            "[FILE]",
+            "bitmap actions on several disks at one instant, all or none (JSON; - or none: stdin)",
         ),
         // External snapshots (docs/block-jobs.md).
         E::with_body(
@@ -192,6 +312,48 @@ pub fn table() -> Vec<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::client::call_for;
+
+    #[test]
+    fn bitmap_verbs_build_their_bodies() {
+        let t = table();
+        let body = |verb: &str, args: &[&str]| -> serde_json::Value {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let c = call_for(&t, verb, &args).unwrap();
+            serde_json::from_str(c.body.as_deref().unwrap()).unwrap()
+        };
+        assert_eq!(
+            body("disk-bitmap-add", &["--disk", "d", "--name", "b"]),
+            serde_json::json!({"id": "d", "name": "b"})
+        );
+        assert_eq!(
+            body(
+                "disk-bitmap-add",
+                &[
+                    "--disk",
+                    "d",
+                    "--name",
+                    "b",
+                    "--granularity",
+                    "1M",
+                    "--persistent",
+                    "--disabled"
+                ]
+            ),
+            serde_json::json!({"id": "d", "name": "b", "granularity": 1 << 20,
+                "persistent": true, "disabled": true})
+        );
+        assert_eq!(
+            body(
+                "disk-bitmap-merge",
+                &["--disk", "d", "--name", "b", "--sources", "x,y"]
+            ),
+            serde_json::json!({"id": "d", "name": "b", "sources": ["x", "y"]})
+        );
+        let args: Vec<String> = ["--disk", "d"].iter().map(|a| a.to_string()).collect();
+        let e = call_for(&t, "disk-bitmap-clear", &args).unwrap_err();
+        assert!(e.to_string().contains("--name"), "{e}");
+    }
 
     #[test]
     fn names_and_verbs_are_unique() {

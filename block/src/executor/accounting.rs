@@ -24,7 +24,7 @@ use super::table::{split_token, token, AfterRead, InFlight, OpBuffer, OpKind, Op
 use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::formats::{CompressedExtent, Format, Waker};
-use crate::request::{Completion, IoMemory};
+use crate::request::{BlockRequest, Completion};
 use block_engines::{EngineCompletion, OpToken};
 
 /// What to do with an op after its result was accounted.
@@ -89,16 +89,14 @@ impl Accounting {
     }
 
     /// Completes a request that never entered the table.
-    pub fn complete_now(
-        &mut self,
-        user_data: u64,
-        memory: IoMemory,
-        result: Result<u64, BlockError>,
-    ) {
+    pub fn complete_now(&mut self, req: BlockRequest, result: Result<u64, BlockError>) {
         self.ready.push(Completion {
-            user_data,
+            user_data: req.user_data,
+            op: req.op,
+            offset: req.offset,
+            len: req.len(),
             result,
-            memory,
+            memory: req.memory,
         });
     }
 
@@ -377,6 +375,9 @@ impl Accounting {
         end.spares.put_segs(std::mem::take(&mut entry.segs));
         self.ready.push(Completion {
             user_data: entry.user_data,
+            op: entry.op,
+            offset: entry.offset,
+            len: entry.len,
             result,
             memory: entry.memory,
         });
@@ -464,6 +465,7 @@ mod tests {
     use crate::executor::memory::HostSegments;
     use crate::formats::raw::RawImage;
     use crate::formats::FileId;
+    use crate::request::IoMemory;
     use std::path::Path;
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -475,6 +477,9 @@ mod tests {
         segs.iovecs(0, 8, &mut op.iov);
         acct.insert(InFlight {
             user_data: 42,
+            op: crate::request::RequestOp::Read,
+            offset: 0,
+            len: 8,
             memory,
             segs,
             ops: vec![op],

@@ -43,7 +43,7 @@ impl Executor {
         let mut segs = self.builder.spares.segs();
         if let Err(e) = segs.fill(&mut req.memory) {
             release(self);
-            return self.acct.complete_now(req.user_data, req.memory, Err(e));
+            return self.acct.complete_now(req, Err(e));
         }
         let built = self
             .builder
@@ -56,7 +56,7 @@ impl Executor {
             }
             Err(e) => {
                 release(self);
-                return self.acct.complete_now(req.user_data, req.memory, Err(e));
+                return self.acct.complete_now(req, Err(e));
             }
         };
         // Read after planning: any write that could have been planned into
@@ -68,8 +68,12 @@ impl Executor {
             _ => 0,
         };
         let n = ops.len();
+        let len = req.len();
         let slot = self.acct.insert(InFlight {
             user_data: req.user_data,
+            op: req.op,
+            offset: req.offset,
+            len,
             memory: req.memory,
             segs,
             ops,

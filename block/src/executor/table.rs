@@ -12,7 +12,7 @@ use crate::aligned::AlignedBuf;
 use crate::error::BlockError;
 use crate::executor::memory::HostSegments;
 use crate::formats::{CompressedExtent, FileId, WriteCommit};
-use crate::request::IoMemory;
+use crate::request::{IoMemory, RequestOp};
 use block_engines::OpToken;
 
 /// What an op does.
@@ -145,6 +145,10 @@ impl OpSlot {
 #[derive(Debug)]
 pub struct InFlight {
     pub user_data: u64,
+    /// The request's op, offset and length, handed back in its completion.
+    pub op: RequestOp,
+    pub offset: u64,
+    pub len: u64,
     pub memory: IoMemory,
     pub segs: HostSegments,
     pub ops: Vec<OpSlot>,

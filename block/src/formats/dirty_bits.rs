@@ -30,6 +30,23 @@ pub struct DirtyBits {
     pub chunks: Vec<Chunk>,
 }
 
+/// A persistent bitmap as an owner that records guest writes keeps it
+/// (the VMM's live bitmaps): loaded when it opens the image, stored
+/// back when it closes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PersistedBitmap {
+    pub name: String,
+    pub granularity: u64,
+    /// The `auto` flag: it records writes.
+    pub recording: bool,
+    /// The `in_use` flag: set while an owner holds it; found set at open,
+    /// the bitmap is inconsistent.
+    pub in_use: bool,
+    /// Its bits; `None` for an inconsistent bitmap when loaded, and when
+    /// stored, "keep the bits the image has".
+    pub bits: Option<DirtyBits>,
+}
+
 /// What `ch-img bitmap` does to a bitmap, in command-line order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BitmapAction {

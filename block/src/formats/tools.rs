@@ -29,7 +29,7 @@
 //! safe beside queues, and what a shrink asks of the caller).
 
 use super::amendment::{AmendProgress, Amendment};
-use super::dirty_bits::{BitmapAction, DirtyBits};
+use super::dirty_bits::{BitmapAction, DirtyBits, PersistedBitmap};
 use super::{Compression, Format};
 use crate::error::BlockError;
 
@@ -122,6 +122,23 @@ pub trait PersistentBitmaps {
     /// at once. When an action is refused (qemu-img's words) or a write
     /// fails, the image keeps its bitmaps as they were.
     fn change_bitmap(&self, name: &str, actions: &[BitmapAction]) -> Result<(), BlockError>;
+
+    /// Every persistent bitmap, with the bits of the consistent ones
+    /// (an owner that records writes loads them at open). Formats
+    /// without persistent bitmaps have none.
+    fn load_bitmaps(&self) -> Result<Vec<PersistedBitmap>, BlockError> {
+        Ok(Vec::new())
+    }
+
+    /// Makes `bitmaps` the image's persistent bitmaps, in that order
+    /// (those not listed are removed); undone when it fails. Formats
+    /// without persistent bitmaps refuse.
+    fn store_bitmaps(&self, bitmaps: &[PersistedBitmap]) -> Result<(), BlockError> {
+        let _ = bitmaps;
+        Err(BlockError::Refused(
+            "this image format has no persistent dirty bitmaps".into(),
+        ))
+    }
 }
 
 /// Running a tool operation so that its failure leaves the file as it was

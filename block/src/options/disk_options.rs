@@ -69,6 +69,11 @@ pub struct DiskOptions {
     /// change the bitmaps or the format's options but never the disk's
     /// contents (`ch-img bitmap`, `ch-img amend`).
     pub keep_persistent_bitmaps: bool,
+    /// A read-write open whose owner records every guest write in the
+    /// persistent dirty bitmaps it loads (the VMM's live bitmaps,
+    /// `ExclusiveImage::attach_persistent_bitmaps`): the bitmaps stay
+    /// valid and guest writes are allowed.
+    pub records_bitmaps: bool,
     /// qemu's `force-share` (`ch-img -U`): the read-only files of the
     /// image (all of them on a read-only open, the backing chain on a
     /// writable one) are locked so that others may still write them.

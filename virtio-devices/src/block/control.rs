@@ -244,6 +244,12 @@ impl BlockDevice {
         self.quiesced(|dev| {
             resizer.resize(new_size).map_err(ControlError::Resize)?;
             dev.config_space.set_capacity(dev.disk.size());
+            // Dirty bitmaps follow the disk's size (queues are paused),
+            // in the image too.
+            dev.disk
+                .live()
+                .resize(dev.disk.size())
+                .map_err(ControlError::Resize)?;
             Ok(())
         })?;
         if let Some(irq) = &self.interrupt {

@@ -216,7 +216,17 @@ impl BlockDevice {
     }
 }
 
-/// The hook where filters that outlive a switch move from the old disk
-/// to the new one (dirty bitmaps go to the new disk's `LiveState`); the
-/// queues are paused, so no request sees half of it. No filter exists yet.
-fn move_live_filters(_old: &Disk, _new: &Disk) {}
+/// Filters that outlive a switch move from the old disk to the new one:
+/// the dirty bitmaps go on recording the disk's writes on the new image
+/// (`block::live::LiveState::take_bitmaps_from`). The queues are paused,
+/// so no request sees half of it. A failure to mark persistent bitmaps
+/// in use in the new image is logged: they still record, and are stored
+/// at the new image's close.
+fn move_live_filters(old: &Disk, new: &Disk) {
+    if let Err(e) = new.live().take_bitmaps_from(old.live()) {
+        log::error!(
+            "{}: cannot mark the dirty bitmaps it took over in use: {e}",
+            new.options().path.display()
+        );
+    }
+}

@@ -136,14 +136,22 @@ fn body_for(command: &str, kind: VerbArgs, args: &[String]) -> Result<Option<Str
                 } else {
                     let (v, n) = flag(args, f.flag)?;
                     used += n;
-                    let v =
-                        v.ok_or_else(|| usage_error(format!("{command}: {long} is required")))?;
-                    Some(match f.kind {
-                        FlagKind::Size => Value::from(
+                    match (v, f.kind) {
+                        (None, FlagKind::OptionalSize) => None,
+                        (None, _) => {
+                            return Err(usage_error(format!("{command}: {long} is required")))
+                        }
+                        (Some(v), FlagKind::Size | FlagKind::OptionalSize) => Some(Value::from(
                             parse_size(v).map_err(|e| usage_error(format!("{long}: {e}")))?,
-                        ),
-                        _ => Value::from(v),
-                    })
+                        )),
+                        (Some(v), FlagKind::List) => Some(Value::from(
+                            v.split(',')
+                                .filter(|s| !s.is_empty())
+                                .map(Value::from)
+                                .collect::<Vec<_>>(),
+                        )),
+                        (Some(v), _) => Some(Value::from(v)),
+                    }
                 };
                 if let Some(v) = value {
                     m.insert(f.field.into(), v);

@@ -101,6 +101,11 @@ pub enum FlagKind {
     Size,
     /// No value: `true` when given.
     Switch,
+    /// A size in bytes (K/M/G/T suffixes), left out of the body when
+    /// not given.
+    OptionalSize,
+    /// A comma-separated list, sent as an array of strings; required.
+    List,
 }
 
 /// `ch-remote`'s verb for an endpoint.

@@ -5,14 +5,16 @@
 //! a thread of its own (a few at most); that thread reads one HTTP/1.1
 //! request with deadlines and size limits ([`http`]), finds its row in
 //! the endpoint table ([`routes`], rows as [`endpoint`] defines them,
-//! bodies in [`types`]), which checks the body and makes a job, and sends
-//! the job to the VMM's control loop as an [`ApiMessage`]
-//! ([`channel`](mod@channel)), waking the loop through an eventfd. It
+//! bodies in [`types`] and [`bitmap_types`]), which checks the body and
+//! makes a job, and sends the job to the VMM's control loop as an
+//! [`ApiMessage`] ([`channel`](mod@channel)), waking the loop through an
+//! eventfd. It
 //! then waits for the [`ApiResponse`], writes it and closes the
 //! connection. The API threads never touch a device, an image or the
 //! vCPUs, and hold no lock the request path takes: everything happens in
 //! the control loop (`crate::control`), one request at a time.
 
+pub mod bitmap_types;
 pub mod channel;
 pub mod client;
 pub mod endpoint;

@@ -99,7 +99,7 @@ impl VmConfig {
         let mut vhost_user_disks = Vec::new();
         for (index, d) in self.disks.iter().flatten().enumerate() {
             match d.resolve() {
-                Ok(ResolvedDisk::Local(c)) => disks.push(c),
+                Ok(ResolvedDisk::Local(c)) => disks.push(*c),
                 Ok(ResolvedDisk::VhostUser(c)) => vhost_user_disks.push(c),
                 Err(error) => return Err(VmConfigError::Disk { index, error }),
             }

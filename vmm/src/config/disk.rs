@@ -189,7 +189,7 @@ mod tests {
     /// `--disk`'s string parsed and resolved as a local disk.
     fn parse_local(s: &str) -> Result<LocalDiskConfig, ConfigError> {
         match parse_disk(s)?.resolve()? {
-            ResolvedDisk::Local(l) => Ok(l),
+            ResolvedDisk::Local(l) => Ok(*l),
             other => panic!("{s}: {other:?}"),
         }
     }

@@ -55,7 +55,8 @@ pub enum DiskConfigError {
 /// What a [`DiskConfig`] resolves to.
 #[derive(Clone, Debug)]
 pub enum ResolvedDisk {
-    Local(LocalDiskConfig),
+    /// Boxed: the image options make it far larger than the other.
+    Local(Box<LocalDiskConfig>),
     VhostUser(VhostUserDiskConfig),
 }
 
@@ -156,7 +157,7 @@ impl DiskConfig {
                 reason: "a socket serves vhost-user disks only".into(),
             });
         }
-        Ok(ResolvedDisk::Local(LocalDiskConfig {
+        Ok(ResolvedDisk::Local(Box::new(LocalDiskConfig {
             options: self.image_options()?,
             num_queues,
             queue_size,
@@ -176,7 +177,7 @@ impl DiskConfig {
                 }
             },
             backing_files: self.backing_files.unwrap_or(true),
-        }))
+        })))
     }
 
     /// Upstream's values this VMM has no way to honour.
@@ -268,6 +269,9 @@ impl DiskConfig {
         };
         let mut o = DiskOptions::new(path);
         o.readonly = self.readonly;
+        // The VMM records guest writes in the image's persistent dirty
+        // bitmaps (docs/backup.md), so a writable open keeps them valid.
+        o.records_bitmaps = !o.readonly;
         let keys = CacheKeys {
             direct: self.direct,
             cache: match &self.cache {
@@ -419,7 +423,7 @@ mod tests {
 
     fn local(s: &str) -> LocalDiskConfig {
         match json(s).unwrap() {
-            ResolvedDisk::Local(l) => l,
+            ResolvedDisk::Local(l) => *l,
             other => panic!("{s}: {other:?}"),
         }
     }

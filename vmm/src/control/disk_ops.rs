@@ -97,18 +97,27 @@ impl Control {
     }
 
     /// `ch-img info --backing-chain --output=json` of the live image:
-    /// the open image's facts, then each backing file's, opened read-only.
+    /// the open image's facts (with its live `dirty-bitmaps`), then each
+    /// backing file's, opened read-only.
     pub(crate) fn disk_info(&self, id: &str) -> ApiResponse {
         let d = match self.local_disk(id, "vm.disk-info") {
             Ok(d) => d,
             Err(r) => return r,
         };
-        let (path, info) = {
+        let (path, info, bitmaps) = {
             let dev = d.lock_device().expect("local_disk checked");
-            (dev.disk().options().path.clone(), dev.image_info())
+            let bitmaps = Self::bitmaps_json(dev.disk().live());
+            (dev.disk().options().path.clone(), dev.image_info(), bitmaps)
         };
         match block::info_json::chain_json(&path, info) {
-            Ok(v) => ApiResponse::json(&v),
+            Ok(mut v) => {
+                // The running disk's dirty bitmaps, as QEMU's query-block
+                // names them.
+                if let Some(serde_json::Value::Object(top)) = v.first_mut() {
+                    top.insert("dirty-bitmaps".into(), bitmaps);
+                }
+                ApiResponse::json(&v)
+            }
             Err(e) => ApiResponse::from_error(status::of_block(&e), &e),
         }
     }

@@ -49,7 +49,7 @@ impl Control {
 
     pub(crate) fn add_disk(&mut self, asked: DiskConfig) -> ApiResponse {
         let config = match asked.resolve() {
-            Ok(ResolvedDisk::Local(c)) => c,
+            Ok(ResolvedDisk::Local(c)) => *c,
             Ok(ResolvedDisk::VhostUser(_)) => {
                 return ApiResponse::error(
                     400,

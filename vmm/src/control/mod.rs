@@ -11,8 +11,10 @@
 //! create, boot, reboot, shutdown, delete, the power button), its state
 //! ([`vm_ops`]: pause, resume, counters), disk operations ([`disk_ops`]:
 //! resize, snapshot, info; [`disk_snapshot`]: external snapshots of
-//! a group of disks), hotplug ([`hotplug`]: add, remove). A
-//! removal waits for the guest's eject without blocking the loop: it is
+//! a group of disks; [`disk_bitmaps`]: dirty bitmaps and their
+//! transactions; both on disks paused together by [`disk_group`]),
+//! hotplug ([`hotplug`]: add, remove). A removal waits for the guest's
+//! eject without blocking the loop: it is
 //! parked in `removals` and answered when the eject arrives or its
 //! deadline passes.
 //!
@@ -23,6 +25,7 @@
 //! thread while nothing is in flight, and resumes them. Every change
 //! worth reporting is one [`crate::events::emit`] call in its handler.
 
+mod disk_bitmaps;
 mod disk_group;
 mod disk_ops;
 mod disk_snapshot;

@@ -136,6 +136,7 @@ pub(crate) fn find_backing(
         lock: opts.lock,
         no_backing: false,
         keep_persistent_bitmaps: false,
+        records_bitmaps: false,
         force_share: opts.force_share,
         snapshot: None,
         reconnect_delay: opts.reconnect_delay,

@@ -46,16 +46,17 @@ const MAX_NAME: usize = 1023;
 /// The only bitmap type: dirty tracking.
 const TYPE_DIRTY_TRACKING: u8 = 1;
 
-/// A bitmap while the actions run.
+/// A bitmap while the actions run (or as a live owner stores it,
+/// `bitmap_live`).
 #[derive(Clone, Debug)]
-struct Working {
-    name: String,
-    flags: u32,
-    granularity_bits: u8,
+pub(super) struct Working {
+    pub name: String,
+    pub flags: u32,
+    pub granularity_bits: u8,
     /// Where it is now (`None`: added by these actions).
-    stored: Option<StoredBitmap>,
+    pub stored: Option<StoredBitmap>,
     /// Its new bits (`None`: as stored).
-    bits: Option<DirtyBits>,
+    pub bits: Option<DirtyBits>,
 }
 
 fn not_found(name: &str) -> String {
@@ -74,7 +75,7 @@ pub(crate) struct BitmapEditor<'a> {
 
 impl BitmapEditor<'_> {
     /// The bits a stored bitmap holds, read through the seam.
-    fn read_bits(&self, b: &StoredBitmap) -> Result<DirtyBits, BlockError> {
+    pub(super) fn read_bits(&self, b: &StoredBitmap) -> Result<DirtyBits, BlockError> {
         let meta = &*self.meta;
         let cs = meta.g.cluster_size;
         let size = self.disk_size;
@@ -104,7 +105,7 @@ impl BitmapEditor<'_> {
 
     /// The bitmaps as the header names them now, refusing entries this
     /// code would not write back as they are.
-    fn load_bitmaps(&self, header: &Header) -> Result<BitmapStore, BlockError> {
+    pub(super) fn load_bitmaps(&self, header: &Header) -> Result<BitmapStore, BlockError> {
         let store = BitmapStore::load(self.meta, header)?;
         for b in &store.bitmaps {
             let e = &b.entry;
@@ -271,8 +272,19 @@ impl BitmapEditor<'_> {
                 ))
             })?;
         }
+        self.replace(&header, &old, &bitmaps)
+    }
+
+    /// Stores `bitmaps` as the image's bitmaps (steps 1 and 2), then
+    /// frees what only `old` named (step 3).
+    pub(super) fn replace(
+        &mut self,
+        header: &Header,
+        old: &BitmapStore,
+        bitmaps: &[Working],
+    ) -> Result<(), BlockError> {
         let meta = &mut *self.meta;
-        let directory = store(meta, &header, &bitmaps)?;
+        let directory = store(meta, header, bitmaps)?;
         // Free what only the old header named.
         let cb = meta.g.cluster_bits;
         let mut freed: Vec<(u64, u64)> = old

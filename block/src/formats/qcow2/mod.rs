@@ -62,6 +62,7 @@ pub(crate) mod amend;
 pub(crate) mod backing;
 pub(crate) mod backing_rewrite;
 pub(crate) mod bitmap_directory;
+mod bitmap_live;
 pub(crate) mod bitmap_store;
 pub(crate) mod bitmap_write;
 pub(crate) mod cache;

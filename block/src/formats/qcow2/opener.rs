@@ -124,7 +124,8 @@ pub(crate) fn open_chain_over(
                 });
             }
         }
-        clear_unknown_autoclear(&meta_file, &path, &mut header, opts.keep_persistent_bitmaps)?;
+        let keep_bitmaps = opts.keep_persistent_bitmaps || opts.records_bitmaps;
+        clear_unknown_autoclear(&meta_file, &path, &mut header, keep_bitmaps)?;
     }
     let mut files = vec![Arc::new(file)];
     let meta_file = Arc::new(meta_file);
@@ -217,7 +218,8 @@ pub(crate) fn open_chain_over(
             header,
         },
         readonly: opts.readonly,
-        keeps_bitmaps: opts.keep_persistent_bitmaps,
+        // An owner that records writes in the bitmaps may let them through.
+        keeps_bitmaps: opts.keep_persistent_bitmaps && !opts.records_bitmaps,
         _lock: lock,
         _data_file_lock: data_file_lock,
         backing_unopened,

@@ -22,7 +22,7 @@ use super::snapshot_ops::Snapshotter;
 use super::undo::UndoLog;
 use crate::error::BlockError;
 use crate::formats::amendment::{AmendProgress, Amendment};
-use crate::formats::dirty_bits::{BitmapAction, DirtyBits};
+use crate::formats::dirty_bits::{BitmapAction, DirtyBits, PersistedBitmap};
 use crate::formats::tools::{
     Amendable, BackingEdits, CompressedWrites, FailureUndo, PersistentBitmaps, Resizable, Snapshots,
 };
@@ -161,6 +161,28 @@ impl PersistentBitmaps for Qcow2Image {
                 disk_size: self.size.load(Ordering::Acquire),
             }
             .change(name, actions)
+        })
+    }
+
+    fn load_bitmaps(&self) -> Result<Vec<PersistedBitmap>, BlockError> {
+        BitmapEditor {
+            meta: &mut self.lock().meta,
+            disk_size: self.size.load(Ordering::Acquire),
+        }
+        .load_all()
+    }
+
+    /// Undone when it fails (see `bitmap_write`).
+    fn store_bitmaps(&self, bitmaps: &[PersistedBitmap]) -> Result<(), BlockError> {
+        if self.readonly {
+            return Err(BlockError::ReadOnly);
+        }
+        self.undo_on_failure(&mut || {
+            BitmapEditor {
+                meta: &mut self.lock().meta,
+                disk_size: self.size.load(Ordering::Acquire),
+            }
+            .store_all(bitmaps)
         })
     }
 }

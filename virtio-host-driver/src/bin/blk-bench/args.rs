@@ -40,6 +40,9 @@ Usage: blk-bench --image PATH [options]
   --output json|table    result format (default table); --output=json works;
                          json also gives the kernel submit-call times
                          (submit_p50_us, submit_p99_us, submit_max_us)
+  --bitmap BYTES         add one enabled dirty bitmap of this granularity
+                         (k/m suffixes) to the disk before the run: what
+                         the write seam's marking costs (default: none)
   --compare-fio          run fio (io_uring, direct=1, same pattern) and us
                          interleaved, --repeats times, and print medians
   --repeats N            repeats for --compare-fio (default 3)
@@ -93,6 +96,8 @@ pub struct Options {
     pub json: bool,
     pub compare_fio: bool,
     pub repeats: u32,
+    /// Granularity of a dirty bitmap added before the run.
+    pub bitmap: Option<u64>,
 }
 
 fn value<'a>(
@@ -138,6 +143,7 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
         json: false,
         compare_fio: false,
         repeats: 3,
+        bitmap: None,
     };
     let mut image = None;
     let mut it = args.iter();
@@ -213,6 +219,7 @@ pub fn parse(args: &[String]) -> Result<Option<Options>, String> {
                     v => return Err(format!("--output: '{v}' (expected json or table)")),
                 }
             }
+            "--bitmap" => o.bitmap = Some(number(name, value(name, inline, &mut it)?, 512)?),
             "--compare-fio" => o.compare_fio = true,
             "--repeats" => o.repeats = number(name, value(name, inline, &mut it)?, 1)?,
             other => return Err(format!("unknown option '{other}' (see --help)")),
@@ -283,5 +290,10 @@ mod tests {
             .unwrap_err()
             .contains("--bogus"));
         assert!(parse(&args("--help")).unwrap().is_none());
+        let o = parse(&args("--image a --bitmap 64k")).unwrap().unwrap();
+        assert_eq!(o.bitmap, Some(65536));
+        assert!(parse(&args("--image a --bitmap 100"))
+            .unwrap_err()
+            .contains("--bitmap"));
     }
 }

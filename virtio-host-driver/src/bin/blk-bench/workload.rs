@@ -171,6 +171,12 @@ pub fn run_ours(o: &Options) -> Result<RunStats, String> {
     dopts.direct = o.direct;
     dopts.readonly = !o.rw.is_write();
     let disk = Disk::open(&dopts).map_err(|e| format!("cannot open {}: {e}", o.image.display()))?;
+    if let Some(granularity) = o.bitmap {
+        disk.live()
+            .bitmaps()
+            .add("blk-bench", granularity, false, false)
+            .map_err(|e| format!("--bitmap: {e}"))?;
+    }
     let blocks = disk.size() / u64::from(o.bs);
     if blocks == 0 {
         return Err("--bs is larger than the image".into());
