@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::chain::Chain;
-use super::cow::CowReader;
-use super::features::COMPAT_LAZY_REFCOUNTS;
-use super::meta_io::MetaIo;
-use super::plan_builder::PlanBuilder;
 use super::state::{lock, State};
 use crate::error::BlockError;
+use crate::formats::qcow2::metadata::meta_io::MetaIo;
+use crate::formats::qcow2::on_disk::features::COMPAT_LAZY_REFCOUNTS;
+use crate::formats::qcow2::planning::cow::CowReader;
+use crate::formats::qcow2::planning::plan_builder::PlanBuilder;
 use crate::formats::{Format, Waker, WriteOutcome, WritePlan};
 use crate::lock::ImageLock;
 

@@ -14,19 +14,19 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::bitmap_directory::bitmaps_in;
-use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::image::Qcow2Image;
 use super::image::UpdateStart;
-use super::plan_builder::{PlanBuilder, Source};
-use super::queue_view::QueueView;
-use super::read::ReadPlanner;
-use super::snapshot_table::read_snapshot_table;
-use super::status::StatusWalker;
-use super::write::WritePlanner;
-use super::zero::ZeroPlanner;
 use crate::error::BlockError;
 use crate::formats::holes::file_size;
+use crate::formats::qcow2::bitmaps::bitmap_directory::bitmaps_in;
+use crate::formats::qcow2::on_disk::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
+use crate::formats::qcow2::on_disk::snapshot_table::read_snapshot_table;
+use crate::formats::qcow2::planning::plan_builder::{PlanBuilder, Source};
+use crate::formats::qcow2::planning::queue_view::QueueView;
+use crate::formats::qcow2::planning::read::ReadPlanner;
+use crate::formats::qcow2::planning::status::StatusWalker;
+use crate::formats::qcow2::planning::write::WritePlanner;
+use crate::formats::qcow2::planning::zero::ZeroPlanner;
 use crate::formats::{
     BlockStatus, Compression, FileId, Format, ImageFiles, ImageInfo, PlanCache, ReadPlan, Waker,
     WriteCommit, WriteOutcome,

@@ -1,0 +1,26 @@
+//! The qcow2 file format's structures as values: what the bytes on disk
+//! mean, with no open image behind them.
+//!
+//! - `header` (with `header/bitmaps`), `header_cluster`, `features`: the
+//!   header, its extensions and feature bits, parsed and rewritten;
+//! - `layout`: the layout arithmetic (L1 and L2 tables per disk, the
+//!   refcount structures' fixed point, bytes of a fully allocated image,
+//!   qemu's table limits), shared by `create`, `check`, `amend` and
+//!   `ch-img measure`;
+//! - `geometry`: an open image's fixed layout facts, read from its
+//!   header, and what they decide about one table entry;
+//! - `l2_entry`, `refcount`: decoding L1/L2 entries and refcount entries;
+//! - `snapshot_table`: the internal snapshot table's entries.
+//!
+//! Bytes (or a header) enter; typed values and checked offsets leave.
+//! Nothing here does I/O of its own but through the helpers of
+//! `metadata::meta_io` it is handed.
+
+pub(crate) mod features;
+pub(crate) mod geometry;
+pub(crate) mod header;
+pub(crate) mod header_cluster;
+pub(crate) mod l2_entry;
+pub mod layout;
+pub(crate) mod refcount;
+pub(crate) mod snapshot_table;
