@@ -171,7 +171,7 @@ pub(crate) fn open_chain(
     // cache=unsafe skips every flush, the ordering barriers between
     // dependent metadata writes and at close included, as QEMU's
     // BDRV_O_NO_FLUSH does: a crash may then leave anything.
-    meta.barriers = opts.cache.flushes();
+    meta.set_barriers(opts.cache.flushes());
     let size = AtomicU64::new(header.size);
     if let Some(which) = &opts.snapshot {
         if !opts.readonly {

@@ -133,8 +133,8 @@ impl Format for Qcow2Image {
             for (guest, raw, bitmap) in &p.publish {
                 st.meta.publish_l2_entry(*guest, *raw, *bitmap)?;
             }
-            st.meta.deferred_release.extend(p.release.iter().copied());
-            if st.meta.l2_write_through || st.meta.should_flush() {
+            st.meta.release_after_flush(&p.release);
+            if st.meta.l2_write_through() || st.meta.should_flush() {
                 st.meta.flush_dirty()?;
             }
             Ok(())
@@ -180,8 +180,13 @@ impl Format for Qcow2Image {
         let h = &self.chain.header;
         let (incompatible, snapshots_at, marked_corrupt, io) = {
             let st = self.lock();
-            let io = Arc::clone(&st.meta.io);
-            (st.incompatible, st.meta.snapshots, st.meta.is_corrupt(), io)
+            let io = Arc::clone(st.meta.io());
+            (
+                st.incompatible,
+                st.meta.snapshot_table(),
+                st.meta.is_corrupt(),
+                io,
+            )
         };
         // Read through the metadata-I/O seam; a file whose size cannot be
         // read lists no snapshots or bitmaps.

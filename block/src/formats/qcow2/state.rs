@@ -85,7 +85,7 @@ impl State {
 /// An fdatasync that orders metadata writes, skipped when barriers are
 /// off (cache=unsafe, benchmarks).
 fn ordering_sync(meta: &MetaState) -> Result<(), BlockError> {
-    if meta.barriers {
+    if meta.barriers() {
         meta.sync()?;
     }
     Ok(())

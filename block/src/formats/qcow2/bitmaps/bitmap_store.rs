@@ -49,8 +49,8 @@ impl BitmapStore {
         let Some(ext) = header.bitmaps else {
             return Ok(BitmapStore::default());
         };
-        let entries =
-            bitmaps_of(meta.io.as_ref(), header, meta.file_size).map_err(|r| meta.invalid(r))?;
+        let entries = bitmaps_of(meta.io().as_ref(), header, meta.file_size())
+            .map_err(|r| meta.invalid(r))?;
         let (dir_offset, dir_size) = (ext.dir_offset, ext.dir_size);
         let mut bitmaps = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -71,7 +71,7 @@ impl BitmapStore {
 
 /// Reads and checks a bitmap's table.
 fn read_table(meta: &MetaState, entry: &BitmapEntry) -> Result<Vec<u64>, BlockError> {
-    let cs = meta.g.cluster_size;
+    let cs = meta.geometry().cluster_size;
     let entries = u64::from(entry.table_entries);
     let bytes = entries * 8;
     if entries > MAX_TABLE_ENTRIES
@@ -80,7 +80,7 @@ fn read_table(meta: &MetaState, entry: &BitmapEntry) -> Result<Vec<u64>, BlockEr
         || entry
             .table_offset
             .checked_add(bytes)
-            .is_none_or(|e| e > meta.file_size)
+            .is_none_or(|e| e > meta.file_size())
     {
         return Err(meta.invalid(format!(
             "bitmap '{}' has an invalid table ({entries} entries at {:#x})",
@@ -94,7 +94,9 @@ fn read_table(meta: &MetaState, entry: &BitmapEntry) -> Result<Vec<u64>, BlockEr
         let data = e & TABLE_OFFSET_MASK;
         if data != 0
             && (!data.is_multiple_of(cs)
-                || data.checked_add(cs).is_none_or(|end| end > meta.file_size))
+                || data
+                    .checked_add(cs)
+                    .is_none_or(|end| end > meta.file_size()))
         {
             return Err(meta.invalid(format!(
                 "bitmap '{}' has a data cluster at {data:#x} outside the file",
@@ -131,10 +133,10 @@ pub(crate) fn bitmap_clusters(
     header: &Header,
 ) -> Result<Vec<(u64, u64)>, BlockError> {
     let store = BitmapStore::load(meta, header)?;
-    let cb = meta.g.cluster_bits;
+    let cb = meta.geometry().cluster_bits;
     let mut runs = Vec::new();
     if let Some((offset, bytes)) = store.directory {
-        runs.push((offset >> cb, bytes.div_ceil(meta.g.cluster_size)));
+        runs.push((offset >> cb, bytes.div_ceil(meta.geometry().cluster_size)));
     }
     for b in &store.bitmaps {
         runs.extend(clusters_of(b, cb));

@@ -76,7 +76,7 @@ impl BitmapEditor<'_> {
     /// The bits a stored bitmap holds, read through the seam.
     fn read_bits(&self, b: &StoredBitmap) -> Result<DirtyBits, BlockError> {
         let meta = &*self.meta;
-        let cs = meta.g.cluster_size;
+        let cs = meta.geometry().cluster_size;
         let size = self.disk_size;
         let mut bits = DirtyBits::new(1u64 << b.entry.granularity_bits, size, cs);
         if b.table.len() as u64 != bits.chunk_count() {
@@ -114,7 +114,7 @@ impl BitmapEditor<'_> {
                 || !(9..=31).contains(&e.granularity_bits)
             {
                 return Err(BlockError::Unsupported {
-                    path: self.meta.path.clone(),
+                    path: self.meta.path().to_path_buf(),
                     feature: format!(
                         "changing the bitmaps of an image whose bitmap '{}' has type {}, {} bytes of extra data or granularity bits {}",
                         e.name, e.bitmap_type, e.extra_data_size, e.granularity_bits
@@ -137,7 +137,7 @@ impl BitmapEditor<'_> {
         let in_use = |b: &Working| b.flags & FLAG_IN_USE != 0;
         let meta = &*self.meta;
         let size = self.disk_size;
-        let cs = meta.g.cluster_size;
+        let cs = meta.geometry().cluster_size;
         let bits_of = |b: &Working| -> Result<DirtyBits, String> {
             match (&b.bits, &b.stored) {
                 (Some(bits), _) => Ok(bits.clone()),
@@ -155,7 +155,7 @@ impl BitmapEditor<'_> {
             let persistent = |why: &str| {
                 format!(
                     "Can't make bitmap '{name}' persistent in '{}': {why}",
-                    meta.path.display()
+                    meta.path().display()
                 )
             };
             // qemu-img takes the granularity as a 32-bit number.
@@ -166,7 +166,7 @@ impl BitmapEditor<'_> {
             if g < 512 || !g.is_power_of_two() {
                 return Err("Granularity must be power of 2 and at least 512".into());
             }
-            if meta.g.version < 3 {
+            if meta.geometry().version < 3 {
                 return Err(persistent("Cannot store dirty bitmaps in qcow2 v2 files"));
             }
             if name.len() > MAX_NAME {
@@ -274,11 +274,11 @@ impl BitmapEditor<'_> {
         let meta = &mut *self.meta;
         let directory = store(meta, &header, &bitmaps)?;
         // Free what only the old header named.
-        let cb = meta.g.cluster_bits;
+        let cb = meta.geometry().cluster_bits;
         let mut freed: Vec<(u64, u64)> = old
             .directory
             .iter()
-            .map(|(at, bytes)| (at >> cb, bytes.div_ceil(meta.g.cluster_size)))
+            .map(|(at, bytes)| (at >> cb, bytes.div_ceil(meta.geometry().cluster_size)))
             .collect();
         for b in &old.bitmaps {
             let kept = bitmaps.iter().any(|w| {
@@ -298,10 +298,10 @@ impl BitmapEditor<'_> {
         if let Err(e) = result {
             log::warn!(
                 "{}: the old bitmap clusters may stay leaked ({e}); `ch-img check -r leaks` frees them",
-                meta.path.display()
+                meta.path().display()
             );
         }
-        meta.bitmap_directory = directory;
+        meta.set_bitmap_directory(directory);
         meta.rebuild_metadata_map();
         Ok(())
     }
@@ -309,7 +309,7 @@ impl BitmapEditor<'_> {
 
 /// Writes a bitmap's chunks and table; returns (table offset, entries).
 fn write_bits(meta: &mut MetaState, bits: &DirtyBits) -> Result<(u64, u32), BlockError> {
-    let cs = meta.g.cluster_size;
+    let cs = meta.geometry().cluster_size;
     let per_chunk = cs * 8;
     let mut table = Vec::with_capacity(bits.chunks.len());
     for (k, chunk) in bits.chunks.iter().enumerate() {
@@ -393,13 +393,13 @@ fn store(
             dir.len()
         )));
     }
-    let mut hc = HeaderCluster::read(&*meta.io, header, &meta.path)?;
+    let mut hc = HeaderCluster::read(meta.io(), header, meta.path())?;
     let directory = if bitmaps.is_empty() {
         hc.set_extension(EXT_BITMAPS, None);
         hc.header.autoclear &= !AUTOCLEAR_BITMAPS;
         None
     } else {
-        let cs = meta.g.cluster_size;
+        let cs = meta.geometry().cluster_size;
         let clusters = (dir.len() as u64).div_ceil(cs);
         let at = meta.alloc_clusters(clusters)?;
         let bytes = dir.len() as u64;
@@ -414,7 +414,7 @@ fn store(
         Some((at, bytes))
     };
     meta.barrier()?;
-    let bytes = hc.encode(&meta.path)?;
+    let bytes = hc.encode(meta.path())?;
     meta.write(MetaKind::Header, 0, &bytes)?;
     meta.barrier()?;
     Ok(directory)

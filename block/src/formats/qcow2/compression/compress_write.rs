@@ -10,7 +10,7 @@
 //! 2. bytes are taken from the end of the previous compressed cluster when
 //!    they fit there (or in freshly allocated clusters right behind it),
 //!    else from new clusters; every host cluster the data touches gets one
-//!    more reference (`alloc_compressed_bytes`);
+//!    more reference (`MetaState::alloc_compressed_bytes`);
 //! 3. the data goes to the compressed-cluster write cache
 //!    (`compressed_cache`), which writes whole host clusters and then
 //!    publishes the L2 entry (compressed descriptor) like any allocating
@@ -31,10 +31,8 @@ use flate2::{Compress, FlushCompress, Status};
 
 use crate::error::BlockError;
 use crate::formats::qcow2::chain::Chain;
-use crate::formats::qcow2::metadata::meta::MetaState;
 use crate::formats::qcow2::metadata::meta_io::MetaKind;
 use crate::formats::qcow2::on_disk::l2_entry::{compressed_entry, L2Entry};
-use crate::formats::qcow2::on_disk::refcount::max_refcount;
 use crate::formats::qcow2::state::State;
 use crate::formats::Compression;
 
@@ -118,41 +116,6 @@ fn compress_error(reason: String) -> BlockError {
     }
 }
 
-/// Host bytes for `len` bytes of compressed data (step 2 of the module
-/// docs); every cluster they touch is counted once more.
-fn alloc_compressed_bytes(meta: &mut MetaState, len: u64) -> Result<u64, BlockError> {
-    let cs = meta.g.cluster_size;
-    let tail = meta.compressed_tail;
-    if !tail.is_multiple_of(cs) {
-        let c = tail / cs;
-        let r = meta.refcount(c)?;
-        // Shared only while the cluster is still ours and may count more.
-        if r >= 1 && r < max_refcount(meta.g.refcount_order) {
-            let room = cs - tail % cs;
-            if len <= room {
-                meta.change_refcounts(c, 1, 1)?;
-                meta.compressed_tail = tail + len;
-                return Ok(tail);
-            }
-            let extra = (len - room).div_ceil(cs);
-            let new = meta.alloc_clusters(extra)?;
-            if new == (c + 1) * cs {
-                meta.change_refcounts(c, 1, 1)?;
-                meta.compressed_tail = tail + len;
-                return Ok(tail);
-            }
-            if extra * cs >= len {
-                meta.compressed_tail = new + len;
-                return Ok(new);
-            }
-            meta.free_clusters(new / cs, extra)?;
-        }
-    }
-    let new = meta.alloc_clusters(len.div_ceil(cs))?;
-    meta.compressed_tail = new + len;
-    Ok(new)
-}
-
 /// Whether a compressed write of `len` bytes at `guest` is possible at
 /// all: a whole cluster inside the disk of a writable image whose data
 /// lives in the image file.
@@ -219,8 +182,8 @@ impl CompressedWriter<'_> {
         }
         // The L2 table is allocated before the data, as qemu-img lays it out.
         meta.writable_l2(guest)?;
-        let host = alloc_compressed_bytes(meta, packed.len() as u64)?;
-        let raw = compressed_entry(host, packed.len() as u64, meta.g.cluster_bits);
+        let host = meta.alloc_compressed_bytes(packed.len() as u64)?;
+        let raw = compressed_entry(host, packed.len() as u64, meta.geometry().cluster_bits);
         if compressed.capacity() == 0 {
             // No cache: one write per compressed cluster, through the
             // metadata-I/O seam (checked against the metadata there).
@@ -232,8 +195,8 @@ impl CompressedWriter<'_> {
             return Ok(());
         }
         self.cached.store(true, Ordering::Release);
-        compressed.insert(&*meta.io, cs, guest, raw, host, packed)?;
-        if compressed.is_full(meta.compressed_tail, cs) {
+        compressed.insert(meta.io(), cs, guest, raw, host, packed)?;
+        if compressed.is_full(meta.compressed_tail(), cs) {
             compressed.write_out(meta, &self.chain.files.local()[0], false)?;
         }
         Ok(())

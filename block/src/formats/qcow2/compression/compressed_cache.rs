@@ -236,16 +236,16 @@ impl CompressedCache {
     /// allocator is still filling. `file` is the image's data descriptor:
     /// when it is O_DIRECT (with an alignment no larger than a cluster)
     /// the clusters go to it, in whole aligned clusters; otherwise through
-    /// the metadata-I/O seam (`meta.io`, the buffered descriptor).
+    /// the metadata-I/O seam (`meta.io()`, the buffered descriptor).
     pub fn write_out(
         &mut self,
         meta: &mut MetaState,
         file: &File,
         all: bool,
     ) -> Result<(), BlockError> {
-        let cs = meta.g.cluster_size;
-        let tail = meta.compressed_tail;
-        let seam = Arc::clone(&meta.io);
+        let cs = meta.geometry().cluster_size;
+        let tail = meta.compressed_tail();
+        let seam = Arc::clone(meta.io());
         let mut align = self.file_alignment(file);
         let mut sink = Sink::Direct(file);
         if align.is_none() || u64::from(align.offset) > cs {
@@ -330,7 +330,7 @@ impl CompressedCache {
     /// Cluster `c` is on the file: its entries are published, and a
     /// complete cluster leaves the cache.
     fn written(&mut self, meta: &mut MetaState, c: u64, tail: u64) -> Result<(), BlockError> {
-        let cs = meta.g.cluster_size;
+        let cs = meta.geometry().cluster_size;
         let Some(h) = self.clusters.get_mut(&c) else {
             return Ok(());
         };
@@ -351,7 +351,7 @@ impl CompressedCache {
     /// entries waiting for it, and the references those entries took are
     /// given back, so the image maps nothing that is not on the file.
     fn abandon(&mut self, meta: &mut MetaState) -> Result<(), BlockError> {
-        let cs = meta.g.cluster_size;
+        let cs = meta.geometry().cluster_size;
         let entries: Vec<Pending> = std::mem::take(&mut self.clusters)
             .into_values()
             .flat_map(|h| h.entries)

@@ -23,9 +23,9 @@ pub(crate) const EXT_FEATURE_TABLE: u32 = 0x6803_f857;
 /// The header as it is on disk now (an open image's `header` is the one
 /// it was opened with; the open itself may have changed some bits).
 pub(crate) fn current_header(meta: &MetaState) -> Result<Header, BlockError> {
-    let mut first = vec![0u8; meta.g.cluster_size as usize];
-    read_at(&*meta.io, MetaKind::Header, 0, &mut first)?;
-    Header::parse_with(&first, meta.file_size, true).map_err(|e| {
+    let mut first = vec![0u8; meta.geometry().cluster_size as usize];
+    read_at(meta.io(), MetaKind::Header, 0, &mut first)?;
+    Header::parse_with(&first, meta.file_size(), true).map_err(|e| {
         meta.invalid(match e {
             HeaderError::Invalid(r) | HeaderError::Unsupported(r) => r,
         })

@@ -35,12 +35,12 @@ pub(crate) fn looks_metadata_preallocated(meta: &mut MetaState, file: &File) -> 
     if !md.file_type().is_file() {
         return false;
     }
-    let cs = meta.g.cluster_size;
-    let rbe = meta.g.rb_entries;
+    let cs = meta.geometry().cluster_size;
+    let rbe = meta.geometry().rb_entries;
     let real_clusters = md.blocks().saturating_mul(512) / cs;
     let threshold = (real_clusters.saturating_mul(10) / 9).max(real_clusters + 2);
     let file_clusters = md.len().div_ceil(cs);
-    let blocks = meta.rt.len() as u64;
+    let blocks = meta.refcount_table().0.len() as u64;
     let mut budget = SCAN_BUDGET;
     let mut in_use = 0u64;
     let mut c = 0u64;

@@ -74,10 +74,10 @@ impl QueueView {
     fn new(image: u64, st: &State) -> Self {
         QueueView {
             image,
-            g: st.meta.g.clone(),
-            l1: st.meta.l1.snapshot(),
+            g: st.meta.geometry().clone(),
+            l1: st.meta.l1_snapshot(),
             tables: HashMap::new(),
-            capacity: st.meta.l2_cache.capacity(),
+            capacity: st.meta.l2_cache_capacity(),
             backing: PlanCache::default(),
         }
     }
@@ -113,14 +113,13 @@ impl QueueView {
     fn refresh(&mut self, st: &mut State, guest: u64) -> Result<Found, BlockError> {
         let meta = &mut st.meta;
         if self.l1.current().is_none() {
-            self.l1 = meta.l1.snapshot();
+            self.l1 = meta.l1_snapshot();
         }
         let (i1, _) = meta.indices(guest);
         if let Some((offset, _)) = meta.l2_table(i1)? {
             meta.load_l2(offset)?;
             let table = meta
-                .l2_cache
-                .snapshot(offset)
+                .l2_table_snapshot(offset)
                 .ok_or_else(|| meta.invalid("L2 cache lost a table"))?;
             if self.tables.len() >= self.capacity {
                 self.tables.clear();
@@ -129,7 +128,7 @@ impl QueueView {
                 i1,
                 ViewTable {
                     offset,
-                    file_size: meta.file_size,
+                    file_size: meta.file_size(),
                     table,
                 },
             );

@@ -186,7 +186,7 @@ impl<'a> ReadPlanner<'a> {
         offset: u64,
         len: u64,
     ) -> Result<Vec<Step>, BlockError> {
-        let cs = meta.g.cluster_size;
+        let cs = meta.geometry().cluster_size;
         let end = offset + len;
         let mut pos = offset;
         let mut steps: Vec<Step> = Vec::new();
@@ -208,7 +208,7 @@ impl<'a> ReadPlanner<'a> {
         while pos < end {
             let in_c = pos & (cs - 1);
             let n = (cs - in_c).min(end - pos);
-            if let Some(packed) = compressed.pending_bytes(&*meta.io, pos - in_c, cs)? {
+            if let Some(packed) = compressed.pending_bytes(meta.io(), pos - in_c, cs)? {
                 push(
                     &mut steps,
                     Step::Cached {
@@ -242,7 +242,7 @@ impl<'a> ReadPlanner<'a> {
         end: u64,
     ) -> Result<(Option<ReadPiece>, u64), BlockError> {
         let (entry, bitmap) = meta.l2_entry(pos)?;
-        self.piece_of(&meta.g, meta.file_size, (entry, bitmap), pos, end)
+        self.piece_of(meta.geometry(), meta.file_size(), (entry, bitmap), pos, end)
     }
 
     /// The piece of the cluster (or subcluster) at guest `pos` whose

@@ -125,7 +125,7 @@ impl<'a> StatusWalker<'a> {
 
     fn kind_at(&self, st: &mut State, guest: u64) -> Result<(Kind, u64), BlockError> {
         let meta = &mut st.meta;
-        let cs = meta.g.cluster_size;
+        let cs = meta.geometry().cluster_size;
         let in_c = guest & (cs - 1);
         // Compressed data still in the write cache: what reads return.
         if st.compressed.is_pending(guest - in_c) {
@@ -136,7 +136,7 @@ impl<'a> StatusWalker<'a> {
             return Ok((Kind::Unallocated, n));
         }
         let (e, bitmap) = meta.l2_entry(guest)?;
-        if meta.g.extended_l2 && !matches!(e, L2Entry::Compressed(_)) {
+        if meta.geometry().extended_l2 && !matches!(e, L2Entry::Compressed(_)) {
             let sub = cs / 32;
             let n = sub - in_c % sub;
             let st = subcluster_state(bitmap, (in_c / sub) as u32).map_err(|r| meta.invalid(r))?;

@@ -74,12 +74,12 @@ impl WritePlanner<'_> {
             let n = (cs - in_cluster).min(end - pos);
             let seg_src = src.advance(pos - offset);
             let (entry, bitmap) = self.meta.l2_entry(pos)?;
-            let dfile = self.meta.g.data_file;
+            let dfile = self.meta.geometry().data_file;
             match entry {
                 // Data file clusters are never shared: always in place.
                 L2Entry::Normal { host, copied }
                     if (copied || dfile)
-                        && (!self.meta.g.extended_l2
+                        && (!self.meta.geometry().extended_l2
                             || all_allocated(bitmap, in_cluster, n, cs)) =>
                 {
                     b.data(
@@ -110,10 +110,10 @@ impl WritePlanner<'_> {
         for a in &allocs {
             self.meta.writable_l2(a.cluster)?;
         }
-        let cb = self.meta.g.cluster_bits;
+        let cb = self.meta.geometry().cluster_bits;
         // A data file maps each guest cluster to the same offset, without
         // refcounts; otherwise allocate one run in the image.
-        let start = if self.meta.g.data_file {
+        let start = if self.meta.geometry().data_file {
             None
         } else {
             let start = self.meta.alloc_clusters(allocs.len() as u64)?;
@@ -153,7 +153,7 @@ impl WritePlanner<'_> {
                 .publish
                 .push((a.cluster, normal_entry(host), ALL_ALLOCATED));
             b.pending.busy.push(a.cluster >> cb);
-            if let Some(r) = self.meta.g.references(a.old) {
+            if let Some(r) = self.meta.geometry().references(a.old) {
                 b.pending.release_clusters(r);
             }
         }
@@ -215,7 +215,9 @@ impl WritePlanner<'_> {
         });
         let raw = self.meta.l2_raw(guest)?.0;
         b.pending.publish.push((cluster, raw, new_bitmap));
-        b.pending.busy.push(cluster >> self.meta.g.cluster_bits);
+        b.pending
+            .busy
+            .push(cluster >> self.meta.geometry().cluster_bits);
         Ok(())
     }
 
@@ -228,7 +230,7 @@ impl WritePlanner<'_> {
             .get(usize::from(self.chain.data_file.0))
         {
             Some(f) if self.chain.data_file != FileId(0) => Arc::clone(f) as Arc<dyn MetaIo>,
-            _ => Arc::clone(&self.meta.io),
+            _ => Arc::clone(self.meta.io()),
         }
     }
 
@@ -236,7 +238,7 @@ impl WritePlanner<'_> {
     /// Offsets were checked by `l2_entry`; reading happens in `cow`.
     fn cow_read(&self, old: L2Entry, bitmap: u64) -> Option<CowRead> {
         let file = self.cow_source();
-        if self.meta.g.extended_l2 && !matches!(old, L2Entry::Compressed(_)) {
+        if self.meta.geometry().extended_l2 && !matches!(old, L2Entry::Compressed(_)) {
             let host = match old {
                 L2Entry::Normal { host, .. }
                 | L2Entry::Zero {
@@ -251,10 +253,10 @@ impl WritePlanner<'_> {
             L2Entry::Unallocated => self.chain.backing.as_ref().map(|_| CowRead::Backing),
             L2Entry::Normal { host, .. } => Some(CowRead::Host(file, host)),
             L2Entry::Compressed(desc) => Some(CowRead::Compressed {
-                file: Arc::clone(&self.meta.io),
-                read_len: compressed_read_len(&desc, self.meta.file_size),
+                file: Arc::clone(self.meta.io()),
+                read_len: compressed_read_len(&desc, self.meta.file_size()),
                 desc,
-                compression: self.meta.g.compression,
+                compression: self.meta.geometry().compression,
             }),
         }
     }

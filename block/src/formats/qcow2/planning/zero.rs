@@ -79,7 +79,7 @@ impl ZeroPlanner<'_> {
     fn reads_zero(&mut self, guest: u64) -> Result<bool, BlockError> {
         let (e, bitmap) = self.meta.l2_entry(guest)?;
         let no_backing = !self.chain.backing_covers(guest);
-        if self.meta.g.extended_l2 {
+        if self.meta.geometry().extended_l2 {
             return Ok(
                 e == L2Entry::Unallocated && (bitmap == ALL_ZERO || (bitmap == 0 && no_backing))
             );
@@ -100,11 +100,11 @@ impl ZeroPlanner<'_> {
     ) -> Result<(), BlockError> {
         let cs = self.chain.cluster_size();
         let has_backing = self.chain.backing_covers(guest);
-        if self.meta.g.extended_l2 {
+        if self.meta.geometry().extended_l2 {
             return self.zero_cluster_extended(guest, may_unmap, has_backing, b);
         }
         let (entry, _) = self.meta.l2_entry(guest)?;
-        if self.meta.g.version < 3 {
+        if self.meta.geometry().version < 3 {
             return match entry {
                 L2Entry::Normal { host, copied: true } if !may_unmap || has_backing => {
                     b.zero_range(self.chain.data_file, host, cs);
@@ -117,7 +117,9 @@ impl ZeroPlanner<'_> {
         }
         match entry {
             // A raw data file must read as zeroes too: zero the data.
-            L2Entry::Normal { host, copied: true } if !may_unmap && self.meta.g.data_file => {
+            L2Entry::Normal { host, copied: true }
+                if !may_unmap && self.meta.geometry().data_file =>
+            {
                 b.zero_range(self.chain.data_file, host, cs);
                 Ok(())
             }
@@ -143,7 +145,9 @@ impl ZeroPlanner<'_> {
     ) -> Result<(), BlockError> {
         let (entry, bitmap) = self.meta.l2_entry(guest)?;
         match entry {
-            L2Entry::Normal { host, copied: true } if !may_unmap && self.meta.g.data_file => {
+            L2Entry::Normal { host, copied: true }
+                if !may_unmap && self.meta.geometry().data_file =>
+            {
                 b.zero_range(self.chain.data_file, host, self.chain.cluster_size());
                 Ok(())
             }
@@ -177,7 +181,7 @@ impl ZeroPlanner<'_> {
             }
             _ => {}
         }
-        if let Some(r) = self.meta.g.references(old) {
+        if let Some(r) = self.meta.geometry().references(old) {
             b.pending.release_clusters(r);
         }
         Ok(())

@@ -124,8 +124,9 @@ impl Amender<'_> {
         if lazy && !lazy_now && version < 3 {
             return Err(refused("Lazy refcounts only supported with compatibility level 1.1 and above (use compat=1.1 or greater)"));
         }
-        let (snapshots, _) = read_snapshot_table(&*meta.io, meta.snapshots, meta.file_size)
-            .map_err(|r| meta.invalid(r))?;
+        let (snapshots, _) =
+            read_snapshot_table(meta.io(), meta.snapshot_table(), meta.file_size())
+                .map_err(|r| meta.invalid(r))?;
         if version < h.version {
             if order != 4 {
                 return Err(refused("compat=0.10 requires refcount_bits=16"));
@@ -200,15 +201,15 @@ impl Amender<'_> {
         }
         // The header now names the new structures: reload what the open
         // image knows from it, then free what only the old header named.
-        let file = meta.file.clone();
-        let io = meta.io.clone();
-        let barriers = meta.barriers;
+        let file = meta.file().clone();
+        let io = meta.io().clone();
+        let barriers = meta.barriers();
         let file_size = file_size(&file).map_err(|source| BlockError::Open {
-            path: meta.path.clone(),
+            path: meta.path().to_path_buf(),
             source,
         })?;
-        let mut fresh = MetaState::load(&new, file, io, meta.path.clone(), file_size)?;
-        fresh.barriers = barriers;
+        let mut fresh = MetaState::load(&new, file, io, meta.path().to_path_buf(), file_size)?;
+        fresh.set_barriers(barriers);
         *meta = fresh;
         st.incompatible = new.incompatible;
         if dropped_bitmaps.is_empty() {
@@ -224,7 +225,7 @@ impl Amender<'_> {
         if let Err(e) = freed {
             log::warn!(
                 "{}: the dropped bitmaps' clusters may stay leaked ({e}); `ch-img check -r leaks` frees them",
-                meta.path.display()
+                meta.path().display()
             );
         }
         Ok(())
@@ -233,17 +234,22 @@ impl Amender<'_> {
 
 /// Whether the active disk maps any compressed cluster.
 fn has_compressed_clusters(meta: &mut MetaState) -> Result<bool, BlockError> {
-    let cb = meta.g.cluster_bits;
-    for i in 0..meta.l1.len() {
+    let cb = meta.geometry().cluster_bits;
+    for i in 0..meta.l1().len() {
         let Some((off, _)) = meta.l2_table(i)? else {
             continue;
         };
         let table = load_table(meta, off)?;
-        let words = meta.g.l2_entry_size as usize / 8;
-        for j in 0..meta.g.l2_entries as usize {
+        let words = meta.geometry().l2_entry_size as usize / 8;
+        for j in 0..meta.geometry().l2_entries as usize {
             let raw = crate::formats::qcow2::metadata::meta_io::be64_at(&table, j * words);
-            let e = decode_l2(raw, cb, meta.g.version, meta.g.extended_l2)
-                .map_err(|r| meta.invalid(r))?;
+            let e = decode_l2(
+                raw,
+                cb,
+                meta.geometry().version,
+                meta.geometry().extended_l2,
+            )
+            .map_err(|r| meta.invalid(r))?;
             if matches!(e, L2Entry::Compressed(_)) {
                 return Ok(true);
             }
@@ -260,7 +266,7 @@ fn switch_header(
     plan: &Plan,
     progress: AmendProgress<'_>,
 ) -> Result<Header, BlockError> {
-    let mut hc = HeaderCluster::read(&*meta.io, old, &meta.path)?;
+    let mut hc = HeaderCluster::read(meta.io(), old, meta.path())?;
     let h = &mut hc.header;
     if plan.refcount_order != old.refcount_order {
         let layout = new_refcounts(meta, plan.refcount_order, &mut |done, total| {
@@ -293,10 +299,10 @@ fn switch_header(
     if let Some(name) = &plan.data_file {
         hc.set_extension(EXT_DATA_FILE, Some(name.as_bytes().to_vec()));
     }
-    let bytes = hc.encode(&meta.path)?;
+    let bytes = hc.encode(meta.path())?;
     meta.write(MetaKind::Header, 0, &bytes)?;
     meta.barrier()?;
-    let new = Header::parse_with(&bytes, file_size(&meta.file).unwrap_or(u64::MAX), true)
+    let new = Header::parse_with(&bytes, file_size(meta.file()).unwrap_or(u64::MAX), true)
         .map_err(|_| meta.invalid("the amended header does not parse"))?;
     Ok(new)
 }
@@ -305,17 +311,17 @@ fn switch_header(
 /// not fit, as qemu-img words it.
 fn check_refcounts_fit(meta: &mut MetaState, order: u32) -> Result<(), BlockError> {
     let max = max_refcount(order);
-    if max >= max_refcount(meta.g.refcount_order) {
+    if max >= max_refcount(meta.geometry().refcount_order) {
         return Ok(());
     }
-    let clusters = meta.file_size.div_ceil(meta.g.cluster_size);
+    let clusters = meta.file_size().div_ceil(meta.geometry().cluster_size);
     for c in 0..clusters {
         let n = meta.refcount(c)?;
         if n > max {
             return Err(refused(&format!(
                 "Cannot decrease refcount entry width to {} bits: Cluster at offset {:#x} has a refcount of {n}",
                 1u32 << order,
-                c << meta.g.cluster_bits
+                c << meta.geometry().cluster_bits
             )));
         }
     }
@@ -331,15 +337,18 @@ fn new_refcounts(
     order: u32,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RefcountLayout, BlockError> {
-    let cs = meta.g.cluster_size;
-    let cb = meta.g.cluster_bits;
-    let start = meta.file_size.div_ceil(cs);
+    let cs = meta.geometry().cluster_size;
+    let cb = meta.geometry().cluster_bits;
+    let start = meta.file_size().div_ceil(cs);
     let layout = RefcountLayout::fit(start, cb, order)?;
-    let mut old_structures: HashSet<u64> = meta.refblocks.iter().map(|o| o >> cb).collect();
-    let table_clusters = (meta.rt.len() as u64 * 8).div_ceil(cs);
-    old_structures.extend((0..table_clusters).map(|i| (meta.rt_offset >> cb) + i));
-    let io = meta.io.clone();
-    let report = std::cell::RefCell::new(WalkReport::new(meta.rt.len() as u64, progress));
+    let mut old_structures: HashSet<u64> = meta.refcount_blocks().iter().map(|o| o >> cb).collect();
+    let table_clusters = (meta.refcount_table().0.len() as u64 * 8).div_ceil(cs);
+    old_structures.extend((0..table_clusters).map(|i| (meta.refcount_table().1 >> cb) + i));
+    let io = meta.io().clone();
+    let report = std::cell::RefCell::new(WalkReport::new(
+        meta.refcount_table().0.len() as u64,
+        progress,
+    ));
     let work = layout.end().max(1);
     let mut count = |c: u64| {
         report.borrow_mut().advance(c + 1, work);

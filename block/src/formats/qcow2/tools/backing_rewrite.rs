@@ -13,7 +13,7 @@
 //! the disk reads the same over the new backing (safe mode) is the
 //! caller's job; this only changes the reference.
 
-use super::tree::{begin_tree_op, tree_references, write_l1, TreeOp};
+use super::tree::{begin_tree_op, tree_references, TreeOp};
 use crate::error::BlockError;
 use crate::formats::qcow2::metadata::meta::MetaState;
 use crate::formats::qcow2::metadata::meta_io::MetaKind;
@@ -45,14 +45,14 @@ impl BackingRewrite<'_> {
         meta.flush_dirty()?;
         meta.barrier()?;
         let header = current_header(meta)?;
-        let mut hc = HeaderCluster::read(&*meta.io, &header, &meta.path)?;
+        let mut hc = HeaderCluster::read(meta.io(), &header, meta.path())?;
         hc.header.backing_file = name.map(String::from);
         let format = format.filter(|_| name.is_some());
         hc.set_extension(EXT_BACKING_FORMAT, None);
         if let Some(f) = format {
             hc.set_extension(EXT_BACKING_FORMAT, Some(f.as_bytes().to_vec()));
         }
-        let new = hc.encode(&meta.path)?;
+        let new = hc.encode(meta.path())?;
         meta.write(MetaKind::Header, 0, &new)?;
         meta.barrier()
     }
@@ -63,9 +63,9 @@ impl BackingRewrite<'_> {
     pub fn make_empty(&mut self) -> Result<(), BlockError> {
         let meta = &mut *self.meta;
         begin_tree_op(meta)?;
-        let entries = meta.l1.len();
-        let old = std::mem::replace(&mut *meta.l1, vec![0; entries]);
-        write_l1(meta)?;
+        let entries = meta.l1().len();
+        let old = meta.replace_l1(vec![0; entries]);
+        meta.write_l1_table()?;
         meta.barrier()?;
         tree_references(meta, &old, TreeOp::Drop)?;
         meta.barrier()?;

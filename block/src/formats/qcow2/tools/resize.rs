@@ -26,7 +26,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::tree::{load_table, tree_references, write_l1, TreeOp};
+use super::tree::{load_table, tree_references, TreeOp};
 use crate::error::BlockError;
 use crate::formats::qcow2::metadata::meta::MetaState;
 use crate::formats::qcow2::metadata::meta_io::{be64_at, MetaKind};
@@ -51,7 +51,7 @@ impl Resize<'_> {
                 "size must be a multiple of 512 bytes".into(),
             ));
         }
-        if st.meta.g.data_file {
+        if st.meta.geometry().data_file {
             return Err(BlockError::InvalidResize(
                 "images with a data file cannot be resized".into(),
             ));
@@ -61,7 +61,7 @@ impl Resize<'_> {
         // with them before changing it (see `unmap_past`). Version 2 snapshot
         // entries need not record their disk size, so a snapshot could
         // not bring its size back (qemu-img refuses too).
-        if st.meta.g.version < 3 && st.meta.snapshots.count > 0 {
+        if st.meta.geometry().version < 3 && st.meta.snapshot_table().count > 0 {
             return Err(BlockError::InvalidResize(
                 "a version 2 image with snapshots cannot be resized".into(),
             ));
@@ -76,7 +76,7 @@ impl Resize<'_> {
             }
             unmap_past(&mut st.meta, new_size)?;
         }
-        let l1_needed = new_size.div_ceil(st.meta.g.l2_coverage());
+        let l1_needed = new_size.div_ceil(st.meta.geometry().l2_coverage());
         let l1_needed = usize::try_from(l1_needed)
             .map_err(|_| BlockError::InvalidResize("size too large".into()))?;
         st.meta.grow_l1(l1_needed)?;
@@ -91,17 +91,18 @@ impl Resize<'_> {
 fn unmap_past(meta: &mut MetaState, new_size: u64) -> Result<(), BlockError> {
     meta.flush_dirty()?;
     meta.barrier()?;
-    let cs = meta.g.cluster_size;
-    let cov = meta.g.l2_coverage();
-    let cb = meta.g.cluster_bits;
-    let words = meta.g.l2_entry_size as usize / 8;
+    let cs = meta.geometry().cluster_size;
+    let cov = meta.geometry().l2_coverage();
+    let cb = meta.geometry().cluster_bits;
+    let words = meta.geometry().l2_entry_size as usize / 8;
     let first_gone = new_size.div_ceil(cs) * cs;
     let first_table = first_gone.div_ceil(cov) as usize;
     let mut dropped_tables = Vec::new();
-    for e in meta.l1.iter_mut().skip(first_table) {
-        if *e != 0 {
-            dropped_tables.push(*e);
-            *e = 0;
+    for i in first_table..meta.l1().len() {
+        let e = meta.l1()[i];
+        if e != 0 {
+            dropped_tables.push(e);
+            meta.stage_l1_entry(i, 0);
         }
     }
     // References the active tree gives up, once its tables no longer
@@ -109,15 +110,20 @@ fn unmap_past(meta: &mut MetaState, new_size: u64) -> Result<(), BlockError> {
     let mut dropped = Vec::new();
     let mut edits: Vec<(usize, u64, Vec<u8>)> = Vec::new();
     let k = (first_gone / cov) as usize;
-    if !first_gone.is_multiple_of(cov) && k < meta.l1.len() {
+    if !first_gone.is_multiple_of(cov) && k < meta.l1().len() {
         if let Some((off, _)) = meta.l2_table(k)? {
             let table = load_table(meta, off)?;
             let mut new = table.clone();
-            for j in ((first_gone % cov) / cs) as usize..meta.g.l2_entries as usize {
+            for j in ((first_gone % cov) / cs) as usize..meta.geometry().l2_entries as usize {
                 let raw = be64_at(&table, j * words);
-                let e = decode_l2(raw, cb, meta.g.version, meta.g.extended_l2)
-                    .map_err(|r| meta.invalid(r))?;
-                if let Some(refs) = meta.g.references(e) {
+                let e = decode_l2(
+                    raw,
+                    cb,
+                    meta.geometry().version,
+                    meta.geometry().extended_l2,
+                )
+                .map_err(|r| meta.invalid(r))?;
+                if let Some(refs) = meta.geometry().references(e) {
                     dropped.push(refs);
                 }
                 new[j * words * 8..(j + 1) * words * 8].fill(0);
@@ -138,9 +144,8 @@ fn unmap_past(meta: &mut MetaState, new_size: u64) -> Result<(), BlockError> {
             in_place.push((off, content));
         } else {
             let copy = meta.alloc_clusters(1)?;
-            meta.write(MetaKind::L2Table, copy, &content)?;
-            meta.l2_cache.insert(copy, content);
-            meta.l1[i] = copy | OFLAG_COPIED;
+            meta.write_l2_table(copy, content)?;
+            meta.stage_l1_entry(i, copy | OFLAG_COPIED);
             released_tables.push(off >> cb);
         }
     }
@@ -149,10 +154,9 @@ fn unmap_past(meta: &mut MetaState, new_size: u64) -> Result<(), BlockError> {
     meta.write_refcounts()?;
     meta.barrier()?;
     for (off, content) in in_place {
-        meta.write(MetaKind::L2Table, off, &content)?;
-        meta.l2_cache.insert(off, content);
+        meta.write_l2_table(off, content)?;
     }
-    write_l1(meta)?;
+    meta.write_l1_table()?;
     meta.barrier()?;
     for (first, n) in dropped {
         meta.change_refcounts(first, n, -1)?;
@@ -178,10 +182,10 @@ fn cut_last_cluster(
     edits: &mut Vec<(usize, u64, Vec<u8>)>,
     dropped: &mut Vec<(u64, u64)>,
 ) -> Result<(), BlockError> {
-    let cs = meta.g.cluster_size;
-    let cov = meta.g.l2_coverage();
-    let cb = meta.g.cluster_bits;
-    let words = meta.g.l2_entry_size as usize / 8;
+    let cs = meta.geometry().cluster_size;
+    let cov = meta.geometry().l2_coverage();
+    let cb = meta.geometry().cluster_bits;
+    let words = meta.geometry().l2_entry_size as usize / 8;
     let i = (new_size / cov) as usize;
     let Some((off, _)) = meta.l2_table(i)? else {
         return Ok(());
@@ -193,7 +197,13 @@ fn cut_last_cluster(
     };
     let j = ((new_size % cov) / cs) as usize;
     let raw = be64_at(&content, j * words);
-    let e = decode_l2(raw, cb, meta.g.version, meta.g.extended_l2).map_err(|r| meta.invalid(r))?;
+    let e = decode_l2(
+        raw,
+        cb,
+        meta.geometry().version,
+        meta.geometry().extended_l2,
+    )
+    .map_err(|r| meta.invalid(r))?;
     let L2Entry::Normal { host, .. } = e else {
         return Ok(());
     };

@@ -50,7 +50,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::tree::{begin_tree_op, load_table, read_l1, tree_references, write_l1, TreeOp};
+use super::tree::{begin_tree_op, load_table, read_l1, tree_references, TreeOp};
 use crate::error::BlockError;
 use crate::formats::holes::file_size;
 use crate::formats::qcow2::metadata::meta::MetaState;
@@ -102,7 +102,7 @@ impl<'a> Snapshotter<'a> {
         if name.len() > u16::MAX as usize {
             return Err(meta.invalid("snapshot name too long"));
         }
-        let active = meta.l1.clone();
+        let active = meta.l1().to_vec();
         // A cluster reached twice (several compressed clusters in one host
         // cluster) can still overflow below; that leaks, nothing worse.
         tree_references(meta, &active, TreeOp::CheckRoom)?;
@@ -112,7 +112,7 @@ impl<'a> Snapshotter<'a> {
         self.restore_copied()?;
         let meta = &mut *self.meta;
         let l1_copy = copy_l1(meta)?;
-        write_l1(meta)?;
+        meta.write_l1_table()?;
         let id = entries
             .iter()
             .filter_map(|e| e.id.parse::<u64>().ok())
@@ -124,7 +124,7 @@ impl<'a> Snapshotter<'a> {
             id: id.to_string(),
             name: name.to_string(),
             l1_offset: l1_copy,
-            l1_size: meta.l1.len() as u32,
+            l1_size: meta.l1().len() as u32,
             date_sec: date.0,
             date_nsec: date.1,
             vm_clock_nsec: 0,
@@ -150,12 +150,12 @@ impl<'a> Snapshotter<'a> {
         let gone_l1 = read_l1(meta, &gone)?;
         tree_references(meta, &gone_l1, TreeOp::Drop)?;
         if gone.l1_size > 0 {
-            let clusters = (u64::from(gone.l1_size) * 8).div_ceil(meta.g.cluster_size);
-            meta.change_refcounts(gone.l1_offset >> meta.g.cluster_bits, clusters, -1)?;
+            let clusters = (u64::from(gone.l1_size) * 8).div_ceil(meta.geometry().cluster_size);
+            meta.change_refcounts(gone.l1_offset >> meta.geometry().cluster_bits, clusters, -1)?;
         }
         self.restore_copied()?;
         let meta = &mut *self.meta;
-        write_l1(meta)?;
+        meta.write_l1_table()?;
         meta.barrier()?;
         meta.rebuild_metadata_map();
         Ok(true)
@@ -179,7 +179,7 @@ impl<'a> Snapshotter<'a> {
         let new_size = sn.disk_size.unwrap_or(size);
         let sn_l1 = read_l1(meta, sn)?;
         if new_size != size {
-            let covered = (sn_l1.len() as u64).saturating_mul(meta.g.l2_coverage());
+            let covered = (sn_l1.len() as u64).saturating_mul(meta.geometry().l2_coverage());
             if !new_size.is_multiple_of(512) || new_size > covered {
                 return Err(meta.invalid(format!(
                     "snapshot {} has a disk size of {new_size} bytes that its L1 table of {} entries does not fit",
@@ -187,10 +187,10 @@ impl<'a> Snapshotter<'a> {
                     sn_l1.len()
                 )));
             }
-            if meta.g.data_file || meta.g.version < 3 {
+            if meta.geometry().data_file || meta.geometry().version < 3 {
                 // qemu-img cannot resize these either.
                 return Err(BlockError::Unsupported {
-                    path: meta.path.clone(),
+                    path: meta.path().to_path_buf(),
                     feature: "applying a snapshot taken at another disk size to a version 2 \
                               image or one with a data file"
                         .into(),
@@ -201,16 +201,16 @@ impl<'a> Snapshotter<'a> {
         tree_references(meta, &sn_l1, TreeOp::Add)?;
         meta.barrier()?;
         meta.grow_l1(sn_l1.len())?;
-        let old = meta.l1.clone();
-        for (i, e) in meta.l1.iter_mut().enumerate() {
-            *e = sn_l1.get(i).copied().unwrap_or(0) & !OFLAG_COPIED;
+        let old = meta.l1().to_vec();
+        for i in 0..meta.l1().len() {
+            meta.stage_l1_entry(i, sn_l1.get(i).copied().unwrap_or(0) & !OFLAG_COPIED);
         }
-        write_l1(meta)?;
+        meta.write_l1_table()?;
         meta.barrier()?;
         tree_references(meta, &old, TreeOp::Drop)?;
         self.restore_copied()?;
         let meta = &mut *self.meta;
-        write_l1(meta)?;
+        meta.write_l1_table()?;
         if new_size != size {
             // Last: the L1 table already maps the snapshot's whole disk.
             meta.write_disk_size(new_size)?;
@@ -224,11 +224,12 @@ impl<'a> Snapshotter<'a> {
     /// The entries of the snapshot table where it is now, and its length.
     fn current_table(&self) -> Result<(Vec<SnapshotInfo>, u64), BlockError> {
         let meta = &*self.meta;
-        let file_size = file_size(&meta.file).map_err(|source| BlockError::Open {
-            path: meta.path.clone(),
+        let file_size = file_size(meta.file()).map_err(|source| BlockError::Open {
+            path: meta.path().to_path_buf(),
             source,
         })?;
-        read_snapshot_table(&*meta.io, meta.snapshots, file_size).map_err(|r| meta.invalid(r))
+        read_snapshot_table(meta.io(), meta.snapshot_table(), file_size)
+            .map_err(|r| meta.invalid(r))
     }
 
     /// Sets OFLAG_COPIED in the active L1 and L2 entries exactly where
@@ -237,20 +238,25 @@ impl<'a> Snapshotter<'a> {
     /// caller writes the L1 table).
     fn restore_copied(&mut self) -> Result<(), BlockError> {
         let meta = &mut *self.meta;
-        let cb = meta.g.cluster_bits;
-        for i in 0..meta.l1.len() {
+        let cb = meta.geometry().cluster_bits;
+        for i in 0..meta.l1().len() {
             let Some((off, _)) = meta.l2_table(i)? else {
                 continue;
             };
             let owned_table = meta.refcount(off >> cb)? == 1;
             let table = load_table(meta, off)?;
             let mut new = table.clone();
-            let words = meta.g.l2_entry_size as usize / 8;
-            for j in 0..meta.g.l2_entries as usize {
+            let words = meta.geometry().l2_entry_size as usize / 8;
+            for j in 0..meta.geometry().l2_entries as usize {
                 let raw = be64_at(&table, j * words);
-                let e = decode_l2(raw, cb, meta.g.version, meta.g.extended_l2)
-                    .map_err(|r| meta.invalid(r))?;
-                let owned = match meta.g.references(e) {
+                let e = decode_l2(
+                    raw,
+                    cb,
+                    meta.geometry().version,
+                    meta.geometry().extended_l2,
+                )
+                .map_err(|r| meta.invalid(r))?;
+                let owned = match meta.geometry().references(e) {
                     Some((first, 1)) if owned_table && raw & OFLAG_COMPRESSED == 0 => {
                         meta.refcount(first)? == 1
                     }
@@ -264,14 +270,17 @@ impl<'a> Snapshotter<'a> {
                 new[j * words * 8..j * words * 8 + 8].copy_from_slice(&want.to_be_bytes());
             }
             if new != table {
-                meta.write(MetaKind::L2Table, off, &new)?;
-                meta.l2_cache.insert(off, new);
+                meta.write_l2_table(off, new)?;
             }
-            meta.l1[i] = if owned_table {
-                meta.l1[i] | OFLAG_COPIED
-            } else {
-                meta.l1[i] & !OFLAG_COPIED
-            };
+            let raw = meta.l1()[i];
+            meta.stage_l1_entry(
+                i,
+                if owned_table {
+                    raw | OFLAG_COPIED
+                } else {
+                    raw & !OFLAG_COPIED
+                },
+            );
         }
         Ok(())
     }
@@ -279,17 +288,19 @@ impl<'a> Snapshotter<'a> {
 
 /// A copy of the active L1 table in new clusters; returns its offset.
 fn copy_l1(meta: &mut MetaState) -> Result<u64, BlockError> {
-    let bytes: Vec<u8> = meta.l1.iter().flat_map(|e| e.to_be_bytes()).collect();
-    let clusters = (bytes.len() as u64).div_ceil(meta.g.cluster_size).max(1);
+    let bytes: Vec<u8> = meta.l1().iter().flat_map(|e| e.to_be_bytes()).collect();
+    let clusters = (bytes.len() as u64)
+        .div_ceil(meta.geometry().cluster_size)
+        .max(1);
     let off = meta.alloc_clusters(clusters)?;
     let mut padded = bytes;
-    padded.resize((clusters * meta.g.cluster_size) as usize, 0);
+    padded.resize((clusters * meta.geometry().cluster_size) as usize, 0);
     meta.write(MetaKind::SnapshotL1, off, &padded)?;
     Ok(off)
 }
 
 /// Writes `entries` as the new snapshot table and points the header (and
-/// `meta.snapshots`) at it (see the module docs for the order), then
+/// `MetaState`'s snapshot table) at it (see the module docs for the order), then
 /// frees the old table, `old_len` bytes long.
 fn replace_table(
     meta: &mut MetaState,
@@ -297,7 +308,7 @@ fn replace_table(
     entries: &[SnapshotInfo],
     disk_size: u64,
 ) -> Result<(), BlockError> {
-    let cs = meta.g.cluster_size;
+    let cs = meta.geometry().cluster_size;
     let bytes = encode_table(entries, disk_size);
     let new_off = if bytes.is_empty() {
         0
@@ -314,13 +325,10 @@ fn replace_table(
     fields.extend_from_slice(&new_off.to_be_bytes());
     meta.write(MetaKind::Header, 60, &fields)?;
     meta.barrier()?;
-    let old = std::mem::replace(
-        &mut meta.snapshots,
-        TableLocation {
-            count: entries.len() as u32,
-            offset: new_off,
-        },
-    );
+    let old = meta.move_snapshot_table(TableLocation {
+        count: entries.len() as u32,
+        offset: new_off,
+    });
     if old.count > 0 {
         meta.change_refcounts(old.offset / cs, old_len.div_ceil(cs).max(1), -1)?;
     }

@@ -36,16 +36,16 @@ pub(crate) fn view_snapshot(
     size: &AtomicU64,
     which: &SnapshotRef,
 ) -> Result<(), BlockError> {
-    let (entries, _) = read_snapshot_table(&*meta.io, meta.snapshots, meta.file_size)
+    let (entries, _) = read_snapshot_table(meta.io(), meta.snapshot_table(), meta.file_size())
         .map_err(|r| meta.invalid(r))?;
     let Some(sn) = find(which, &entries) else {
         return Err(BlockError::NoSuchSnapshot {
-            path: meta.path.clone(),
+            path: meta.path().to_path_buf(),
         });
     };
     let l1 = read_l1(meta, sn)?;
     let disk = sn.disk_size.unwrap_or(size.load(Ordering::Acquire));
-    let covered = (l1.len() as u64).saturating_mul(meta.g.l2_coverage());
+    let covered = (l1.len() as u64).saturating_mul(meta.geometry().l2_coverage());
     if disk > covered {
         return Err(meta.invalid(format!(
             "snapshot {} has a disk of {disk} bytes but an L1 table of {} entries",
@@ -53,8 +53,7 @@ pub(crate) fn view_snapshot(
             l1.len()
         )));
     }
-    meta.l1_offset = sn.l1_offset;
-    *meta.l1 = l1;
+    meta.view_tree(l1, sn.l1_offset);
     size.store(disk, Ordering::Release);
     Ok(())
 }

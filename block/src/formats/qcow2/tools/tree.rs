@@ -30,9 +30,9 @@ pub(crate) enum TreeOp {
 /// (qemu has no internal snapshots there), and everything cached made
 /// durable first.
 pub(crate) fn begin_tree_op(meta: &mut MetaState) -> Result<(), BlockError> {
-    if meta.g.data_file {
+    if meta.geometry().data_file {
         return Err(BlockError::Unsupported {
-            path: meta.path.clone(),
+            path: meta.path().to_path_buf(),
             feature: "internal snapshots of an image with an external data file".into(),
         });
     }
@@ -47,8 +47,8 @@ pub(crate) fn tree_references(
     l1: &[u64],
     op: TreeOp,
 ) -> Result<(), BlockError> {
-    let cb = meta.g.cluster_bits;
-    let max = max_refcount(meta.g.refcount_order);
+    let cb = meta.geometry().cluster_bits;
+    let max = max_refcount(meta.geometry().refcount_order);
     let apply = |meta: &mut MetaState, first: u64, count: u64| -> Result<(), BlockError> {
         match op {
             TreeOp::CheckRoom => {
@@ -66,28 +66,29 @@ pub(crate) fn tree_references(
         }
     };
     for &raw in l1 {
-        let Some((off, _)) = decode_l1(raw, meta.g.cluster_size).map_err(|r| meta.invalid(r))?
+        let Some((off, _)) =
+            decode_l1(raw, meta.geometry().cluster_size).map_err(|r| meta.invalid(r))?
         else {
             continue;
         };
         meta.check_table(off, "L2 table")?;
         let table = load_table(meta, off)?;
-        let words = meta.g.l2_entry_size as usize / 8;
-        for j in 0..meta.g.l2_entries as usize {
+        let words = meta.geometry().l2_entry_size as usize / 8;
+        for j in 0..meta.geometry().l2_entries as usize {
             let e = decode_l2(
                 be64_at(&table, j * words),
                 cb,
-                meta.g.version,
-                meta.g.extended_l2,
+                meta.geometry().version,
+                meta.geometry().extended_l2,
             )
             .map_err(|r| meta.invalid(r))?;
-            if let Some((first, n)) = meta.g.references(e) {
+            if let Some((first, n)) = meta.geometry().references(e) {
                 apply(meta, first, n)?;
             }
         }
         apply(meta, off >> cb, 1)?;
         if op == TreeOp::Drop && meta.refcount(off >> cb)? == 0 {
-            meta.l2_cache.remove(off);
+            meta.forget_l2_table(off);
         }
     }
     Ok(())
@@ -95,8 +96,7 @@ pub(crate) fn tree_references(
 
 pub(crate) fn load_table(meta: &mut MetaState, off: u64) -> Result<Vec<u8>, BlockError> {
     meta.load_l2(off)?;
-    meta.l2_cache
-        .get(off)
+    meta.cached_l2_table(off)
         .map(<[u8]>::to_vec)
         .ok_or_else(|| meta.invalid("L2 cache lost a table"))
 }
@@ -116,11 +116,4 @@ pub(crate) fn read_l1(meta: &MetaState, sn: &SnapshotInfo) -> Result<Vec<u64>, B
     let mut buf = vec![0u8; bytes as usize];
     meta.read(MetaKind::SnapshotL1, sn.l1_offset, &mut buf)?;
     Ok((0..sn.l1_size as usize).map(|i| be64_at(&buf, i)).collect())
-}
-
-/// Writes the active L1 table (as `meta.l1` holds it) to its place.
-pub(crate) fn write_l1(meta: &mut MetaState) -> Result<(), BlockError> {
-    meta.write_refcounts()?;
-    let bytes: Vec<u8> = meta.l1.iter().flat_map(|e| e.to_be_bytes()).collect();
-    meta.write(MetaKind::L1Table, meta.l1_offset, &bytes)
 }

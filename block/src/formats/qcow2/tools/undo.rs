@@ -88,15 +88,15 @@ impl UndoLog {
         meta.flush_dirty()?;
         meta.barrier()?;
         meta.trim_reserve()?;
-        let inner = Arc::clone(&meta.io);
+        let inner = Arc::clone(meta.io());
         let saved = Arc::new(Saved {
-            old_len: file_len(&meta.file, &meta.path)?,
+            old_len: file_len(meta.file(), meta.path())?,
             writes: Mutex::new(Vec::new()),
         });
-        meta.io = Arc::new(UndoIo {
+        meta.replace_io(Arc::new(UndoIo {
             inner: Arc::clone(&inner),
             saved: Arc::clone(&saved),
-        });
+        }));
         Ok(UndoLog { inner, saved })
     }
 
@@ -105,21 +105,19 @@ impl UndoLog {
     /// feature bits (`st`) and its disk size from it; if that fails too,
     /// the image refuses every later write.
     pub fn finish(self, st: &mut State, size: &AtomicU64, failed: bool) {
-        st.meta.io = Arc::clone(&self.inner);
+        st.meta.replace_io(Arc::clone(&self.inner));
         if !failed {
             return;
         }
-        let path = st.meta.path.clone();
-        let file = Arc::clone(&st.meta.file);
+        let path = st.meta.path().to_path_buf();
+        let file = Arc::clone(st.meta.file());
         let reloaded = restore(&*self.inner, &file, &self.saved, &path).and_then(|()| {
             let file_size = file_len(&file, &path)?;
             let header = read_header_in(&*self.inner, file_size, &path, true)?;
             let io = Arc::clone(&self.inner);
             let mut meta =
                 MetaState::load(&header, Arc::clone(&file), io, path.clone(), file_size)?;
-            meta.barriers = st.meta.barriers;
-            meta.overlap_checks = st.meta.overlap_checks;
-            meta.l2_write_through = st.meta.l2_write_through;
+            meta.copy_settings_from(&st.meta);
             Ok((meta, header.size, header.incompatible))
         });
         match reloaded {
@@ -133,8 +131,7 @@ impl UndoLog {
                     "{}: could not undo a failed operation ({undo}); refusing further writes",
                     path.display()
                 );
-                st.meta.corrupt.set(true);
-                st.meta.reserved_end = st.meta.file_size;
+                st.meta.refuse_writes();
             }
         }
     }

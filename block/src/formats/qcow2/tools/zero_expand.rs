@@ -33,9 +33,9 @@ pub(super) fn expand_zero_clusters(
     has_backing: bool,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(), BlockError> {
-    let (snapshots, _) = read_snapshot_table(&*meta.io, meta.snapshots, meta.file_size)
+    let (snapshots, _) = read_snapshot_table(meta.io(), meta.snapshot_table(), meta.file_size())
         .map_err(|r| meta.invalid(r))?;
-    let mut trees = vec![meta.l1.clone()];
+    let mut trees = vec![meta.l1().to_vec()];
     for s in &snapshots {
         trees.push(read_l1(meta, s)?);
     }
@@ -44,7 +44,8 @@ pub(super) fn expand_zero_clusters(
     let mut done = 0;
     for tree in trees {
         for raw in tree {
-            let table = decode_l1(raw, meta.g.cluster_size).map_err(|r| meta.invalid(r))?;
+            let table =
+                decode_l1(raw, meta.geometry().cluster_size).map_err(|r| meta.invalid(r))?;
             if let Some((off, _)) = table.filter(|(off, _)| seen.insert(*off)) {
                 expand_table(meta, off, has_backing)?;
             }
@@ -58,7 +59,7 @@ pub(super) fn expand_zero_clusters(
 /// One L2 table (see the module docs).
 fn expand_table(meta: &mut MetaState, off: u64, has_backing: bool) -> Result<(), BlockError> {
     meta.check_table(off, "L2 table")?;
-    let cb = meta.g.cluster_bits;
+    let cb = meta.geometry().cluster_bits;
     let table = load_table(meta, off)?;
     let sharers = meta.refcount(off >> cb)?.max(1);
     let mut new = table.clone();
@@ -69,8 +70,7 @@ fn expand_table(meta: &mut MetaState, off: u64, has_backing: bool) -> Result<(),
                 return Ok(());
             }
             meta.barrier()?;
-            meta.write(MetaKind::L2Table, off, &new)?;
-            meta.l2_cache.insert(off, new);
+            meta.write_l2_table(off, new)?;
             Ok(())
         });
     if result.is_err() {
@@ -78,7 +78,7 @@ fn expand_table(meta: &mut MetaState, off: u64, has_backing: bool) -> Result<(),
             if let Err(e) = meta.change_refcounts(host >> cb, 1, -(sharers as i64)) {
                 log::warn!(
                     "{}: cluster {host:#x} stays leaked: {e}",
-                    meta.path.display()
+                    meta.path().display()
                 );
             }
         }
@@ -97,19 +97,28 @@ fn rewrite_entries(
     has_backing: bool,
     allocated: &mut Vec<u64>,
 ) -> Result<(), BlockError> {
-    let cs = meta.g.cluster_size;
+    let cs = meta.geometry().cluster_size;
     let zeroes = vec![0u8; cs as usize];
-    for j in 0..meta.g.l2_entries as usize {
+    for j in 0..meta.geometry().l2_entries as usize {
         let raw = be64_at(table, j);
-        let e = decode_l2(raw, meta.g.cluster_bits, meta.g.version, meta.g.extended_l2)
-            .map_err(|r| meta.invalid(r))?;
+        let e = decode_l2(
+            raw,
+            meta.geometry().cluster_bits,
+            meta.geometry().version,
+            meta.geometry().extended_l2,
+        )
+        .map_err(|r| meta.invalid(r))?;
         let entry = match e {
             L2Entry::Zero { host: None, .. } if !has_backing => 0,
             L2Entry::Zero { host: None, .. } => {
                 let host = meta.alloc_clusters(1)?;
                 allocated.push(host);
                 if sharers > 1 {
-                    meta.change_refcounts(host >> meta.g.cluster_bits, 1, sharers as i64 - 1)?;
+                    meta.change_refcounts(
+                        host >> meta.geometry().cluster_bits,
+                        1,
+                        sharers as i64 - 1,
+                    )?;
                 }
                 meta.write(MetaKind::GuestData, host, &zeroes)?;
                 host | if sharers == 1 { OFLAG_COPIED } else { 0 }

@@ -29,6 +29,44 @@ const MAX_HOLE_SCAN: u64 = 16384;
 const MAX_ALLOC_ROUNDS: usize = 64;
 
 impl MetaState {
+    /// Host bytes for `len` bytes of compressed data (`convert -c`, step
+    /// 2 of `compress_write`'s module doc): packed behind the previous
+    /// compressed cluster when they fit, else in new clusters; every
+    /// cluster they touch is counted once more, and the tail moves to
+    /// their end.
+    pub fn alloc_compressed_bytes(&mut self, len: u64) -> Result<u64, BlockError> {
+        let cs = self.g.cluster_size;
+        let tail = self.compressed_tail;
+        if !tail.is_multiple_of(cs) {
+            let c = tail / cs;
+            let r = self.refcount(c)?;
+            // Shared only while the cluster is still ours and may count more.
+            if r >= 1 && r < max_refcount(self.g.refcount_order) {
+                let room = cs - tail % cs;
+                if len <= room {
+                    self.change_refcounts(c, 1, 1)?;
+                    self.compressed_tail = tail + len;
+                    return Ok(tail);
+                }
+                let extra = (len - room).div_ceil(cs);
+                let new = self.alloc_clusters(extra)?;
+                if new == (c + 1) * cs {
+                    self.change_refcounts(c, 1, 1)?;
+                    self.compressed_tail = tail + len;
+                    return Ok(tail);
+                }
+                if extra * cs >= len {
+                    self.compressed_tail = new + len;
+                    return Ok(new);
+                }
+                self.free_clusters(new / cs, extra)?;
+            }
+        }
+        let new = self.alloc_clusters(len.div_ceil(cs))?;
+        self.compressed_tail = new + len;
+        Ok(new)
+    }
+
     /// Offset of refcount block `b`, if allocated.
     pub(crate) fn refblock(&self, b: u64) -> Result<Option<u64>, BlockError> {
         let Some(&raw) = usize::try_from(b).ok().and_then(|i| self.rt.get(i)) else {

@@ -1,19 +1,60 @@
-//! The mutable metadata of one open qcow2 image: the L1 and refcount
-//! tables, and the L2 / refcount-block caches; lookups and write-through
-//! updates of L1 and L2 entries (the image's fixed layout and the decoding
-//! of entries with it are `geometry`).
+//! [`MetaState`]: the mutable metadata of one open qcow2 image (the L1
+//! and refcount tables, the L2 and refcount-block caches, the file's size
+//! and headroom, the metadata map) and the only code that changes it: its
+//! fields are private to this module and its children, and the rest of
+//! the driver reads them through accessors (`access`) and changes them
+//! through the named operations below. The fixed layout and the decoding
+//! of entries are `on_disk::geometry` and `on_disk::l2_entry`.
 //!
-//! Guest offsets enter; raw table entries leave (decoded by `l2_entry`).
-//! Table changes are written to the image (through the metadata-I/O seam,
-//! `guard`'s checked `read`/`write`/`sync`) before the in-memory copy is
-//! relied on by others; refcount changes are batched in the cache and
-//! written before the next barrier, L1/L2 write or flush (so before
-//! anything can point at a new cluster). Refcount updates and cluster
-//! allocation live in `alloc`.
+//! Guest offsets, cluster counts and refcount changes enter; raw table
+//! entries, host offsets and metadata writes through the metadata-I/O
+//! seam leave.
+//!
+//! Invariants it keeps:
+//! 1. Nothing on disk points at a cluster whose refcount is not on disk:
+//!    pending refcount changes (batched in the refcount-block cache,
+//!    `dirty_rb`) are written before every L1/L2 write, barrier and flush.
+//! 2. A published L2 entry (`dirty_l2`, its table pinned in the cache)
+//!    reaches the disk only after a barrier made the data and refcounts
+//!    it depends on durable; clusters it replaced (`deferred_release`)
+//!    lose their reference only after the entry is durable.
+//! 3. The caches hold what the file holds, or what is queued in (2); a
+//!    table that queues read without the lock (`l1`, each cached L2
+//!    table) is copied before it changes while a queue holds a snapshot
+//!    of it (`published`).
+//! 4. The metadata map names every cluster of the active metadata, so
+//!    `guard` can refuse (and mark the image corrupt for) a write onto
+//!    one; a corrupt image writes nothing more.
+//! 5. `file_size` covers every allocated cluster; `reserved_end` (the
+//!    file's real length) is at least `file_size`; no cluster below
+//!    `free_hint` is free; `compressed_tail` never points into a cluster
+//!    freed since it was set (every refcount drop resets it).
+//!
+//! Which operations change what:
+//! - L2 entries: `set_l2_entry` (write-through), `publish_l2_entry`
+//!   (batched to `flush_dirty`), `writable_l2` (allocates or copies a
+//!   table and sets its L1 entry); here;
+//! - whole tables, for the tools: `stage_l1_entry`, `replace_l1`,
+//!   `write_l1_table`, `view_tree`, `write_l2_table`,
+//!   `forget_l2_table`, `move_snapshot_table`, and `grow_l1` (here) and
+//!   `write_disk_size`; `tool_edits`;
+//! - refcounts and allocation: `change_refcounts`, `free_clusters`,
+//!   `alloc_clusters`, `alloc_compressed_bytes`, `write_refcounts`;
+//!   `alloc`;
+//! - ordering: `barrier`, `flush_dirty`, `release_after_flush` (a
+//!   commit's released clusters); here and `tool_edits`;
+//! - file size: `reserve_to`, `trim_reserve`; `reserve`;
+//! - metadata I/O and the map: `read`, `write`, `sync`, `check_plan`,
+//!   `mark_corrupt`, `rebuild_metadata_map`; `guard`;
+//! - settings and hand-overs (no invariant ties them to another field):
+//!   barriers, L2 write-through, overlap checks, the seam
+//!   (`replace_io`), the bitmap directory, `refuse_writes`; `access`.
 
+mod access;
 mod alloc;
 pub(crate) mod guard;
 mod reserve;
+mod tool_edits;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -39,67 +80,67 @@ const MIN_CACHED_TABLES: u64 = 8;
 const MAX_DIRTY_ENTRIES: usize = 4096;
 
 pub(crate) struct MetaState {
-    pub g: Geometry,
-    pub path: PathBuf,
+    g: Geometry,
+    path: PathBuf,
     /// Buffered read-write (or read-only) descriptor (file size and
     /// headroom; reads and writes go through `io`).
-    pub file: Arc<File>,
+    file: Arc<File>,
     /// Where every metadata read, write and barrier goes (the seam tests
     /// inject faults at); by default `file` itself.
-    pub io: Arc<dyn MetaIo>,
+    io: Arc<dyn MetaIo>,
     /// The file's size, grown by every allocation.
-    pub file_size: u64,
+    file_size: u64,
     /// The size the file really has: `file_size` plus the headroom
     /// `reserve` added for allocating writes.
-    pub reserved_end: u64,
-    pub l1_offset: u64,
+    reserved_end: u64,
+    l1_offset: u64,
     /// Queues may hold snapshots of it (see `published`): a change to an
     /// entry copies the table first if one does.
-    pub l1: Published<Vec<u64>>,
-    pub rt_offset: u64,
-    pub rt: Vec<u64>,
+    l1: Published<Vec<u64>>,
+    rt_offset: u64,
+    rt: Vec<u64>,
     /// Offsets of every refcount block the table names.
-    pub refblocks: HashSet<u64>,
-    pub l2_cache: TableCache,
-    pub rb_cache: TableCache,
+    refblocks: HashSet<u64>,
+    l2_cache: TableCache,
+    rb_cache: TableCache,
     /// No cluster below this index is free.
-    pub free_hint: u64,
+    free_hint: u64,
     /// Where the internal snapshot table is now.
-    pub snapshots: TableLocation,
+    snapshots: TableLocation,
     /// End of the last compressed cluster written, where the next may be
     /// packed (0: none). Reset whenever a refcount drops, so it never
     /// points into a cluster that was freed and reused meanwhile.
-    pub compressed_tail: u64,
+    compressed_tail: u64,
     /// fdatasync between a refcount/data write and the metadata that
     /// depends on it (power-loss ordering, not just process-crash ordering).
-    pub barriers: bool,
+    barriers: bool,
     /// Write L2 entries (after a barrier) at every commit instead of at
     /// the next flush.
-    pub l2_write_through: bool,
+    l2_write_through: bool,
     /// L2 entries changed in the cache but not yet on disk: table offset
     /// -> byte positions of the entries. Their tables are pinned.
-    pub dirty_l2: BTreeMap<u64, BTreeSet<usize>>,
-    pub dirty_entries: usize,
-    pub max_dirty_tables: usize,
+    dirty_l2: BTreeMap<u64, BTreeSet<usize>>,
+    dirty_entries: usize,
+    max_dirty_tables: usize,
     /// Host cluster runs losing a reference once the L2 changes that
     /// dropped it are durable.
-    pub deferred_release: Vec<(u64, u64)>,
+    deferred_release: Vec<(u64, u64)>,
     /// Refcount blocks changed in the cache but not yet on disk: block
     /// offset -> changed byte range. Their blocks are pinned.
-    pub dirty_rb: BTreeMap<u64, (usize, usize)>,
-    pub max_dirty_rb: usize,
+    dirty_rb: BTreeMap<u64, (usize, usize)>,
+    max_dirty_rb: usize,
     /// Which host clusters hold metadata (`guard` checks every write
     /// against it).
-    pub metadata_map: MetadataMap,
+    metadata_map: MetadataMap,
     /// The bitmap directory (offset, bytes) while its autoclear bit says
     /// it is consistent (read-only opens; read-write opens drop it).
-    pub bitmap_directory: Option<(u64, u64)>,
+    bitmap_directory: Option<(u64, u64)>,
     /// A write was refused for overlapping metadata: the corrupt bit is
     /// set and nothing more is written.
-    pub corrupt: Cell<bool>,
+    corrupt: Cell<bool>,
     /// Off only to measure what the checks cost (QEMU's
     /// `overlap-check=none`).
-    pub overlap_checks: bool,
+    overlap_checks: bool,
 }
 
 impl MetaState {
