@@ -1,8 +1,8 @@
-//! The fixed facts of an open image's layout ([`Geometry`]: cluster and
+//! The fixed facts of an open image's layout ([`ImageGeometry`]: cluster and
 //! entry sizes, version, refcount width, compression, data file) and
 //! what they decide about one table entry: its decoded, checked form
 //! ([`checked_entry`], [`raw_entry`]) and the host clusters it holds a
-//! reference to ([`Geometry::references`]).
+//! reference to ([`ImageGeometry::references`]).
 //!
 //! The header enters once, at open; raw entries enter from the locked
 //! tables or a queue's table snapshots, and leave decoded, with their host
@@ -17,9 +17,11 @@ use crate::error::BlockError;
 use crate::formats::qcow2::metadata::meta_io::be64_at;
 use crate::formats::Compression;
 
-/// Fixed facts of an image's layout.
+/// Fixed facts of an open image's layout, read from its header at open
+/// (a new image's layout arithmetic takes the smaller
+/// `layout::LayoutParams`).
 #[derive(Clone, Debug)]
-pub(crate) struct Geometry {
+pub(crate) struct ImageGeometry {
     pub cluster_bits: u32,
     pub cluster_size: u64,
     pub version: u32,
@@ -35,9 +37,9 @@ pub(crate) struct Geometry {
     pub data_file: bool,
 }
 
-impl Geometry {
+impl ImageGeometry {
     pub fn from_header(h: &Header) -> Self {
-        Geometry {
+        ImageGeometry {
             cluster_bits: h.cluster_bits,
             cluster_size: h.cluster_size(),
             version: h.version,
@@ -81,7 +83,7 @@ impl Geometry {
 /// `guest` and checks its host offsets against a file of `file_size`
 /// bytes (or, with an external data file, against the guest offset).
 pub(crate) fn checked_entry(
-    g: &Geometry,
+    g: &ImageGeometry,
     path: &Path,
     file_size: u64,
     guest: u64,
@@ -133,7 +135,7 @@ pub(crate) fn checked_entry(
 
 /// The raw entry and subcluster bitmap (0 unless extended L2) at index
 /// `i2` of an L2 table's bytes.
-pub(crate) fn raw_entry(g: &Geometry, table: &[u8], i2: usize) -> (u64, u64) {
+pub(crate) fn raw_entry(g: &ImageGeometry, table: &[u8], i2: usize) -> (u64, u64) {
     let words = (g.l2_entry_size / 8) as usize;
     let raw = be64_at(table, i2 * words);
     let bitmap = if words == 2 {

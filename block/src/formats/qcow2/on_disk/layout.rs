@@ -4,7 +4,7 @@
 //! number of clusters (themselves included), how many bytes a fully
 //! allocated image takes, and how many its persistent bitmaps take.
 //!
-//! Pure arithmetic: a [`Geometry`] (cluster size, refcount width, L2
+//! Pure arithmetic: a [`LayoutParams`] (cluster size, refcount width, L2
 //! entry size) and sizes enter; counts of clusters or bytes leave.
 //! Nothing here reads or writes a file. Its users:
 //! - `create`: where the header, refcount table, refcount blocks, L1 and
@@ -14,7 +14,7 @@
 //!   writes in the new width;
 //! - `header` and the metadata checks: the limits [`MAX_L1_BYTES`] and
 //!   [`MAX_REFTABLE_BYTES`] (qemu's);
-//! - `ch-img measure`: [`Geometry::fully_allocated`] and
+//! - `ch-img measure`: [`LayoutParams::fully_allocated`] and
 //!   [`bitmaps_size`], counted as `qemu-img measure` counts them.
 
 use super::refcount::entries_per_block;
@@ -42,9 +42,11 @@ pub struct BitmapShape {
     pub name_len: u16,
 }
 
-/// The geometry of a qcow2 image, as its creation options set it.
+/// The layout parameters of a qcow2 image, as its creation options set
+/// them: all the layout arithmetic needs. (An open image's fuller fixed
+/// facts, read from its header, are `geometry::ImageGeometry`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Geometry {
+pub struct LayoutParams {
     /// 9 (512-byte clusters) to 21 (2 MiB).
     pub cluster_bits: u32,
     /// Refcounts are `1 << refcount_order` bits wide (0 to 6).
@@ -68,7 +70,7 @@ impl RefcountClusters {
     }
 }
 
-impl Geometry {
+impl LayoutParams {
     pub fn cluster_size(&self) -> u64 {
         1 << self.cluster_bits
     }
@@ -120,7 +122,7 @@ impl Geometry {
         self.clusters(self.l1_bytes(virtual_size))
     }
 
-    /// [`refcount_structures`] for this geometry.
+    /// [`refcount_structures`] for these parameters.
     pub fn refcount_structures(&self, clusters: u64) -> RefcountClusters {
         refcount_structures(self.cluster_bits, self.refcount_order, clusters)
     }
@@ -199,14 +201,14 @@ pub fn bitmaps_size(
 mod tests {
     use super::*;
 
-    const K64: Geometry = Geometry {
+    const K64: LayoutParams = LayoutParams {
         cluster_bits: 16,
         refcount_order: 4,
         extended_l2: false,
     };
 
-    fn geometry(cluster_size: u64, refcount_bits: u64, extended_l2: bool) -> Geometry {
-        Geometry {
+    fn params(cluster_size: u64, refcount_bits: u64, extended_l2: bool) -> LayoutParams {
+        LayoutParams {
             cluster_bits: cluster_size.trailing_zeros(),
             refcount_order: refcount_bits.trailing_zeros(),
             extended_l2,
@@ -259,7 +261,7 @@ mod tests {
     #[test]
     fn fully_allocated_and_metadata_match_qemu_img_measure() {
         for (cs, bits, ext, size, required, fully) in QEMU_MEASURE {
-            let g = geometry(cs, bits, ext);
+            let g = params(cs, bits, ext);
             let what = format!("cluster_size={cs},refcount_bits={bits},extended_l2={ext} {size}");
             assert_eq!(g.fully_allocated(size), Some(fully), "{what}");
             // With no data, what --size requires is the metadata alone.
@@ -288,7 +290,7 @@ mod tests {
 
     #[test]
     fn extended_l2_doubles_the_l2_tables() {
-        let ext = Geometry {
+        let ext = LayoutParams {
             extended_l2: true,
             ..K64
         };
@@ -303,13 +305,13 @@ mod tests {
         // table entries a table cluster. 4096 clusters need 66 blocks
         // (64 for the data, 2 for the blocks and table) and 2 table
         // clusters.
-        let small = geometry(512, 64, false);
+        let small = params(512, 64, false);
         let r = small.refcount_structures(4096);
         assert_eq!((r.blocks, r.table), (66, 2));
         assert_eq!(small.refcount_structures(0).total(), 0);
         assert_eq!(small.refcount_structures(1).total(), 2);
         // 1-bit refcounts: one block counts 4096 clusters.
-        let one_bit = geometry(512, 1, false);
+        let one_bit = params(512, 1, false);
         assert_eq!(one_bit.refcount_structures(4094).total(), 2);
         assert_eq!(one_bit.refcount_structures(4095).total(), 3);
         // 64 KiB clusters, 16-bit refcounts: 10 clusters need one block
@@ -320,7 +322,7 @@ mod tests {
     #[test]
     fn every_count_is_a_fixed_point() {
         for (cs, bits) in [(512, 1), (512, 64), (4096, 8), (65536, 16), (2 << 20, 64)] {
-            let g = geometry(cs, bits, false);
+            let g = params(cs, bits, false);
             for clusters in [1, 63, 64, 65, 4095, 4096, 1 << 20, 1 << 30] {
                 let r = g.refcount_structures(clusters);
                 let per_block = entries_per_block(g.cluster_bits, g.refcount_order);
@@ -336,7 +338,7 @@ mod tests {
 
     #[test]
     fn l1_limit_is_reached_at_128_gib_with_512_byte_clusters() {
-        let small = geometry(512, 16, false);
+        let small = params(512, 16, false);
         assert_eq!(small.l1_bytes(128 << 30), MAX_L1_BYTES);
         assert!(small.l1_fits(128 << 30));
         assert!(small.l1_bytes((128 << 30) + 512) > MAX_L1_BYTES);
@@ -345,7 +347,7 @@ mod tests {
 
     #[test]
     fn sizes_past_u64_are_refused() {
-        let big = geometry(2 << 20, 16, false);
+        let big = params(2 << 20, 16, false);
         assert_eq!(big.fully_allocated(u64::MAX), None);
         assert_eq!(big.round_up(u64::MAX - 1), None);
     }

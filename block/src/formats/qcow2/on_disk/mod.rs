@@ -5,10 +5,12 @@
 //!   header, its extensions and feature bits, parsed and rewritten;
 //! - `layout`: the layout arithmetic (L1 and L2 tables per disk, the
 //!   refcount structures' fixed point, bytes of a fully allocated image,
-//!   qemu's table limits), shared by `create`, `check`, `amend` and
-//!   `ch-img measure`;
-//! - `geometry`: an open image's fixed layout facts, read from its
-//!   header, and what they decide about one table entry;
+//!   qemu's table limits) over a `LayoutParams` (the cluster size,
+//!   refcount width and L2 entry size a new image's options choose),
+//!   shared by `create`, `check`, `amend` and `ch-img measure`;
+//! - `geometry`: an open image's fixed layout facts (`ImageGeometry`,
+//!   read from its header at open: sizes, version, compression, data
+//!   file), and what they decide about one table entry;
 //! - `l2_entry`, `refcount`: decoding L1/L2 entries and refcount entries;
 //! - `snapshot_table`: the internal snapshot table's entries.
 //!

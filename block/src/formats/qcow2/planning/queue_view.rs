@@ -32,7 +32,7 @@ use std::sync::Mutex;
 use super::read::{push_piece, ReadPlanner};
 use crate::error::BlockError;
 use crate::formats::qcow2::metadata::published::Snapshot;
-use crate::formats::qcow2::on_disk::geometry::{checked_entry, raw_entry, Geometry};
+use crate::formats::qcow2::on_disk::geometry::{checked_entry, raw_entry, ImageGeometry};
 use crate::formats::qcow2::on_disk::l2_entry::decode_l1;
 use crate::formats::qcow2::state::{lock, State};
 use crate::formats::{PlanCache, ReadPiece, ReadPlan, ReadSource};
@@ -50,7 +50,7 @@ struct ViewTable {
 /// See the module docs.
 pub(crate) struct QueueView {
     image: u64,
-    g: Geometry,
+    g: ImageGeometry,
     l1: Snapshot<Vec<u64>>,
     tables: HashMap<usize, ViewTable>,
     capacity: usize,

@@ -20,7 +20,7 @@ use crate::formats::qcow2::chain::Chain;
 use crate::formats::qcow2::compression::compressed::{compressed_read_len, inflate_cluster};
 use crate::formats::qcow2::compression::compressed_cache::CompressedCache;
 use crate::formats::qcow2::metadata::meta::MetaState;
-use crate::formats::qcow2::on_disk::geometry::Geometry;
+use crate::formats::qcow2::on_disk::geometry::ImageGeometry;
 use crate::formats::qcow2::on_disk::l2_entry::{subcluster_state, L2Entry, SubclusterState};
 use crate::formats::qcow2::state::{lock, State};
 use crate::formats::{
@@ -251,7 +251,7 @@ impl<'a> ReadPlanner<'a> {
     /// queues' table snapshots (`queue_view`).
     pub fn piece_of(
         &self,
-        g: &Geometry,
+        g: &ImageGeometry,
         file_size: u64,
         (entry, bitmap): (L2Entry, u64),
         pos: u64,

@@ -21,7 +21,7 @@ use crate::formats::qcow2::on_disk::header::{
     Header, EXT_BACKING_FORMAT, EXT_END, V2_HEADER_LEN, V3_HEADER_LEN,
 };
 use crate::formats::qcow2::on_disk::l2_entry::OFLAG_COPIED;
-use crate::formats::qcow2::on_disk::layout::Geometry;
+use crate::formats::qcow2::on_disk::layout::LayoutParams;
 use crate::formats::qcow2::on_disk::refcount::{entries_per_block, write_refcount_entry};
 use crate::formats::Compression;
 use crate::new_file::{open_for_create, FileIdentity};
@@ -56,35 +56,31 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         path: path.to_owned(),
         reason,
     };
-    let geometry = Geometry {
+    let layout = LayoutParams {
         cluster_bits: p.cluster_bits,
         refcount_order: p.refcount_order,
         extended_l2: p.extended_l2,
     };
-    let cs = geometry.cluster_size();
-    let l2_entries = geometry.l2_entries();
-    if !geometry.l1_fits(p.size) {
+    let cs = layout.cluster_size();
+    let l2_entries = layout.l2_entries();
+    if !layout.l1_fits(p.size) {
         return Err(invalid(format!(
             "size {} needs an L1 table larger than 32 MiB",
             p.size
         )));
     }
-    let l1_size = geometry.l2_tables(p.size);
+    let l1_size = layout.l2_tables(p.size);
     // A zero-size disk has an empty L1 table and, as with qemu-img, no
     // cluster for it (its offset is where it would start).
-    let l1_clusters = geometry.l1_clusters(p.size);
+    let l1_clusters = layout.l1_clusters(p.size);
     let prealloc = p.preallocation != Preallocation::Off;
     // Preallocation: one L2 table per L1 entry, one data cluster per
     // guest cluster.
     let l2_tables = if prealloc { l1_size } else { 0 };
-    let data_clusters = if prealloc {
-        geometry.clusters(p.size)
-    } else {
-        0
-    };
+    let data_clusters = if prealloc { layout.clusters(p.size) } else { 0 };
     // Every cluster counts itself, the refcount blocks included.
     let before_refcounts = 1 + l1_clusters + l2_tables + data_clusters;
-    let refcounts = geometry.refcount_structures(before_refcounts);
+    let refcounts = layout.refcount_structures(before_refcounts);
     let (rt_clusters, rb_count) = (refcounts.table, refcounts.blocks);
     let total = before_refcounts + refcounts.total();
     let rt_off = cs;
@@ -185,7 +181,7 @@ pub fn create_qcow2(path: &Path, p: &Qcow2Params) -> Result<(), BlockError> {
         l1[(t * 8) as usize..(t * 8 + 8) as usize].copy_from_slice(&e.to_be_bytes());
     }
     write_at(&file, MetaKind::L1Table, l1_off, &l1)?;
-    let entry_len = geometry.l2_entry_size();
+    let entry_len = layout.l2_entry_size();
     for t in 0..l2_tables {
         block.fill(0);
         for j in 0..l2_entries {

@@ -10,7 +10,7 @@
 use crate::formats::create_options::CreateOptions;
 use crate::formats::format::{status_within, Format, ImageInfo};
 use crate::formats::measure::{Measure, MeasureError, Measurement};
-use crate::formats::qcow2::on_disk::layout::{bitmaps_size, Geometry};
+use crate::formats::qcow2::on_disk::layout::{bitmaps_size, LayoutParams};
 use crate::prealloc::Preallocation;
 
 /// qemu reports sizes of images in whole 512-byte sectors.
@@ -25,7 +25,7 @@ struct Qcow2Measure {
     /// A backing file: the copy shares nothing known with it, so every
     /// data cluster counts.
     has_backing_file: bool,
-    layout: Geometry,
+    layout: LayoutParams,
     /// Version 3 (compat=1.1).
     v3: bool,
 }
@@ -63,7 +63,7 @@ pub(crate) fn measure(opts: &CreateOptions) -> Result<Box<dyn Measure>, String> 
             Preallocation::Falloc | Preallocation::Full
         ),
         has_backing_file: opts.backing_file.is_some(),
-        layout: Geometry {
+        layout: LayoutParams {
             cluster_bits: cluster_size.trailing_zeros(),
             refcount_order: refcount_bits.trailing_zeros(),
             extended_l2: opts.extended_l2,

@@ -16,13 +16,13 @@ use std::sync::Arc;
 use super::MetaState;
 use crate::formats::qcow2::metadata::meta_io::MetaIo;
 use crate::formats::qcow2::metadata::published::Snapshot;
-use crate::formats::qcow2::on_disk::geometry::Geometry;
+use crate::formats::qcow2::on_disk::geometry::ImageGeometry;
 use crate::formats::qcow2::on_disk::snapshot_table::TableLocation;
 
 impl MetaState {
     /// The image's fixed layout facts.
     #[inline]
-    pub fn geometry(&self) -> &Geometry {
+    pub fn geometry(&self) -> &ImageGeometry {
         &self.g
     }
 

@@ -67,7 +67,7 @@ use super::meta_io::{be64_at, read_at, MetaIo, MetaKind};
 use super::overlap::MetadataMap;
 use super::published::Published;
 use crate::error::BlockError;
-use crate::formats::qcow2::on_disk::geometry::{checked_entry, raw_entry, Geometry};
+use crate::formats::qcow2::on_disk::geometry::{checked_entry, raw_entry, ImageGeometry};
 use crate::formats::qcow2::on_disk::header::{within, Header};
 use crate::formats::qcow2::on_disk::l2_entry::{decode_l1, L2Entry, OFLAG_COPIED};
 use crate::formats::qcow2::on_disk::snapshot_table::TableLocation;
@@ -80,7 +80,7 @@ const MIN_CACHED_TABLES: u64 = 8;
 const MAX_DIRTY_ENTRIES: usize = 4096;
 
 pub(crate) struct MetaState {
-    g: Geometry,
+    g: ImageGeometry,
     path: PathBuf,
     /// Buffered read-write (or read-only) descriptor (file size and
     /// headroom; reads and writes go through `io`).
@@ -153,7 +153,7 @@ impl MetaState {
         path: PathBuf,
         file_size: u64,
     ) -> Result<Self, BlockError> {
-        let g = Geometry::from_header(h);
+        let g = ImageGeometry::from_header(h);
         let mut l1_bytes = vec![0u8; h.l1_size as usize * 8];
         read_at(&*io, MetaKind::L1Table, h.l1_table_offset, &mut l1_bytes)?;
         let l1 = Published::new(
