@@ -15,8 +15,9 @@
 //! - `snapshot_table`: the internal snapshot table's entries.
 //!
 //! Bytes (or a header) enter; typed values and checked offsets leave.
-//! Nothing here does I/O of its own but through the helpers of
-//! `metadata::meta_io` it is handed.
+//! What is read or written goes through the helpers of
+//! `metadata::meta_io` on the seam the caller hands over (an open
+//! image's, for `header_cluster::current_header`).
 
 pub(crate) mod features;
 pub(crate) mod geometry;

@@ -54,7 +54,7 @@ use crate::formats::qcow2::on_disk::header::{Header, EXT_DATA_FILE};
 use crate::formats::qcow2::on_disk::header_cluster::{
     current_header, HeaderCluster, EXT_FEATURE_TABLE,
 };
-use crate::formats::qcow2::on_disk::l2_entry::{decode_l2, L2Entry};
+use crate::formats::qcow2::on_disk::l2_entry::L2Entry;
 use crate::formats::qcow2::on_disk::refcount::max_refcount;
 use crate::formats::qcow2::on_disk::snapshot_table::read_snapshot_table;
 use crate::formats::qcow2::state::State;
@@ -234,7 +234,6 @@ impl Amender<'_> {
 
 /// Whether the active disk maps any compressed cluster.
 fn has_compressed_clusters(meta: &mut MetaState) -> Result<bool, BlockError> {
-    let cb = meta.geometry().cluster_bits;
     for i in 0..meta.l1().len() {
         let Some((off, _)) = meta.l2_table(i)? else {
             continue;
@@ -243,13 +242,7 @@ fn has_compressed_clusters(meta: &mut MetaState) -> Result<bool, BlockError> {
         let words = meta.geometry().l2_entry_size as usize / 8;
         for j in 0..meta.geometry().l2_entries as usize {
             let raw = crate::formats::qcow2::metadata::meta_io::be64_at(&table, j * words);
-            let e = decode_l2(
-                raw,
-                cb,
-                meta.geometry().version,
-                meta.geometry().extended_l2,
-            )
-            .map_err(|r| meta.invalid(r))?;
+            let e = meta.decode_l2(raw)?;
             if matches!(e, L2Entry::Compressed(_)) {
                 return Ok(true);
             }

@@ -30,7 +30,7 @@ use super::tree::{load_table, tree_references, TreeOp};
 use crate::error::BlockError;
 use crate::formats::qcow2::metadata::meta::MetaState;
 use crate::formats::qcow2::metadata::meta_io::{be64_at, MetaKind};
-use crate::formats::qcow2::on_disk::l2_entry::{decode_l2, L2Entry, OFFSET_MASK, OFLAG_COPIED};
+use crate::formats::qcow2::on_disk::l2_entry::{L2Entry, OFFSET_MASK, OFLAG_COPIED};
 use crate::formats::qcow2::state::State;
 
 /// See the module docs.
@@ -116,13 +116,7 @@ fn unmap_past(meta: &mut MetaState, new_size: u64) -> Result<(), BlockError> {
             let mut new = table.clone();
             for j in ((first_gone % cov) / cs) as usize..meta.geometry().l2_entries as usize {
                 let raw = be64_at(&table, j * words);
-                let e = decode_l2(
-                    raw,
-                    cb,
-                    meta.geometry().version,
-                    meta.geometry().extended_l2,
-                )
-                .map_err(|r| meta.invalid(r))?;
+                let e = meta.decode_l2(raw)?;
                 if let Some(refs) = meta.geometry().references(e) {
                     dropped.push(refs);
                 }
@@ -197,13 +191,7 @@ fn cut_last_cluster(
     };
     let j = ((new_size % cov) / cs) as usize;
     let raw = be64_at(&content, j * words);
-    let e = decode_l2(
-        raw,
-        cb,
-        meta.geometry().version,
-        meta.geometry().extended_l2,
-    )
-    .map_err(|r| meta.invalid(r))?;
+    let e = meta.decode_l2(raw)?;
     let L2Entry::Normal { host, .. } = e else {
         return Ok(());
     };

@@ -55,9 +55,7 @@ use crate::error::BlockError;
 use crate::formats::holes::file_size;
 use crate::formats::qcow2::metadata::meta::MetaState;
 use crate::formats::qcow2::metadata::meta_io::{be64_at, MetaKind};
-use crate::formats::qcow2::on_disk::l2_entry::{
-    decode_l2, OFFSET_MASK, OFLAG_COMPRESSED, OFLAG_COPIED,
-};
+use crate::formats::qcow2::on_disk::l2_entry::{OFFSET_MASK, OFLAG_COMPRESSED, OFLAG_COPIED};
 use crate::formats::qcow2::on_disk::snapshot_table::{
     read_snapshot_table, SnapshotInfo, TableLocation,
 };
@@ -249,13 +247,7 @@ impl<'a> Snapshotter<'a> {
             let words = meta.geometry().l2_entry_size as usize / 8;
             for j in 0..meta.geometry().l2_entries as usize {
                 let raw = be64_at(&table, j * words);
-                let e = decode_l2(
-                    raw,
-                    cb,
-                    meta.geometry().version,
-                    meta.geometry().extended_l2,
-                )
-                .map_err(|r| meta.invalid(r))?;
+                let e = meta.decode_l2(raw)?;
                 let owned = match meta.geometry().references(e) {
                     Some((first, 1)) if owned_table && raw & OFLAG_COMPRESSED == 0 => {
                         meta.refcount(first)? == 1

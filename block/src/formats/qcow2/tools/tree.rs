@@ -12,7 +12,7 @@
 use crate::error::BlockError;
 use crate::formats::qcow2::metadata::meta::MetaState;
 use crate::formats::qcow2::metadata::meta_io::{be64_at, MetaKind};
-use crate::formats::qcow2::on_disk::l2_entry::{decode_l1, decode_l2};
+use crate::formats::qcow2::on_disk::l2_entry::decode_l1;
 use crate::formats::qcow2::on_disk::refcount::max_refcount;
 use crate::formats::qcow2::on_disk::snapshot_table::SnapshotInfo;
 
@@ -75,13 +75,7 @@ pub(crate) fn tree_references(
         let table = load_table(meta, off)?;
         let words = meta.geometry().l2_entry_size as usize / 8;
         for j in 0..meta.geometry().l2_entries as usize {
-            let e = decode_l2(
-                be64_at(&table, j * words),
-                cb,
-                meta.geometry().version,
-                meta.geometry().extended_l2,
-            )
-            .map_err(|r| meta.invalid(r))?;
+            let e = meta.decode_l2(be64_at(&table, j * words))?;
             if let Some((first, n)) = meta.geometry().references(e) {
                 apply(meta, first, n)?;
             }

@@ -21,9 +21,7 @@ use super::tree::{load_table, read_l1};
 use crate::error::BlockError;
 use crate::formats::qcow2::metadata::meta::MetaState;
 use crate::formats::qcow2::metadata::meta_io::{be64_at, MetaKind};
-use crate::formats::qcow2::on_disk::l2_entry::{
-    decode_l1, decode_l2, L2Entry, OFLAG_COPIED, OFLAG_ZERO,
-};
+use crate::formats::qcow2::on_disk::l2_entry::{decode_l1, L2Entry, OFLAG_COPIED, OFLAG_ZERO};
 use crate::formats::qcow2::on_disk::snapshot_table::read_snapshot_table;
 
 /// Expands the zero clusters of every tree; `progress(done, total)` after
@@ -101,13 +99,7 @@ fn rewrite_entries(
     let zeroes = vec![0u8; cs as usize];
     for j in 0..meta.geometry().l2_entries as usize {
         let raw = be64_at(table, j);
-        let e = decode_l2(
-            raw,
-            meta.geometry().cluster_bits,
-            meta.geometry().version,
-            meta.geometry().extended_l2,
-        )
-        .map_err(|r| meta.invalid(r))?;
+        let e = meta.decode_l2(raw)?;
         let entry = match e {
             L2Entry::Zero { host: None, .. } if !has_backing => 0,
             L2Entry::Zero { host: None, .. } => {

@@ -69,7 +69,7 @@ use super::published::Published;
 use crate::error::BlockError;
 use crate::formats::qcow2::on_disk::geometry::{checked_entry, raw_entry, ImageGeometry};
 use crate::formats::qcow2::on_disk::header::{within, Header};
-use crate::formats::qcow2::on_disk::l2_entry::{decode_l1, L2Entry, OFLAG_COPIED};
+use crate::formats::qcow2::on_disk::l2_entry::{decode_l1, decode_l2, L2Entry, OFLAG_COPIED};
 use crate::formats::qcow2::on_disk::snapshot_table::TableLocation;
 
 /// Bytes of metadata tables the caches may hold, per cache.
@@ -309,6 +309,13 @@ impl MetaState {
     pub fn l2_entry(&mut self, guest: u64) -> Result<(L2Entry, u64), BlockError> {
         let (raw, bitmap) = self.l2_raw(guest)?;
         checked_entry(&self.g, &self.path, self.file_size, guest, raw, bitmap)
+    }
+
+    /// A raw L2 entry of this image's tables, decoded with its geometry
+    /// (no check against the file's size: that is [`MetaState::l2_entry`]).
+    pub fn decode_l2(&self, raw: u64) -> Result<L2Entry, BlockError> {
+        let g = &self.g;
+        decode_l2(raw, g.cluster_bits, g.version, g.extended_l2).map_err(|r| self.invalid(r))
     }
 
     /// Writes L2 entry (standard part) of the cluster holding `guest`,
