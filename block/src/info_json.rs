@@ -9,8 +9,8 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use crate::error::BlockError;
-use crate::formats::qcow2::bitmap_directory::BitmapEntry;
-use crate::formats::qcow2::snapshot_table::SnapshotInfo;
+use crate::formats::qcow2::bitmaps::bitmap_directory::BitmapEntry;
+use crate::formats::qcow2::on_disk::snapshot_table::SnapshotInfo;
 use crate::formats::registry::FORMATS;
 use crate::formats::ImageInfo;
 use crate::options::{DiskOptions, EngineKind, ImageType};

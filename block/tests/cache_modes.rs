@@ -10,8 +10,8 @@ mod support;
 use std::sync::Arc;
 
 use block::engines::new_engine;
-use block::formats::qcow2::meta_faults::FaultyMetaIo;
-use block::formats::qcow2::meta_io::MetaIo;
+use block::formats::qcow2::metadata::meta_faults::FaultyMetaIo;
+use block::formats::qcow2::metadata::meta_io::MetaIo;
 use block::formats::qcow2::open_qcow2;
 use block::options::CacheMode;
 use block::{Disk, DiskOptions, EngineKind, ImageType, RequestOp};

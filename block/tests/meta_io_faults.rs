@@ -16,8 +16,10 @@ mod support;
 use std::path::Path;
 use std::sync::Arc;
 
-use block::formats::qcow2::meta_faults::{FaultEffect, FaultTarget, FaultyMetaIo, MetaFault};
-use block::formats::qcow2::meta_io::{MetaIo, MetaKind};
+use block::formats::qcow2::metadata::meta_faults::{
+    FaultEffect, FaultTarget, FaultyMetaIo, MetaFault,
+};
+use block::formats::qcow2::metadata::meta_io::{MetaIo, MetaKind};
 use block::formats::qcow2::{open_qcow2, Qcow2Image};
 use block::formats::{Amendable, Amendment, CompressedWrites, Format, ReadPlan};
 use block::{BlockError, Disk, DiskOptions};

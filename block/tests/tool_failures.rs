@@ -12,8 +12,8 @@ mod support;
 use std::path::Path;
 use std::sync::Arc;
 
-use block::formats::qcow2::meta_faults::{FaultyMetaIo, MetaFault};
-use block::formats::qcow2::meta_io::MetaIo;
+use block::formats::qcow2::metadata::meta_faults::{FaultyMetaIo, MetaFault};
+use block::formats::qcow2::metadata::meta_io::MetaIo;
 use block::formats::qcow2::{open_qcow2, Qcow2Image};
 use block::formats::{FailureUndo, Format, ImageTools};
 use block::{BlockError, DiskOptions};

@@ -3,7 +3,7 @@
 //!
 //! The compressed bytes read from the image enter [`inflate`] (the
 //! decompression itself is the qcow2 format's
-//! `formats::qcow2::compressed::inflate_cluster`); a cluster of exactly
+//! `formats::qcow2::compression::compressed::inflate_cluster`); a cluster of exactly
 //! `cluster_size` bytes leaves, or an error saying why the stream is bad.
 //! The cache (one per disk, shared by its queues) lets sequential small
 //! reads inflate each cluster once.
@@ -20,7 +20,11 @@ pub fn inflate(algorithm: Compression, input: &[u8], cluster_size: u32) -> Resul
     if cluster_size == 0 || cluster_size > MAX_CLUSTER_SIZE {
         return Err(format!("cluster size {cluster_size} out of range"));
     }
-    crate::formats::qcow2::compressed::inflate_cluster(algorithm, input, cluster_size as usize)
+    crate::formats::qcow2::compression::compressed::inflate_cluster(
+        algorithm,
+        input,
+        cluster_size as usize,
+    )
 }
 
 /// Identifies a compressed cluster's bytes in the image.

@@ -6,8 +6,8 @@ use block_engines::{FileId, ImageFiles};
 
 use super::plan::{ReadPlan, Waker, WriteCommit, WriteOutcome};
 use super::plan_cache::PlanCache;
-use super::qcow2::bitmap_directory::BitmapEntry;
-use super::qcow2::snapshot_table::SnapshotInfo;
+use super::qcow2::bitmaps::bitmap_directory::BitmapEntry;
+use super::qcow2::on_disk::snapshot_table::SnapshotInfo;
 use crate::error::BlockError;
 
 /// What `qemu-img map` reports for one extent.

@@ -73,10 +73,10 @@ pub use plan::{
     WriteCommit, WriteData, WriteOutcome, WritePlan,
 };
 pub use plan_cache::PlanCache;
-pub use qcow2::bitmap_directory::BitmapEntry;
-pub use qcow2::compress_write::compress_cluster;
-pub use qcow2::snapshot_table::SnapshotInfo;
-pub use qcow2::snapshot_view::SnapshotRef;
+pub use qcow2::bitmaps::bitmap_directory::BitmapEntry;
+pub use qcow2::compression::compress_write::compress_cluster;
+pub use qcow2::on_disk::snapshot_table::SnapshotInfo;
+pub use qcow2::tools::snapshot_view::SnapshotRef;
 pub use registry::{open_format, open_image_tools, FORMATS};
 pub use tools::{
     Amendable, BackingEdits, CompressedWrites, FailureUndo, ImageTools, PersistentBitmaps,

@@ -1,7 +1,7 @@
 //! [`PlanCache`]: memory a queue lends its image's format from one read
 //! plan to the next, so that planning a read of allocated data takes no
 //! lock and writes nothing another queue reads or writes (qcow2 keeps
-//! snapshots of its tables there, see `qcow2::queue_view`).
+//! snapshots of its tables there, see `qcow2::planning::queue_view`).
 //!
 //! The queue owns the cache (the executor keeps one per queue); the format
 //! decides what is in it. A cache starts empty and is filled by the

@@ -11,18 +11,18 @@
 //! decides when no request is in flight.
 //!
 //! One capability per trait, each implemented once per format (qcow2's
-//! all in `qcow2/tools.rs`, each a thin front over the type in the file
+//! all in `qcow2/tools/capabilities.rs`, each a thin front over the type in the file
 //! that owns its logic):
 //!
 //! | trait | methods | qcow2 | raw |
 //! |---|---|---|---|
-//! | [`Snapshots`] | `snapshot_create/delete/apply` | `Snapshotter`, `qcow2/snapshot_ops.rs` | refused (`lacking.rs`) |
-//! | [`BackingEdits`] | `set_backing_file`, `make_empty` | `BackingRewrite`, `qcow2/backing_rewrite.rs` | refused |
-//! | [`CompressedWrites`] | `write_compressed(_packed)`, `compression`, `set_compressed_cache` | `CompressedWriter`, `qcow2/compress_write.rs` | refused |
-//! | [`Resizable`] | `resize`, `backing_size` | `Resize`, `qcow2/resize.rs` | `raw.rs` |
-//! | [`Amendable`] | `check_amendment`, `amend` | `Amender`, `qcow2/amend.rs` (under the undo) | refused |
-//! | [`PersistentBitmaps`] | `read_bitmap`, `change_bitmap` | `BitmapEditor`, `qcow2/bitmap_write.rs` (changes under the undo) | refused |
-//! | [`FailureUndo`] | `undo_on_failure` | `UndoLog`, `qcow2/undo.rs` | `raw.rs` |
+//! | [`Snapshots`] | `snapshot_create/delete/apply` | `Snapshotter`, `qcow2/tools/snapshot_ops.rs` | refused (`lacking.rs`) |
+//! | [`BackingEdits`] | `set_backing_file`, `make_empty` | `BackingRewrite`, `qcow2/tools/backing_rewrite.rs` | refused |
+//! | [`CompressedWrites`] | `write_compressed(_packed)`, `compression`, `set_compressed_cache` | `CompressedWriter`, `qcow2/compression/compress_write.rs` | refused |
+//! | [`Resizable`] | `resize`, `backing_size` | `Resize`, `qcow2/tools/resize.rs` | `raw.rs` |
+//! | [`Amendable`] | `check_amendment`, `amend` | `Amender`, `qcow2/tools/amend.rs` (under the undo) | refused |
+//! | [`PersistentBitmaps`] | `read_bitmap`, `change_bitmap` | `BitmapEditor`, `qcow2/bitmaps/bitmap_write.rs` (changes under the undo) | refused |
+//! | [`FailureUndo`] | `undo_on_failure` | `UndoLog`, `qcow2/tools/undo.rs` | `raw.rs` |
 //!
 //! Resizing a disk whose queues are running is the one capability an
 //! owner may lend out: [`crate::Resizer`] (see its docs for why it is

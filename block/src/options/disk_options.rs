@@ -123,7 +123,7 @@ impl DiskOptions {
 
 /// Which internal snapshot a read-only qcow2 open reads instead of the
 /// active disk, as qemu-img's `convert -l` names it (looked up in the
-/// image's table by `formats::qcow2::snapshot_view`).
+/// image's table by `formats::qcow2::tools::snapshot_view`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SnapshotRef {
     /// `-l NAME`: the snapshot with id NAME, else the first named NAME.

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use block::engines::{Engine, EngineCompletion, HostOp, OpToken};
 use block::error::BlockError;
-use block::formats::qcow2::meta_io::{MetaIo, MetaKind};
+use block::formats::qcow2::metadata::meta_io::{MetaIo, MetaKind};
 use block::formats::FileId;
 use vmm_sys_util::eventfd::EventFd;
 

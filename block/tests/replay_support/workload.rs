@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use block::engines::new_engine;
-use block::formats::qcow2::meta_io::MetaIo;
+use block::formats::qcow2::metadata::meta_io::MetaIo;
 use block::formats::qcow2::open_qcow2;
 use block::formats::Format;
 use block::{

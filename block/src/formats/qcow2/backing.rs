@@ -43,7 +43,7 @@ impl Backing {
         }
         let mut plan = ReadPlan::new();
         self.image.plan_read(offset, avail as u64, &mut plan)?;
-        super::plan_exec::execute_read(
+        crate::formats::qcow2::planning::plan_exec::execute_read(
             &self.cow_files,
             self.image.files(),
             &plan,
@@ -155,7 +155,12 @@ pub(crate) fn find_backing(
             })?,
         None => {
             let mut magic = [0u8; PROBE_BYTES];
-            super::meta_io::read_at(&buffered, super::meta_io::MetaKind::Header, 0, &mut magic)?;
+            crate::formats::qcow2::metadata::meta_io::read_at(
+                &buffered,
+                crate::formats::qcow2::metadata::meta_io::MetaKind::Header,
+                0,
+                &mut magic,
+            )?;
             formats.probe(&magic)
         }
     };

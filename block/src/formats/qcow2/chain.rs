@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::backing::Backing;
-use super::header::Header;
 use crate::error::BlockError;
+use crate::formats::qcow2::on_disk::header::Header;
 use crate::formats::{FileId, ImageFiles};
 
 /// See the module docs.

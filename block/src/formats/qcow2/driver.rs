@@ -10,15 +10,15 @@ use std::fs::File;
 use std::sync::Arc;
 
 use super::check::check_qcow2;
-use super::header::MAGIC;
-use super::measure::measure;
-use super::new_image::create_from_options;
 use super::opener::{open_chain, open_qcow2};
 use crate::error::BlockError;
 use crate::formats::create_options::CreateOptions;
 use crate::formats::driver::{
     BackingOpen, FormatDriver, OpenContext, OpenedBacking, OptionDoc, SIZE_OPTION,
 };
+use crate::formats::qcow2::on_disk::header::MAGIC;
+use crate::formats::qcow2::tools::measure::measure;
+use crate::formats::qcow2::tools::new_image::create_from_options;
 use crate::formats::tools::ImageTools;
 use crate::options::DiskOptions;
 

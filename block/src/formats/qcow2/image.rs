@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::chain::Chain;
-use super::cow::CowReader;
-use super::features::COMPAT_LAZY_REFCOUNTS;
-use super::meta_io::MetaIo;
-use super::plan_builder::PlanBuilder;
 use super::state::{lock, State};
 use crate::error::BlockError;
+use crate::formats::qcow2::metadata::meta_io::MetaIo;
+use crate::formats::qcow2::on_disk::features::COMPAT_LAZY_REFCOUNTS;
+use crate::formats::qcow2::planning::cow::CowReader;
+use crate::formats::qcow2::planning::plan_builder::PlanBuilder;
 use crate::formats::{Format, Waker, WriteOutcome, WritePlan};
 use crate::lock::ImageLock;
 
@@ -104,26 +104,26 @@ impl Qcow2Image {
     /// afterwards use it too.
     pub fn wrap_meta_io(&self, wrap: impl FnOnce(Arc<dyn MetaIo>) -> Arc<dyn MetaIo>) {
         let mut st = self.lock();
-        let current = Arc::clone(&st.meta.io);
-        st.meta.io = wrap(current);
+        let current = Arc::clone(st.meta.io());
+        st.meta.replace_io(wrap(current));
     }
 
     /// Turns the metadata overlap checks off or on (benchmarks measure
     /// their cost this way; QEMU's `overlap-check=none`). On by default.
     pub fn set_overlap_checks(&self, on: bool) {
-        self.lock().meta.overlap_checks = on;
+        self.lock().meta.set_overlap_checks(on);
     }
 
     /// Writes L2 entries at every commit (one fdatasync per allocating
     /// write) instead of batching them until the next flush.
     pub fn set_l2_write_through(&self, on: bool) {
-        self.lock().meta.l2_write_through = on;
+        self.lock().meta.set_l2_write_through(on);
     }
 
     /// Turns off fdatasync barriers between dependent metadata writes
     /// (keeps process-crash ordering, loses power-loss ordering).
     pub fn set_write_barriers(&self, on: bool) {
-        self.lock().meta.barriers = on;
+        self.lock().meta.set_barriers(on);
     }
 
     /// The common start of every metadata-changing plan (write,

@@ -25,20 +25,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use super::backing::{find_backing, resolve, Backing};
-use super::bitmap_directory::bitmaps_of;
 use super::chain::Chain;
 use super::check::check_qcow2;
-use super::guard::REPAIR_HINT;
-use super::header::{clear_unknown_autoclear, read_header, Header};
 use super::image::{new_image_id, Qcow2Image};
-use super::meta::MetaState;
-use super::meta_io::MetaIo;
-use super::snapshot_table::{read_snapshot_table, TableLocation};
-use super::snapshot_view::view_snapshot;
 use super::state::State;
 use crate::error::BlockError;
 use crate::formats::check_report::Repair;
 use crate::formats::driver::Formats;
+use crate::formats::qcow2::bitmaps::bitmap_directory::bitmaps_of;
+use crate::formats::qcow2::metadata::meta::guard::REPAIR_HINT;
+use crate::formats::qcow2::metadata::meta::MetaState;
+use crate::formats::qcow2::metadata::meta_io::MetaIo;
+use crate::formats::qcow2::on_disk::header::{clear_unknown_autoclear, read_header, Header};
+use crate::formats::qcow2::on_disk::snapshot_table::{read_snapshot_table, TableLocation};
+use crate::formats::qcow2::tools::snapshot_view::view_snapshot;
 use crate::formats::{FileId, ImageFiles};
 use crate::options::DiskOptions;
 
@@ -192,7 +192,7 @@ pub(crate) fn open_chain_over(
     // cache=unsafe skips every flush, the ordering barriers between
     // dependent metadata writes and at close included, as QEMU's
     // BDRV_O_NO_FLUSH does: a crash may then leave anything.
-    meta.barriers = opts.cache.flushes();
+    meta.set_barriers(opts.cache.flushes());
     let size = AtomicU64::new(header.size);
     if let Some(which) = &opts.snapshot {
         if !opts.readonly {

@@ -14,19 +14,19 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::bitmap_directory::bitmaps_in;
-use super::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
 use super::image::Qcow2Image;
 use super::image::UpdateStart;
-use super::plan_builder::{PlanBuilder, Source};
-use super::queue_view::QueueView;
-use super::read::ReadPlanner;
-use super::snapshot_table::read_snapshot_table;
-use super::status::StatusWalker;
-use super::write::WritePlanner;
-use super::zero::ZeroPlanner;
 use crate::error::BlockError;
 use crate::formats::holes::file_size;
+use crate::formats::qcow2::bitmaps::bitmap_directory::bitmaps_in;
+use crate::formats::qcow2::on_disk::features::{COMPAT_LAZY_REFCOUNTS, INCOMPAT_DIRTY};
+use crate::formats::qcow2::on_disk::snapshot_table::read_snapshot_table;
+use crate::formats::qcow2::planning::plan_builder::{PlanBuilder, Source};
+use crate::formats::qcow2::planning::queue_view::QueueView;
+use crate::formats::qcow2::planning::read::ReadPlanner;
+use crate::formats::qcow2::planning::status::StatusWalker;
+use crate::formats::qcow2::planning::write::WritePlanner;
+use crate::formats::qcow2::planning::zero::ZeroPlanner;
 use crate::formats::{
     BlockStatus, Compression, FileId, Format, ImageFiles, ImageInfo, PlanCache, ReadPlan, Waker,
     WriteCommit, WriteOutcome,
@@ -133,8 +133,8 @@ impl Format for Qcow2Image {
             for (guest, raw, bitmap) in &p.publish {
                 st.meta.publish_l2_entry(*guest, *raw, *bitmap)?;
             }
-            st.meta.deferred_release.extend(p.release.iter().copied());
-            if st.meta.l2_write_through || st.meta.should_flush() {
+            st.meta.release_after_flush(&p.release);
+            if st.meta.l2_write_through() || st.meta.should_flush() {
                 st.meta.flush_dirty()?;
             }
             Ok(())
@@ -180,8 +180,13 @@ impl Format for Qcow2Image {
         let h = &self.chain.header;
         let (incompatible, snapshots_at, marked_corrupt, io) = {
             let st = self.lock();
-            let io = Arc::clone(&st.meta.io);
-            (st.incompatible, st.meta.snapshots, st.meta.is_corrupt(), io)
+            let io = Arc::clone(st.meta.io());
+            (
+                st.incompatible,
+                st.meta.snapshot_table(),
+                st.meta.is_corrupt(),
+                io,
+            )
         };
         // Read through the metadata-I/O seam; a file whose size cannot be
         // read lists no snapshots or bitmaps.

@@ -12,13 +12,13 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use super::compressed_cache::CompressedCache;
-use super::features::INCOMPAT_DIRTY;
-use super::header::OFF_INCOMPAT;
-use super::inflight::InFlight;
-use super::meta::MetaState;
-use super::meta_io::MetaKind;
 use crate::error::BlockError;
+use crate::formats::qcow2::compression::compressed_cache::CompressedCache;
+use crate::formats::qcow2::metadata::meta::MetaState;
+use crate::formats::qcow2::metadata::meta_io::MetaKind;
+use crate::formats::qcow2::on_disk::features::INCOMPAT_DIRTY;
+use crate::formats::qcow2::on_disk::header::OFF_INCOMPAT;
+use crate::formats::qcow2::planning::inflight::InFlight;
 
 /// See the module docs.
 pub(crate) struct State {
@@ -85,7 +85,7 @@ impl State {
 /// An fdatasync that orders metadata writes, skipped when barriers are
 /// off (cache=unsafe, benchmarks).
 fn ordering_sync(meta: &MetaState) -> Result<(), BlockError> {
-    if meta.barriers {
+    if meta.barriers() {
         meta.sync()?;
     }
     Ok(())

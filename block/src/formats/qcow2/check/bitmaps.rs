@@ -11,8 +11,8 @@
 
 use super::references::Walker;
 use crate::error::BlockError;
-use crate::formats::qcow2::bitmap_directory::{BitmapEntry, TABLE_OFFSET_MASK};
-use crate::formats::qcow2::meta_io::{be64_at, read_at, MetaKind};
+use crate::formats::qcow2::bitmaps::bitmap_directory::{BitmapEntry, TABLE_OFFSET_MASK};
+use crate::formats::qcow2::metadata::meta_io::{be64_at, read_at, MetaKind};
 
 /// Counts the references of every persistent bitmap in `entries`.
 pub(super) fn walk_bitmaps(w: &mut Walker<'_>, entries: &[BitmapEntry]) -> Result<(), BlockError> {

@@ -18,8 +18,8 @@
 use std::collections::HashMap;
 use std::fs::File;
 
-use crate::formats::qcow2::l2_entry::decode_l1;
-use crate::formats::qcow2::meta_io::{be64_at, read_at, MetaKind};
+use crate::formats::qcow2::metadata::meta_io::{be64_at, read_at, MetaKind};
+use crate::formats::qcow2::on_disk::l2_entry::decode_l1;
 
 /// L1 entry bits that must be zero (qcow2 spec: 1-8 and 56-62).
 pub(super) const L1_RESERVED: u64 = 0x7f00_0000_0000_01fe;

@@ -16,14 +16,14 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::error::BlockError;
-use crate::formats::qcow2::header::{
+use crate::formats::qcow2::metadata::meta::MetaState;
+use crate::formats::qcow2::metadata::meta_io::{sync, write_at, MetaIo, MetaKind};
+use crate::formats::qcow2::on_disk::header::{
     clear_unknown_autoclear, read_header, read_header_with, Header, OFF_REFTABLE,
 };
-use crate::formats::qcow2::meta::MetaState;
-use crate::formats::qcow2::meta_io::{sync, write_at, MetaIo, MetaKind};
-use crate::formats::qcow2::refcount::max_refcount;
-use crate::formats::qcow2::refcount_layout::RefcountLayout;
-use crate::formats::qcow2::snapshot_ops::Snapshotter;
+use crate::formats::qcow2::on_disk::refcount::max_refcount;
+use crate::formats::qcow2::tools::refcount_layout::RefcountLayout;
+use crate::formats::qcow2::tools::snapshot_ops::Snapshotter;
 
 /// Header fields nb_snapshots (u32 at 60) and snapshots_offset (u64 at 64).
 const OFF_SNAPSHOT_FIELDS: u64 = 60;

@@ -14,13 +14,13 @@ use super::image_file::open_image;
 use super::references::{Findings, References, Walker};
 use crate::error::BlockError;
 use crate::formats::check_report::{CheckReport, Repair};
-use crate::formats::qcow2::bitmap_directory::bitmaps_of;
-use crate::formats::qcow2::features::{INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
-use crate::formats::qcow2::header::read_header_with;
-use crate::formats::qcow2::header::{Header, OFF_INCOMPAT};
-use crate::formats::qcow2::l2_entry::OFLAG_COPIED;
-use crate::formats::qcow2::meta_io::{be64_at, read_at, sync, write_at, MetaKind};
-use crate::formats::qcow2::refcount::{
+use crate::formats::qcow2::bitmaps::bitmap_directory::bitmaps_of;
+use crate::formats::qcow2::metadata::meta_io::{be64_at, read_at, sync, write_at, MetaKind};
+use crate::formats::qcow2::on_disk::features::{INCOMPAT_CORRUPT, INCOMPAT_DIRTY};
+use crate::formats::qcow2::on_disk::header::read_header_with;
+use crate::formats::qcow2::on_disk::header::{Header, OFF_INCOMPAT};
+use crate::formats::qcow2::on_disk::l2_entry::OFLAG_COPIED;
+use crate::formats::qcow2::on_disk::refcount::{
     entries_per_block, max_refcount, read_refcount_entry, write_refcount_entry,
 };
 

@@ -16,13 +16,13 @@ use std::fs::File;
 use super::l2_sharing::{L2Sharing, L1_RESERVED};
 
 use crate::error::BlockError;
-use crate::formats::qcow2::header::Header;
-use crate::formats::qcow2::l2_entry::{
+use crate::formats::qcow2::metadata::meta_io::{be64_at, read_at, MetaKind};
+use crate::formats::qcow2::on_disk::header::Header;
+use crate::formats::qcow2::on_disk::l2_entry::{
     decode_l1, decode_l2, L2Entry, OFLAG_COMPRESSED, OFLAG_COPIED, OFLAG_ZERO,
 };
-use crate::formats::qcow2::layout::MAX_L1_BYTES;
-use crate::formats::qcow2::meta_io::{be64_at, read_at, MetaKind};
-use crate::formats::qcow2::snapshot_table::{
+use crate::formats::qcow2::on_disk::layout::MAX_L1_BYTES;
+use crate::formats::qcow2::on_disk::snapshot_table::{
     read_snapshot_table, SnapshotInfo, TableLocation, MAX_SNAPSHOTS,
 };
 
