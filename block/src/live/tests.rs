@@ -188,3 +188,29 @@ fn registry_refuses_as_qemu_does_and_restores_a_checkpoint() {
     assert_eq!(names, ["a", "broken"]);
     assert_eq!(reg.find("a").unwrap().bitmap.count(), 1);
 }
+
+#[test]
+fn bitmaps_taken_over_by_another_disk_go_on_recording_there() {
+    let (_d1, old) = raw_disk(4 << 20);
+    let (_d2, new) = raw_disk(4 << 20);
+    {
+        let mut reg = old.live().bitmaps();
+        reg.configure(old.size(), Some("raw".into()));
+        reg.add("b", 65536, false, false).unwrap();
+    }
+    new.live()
+        .bitmaps()
+        .configure(new.size(), Some("raw".into()));
+    let mut q = old.queue().unwrap();
+    q.run(RequestOp::Write, 0, IoMemory::Owned(vec![1; 4096]))
+        .unwrap();
+    new.live().take_bitmaps_from(old.live()).unwrap();
+    assert!(old.live().bitmaps().find("b").is_none());
+    // The old disk's queue no longer marks it; the new disk's does.
+    q.run(RequestOp::Write, 1 << 20, IoMemory::Owned(vec![1; 4096]))
+        .unwrap();
+    let mut q = new.queue().unwrap();
+    q.run(RequestOp::Write, 2 << 20, IoMemory::Owned(vec![1; 4096]))
+        .unwrap();
+    assert_eq!(extents(new.live(), "b"), vec![(0, 65536), (2 << 20, 65536)]);
+}
