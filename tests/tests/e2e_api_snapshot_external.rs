@@ -19,7 +19,7 @@ use std::path::Path;
 
 use e2e_api_support::{curl_raw, have_curl, ApiVm};
 use e2e_support::check_clean;
-use integration_tests::{json, qemu_img, TempDir};
+use integration_tests::{json, qemu_create_overlay, qemu_img, TempDir};
 use testkit::nbd_server::{Kind, NbdServer};
 
 const ROUND_BASE: u64 = 8 << 20;
@@ -225,18 +225,7 @@ fn a_qcow2_disk_over_an_nbd_backing_file_snapshots() {
         false,
     );
     let top = dir.file("top.qcow2");
-    qemu_img(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-b",
-        &server.uri,
-        "-F",
-        "raw",
-        &top,
-        "16M",
-    ]);
+    qemu_create_overlay(&top, &server.uri, "raw");
     let ov = dir.file("top.ov.qcow2");
     let rounds = 30u64;
     let mut vm = ApiVm::start(

@@ -37,25 +37,22 @@ impl BitmapSink {
     /// image's bitmaps, consistent ones with their bits and not in use
     /// (the disk is closing).
     pub(super) fn store(&self, bitmaps: &[NamedBitmap]) -> Result<(), BlockError> {
-        let list: Vec<PersistedBitmap> = bitmaps
-            .iter()
-            .filter(|b| b.persistent)
-            .map(|b| PersistedBitmap {
-                name: b.name.clone(),
-                granularity: b.bitmap.granularity(),
-                recording: b.enabled,
-                in_use: b.inconsistent,
-                bits: (!b.inconsistent).then(|| b.bitmap.to_bits(self.cluster_size)),
-            })
-            .collect();
-        self.tools.store_bitmaps(&list)
+        self.write(bitmaps, true)
     }
 
     /// Writes every persistent bitmap of `bitmaps` still in use, with
-    /// tables that fit the disk's size now (it was resized: a crash
-    /// before the close must leave tables an open accepts). The bits are
-    /// written too, though an in-use bitmap's bits are never read.
+    /// tables that fit the disk's size now (it was resized, or the
+    /// bitmaps came from another image: a crash before the close must
+    /// leave tables an open accepts). The bits are written too, though an
+    /// in-use bitmap's bits are never read.
     pub(super) fn store_in_use(&self, bitmaps: &[NamedBitmap]) -> Result<(), BlockError> {
+        self.write(bitmaps, false)
+    }
+
+    /// `closing`: consistent bitmaps are stored clean with their bits,
+    /// inconsistent ones keep their stored tables; otherwise every one is
+    /// stored in use with its bits.
+    fn write(&self, bitmaps: &[NamedBitmap], closing: bool) -> Result<(), BlockError> {
         let list: Vec<PersistedBitmap> = bitmaps
             .iter()
             .filter(|b| b.persistent)
@@ -63,8 +60,8 @@ impl BitmapSink {
                 name: b.name.clone(),
                 granularity: b.bitmap.granularity(),
                 recording: b.enabled,
-                in_use: true,
-                bits: Some(b.bitmap.to_bits(self.cluster_size)),
+                in_use: !closing || b.inconsistent,
+                bits: (!closing || !b.inconsistent).then(|| b.bitmap.to_bits(self.cluster_size)),
             })
             .collect();
         self.tools.store_bitmaps(&list)
