@@ -442,8 +442,12 @@ impl Drop for UringEngine {
             sink.clear();
         }
         // Ring teardown is asynchronous in the kernel; unregistering drops
-        // its references to our descriptors now, so the image's locks are
-        // released as soon as the disk is closed (qemu-img can open it).
+        // its references to our descriptors now. A ring with a single
+        // issuer refuses this (EEXIST) from any other thread (an image
+        // switch drops a worker's old queue on the control thread): the
+        // descriptors then close with the kernel's teardown, 30-55 ms
+        // later here, and the image's lock is released at close all the
+        // same, by the lock guard (`block::lock`).
         let _ = self.ring.submitter().unregister_files();
         let _ = self.ring.submitter().unregister_eventfd();
     }
