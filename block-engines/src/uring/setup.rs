@@ -38,10 +38,10 @@
 //! with EEXIST: a queue's engine belongs to the thread that first used
 //! it. Dropping it elsewhere is safe (the executor has reaped every op;
 //! the files' unregistering is refused and left to the kernel's teardown,
-//! see `Drop for UringEngine`). Measured with `blk-bench` (4 KiB random reads QD 32, 7-11
-//! interleaved rounds; docs/perf-notes.md, "Device path at one queue"):
-//! whole-process CPU per request less the driver 0.89-0.96 x the
-//! cooperative-only ring on tmpfs raw and qcow2, IOPS 1.16-1.28 x.
+//! see `Drop for UringEngine`). Measured with `blk-bench` (4 KiB random
+//! reads QD 32, 7-11 interleaved rounds; docs/performance.md, "Queue
+//! scaling"): whole-process CPU per request less the driver 0.89-0.96 x
+//! the cooperative-only ring on tmpfs raw and qcow2, IOPS 1.16-1.28 x.
 //! Kernels before 6.1 refuse the flags and get a cooperative ring.
 
 use std::fs::File;
