@@ -40,8 +40,10 @@
 //! the files' unregistering is refused and left to the kernel's teardown,
 //! see `Drop for UringEngine`). Measured with `blk-bench` (4 KiB random
 //! reads QD 32, 7-11 interleaved rounds; docs/performance.md, "Queue
-//! scaling"): whole-process CPU per request less the driver 0.89-0.96 x
-//! the cooperative-only ring on tmpfs raw and qcow2, IOPS 1.16-1.28 x.
+//! scaling"): whole-process CPU per request less the driver 0.89-1.02 x
+//! the cooperative-only ring on tmpfs raw and qcow2 (five runs, median
+//! 0.96), 0.80 x on ext4; IOPS 1.09-1.28 x. Buffered writes showed no
+//! difference beyond the noise (0.84-1.17 x CPU, 0.95-1.05 x IOPS).
 //! Kernels before 6.1 refuse the flags and get a cooperative ring.
 
 use std::fs::File;
