@@ -11,14 +11,17 @@ needed) and as the JSON blk-bench and fio print; it leaves as one
 markdown table on stdout (progress on stderr) and, with --json, every
 sample.
 
-CPU figures, per request of one queue (a queue's requests = all requests
-/ N, the queues run the same load): "worker" is the mean over the
-`virtio-blk-qN` threads (the device's queue workers), "driver" over the
-`blk-bench-qN` threads (the guest's stand-in). "whole" is the whole
-process's user+system CPU per request (from wait4, so it includes
-io_uring's io-wq workers, which do the copy on tmpfs), for blk-bench and
-for fio alike: fio's "whole" is the cost of the request to compare a
-worker with (docs/performance.md, "Queue scaling").
+CPU figures, per request (all requests of the run), counted like for
+like: "ours" is blk-bench's whole process less its driver threads
+(`blk-bench-qN`, the guest's stand-in), measured by blk-bench itself
+over the run (the process CPU clock, so io_uring's io-wq workers that
+exited during the run count too); "fio" is fio's whole process (user +
+system from wait4, its io-wq workers included, which do the copy on
+tmpfs). "ours / fio CPU" is their ratio within each repeat, then the
+median. Ours is split by thread kind: "worker" the `virtio-blk-qN`
+threads (the device's queue workers; "max" the busiest queue's, per
+request of its queue), "io-wq" io_uring's `iou-wrk-*` workers, "driver"
+the guest's stand-in (not in "ours").
 
 fio: --fio CMD, else the FIO environment variable (a command line, as
 `. target-device/fio-env.sh` sets it on a bare host: the Linux test
@@ -113,26 +116,26 @@ def blk_bench(args, image, queues):
             "--engine", "io_uring", "--direct", "on", "--queues", str(queues),
             "--qd", str(args.qd), "--bs", args.bs, "--rw", "randread",
             "--runtime", str(args.runtime), "--output", "json"]
-    out, cpu = run_timed(argv, args.runtime * 4 + 120)
+    out, _ = run_timed(argv, args.runtime * 4 + 120)
     v = json.loads(out)
     ops = v["ops"]
     per_queue = max(ops / queues, 1)
-    threads = {"worker": [], "driver": []}
+    workers = []
     switches = []
     for t in v.get("threads", []):
-        us = t["cpu_s"] * 1e6 / per_queue
         if t["name"].startswith("virtio-blk-q"):
-            threads["worker"].append(us)
+            workers.append(t["cpu_s"] * 1e6 / per_queue)
             switches.append(t["voluntary_switches_per_op"] * queues)
-        elif t["name"].startswith("blk-bench-q"):
-            threads["driver"].append(us)
+    cpu = v["cpu_us_per_op"]
     return {
         "iops": v["ops_per_sec"],
         "lat_mean_us": v["lat_mean_us"],
-        "whole_us": cpu * 1e6 / max(ops, 1),
-        "worker_us": statistics.mean(threads["worker"]) if threads["worker"] else 0.0,
-        "worker_max_us": max(threads["worker"], default=0.0),
-        "driver_us": statistics.mean(threads["driver"]) if threads["driver"] else 0.0,
+        "cpu_us": cpu["whole_less_driver"],
+        "whole_us": cpu["whole"],
+        "worker_us": cpu["worker"],
+        "worker_max_us": max(workers, default=0.0),
+        "io_wq_us": cpu["io_wq"],
+        "driver_us": cpu["driver"],
         "worker_sleeps": statistics.mean(switches) if switches else 0.0,
         "argv": shlex.join(argv),
     }
@@ -151,7 +154,7 @@ def fio_run(args, fio, raw, jobs):
     return {
         "iops": job["iops"],
         "lat_mean_us": job["lat_ns"]["mean"] / 1000.0,
-        "whole_us": cpu * 1e6 / ios,
+        "cpu_us": cpu * 1e6 / ios,
         "argv": shlex.join(argv),
     }
 
@@ -245,10 +248,11 @@ def main():
           f"{args.size >> 20} MiB files.")
     print()
     print("| medium | image | queues / jobs | fio IOPS | ours IOPS | ours / fio "
-          "| fio whole us/req | worker us/req (max) | worker / fio whole "
-          "| driver us/req | ours whole us/req | worker sleeps/req |")
+          "| fio CPU us/req (whole) | ours CPU us/req (whole less driver) "
+          "| ours / fio CPU | worker us/req (max) | io-wq us/req "
+          "| driver us/req | worker sleeps/req |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-          "| ---: | ---: |")
+          "| ---: | ---: | ---: |")
     for medium, _ in media:
         for fmt in formats:
             for n in levels:
@@ -258,18 +262,19 @@ def main():
                 by_rep = {s["repeat"]: s for s in fs}
                 ratio = [o["iops"] / by_rep[o["repeat"]]["iops"]
                          for o in os_ if o["repeat"] in by_rep]
-                wratio = [o["worker_us"] / by_rep[o["repeat"]]["whole_us"]
+                cratio = [o["cpu_us"] / by_rep[o["repeat"]]["cpu_us"]
                           for o in os_ if o["repeat"] in by_rep]
                 print(f"| {medium} | {fmt} | {n} "
                       f"| {median([s['iops'] for s in fs]):.0f} "
                       f"| {median([s['iops'] for s in os_]):.0f} "
                       f"| {median(ratio):.2f} "
-                      f"| {median([s['whole_us'] for s in fs]):.2f} "
+                      f"| {median([s['cpu_us'] for s in fs]):.2f} "
+                      f"| {median([s['cpu_us'] for s in os_]):.2f} "
+                      f"| {median(cratio):.2f} "
                       f"| {median([s['worker_us'] for s in os_]):.2f} "
                       f"({median([s['worker_max_us'] for s in os_]):.2f}) "
-                      f"| {median(wratio):.2f} "
+                      f"| {median([s['io_wq_us'] for s in os_]):.2f} "
                       f"| {median([s['driver_us'] for s in os_]):.2f} "
-                      f"| {median([s['whole_us'] for s in os_]):.2f} "
                       f"| {median([s['worker_sleeps'] for s in os_]):.3f} |")
     print()
     print("Commands (last repeat):")

@@ -1,6 +1,8 @@
 //! The io_uring engine: one ring per queue, one dup'd descriptor per image
 //! file registered as a fixed file, and the queue's eventfd registered for
-//! completion notification.
+//! completion notification. Where the kernel allows (6.1+) the ring has a
+//! single issuer, the thread that first uses the engine, and completions
+//! are posted when that thread reaps (`setup`: deferred task running).
 //!
 //! Ops enter through [`Engine::push`] as SQEs (tagged with the op token);
 //! [`Engine::submit`] hands the rest to the kernel. A batch goes in a few
@@ -28,6 +30,8 @@ use crate::error::BlockError;
 
 mod setup;
 mod sqe;
+
+use setup::TaskRun;
 
 /// SQ entries of a queue's ring (the CQ has twice as many).
 pub const DEFAULT_ENTRIES: u32 = 256;
@@ -76,8 +80,11 @@ pub struct UringEngine {
     /// the call returned (reads of holes and unwritten extents: no device
     /// I/O), so submitting early would keep nothing busy.
     last_enter_inline: bool,
-    /// The ring runs task work cooperatively (see `setup`).
-    cooperative: bool,
+    /// How the ring runs the task work that posts completions (`setup`).
+    task_run: TaskRun,
+    /// The ring is still disabled; the first push, submit, reap or wait
+    /// enables it on its thread, which becomes its single issuer.
+    enable_on_first_use: bool,
     /// Injected results of the next submissions, front first: an errno
     /// fails that enter, 0 lets it run (tests; see
     /// [`UringEngine::inject_submit_results`]).
@@ -96,7 +103,8 @@ impl UringEngine {
         Ok(UringEngine {
             ring: built.ring,
             _files: built.files,
-            cooperative: built.cooperative,
+            task_run: built.task_run,
+            enable_on_first_use: built.enable_on_first_use,
             eventfd,
             unsubmitted: VecDeque::new(),
             in_ring: 0,
@@ -108,9 +116,29 @@ impl UringEngine {
         })
     }
 
-    /// Whether the ring runs task work cooperatively (see `setup`).
+    /// Whether the ring runs task work cooperatively or deferred, not
+    /// by interrupting the thread (see `setup`).
     pub fn runs_task_work_cooperatively(&self) -> bool {
-        self.cooperative
+        self.task_run != TaskRun::Plain
+    }
+
+    /// Whether completions are posted only when the issuer reaps (see
+    /// `setup`: deferred task running).
+    pub fn defers_task_work(&self) -> bool {
+        self.task_run == TaskRun::Deferred
+    }
+
+    /// Enables a ring built disabled, making this thread its issuer.
+    /// Should the kernel refuse, every later enter fails and the ops
+    /// complete with that error, as after any fatal submit error.
+    fn enable_here(&mut self) {
+        if !self.enable_on_first_use {
+            return;
+        }
+        self.enable_on_first_use = false;
+        if let Err(e) = setup::enable(&self.ring) {
+            log::error!("io_uring: cannot enable the queue's ring: {e}");
+        }
     }
 
     fn cq_capacity(&mut self) -> usize {
@@ -330,6 +358,7 @@ fn budget_chunk(ns_per_entry: u64) -> usize {
 
 impl Engine for UringEngine {
     unsafe fn push(&mut self, token: OpToken, op: HostOp) -> Result<(), BlockError> {
+        self.enable_here();
         if self.broken {
             return Err(BlockError::UringSubmit(io::Error::from_raw_os_error(
                 libc::EBADFD,
@@ -369,15 +398,18 @@ impl Engine for UringEngine {
     }
 
     fn submit(&mut self) -> Result<(), BlockError> {
+        self.enable_here();
         self.submit_all()
     }
 
     fn reap(&mut self, out: &mut Vec<EngineCompletion>) {
+        self.enable_here();
         self.reap_cq();
         out.extend(self.done.drain(..));
     }
 
     fn wait(&mut self, out: &mut Vec<EngineCompletion>) -> Result<(), BlockError> {
+        self.enable_here();
         self.submit_all()?;
         self.reap_cq();
         if self.done.is_empty() && self.in_ring > 0 {
@@ -410,8 +442,12 @@ impl Drop for UringEngine {
             sink.clear();
         }
         // Ring teardown is asynchronous in the kernel; unregistering drops
-        // its references to our descriptors now, so the image's locks are
-        // released as soon as the disk is closed (qemu-img can open it).
+        // its references to our descriptors now. A ring with a single
+        // issuer refuses this (EEXIST) from any other thread (an image
+        // switch drops a worker's old queue on the control thread): the
+        // descriptors then close with the kernel's teardown, 30-55 ms
+        // later here, and the image's lock is released at close all the
+        // same, by the lock guard (`block::lock`).
         let _ = self.ring.submitter().unregister_files();
         let _ = self.ring.submitter().unregister_eventfd();
     }
@@ -625,6 +661,63 @@ mod tests {
         let Some((e, path)) = engine(8) else { return };
         std::fs::remove_file(path).unwrap();
         assert_eq!(e.runs_task_work_cooperatively(), kernel_at_least(5, 19));
+        assert_eq!(e.defers_task_work(), kernel_at_least(6, 1));
+    }
+
+    /// A queue's engine is built on one thread (a device's activation)
+    /// and used on another (its queue worker): the ring must take the
+    /// thread that uses it as its issuer, and then refuse any other.
+    #[test]
+    fn the_thread_that_first_uses_a_ring_is_its_issuer() {
+        let Some((e, path)) = engine(32) else {
+            return;
+        };
+        let defers = e.defers_task_work();
+        let mut e = std::thread::spawn(move || {
+            let mut e = e;
+            let out = read_all(&mut e);
+            assert_eq!(out.len(), 16);
+            assert!(out.iter().all(|c| matches!(c.result, Ok(4096))));
+            e
+        })
+        .join()
+        .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let op = HostOp::Readv {
+            file: FileId(0),
+            offset: 0,
+            iov: RawIovecs {
+                ptr: &iov,
+                count: 1,
+            },
+        };
+        // SAFETY: `buf` and `iov` outlive the op: it either fails at
+        // submission (never reaches the kernel) or is waited for below.
+        unsafe { e.push(1, op).unwrap() };
+        let _ = e.submit();
+        let mut out = Vec::new();
+        while out.is_empty() {
+            e.wait(&mut out).unwrap_or(());
+            if e.in_flight() == 0 && out.is_empty() {
+                e.reap(&mut out);
+            }
+        }
+        if defers {
+            assert_eq!(
+                out[0].result.as_ref().unwrap_err().raw_os_error(),
+                Some(libc::EEXIST),
+                "another thread's submission is refused, as a failed request"
+            );
+        } else {
+            assert!(matches!(out[0].result, Ok(4096)));
+        }
+        drop(e);
+        drop(buf);
+        std::fs::remove_file(path).unwrap();
     }
 
     /// O_DIRECT reads complete from the device's interrupt, so their CQEs

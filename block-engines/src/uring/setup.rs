@@ -1,7 +1,8 @@
 //! Building a queue's ring: the SQ/CQ sizes, the dup'd descriptors
 //! registered as fixed files, the eventfd registered for completions,
 //! (where the kernel supports it) restrictions that let the ring run only
-//! our four opcodes on those fixed files, and cooperative task running.
+//! our four opcodes on those fixed files, cooperative task running, and
+//! deferred task running with a single issuer.
 //!
 //! Cooperative task running (`IORING_SETUP_COOP_TASKRUN`, Linux 5.19):
 //! a completion that the kernel finishes outside the queue's thread (a
@@ -18,6 +19,32 @@
 //! the queue thread's CPU per request from 11.1-11.8 us to 8.5-9.2
 //! (docs/performance.md, "What explains the limits").
 //! Older kernels refuse the flags with EINVAL and get a ring without them.
+//!
+//! Deferred task running (`IORING_SETUP_DEFER_TASKRUN` with
+//! `IORING_SETUP_SINGLE_ISSUER`, Linux 6.1; fio sets both): completions
+//! that end outside the queue's thread (io-wq workers copying buffered
+//! and tmpfs reads, device interrupts) are queued for that thread and
+//! posted only when it enters the kernel to reap, as one batch, instead
+//! of each being posted where it ended (the CQ lock and an eventfd signal
+//! per completion) or run as task work at its next system call. The
+//! registered eventfd is signalled once when the first of a batch is
+//! queued, and `IORING_SQ_TASKRUN` tells a reap to enter
+//! (`UringEngine::reap_cq`), so the queue's epoll loop is unchanged.
+//! The kernel takes the ring's one issuer to be the thread that enables
+//! it, so such a ring is built disabled and the engine enables it on its
+//! first use ([`BuiltRing::enable_on_first_use`]): the thread that
+//! submits, reaps and waits (a virtio-blk queue worker, built on the
+//! activating thread). Another thread's enter or registration then fails
+//! with EEXIST: a queue's engine belongs to the thread that first used
+//! it. Dropping it elsewhere is safe (the executor has reaped every op;
+//! the files' unregistering is refused and left to the kernel's teardown,
+//! see `Drop for UringEngine`). Measured with `blk-bench` (4 KiB random
+//! reads QD 32, 7-11 interleaved rounds; docs/performance.md, "Queue
+//! scaling"): whole-process CPU per request less the driver 0.89-1.02 x
+//! the cooperative-only ring on tmpfs raw and qcow2 (five runs, median
+//! 0.96), 0.80 x on ext4; IOPS 1.09-1.28 x. Buffered writes showed no
+//! difference beyond the noise (0.84-1.17 x CPU, 0.95-1.05 x IOPS).
+//! Kernels before 6.1 refuse the flags and get a cooperative ring.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -35,13 +62,27 @@ type Ring = IoUring<squeue::Entry, cqueue::Entry>;
 const IORING_UNREGISTER_FILES: u8 = 3;
 const IORING_UNREGISTER_EVENTFD: u8 = 5;
 
+/// How a ring runs the task work that posts completions (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskRun {
+    /// Deferred to the one issuer's reaping enters (6.1+).
+    Deferred,
+    /// Cooperative: at the submitting thread's next system call (5.19+).
+    Cooperative,
+    /// The kernel's default (an IPI to the submitting thread).
+    Plain,
+}
+
 /// A queue's ring and what it was built with.
 pub struct BuiltRing {
     pub ring: Ring,
     /// The dup'd descriptors registered as fixed files 0..n.
     pub files: Vec<File>,
-    /// Built with cooperative task running (see the module docs).
-    pub cooperative: bool,
+    /// How the ring runs task work (see the module docs).
+    pub task_run: TaskRun,
+    /// The ring is still disabled: the thread that uses it first enables
+    /// it and so becomes its single issuer (deferred task running).
+    pub enable_on_first_use: bool,
 }
 
 /// A ring of `entries` SQEs (CQ twice as big) with `files` dup'd and
@@ -59,42 +100,58 @@ pub fn build_ring(
         .collect::<Result<Vec<File>, _>>()
         .map_err(BlockError::UringSetup)?;
     let fds: Vec<i32> = dups.iter().map(|f| f.as_raw_fd()).collect();
-    let (ring, cooperative) = match restricted_ring(&fds, eventfd, entries) {
+    let (ring, task_run) = match restricted_ring(&fds, eventfd, entries) {
         Ok(built) => built,
         Err(e) => {
             log::debug!("io_uring restrictions unavailable ({e}); using an unrestricted ring");
-            let (ring, cooperative) = new_ring(entries, false)?;
+            let (ring, task_run) = new_ring(entries)?;
             register(&ring, &fds, eventfd)?;
-            (ring, cooperative)
+            if task_run != TaskRun::Deferred {
+                enable(&ring)?;
+            }
+            (ring, task_run)
         }
     };
     Ok(BuiltRing {
         ring,
         files: dups,
-        cooperative,
+        task_run,
+        enable_on_first_use: task_run == TaskRun::Deferred,
     })
 }
 
-/// The ring, and whether it runs task work cooperatively.
-fn new_ring(entries: u32, disabled: bool) -> Result<(Ring, bool), BlockError> {
+/// Enables a ring built disabled; with a single issuer, the calling
+/// thread becomes it.
+pub fn enable(ring: &Ring) -> Result<(), BlockError> {
+    ring.submitter()
+        .register_enable_rings()
+        .map_err(BlockError::UringSetup)
+}
+
+/// The ring, disabled (registrations come first, then `enable`), with
+/// the best task running the kernel offers (module docs).
+fn new_ring(entries: u32) -> Result<(Ring, TaskRun), BlockError> {
     let mut b = IoUring::builder();
-    b.setup_cqsize(entries.saturating_mul(2).max(2));
-    if disabled {
-        b.setup_r_disabled();
-    }
+    b.setup_cqsize(entries.saturating_mul(2).max(2))
+        .setup_r_disabled();
     let plain = b.clone();
     b.setup_coop_taskrun().setup_taskrun_flag();
-    match b.build(entries.max(1)) {
-        Ok(ring) => Ok((ring, true)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            log::debug!("io_uring without cooperative task running (kernel before 5.19)");
-            let ring = plain
-                .build(entries.max(1))
-                .map_err(BlockError::UringSetup)?;
-            Ok((ring, false))
+    let cooperative = b.clone();
+    b.setup_single_issuer().setup_defer_taskrun();
+    for (builder, task_run) in [
+        (b, TaskRun::Deferred),
+        (cooperative, TaskRun::Cooperative),
+        (plain, TaskRun::Plain),
+    ] {
+        match builder.build(entries.max(1)) {
+            Ok(ring) => return Ok((ring, task_run)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && task_run != TaskRun::Plain => {
+                log::debug!("io_uring without {task_run:?} task running (older kernel)");
+            }
+            Err(e) => return Err(BlockError::UringSetup(e)),
         }
-        Err(e) => Err(BlockError::UringSetup(e)),
     }
+    unreachable!("the plain ring either builds or returns its error")
 }
 
 fn register(ring: &Ring, fds: &[i32], eventfd: &EventFd) -> Result<(), BlockError> {
@@ -108,12 +165,14 @@ fn register(ring: &Ring, fds: &[i32], eventfd: &EventFd) -> Result<(), BlockErro
         .map_err(BlockError::UringSetup)
 }
 
+/// The ring restricted to our opcodes on fixed files; enabled unless it
+/// defers task running (then its first user enables it).
 fn restricted_ring(
     fds: &[i32],
     eventfd: &EventFd,
     entries: u32,
-) -> Result<(Ring, bool), BlockError> {
-    let (ring, cooperative) = new_ring(entries, true)?;
+) -> Result<(Ring, TaskRun), BlockError> {
+    let (ring, task_run) = new_ring(entries)?;
     register(&ring, fds, eventfd)?;
     let mut allow = [
         Restriction::sqe_op(opcode::Readv::CODE),
@@ -127,10 +186,10 @@ fn restricted_ring(
     ring.submitter()
         .register_restrictions(&mut allow)
         .map_err(BlockError::UringSetup)?;
-    ring.submitter()
-        .register_enable_rings()
-        .map_err(BlockError::UringSetup)?;
-    Ok((ring, cooperative))
+    if task_run != TaskRun::Deferred {
+        enable(&ring)?;
+    }
+    Ok((ring, task_run))
 }
 
 #[cfg(test)]
@@ -145,9 +204,12 @@ mod tests {
         }
         let efd = EventFd::new(EFD_NONBLOCK).unwrap();
         let file = File::open("/proc/self/exe").unwrap();
-        let Ok((mut ring, _)) = restricted_ring(&[file.as_raw_fd()], &efd, 4) else {
+        let Ok((mut ring, task_run)) = restricted_ring(&[file.as_raw_fd()], &efd, 4) else {
             return; // kernel without restrictions: the fallback is tested elsewhere
         };
+        if task_run == TaskRun::Deferred {
+            enable(&ring).unwrap();
+        }
         let mut buf = [0u8; 16];
         let iov = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),

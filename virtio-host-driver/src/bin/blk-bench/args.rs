@@ -39,12 +39,18 @@ Usage: blk-bench --image PATH [options]
                          at most 1000)
   --output json|table    result format (default table); --output=json works;
                          json also gives the kernel submit-call times
-                         (submit_p50_us, submit_p99_us, submit_max_us)
+                         (submit_p50_us, submit_p99_us, submit_max_us);
+                         both give CPU per request: the whole process,
+                         less the drivers, and by thread kind (queue
+                         workers, io-wq workers, drivers)
   --bitmap BYTES         add one enabled dirty bitmap of this granularity
                          (k/m suffixes) to the disk before the run: what
                          the write seam's marking costs (default: none)
-  --compare-fio          run fio (io_uring, direct=1, same pattern) and us
-                         interleaved, --repeats times, and print medians
+  --compare-fio          run fio (io_uring, same --direct and pattern) and us
+                         interleaved, --repeats times, and print medians,
+                         CPU per request included: ours less the driver
+                         threads (the guest's stand-in) against fio's
+                         whole process (its io-wq workers included)
   --repeats N            repeats for --compare-fio (default 3)
   -h, --help             this text
 ";

@@ -1,8 +1,11 @@
-//! The limit beside us: fio with io_uring and O_DIRECT on the same file
+//! The limit beside us: fio with io_uring and O_DIRECT (or buffered, as
+//! `--direct` says) on the same file
 //! (raw images) or on a raw copy (qcow2), same pattern, size and depth.
 //!
 //! Data enters as [`Options`]; fio runs as a child process with JSON
-//! output, which leaves as [`RunStats`].
+//! output, which leaves as [`RunStats`] with fio's whole-process CPU time
+//! (user + system of fio and its job processes, io-wq workers included,
+//! from the rusage of the children we waited for).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,7 +14,7 @@ use block::{Disk, DiskOptions};
 use serde_json::Value;
 
 use crate::args::Options;
-use crate::stats::RunStats;
+use crate::stats::{RunCpu, RunStats};
 
 /// The file fio runs on, removed on drop when it is a converted copy.
 pub struct FioTarget {
@@ -69,7 +72,7 @@ fn fio_args(o: &Options, file: &Path, size: u64) -> Vec<String> {
         "--name=blk-bench".to_string(),
         format!("--filename={}", file.display()),
         "--ioengine=io_uring".into(),
-        "--direct=1".into(),
+        format!("--direct={}", u8::from(o.direct)),
         format!("--rw={}", o.rw.fio_name()),
         format!("--bs={}", o.bs),
         format!("--iodepth={depth}"),
@@ -92,12 +95,30 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
 
+/// User + system CPU time (ns) of the children this process has waited
+/// for, fio's job processes included (fio waits for them).
+fn children_cpu_ns() -> u64 {
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable rusage for the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) } != 0 {
+        return 0;
+    }
+    let ns = |t: libc::timeval| {
+        u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(t.tv_usec).unwrap_or(0) * 1_000
+    };
+    ns(u.ru_utime) + ns(u.ru_stime)
+}
+
 /// Runs fio once.
 pub fn run_fio(o: &Options, target: &FioTarget) -> Result<RunStats, String> {
+    let cpu_before = children_cpu_ns();
     let out = Command::new("fio")
         .args(fio_args(o, &target.path, target.size))
         .output()
         .map_err(|e| format!("cannot run fio: {e}"))?;
+    let whole_ns = children_cpu_ns().saturating_sub(cpu_before);
     if !out.status.success() {
         return Err(format!(
             "fio failed: {}",
@@ -127,5 +148,6 @@ pub fn run_fio(o: &Options, target: &FioTarget) -> Result<RunStats, String> {
         lat_max_us: f(&side["clat_ns"]["max"]) / 1000.0,
         think_s: 0.0,
         threads: Vec::new(),
+        cpu: RunCpu::Process { whole_ns },
     })
 }

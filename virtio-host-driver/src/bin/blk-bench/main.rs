@@ -78,18 +78,36 @@ struct Medians {
     p99: f64,
     elapsed: f64,
     think: f64,
+    /// CPU us per request: whole less driver (ours) or whole (fio).
+    cpu: f64,
+    /// Ours by kind: worker, io-wq, driver (zeros for fio).
+    kinds: [f64; 3],
 }
 
 fn medians(runs: &[RunStats]) -> Medians {
-    let m = |g: fn(&RunStats) -> f64| median(runs.iter().map(g).collect());
+    let m = |g: &dyn Fn(&RunStats) -> f64| median(runs.iter().map(g).collect());
+    let kind = |i: usize| m(&|r| r.cpu.kinds_us(r.ops).map_or(0.0, |k| k[i]));
     Medians {
-        ops: m(RunStats::ops_per_sec),
-        mib: m(RunStats::mib_per_sec),
-        mean: m(|r| r.lat_mean_us),
-        p99: m(|r| r.lat_p99_us),
-        elapsed: m(|r| r.elapsed_s),
-        think: m(|r| r.think_s),
+        ops: m(&RunStats::ops_per_sec),
+        mib: m(&RunStats::mib_per_sec),
+        mean: m(&|r| r.lat_mean_us),
+        p99: m(&|r| r.lat_p99_us),
+        elapsed: m(&|r| r.elapsed_s),
+        think: m(&|r| r.think_s),
+        cpu: m(&|r| r.cpu.comparable_us(r.ops).unwrap_or(0.0)),
+        kinds: [kind(0), kind(1), kind(2)],
     }
+}
+
+/// The median over rounds of ours / fio within each round (the two ran
+/// next to each other, so drift of the machine cancels).
+fn paired_ratio(ours: &[RunStats], fio: &[RunStats], g: impl Fn(&RunStats) -> f64) -> f64 {
+    median(
+        ours.iter()
+            .zip(fio)
+            .map(|(a, b)| ratio(g(a), g(b)))
+            .collect(),
+    )
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -116,6 +134,9 @@ fn compare(o: &Options) -> Result<(), String> {
     }
     let a = medians(&ours);
     let b = medians(&fio_runs);
+    let cpu_of = |r: &RunStats| r.cpu.comparable_us(r.ops).unwrap_or(0.0);
+    let cpu_ratio = paired_ratio(&ours, &fio_runs, cpu_of);
+    let ops_ratio_paired = paired_ratio(&ours, &fio_runs, RunStats::ops_per_sec);
     // The stall criterion of issue #4: our elapsed time within 1.1 x
     // (our think time + fio's time for the same I/O without think time).
     let stall = (o.think_us > 0).then(|| {
@@ -128,10 +149,14 @@ fn compare(o: &Options) -> Result<(), String> {
             "ours": ours.iter().map(RunStats::to_json).collect::<Vec<_>>(),
             "fio": fio_runs.iter().map(RunStats::to_json).collect::<Vec<_>>(),
             "median": {
-                "ours": {"ops_per_sec": a.ops, "mib_per_sec": a.mib, "lat_mean_us": a.mean, "lat_p99_us": a.p99, "elapsed_s": a.elapsed, "think_s": a.think},
-                "fio": {"ops_per_sec": b.ops, "mib_per_sec": b.mib, "lat_mean_us": b.mean, "lat_p99_us": b.p99, "elapsed_s": b.elapsed},
+                "ours": {"ops_per_sec": a.ops, "mib_per_sec": a.mib, "lat_mean_us": a.mean, "lat_p99_us": a.p99, "elapsed_s": a.elapsed, "think_s": a.think,
+                         "cpu_us_per_op_whole_less_driver": a.cpu, "cpu_us_per_op_worker": a.kinds[0], "cpu_us_per_op_io_wq": a.kinds[1], "cpu_us_per_op_driver": a.kinds[2]},
+                "fio": {"ops_per_sec": b.ops, "mib_per_sec": b.mib, "lat_mean_us": b.mean, "lat_p99_us": b.p99, "elapsed_s": b.elapsed, "cpu_us_per_op_whole": b.cpu},
                 "ratio_ops_per_sec": ratio(a.ops, b.ops),
                 "ratio_lat_mean": ratio(a.mean, b.mean),
+                "ratio_cpu_per_op": ratio(a.cpu, b.cpu),
+                "ratio_ops_per_sec_paired": ops_ratio_paired,
+                "ratio_cpu_per_op_paired": cpu_ratio,
             },
             "stall_check": stall.map(|(limit, ok)| json!({"limit_s": limit, "elapsed_s": a.elapsed, "pass": ok})),
         });
@@ -177,6 +202,20 @@ fn compare(o: &Options) -> Result<(), String> {
         a.elapsed,
         b.elapsed,
         ratio(a.elapsed, b.elapsed)
+    );
+    println!(
+        "| CPU us/req (ours: whole less driver; fio: whole) | {:.2} | {:.2} | {:.2} |",
+        a.cpu,
+        b.cpu,
+        ratio(a.cpu, b.cpu)
+    );
+    println!(
+        "| ours: worker / io-wq / driver us/req | {:.2} / {:.2} / {:.2} | | |",
+        a.kinds[0], a.kinds[1], a.kinds[2]
+    );
+    println!();
+    println!(
+        "Per round (ours / fio of the same round), median: ops/s {ops_ratio_paired:.2}, CPU per request {cpu_ratio:.2}"
     );
     if let Some((limit, ok)) = stall {
         println!();

@@ -5,7 +5,41 @@
 
 use serde_json::{json, Value};
 
-use crate::thread_cpu::ThreadCpu;
+use crate::thread_cpu::{CpuSplit, ThreadCpu};
+
+/// The CPU time a run used.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum RunCpu {
+    #[default]
+    Unknown,
+    /// Ours, by thread kind.
+    Split(CpuSplit),
+    /// A whole process measured from outside (fio: its rusage after
+    /// `wait4`, its io-wq workers included).
+    Process { whole_ns: u64 },
+}
+
+impl RunCpu {
+    /// CPU per request (us) to set against fio's whole process: ours
+    /// less the driver threads that stand in for the guest, fio's whole.
+    pub fn comparable_us(&self, ops: u64) -> Option<f64> {
+        let ns = match *self {
+            RunCpu::Unknown => return None,
+            RunCpu::Split(s) => s.whole_less_driver_ns(),
+            RunCpu::Process { whole_ns } => whole_ns,
+        };
+        Some(ns as f64 / 1e3 / ops.max(1) as f64)
+    }
+
+    /// Ours by kind (us per request): worker, io-wq, driver.
+    pub fn kinds_us(&self, ops: u64) -> Option<[f64; 3]> {
+        let RunCpu::Split(s) = self else {
+            return None;
+        };
+        let per = |ns: u64| ns as f64 / 1e3 / ops.max(1) as f64;
+        Some([per(s.worker_ns), per(s.io_wq_ns), per(s.driver_ns)])
+    }
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct RunStats {
@@ -22,6 +56,8 @@ pub struct RunStats {
     /// CPU time and context switches of our threads (drivers and the
     /// device's queue workers); empty for fio.
     pub threads: Vec<ThreadCpu>,
+    /// The run's CPU time, whole process and (ours) by thread kind.
+    pub cpu: RunCpu,
 }
 
 impl RunStats {
@@ -58,6 +94,7 @@ impl RunStats {
             lat_max_us: pct(1.0),
             think_s,
             threads: Vec::new(),
+            cpu: RunCpu::Unknown,
         }
     }
 
@@ -94,16 +131,34 @@ impl RunStats {
         if !self.threads.is_empty() {
             v["threads"] = self.threads.iter().map(|t| t.to_json(self.ops)).collect();
         }
+        match self.cpu {
+            RunCpu::Unknown => {}
+            RunCpu::Split(s) => v["cpu_us_per_op"] = s.to_json(self.ops),
+            RunCpu::Process { whole_ns } => {
+                v["cpu_us_per_op"] =
+                    json!({ "whole": whole_ns as f64 / 1e3 / self.ops.max(1) as f64 })
+            }
+        }
         v
     }
 
     pub fn table_header() -> &'static str {
-        "| run | ops/s | MiB/s | lat mean us | lat p50 us | lat p99 us | elapsed s | think s |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| run | ops/s | MiB/s | lat mean us | lat p50 us | lat p99 us | elapsed s | think s | CPU us/req (whole less driver) | worker | io-wq | driver |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     }
 
     pub fn table_row(&self) -> String {
+        let cpu = self
+            .cpu
+            .comparable_us(self.ops)
+            .map_or("-".to_string(), |c| format!("{c:.2}"));
+        let kinds = self
+            .cpu
+            .kinds_us(self.ops)
+            .map_or("- | - | -".to_string(), |[w, q, d]| {
+                format!("{w:.2} | {q:.2} | {d:.2}")
+            });
         format!(
-            "| {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} |",
+            "| {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {cpu} | {kinds} |",
             self.label,
             self.ops_per_sec(),
             self.mib_per_sec(),

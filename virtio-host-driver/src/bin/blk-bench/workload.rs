@@ -14,8 +14,8 @@ use virtio_devices::block::BlockDeviceConfig;
 use virtio_host_driver::{BlockHarness, DriverOptions, QueueDriver};
 
 use crate::args::Options;
-use crate::stats::RunStats;
-use crate::thread_cpu::ThreadCpu;
+use crate::stats::{RunCpu, RunStats};
+use crate::thread_cpu::{CpuSnapshot, CpuSplit, ThreadCpu, WORKER_PREFIX};
 
 /// What one driver thread measured.
 struct ThreadResult {
@@ -218,6 +218,7 @@ pub fn run_ours(o: &Options) -> Result<RunStats, String> {
     let drivers: Vec<_> = (0..o.queues)
         .filter_map(|i| h.take_queue(i).map(|q| (i, q)))
         .collect();
+    let cpu_before = CpuSnapshot::take();
     let t0 = Instant::now();
     let threads: Vec<_> = drivers
         .into_iter()
@@ -245,8 +246,11 @@ pub fn run_ours(o: &Options) -> Result<RunStats, String> {
         cpu.extend(r.cpu);
     }
     let elapsed = t0.elapsed().as_secs_f64();
-    // The device's queue workers (named by BlockDevice), before they stop.
-    cpu.extend(ThreadCpu::named("virtio-blk-q"));
+    // The whole process and the device's queue workers (named by
+    // BlockDevice), before they stop.
+    let cpu_after = CpuSnapshot::take();
+    let split = CpuSplit::between(&cpu_before, &cpu_after, &cpu);
+    cpu.extend(ThreadCpu::named(WORKER_PREFIX));
     h.device
         .close()
         .map_err(|e| format!("closing the device: {e}"))?;
@@ -255,6 +259,7 @@ pub fn run_ours(o: &Options) -> Result<RunStats, String> {
     }
     let mut stats = RunStats::from_latencies("blk-bench", &mut lat, bytes, elapsed, think_s);
     stats.threads = cpu;
+    stats.cpu = RunCpu::Split(split);
     Ok(stats)
 }
 
