@@ -245,7 +245,8 @@ impl CbwQueue {
                             Err(e) => {
                                 let (start, _) = cbw.granule_range(i);
                                 cbw.break_view(format!(
-                                    "copying the old data at offset {start} to the scratch image failed: {e}"
+                                    "copying the old data at offset {start} to the scratch image failed: {}",
+                                    ch_log::error_chain(&e)
                                 ));
                                 BROKEN
                             }

@@ -42,6 +42,9 @@ impl Control {
     }
 
     pub(crate) fn resize_disk(&mut self, id: &str, size: u64, shrink: bool) -> ApiResponse {
+        if let Err(r) = self.refuse_if_backing_up(id, "vm.resize-disk") {
+            return r;
+        }
         let d = match self.local_disk(id, "vm.resize-disk") {
             Ok(d) => d,
             Err(r) => return r,
