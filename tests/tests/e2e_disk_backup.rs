@@ -23,6 +23,10 @@
 //! - A scratch file on a full filesystem (a small tmpfs): the view
 //!   breaks, the guest sees no error and its disk holds every round, the
 //!   export's reads fail, and the end answers `failed` with the reason.
+//! - A VMM killed (SIGKILL) while a client reads its export: the image
+//!   passes `qemu-img check`, its bitmap is left in use (inconsistent)
+//!   and the next VMM refuses it for a backup (409); the scratch file is
+//!   left behind; `vm.shutdown` ends a backup and deletes its scratch.
 
 mod e2e_api_support;
 mod e2e_support;
@@ -546,6 +550,16 @@ fn refusals_and_a_scratch_that_fills_up() {
     assert!(!Path::new(&other).exists());
     // The guest writes on; its copies fill the scratch's filesystem.
     vm.wait_for(&format!("ok   all {rounds} rounds read back"));
+    let info = json(&vm.curl_ok("PUT", "vm.disk-info", Some(r#"{"id":"d0"}"#), 200));
+    let backup = &info[0]["backup"];
+    assert_eq!(backup["uri"], uri.as_str(), "{info}");
+    assert_eq!(backup["broken"], true, "{info}");
+    assert!(
+        backup["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("No space left on device")),
+        "{info}"
+    );
     let out = testkit::output_within(
         Command::new("nbdcopy").args([&uri, &dir.file("broken.raw")]),
         testkit::COMMAND_LIMIT,
@@ -561,4 +575,99 @@ fn refusals_and_a_scratch_that_fills_up() {
     assert!(status.success(), "{status}: {err}");
     // The guest's disk holds every round.
     assert_eq!(rounds_held(&read(&img), rounds, 0x5a, "the disk"), rounds);
+}
+
+/// `(name, flags)` of the bitmaps `qemu-img info` lists.
+fn image_bitmaps(img: &str) -> Vec<(String, Vec<String>)> {
+    let info = json(&qemu_img(&["info", "-U", "--output=json", img]));
+    info["format-specific"]["data"]["bitmaps"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|b| {
+                    let flags = b["flags"]
+                        .as_array()
+                        .expect("flags")
+                        .iter()
+                        .map(|f| f.as_str().expect("a flag").to_string())
+                        .collect();
+                    (b["name"].as_str().expect("name").to_string(), flags)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_vmm_killed_mid_backup_leaves_a_sound_image_and_inconsistent_bitmaps() {
+    if !tools() {
+        return;
+    }
+    let dir = TempDir::new("backup-kill");
+    let img = dir.file("a.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &img, "16M"]);
+    qemu_img(&["bitmap", "--add", &img, "inc"]);
+    let disk = format!("path={img},id=d0");
+    let mut vm = ApiVm::start(&dir, "io_rounds=300 park", &["--disk", &disk]);
+    vm.wait_for("ok   round 10\n");
+    let scratch = dir.file("scratch.qcow2");
+    let sock = dir.file("b.sock");
+    let uri = begin(
+        &vm,
+        &[
+            "--disk",
+            "d0",
+            "--addr",
+            &format!("unix:{sock}"),
+            "--scratch",
+            &scratch,
+            "--bitmap",
+            "inc",
+        ],
+    );
+    vm.wait_for("ok   round 30\n");
+    // A reader in the middle of the export when the VMM dies.
+    let mut reader = testkit::ChildGuard(
+        Command::new("nbdcopy")
+            .args([&uri, "null:"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nbdcopy"),
+    );
+    drop(vm); // SIGKILL
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reader.try_wait().expect("try_wait").is_none() {
+        assert!(Instant::now() < deadline, "nbdcopy hangs on a dead export");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    qemu_check(&img);
+    assert_eq!(
+        image_bitmaps(&img),
+        vec![(
+            "inc".to_string(),
+            vec!["in-use".to_string(), "auto".to_string()]
+        )],
+        "the bitmap is left in use: inconsistent"
+    );
+    // The scratch file is left behind (nobody was there to delete it);
+    // the next VMM refuses the inconsistent bitmap for a backup.
+    assert!(Path::new(&scratch).exists());
+    std::fs::remove_file(&scratch).unwrap();
+    let _ = std::fs::remove_file(&sock);
+    let dir2 = TempDir::new("backup-kill-again");
+    let vm = ApiVm::start(&dir2, "park", &["--disk", &disk]);
+    let body =
+        format!(r#"{{"id":"d0","addr":"unix:{sock}","scratch":"{scratch}","bitmap":"inc"}}"#);
+    let (status, text) = vm.curl("PUT", "vm.disk-backup-begin", Some(&body));
+    assert_eq!(status, 409, "{text}");
+    assert!(text.contains("inconsistent"), "{text}");
+    assert!(!Path::new(&scratch).exists());
+    // Without the bitmap a full backup works.
+    let body = format!(r#"{{"id":"d0","addr":"unix:{sock}","scratch":"{scratch}"}}"#);
+    vm.curl_ok("PUT", "vm.disk-backup-begin", Some(&body), 200);
+    let (status, err) = vm.shutdown();
+    assert!(status.success(), "{status}: {err}");
+    assert!(!Path::new(&scratch).exists(), "vm.shutdown ends the backup");
+    qemu_check(&img);
 }

@@ -44,6 +44,7 @@ pub(super) struct Backup {
     cbw: Arc<CopyBeforeWrite>,
     scratch: Disk,
     scratch_path: PathBuf,
+    uri: String,
 }
 
 impl Control {
@@ -199,6 +200,7 @@ impl Control {
             cbw,
             scratch,
             scratch_path,
+            uri: uri.clone(),
         });
         Ok(uri)
     }
@@ -271,6 +273,22 @@ impl Control {
             error,
             copied_bytes,
         }
+    }
+
+    /// What `vm.disk-info` shows of disk `id`'s backup, if one runs:
+    /// `uri`, `scratch`, `copied_bytes`, `broken` (and `error` when it is).
+    pub(super) fn backup_json(&self, id: &str) -> Option<serde_json::Value> {
+        let b = self.backups.iter().find(|b| b.id == id)?;
+        let mut v = serde_json::json!({
+            "uri": b.uri,
+            "scratch": b.scratch_path.display().to_string(),
+            "copied_bytes": b.cbw.copied_bytes(),
+            "broken": b.cbw.broken().is_some(),
+        });
+        if let Some(e) = b.cbw.broken() {
+            v["error"] = serde_json::Value::from(e);
+        }
+        Some(v)
     }
 
     /// Ends every backup (the VM is stopping).

@@ -118,6 +118,9 @@ impl Control {
                 // names them.
                 if let Some(serde_json::Value::Object(top)) = v.first_mut() {
                     top.insert("dirty-bitmaps".into(), bitmaps);
+                    if let Some(backup) = self.backup_json(id) {
+                        top.insert("backup".into(), backup);
+                    }
                 }
                 ApiResponse::json(&v)
             }
