@@ -60,6 +60,6 @@ pub use answers::answer_block_error;
 pub use bitmap::{dirty_extents, DirtyBitmap, ExportedBitmap};
 pub use disk_source::DiskSource;
 pub use persistent_bitmap::PersistentBitmap;
-pub use server::{ExportConfig, NbdServer, ServerError};
+pub use server::{BoundExport, ExportConfig, NbdServer, ServerError};
 pub use source::{Allocation, ExportSource, SourceQueue};
 pub use view_source::{ViewQueue, ViewSource};

@@ -516,7 +516,36 @@ fn refusals_and_a_scratch_that_fills_up() {
         !Path::new(&scratch).exists(),
         "a refused begin left its scratch"
     );
+    assert!(
+        !Path::new(&sock).exists(),
+        "a refused begin left its socket"
+    );
     vm.curl_ok("PUT", "vm.disk-backup-end", Some(r#"{"id":"d0"}"#), 404);
+    // An address that cannot be used refuses the backup before its
+    // actions run: the bitmap they would clear keeps its marks.
+    vm.curl_ok(
+        "PUT",
+        "vm.disk-bitmap-add",
+        Some(r#"{"id":"d0","name":"m"}"#),
+        204,
+    );
+    let after = last_round(&vm.serial_text()) + 3;
+    vm.wait_for(&format!("ok   round {after}\n"));
+    let clear = r#","actions":[{"type":"bitmap-clear","data":{"id":"d0","name":"m"}}]"#;
+    let taken = format!("unix:{img}");
+    let (status, text) = vm.curl(
+        "PUT",
+        "vm.disk-backup-begin",
+        Some(&body("d0", &taken, &scratch, clear)),
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("already exists"), "{text}");
+    let info = json(&vm.curl_ok("PUT", "vm.disk-info", Some(r#"{"id":"d0"}"#), 200));
+    assert!(
+        info[0]["dirty-bitmaps"][0]["count"].as_u64().unwrap() > 0,
+        "{info}"
+    );
+    assert!(!Path::new(&scratch).exists());
     let uri = json(&vm.curl_ok(
         "PUT",
         "vm.disk-backup-begin",

@@ -100,6 +100,26 @@ impl Control {
             let dev = d.lock_device().expect("local_disk checked");
             dev.disk().size()
         };
+        // The address first: one that cannot be used refuses the backup
+        // before anything changed (clients that connect early wait in the
+        // backlog until the export is served, after the instant).
+        let config = ExportConfig {
+            addr,
+            name: body.name.clone().unwrap_or_else(|| id.to_string()),
+            description: Some(format!("disk '{id}' at the backup's instant")),
+            writable: false,
+            max_connections: 0,
+        };
+        let bound = match crate::nbd_exports::run(move || NbdServer::bind(&config)) {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => return Err(ApiResponse::error(400, &[BEGIN, &e.to_string()])),
+            None => {
+                return Err(ApiResponse::error(
+                    500,
+                    &[BEGIN, "the nbd-export thread is not running"],
+                ))
+            }
+        };
         let scratch = create_scratch(&scratch_path, size).inspect_err(|_| {
             let _ = std::fs::remove_file(&scratch_path);
         })?;
@@ -169,27 +189,25 @@ impl Control {
                 return Err(r);
             }
         };
-        let config = ExportConfig {
-            addr,
-            name: body.name.clone().unwrap_or_else(|| id.to_string()),
-            description: Some(format!("disk '{id}' at the backup's instant")),
-            writable: false,
-            max_connections: 0,
-        };
         let source = Arc::new(ViewSource::new(Arc::new(PointInTimeView::new(
             cbw.clone(),
             frozen,
         ))));
-        let started = crate::nbd_exports::run(move || NbdServer::start(&config, source));
-        let server = match started {
+        let server = match crate::nbd_exports::run(move || bound.serve(source)) {
             Some(Ok(s)) => s,
             failed => {
+                // Only a thread that cannot start fails here; the
+                // actions stay applied.
                 self.remove_filter(id);
                 undo_scratch(scratch);
-                return Err(match failed {
-                    Some(Err(e)) => ApiResponse::error(400, &[BEGIN, &e.to_string()]),
-                    _ => ApiResponse::error(500, &[BEGIN, "the nbd-export thread is not running"]),
-                });
+                let why = match failed {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "the nbd-export thread is not running".to_string(),
+                };
+                log::error!(
+                    "disk {id}: the backup's export did not start ({why}); its bitmap actions stay applied"
+                );
+                return Err(ApiResponse::error(500, &[BEGIN, &why]));
             }
         };
         let uri = server.uri();
