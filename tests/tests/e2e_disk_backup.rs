@@ -5,18 +5,18 @@
 //! `0x20 + r % 0xC0` at 8 MiB + r * 4 KiB), read by clients nobody here
 //! wrote.
 //!
-//! - Full, then incremental: each backup begins while the VM is paused
+//! - A full backup, then two incrementals: each begins while the VM is paused
 //!   (the rounds the guest printed tell which rounds the instant holds),
 //!   the guest goes on writing while `nbdcopy` and `qemu-img convert`
 //!   read the export: each holds exactly a whole-round prefix ending at
-//!   its instant and, outside the rounds, what the disk holds. The first
-//!   begin clears the bitmap at its instant (an action); the second
+//!   its instant and, outside the rounds, what the disk holds. Each
+//!   begin clears the bitmap at its instant (an action); an incremental
 //!   export's `qemu:dirty-bitmap:inc` (nbdinfo, `qemu-img map` with
 //!   `x-dirty-bitmap`) is what the guest wrote in between, and an
 //!   incremental loop in libnbd's `nbdsh` copies only those extents into
-//!   a qcow2 overlay over the full backup (served by qemu-nbd): the
-//!   overlay's view equals the second export. `qemu-img check` passes on
-//!   the image and both backups.
+//!   a qcow2 overlay over the previous backup (served by qemu-nbd): each
+//!   point restored (full; full + 1; full + 1 + 2) equals its export.
+//!   `qemu-img check` passes on the image and every backup.
 //! - Refusals: unknown disk or bitmap (404), a bad address (400), a
 //!   scratch file that exists or a second backup (409), resize,
 //!   remove-device and an external snapshot during a backup (409).
@@ -256,6 +256,107 @@ fn read(path: &str) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
+/// Incremental backup `n`: the VM paused after the guest wrote 60 more
+/// rounds than `prev` (the last round printed at the previous instant),
+/// a backup begun with bitmap `inc` (cleared at the instant for the
+/// next one), the VM resumed; its bitmap checked against the rounds
+/// (nbdinfo, and qemu-img map with x-dirty-bitmap), the nbdsh loop into
+/// a new overlay over `backing`, and the overlay's chain compared with
+/// the export and the rounds of its instant. The overlay and the last
+/// round printed at its instant.
+fn incremental(
+    vm: &mut ApiVm,
+    dir: &TempDir,
+    n: u32,
+    prev: u64,
+    backing: &str,
+    rounds: u64,
+) -> (String, u64) {
+    vm.wait_for(&format!("ok   round {}\n", prev + 60));
+    let p = pause(vm);
+    assert!(p + 40 < rounds, "the guest is too far ahead");
+    let sock = dir.file(&format!("inc{n}.sock"));
+    let clear = r#"[{"type":"bitmap-clear","data":{"id":"d0","name":"inc"}}]"#;
+    let uri = begin(
+        vm,
+        &[
+            "--disk",
+            "d0",
+            "--addr",
+            &format!("unix:{sock}"),
+            "--name",
+            "inc-export",
+            "--scratch",
+            &dir.file(&format!("scratch-inc{n}.qcow2")),
+            "--bitmap",
+            "inc",
+            "--actions",
+            clear,
+        ],
+    );
+    vm.curl_ok("PUT", "vm.resume", None, 204);
+    vm.wait_for(&format!("ok   round {}\n", p + 20));
+    let dirty = dirty_extents(&uri, "inc");
+    let (lo, hi) = round_granules(prev + 2, p + 1, 65536);
+    let (first, last) = round_granules(prev, p + 2, 65536);
+    assert!(
+        dirty.len() == 1
+            && dirty[0].0 <= lo
+            && dirty[0].0 + dirty[0].1 >= hi
+            && dirty[0].0 >= first
+            && dirty[0].0 + dirty[0].1 <= last,
+        "increment {n}: {dirty:?} is not the rounds written between the instants ({prev}..{p})"
+    );
+    // qemu-img reads the bitmap through its allocation map, inverted.
+    let map = json(&run_ok(Command::new("qemu-img").args([
+        "map",
+        "--output=json",
+        "--image-opts",
+        &format!(
+            "driver=nbd,server.type=unix,server.path={sock},export=inc-export,x-dirty-bitmap=qemu:dirty-bitmap:inc"
+        ),
+    ])));
+    let by_qemu: Vec<(u64, u64)> = map
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["data"] == false)
+        .map(|e| (e["start"].as_u64().unwrap(), e["length"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(by_qemu, dirty, "increment {n}");
+    let overlay = dir.file(&format!("inc{n}.qcow2"));
+    qemu_img(&[
+        "create", "-q", "-f", "qcow2", "-b", backing, "-F", "qcow2", &overlay,
+    ]);
+    let copied = incremental_into(dir, &uri, "inc", &overlay);
+    let dirty_bytes: u64 = dirty.iter().map(|e| e.1).sum();
+    assert_eq!(
+        copied, dirty_bytes,
+        "increment {n}: the loop reads exactly the dirty extents"
+    );
+    assert!(copied < 1 << 20, "increment {n} of {copied} bytes");
+    // The restore of this point: the chain up to this overlay.
+    let restored = dir.file(&format!("restored{n}.raw"));
+    qemu_img(&["convert", "-O", "raw", &overlay, &restored]);
+    let view = dir.file(&format!("view{n}.raw"));
+    run_ok(Command::new("nbdcopy").args([&uri, &view]));
+    let restored_data = read(&restored);
+    assert!(
+        restored_data == read(&view),
+        "the chain up to increment {n} differs from its export"
+    );
+    let k = rounds_held(&restored_data, rounds, 0, &format!("increment {n}"));
+    assert!(
+        (p + 1..=p + 2).contains(&k),
+        "the chain up to increment {n} holds {k} rounds; the guest had printed round {p}"
+    );
+    assert_eq!(end(vm, "d0")["status"], "completed");
+    for f in [&restored, &view] {
+        std::fs::remove_file(f).unwrap();
+    }
+    (overlay, p)
+}
+
 #[test]
 fn full_and_incremental_backups_hold_the_disk_at_their_instants() {
     if !tools() {
@@ -264,7 +365,7 @@ fn full_and_incremental_backups_hold_the_disk_at_their_instants() {
     let dir = TempDir::new("backup-guest");
     let img = dir.file("a.qcow2");
     qemu_img(&["create", "-q", "-f", "qcow2", &img, "16M"]);
-    let rounds = 400u64;
+    let rounds = 700u64;
     let mut vm = ApiVm::start(
         &dir,
         &format!("io_rounds={rounds} park"),
@@ -341,87 +442,15 @@ fn full_and_incremental_backups_hold_the_disk_at_their_instants() {
     assert!(!Path::new(&dir.file("scratch1.qcow2")).exists());
     assert!(!Path::new(&sock1).exists());
 
-    // The incremental one: what the guest wrote since the first instant.
-    vm.wait_for(&format!("ok   round {}\n", p1 + 60));
-    let p2 = pause(&vm);
-    assert!(p2 + 40 < rounds, "the guest is too far ahead");
-    let sock2 = dir.file("inc.sock");
-    let uri2 = begin(
-        &vm,
-        &[
-            "--disk",
-            "d0",
-            "--addr",
-            &format!("unix:{sock2}"),
-            "--name",
-            "inc-export",
-            "--scratch",
-            &dir.file("scratch2.qcow2"),
-            "--bitmap",
-            "inc",
-        ],
-    );
-    vm.curl_ok("PUT", "vm.resume", None, 204);
-    vm.wait_for(&format!("ok   round {}\n", p2 + 20));
-    let dirty2 = dirty_extents(&uri2, "inc");
-    let (lo, hi) = round_granules(p1 + 2, p2 + 1, 65536);
-    let (first, last) = round_granules(p1, p2 + 2, 65536);
-    assert!(
-        dirty2.len() == 1
-            && dirty2[0].0 <= lo
-            && dirty2[0].0 + dirty2[0].1 >= hi
-            && dirty2[0].0 >= first
-            && dirty2[0].0 + dirty2[0].1 <= last,
-        "{dirty2:?}: not the rounds written between the instants ({p1}..{p2})"
-    );
-    // qemu-img reads the bitmap through its allocation map, inverted.
-    let map = json(&run_ok(Command::new("qemu-img").args([
-        "map",
-        "--output=json",
-        "--image-opts",
-        &format!(
-            "driver=nbd,server.type=unix,server.path={sock2},export=inc-export,x-dirty-bitmap=qemu:dirty-bitmap:inc"
-        ),
-    ])));
-    let by_qemu: Vec<(u64, u64)> = map
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["data"] == false)
-        .map(|e| (e["start"].as_u64().unwrap(), e["length"].as_u64().unwrap()))
-        .collect();
-    assert_eq!(by_qemu, dirty2);
-    let overlay = dir.file("inc1.qcow2");
-    qemu_img(&[
-        "create", "-q", "-f", "qcow2", "-b", &full, "-F", "qcow2", &overlay,
-    ]);
-    let copied = incremental_into(&dir, &uri2, "inc", &overlay);
-    let dirty_bytes: u64 = dirty2.iter().map(|e| e.1).sum();
-    assert_eq!(
-        copied, dirty_bytes,
-        "the loop reads exactly the dirty extents"
-    );
-    assert!(copied < 1 << 20, "an increment of {copied} bytes");
-    let restored = dir.file("restored.raw");
-    qemu_img(&["convert", "-O", "raw", &overlay, &restored]);
-    let view2 = dir.file("view2.raw");
-    run_ok(Command::new("nbdcopy").args([&uri2, &view2]));
-    let restored_data = read(&restored);
-    assert!(
-        restored_data == read(&view2),
-        "full + increment differs from the second export"
-    );
-    let k2 = rounds_held(&restored_data, rounds, 0, "full + increment");
-    assert!(
-        (p2 + 1..=p2 + 2).contains(&k2),
-        "full + increment holds {k2} rounds; the guest had printed round {p2}"
-    );
-    assert_eq!(end(&vm, "d0")["status"], "completed");
+    // Two incrementals: what the guest wrote since the previous instant,
+    // each into an overlay over the previous backup.
+    let (inc1, p2) = incremental(&mut vm, &dir, 1, p1, &full, rounds);
+    let (inc2, _) = incremental(&mut vm, &dir, 2, p2, &inc1, rounds);
 
     vm.wait_for(&format!("ok   all {rounds} rounds read back"));
     let (status, err) = vm.shutdown();
     assert!(status.success(), "{status}: {err}");
-    for image in [&img, &full, &overlay] {
+    for image in [&img, &full, &inc1, &inc2] {
         qemu_check(image);
     }
     let now = dir.file("now.raw");
