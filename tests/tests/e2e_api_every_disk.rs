@@ -91,6 +91,7 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
     if !have_curl()
         || !testkit::has_command("qemu-storage-daemon")
         || !testkit::has_command("qemu-nbd")
+        || !testkit::has_command("nbdcopy")
     {
         return;
     }
@@ -300,6 +301,13 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
         let export = json(&qemu_img(&["info", "--output=json", uri]));
         let disk = json(&ok(&vm.ch_remote(&["disk-info", id])));
         assert_eq!(export["virtual-size"], disk[0]["virtual-size"], "{id}");
+        let copy = dir.file(&format!("{id}.backup.raw"));
+        let read = testkit::output_within(
+            std::process::Command::new("nbdcopy").args([uri, copy.as_str()]),
+            testkit::COMMAND_LIMIT,
+        );
+        assert!(read.status.success(), "{id}: {read:?}");
+        std::fs::remove_file(&copy).unwrap();
         let ended = json(&ok(&vm.ch_remote(&["disk-backup-end", "--disk", id])));
         assert_eq!(ended["status"], "completed", "{id}: {ended}");
         assert!(!std::path::Path::new(&scratch).exists());
