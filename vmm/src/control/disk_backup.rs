@@ -1,14 +1,18 @@
 //! Point-in-time backups of running disks: `vm.disk-backup-begin` and
 //! `vm.disk-backup-end` (docs/backup.md, docs/live-operations.md).
 //!
-//! Begin: the scratch qcow2 image is created (empty, the disk's size, no
-//! backing file) and opened; at one instant (the disk's queues paused,
-//! [`Control::with_disks_paused`]) the named dirty bitmap is frozen and
-//! the copy-before-write filter installed (`block::live`); then the
-//! `nbd-export` thread ([`crate::nbd_exports`]) starts the project's NBD
-//! server on the view, read-only, and the answer names its URI. From
-//! then on the guest's first write to each granule copies its old data
-//! to the scratch image on the queue's thread.
+//! Begin: the `nbd-export` thread ([`crate::nbd_exports`]) binds the
+//! export's address (one that cannot be used refuses the backup before
+//! anything changed); the scratch qcow2 image is created (empty, the
+//! disk's size, no backing file) and opened; at one instant (the queues
+//! of the disk and of every disk the request's bitmap actions name
+//! paused, [`Control::with_disks_paused`]) the named dirty bitmap is
+//! frozen, the actions are applied (all or none) and the
+//! copy-before-write filter is installed (`block::live`); then the
+//! export thread serves the view, read-only, with the project's NBD
+//! server, and the answer names its URI. From then on the guest's first
+//! write to each granule copies its old data to the scratch image on the
+//! queue's thread.
 //!
 //! End: the server stops (on the export thread), the filter is removed
 //! at an instant, the scratch image is closed and deleted; the answer
