@@ -26,7 +26,8 @@
 //! - A VMM killed (SIGKILL) while a client reads its export: the image
 //!   passes `qemu-img check`, its bitmap is left in use (inconsistent)
 //!   and the next VMM refuses it for a backup (409); the scratch file is
-//!   left behind; `vm.shutdown` ends a backup and deletes its scratch.
+//!   left behind; a backup on TCP (port 0) is read; `vm.shutdown` ends
+//!   a backup and deletes its scratch.
 
 mod e2e_api_support;
 mod e2e_support;
@@ -699,6 +700,13 @@ fn a_vmm_killed_mid_backup_leaves_a_sound_image_and_inconsistent_bitmaps() {
         assert!(Instant::now() < deadline, "nbdcopy hangs on a dead export");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The kernel lets go of a dead process's io_uring files (and so the
+    // image's lock) a moment after the process is gone.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while e2e_api_support::locked(&img) {
+        assert!(Instant::now() < deadline, "the killed VMM's lock stays");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     qemu_check(&img);
     assert_eq!(
         image_bitmaps(&img),
@@ -721,9 +729,17 @@ fn a_vmm_killed_mid_backup_leaves_a_sound_image_and_inconsistent_bitmaps() {
     assert_eq!(status, 409, "{text}");
     assert!(text.contains("inconsistent"), "{text}");
     assert!(!Path::new(&scratch).exists());
-    // Without the bitmap a full backup works.
-    let body = format!(r#"{{"id":"d0","addr":"unix:{sock}","scratch":"{scratch}"}}"#);
-    vm.curl_ok("PUT", "vm.disk-backup-begin", Some(&body), 200);
+    // Without the bitmap a full backup works, here on TCP (port 0: any
+    // free port, named in the URI).
+    let body = format!(r#"{{"id":"d0","addr":"tcp:127.0.0.1:0","scratch":"{scratch}"}}"#);
+    let begun = json(&vm.curl_ok("PUT", "vm.disk-backup-begin", Some(&body), 200));
+    let uri = begun["uri"].as_str().expect("uri");
+    assert!(
+        uri.starts_with("nbd://127.0.0.1:") && uri.ends_with("/d0") && !uri.contains(":0/"),
+        "{uri}"
+    );
+    let size = run_ok(Command::new("nbdinfo").args(["--size", uri]));
+    assert_eq!(size.trim(), (16u64 << 20).to_string());
     let (status, err) = vm.shutdown();
     assert!(status.success(), "{status}: {err}");
     assert!(!Path::new(&scratch).exists(), "vm.shutdown ends the backup");
