@@ -9,8 +9,10 @@
 //! write, write-zeroes or discard, [`CbwQueue::before_write`] claims every
 //! `Uncopied` granule the request touches and copies it at once, on the
 //! queue's thread, through the queue's own sync-engine queues on the
-//! source and the scratch; a granule another queue is copying is waited
-//! for (the thread yields until the state moves; the copy is bounded).
+//! source and the scratch (a granule the image reports as zeroes, or
+//! that reads as zeroes, is not written); a granule another queue is
+//! copying is waited for (the thread yields until the state moves; the
+//! copy is bounded).
 //! A queue never waits while it holds an unfinished claim, so two queues
 //! whose requests overlap cannot wait for each other.
 //!
@@ -24,6 +26,9 @@
 //! (`view.rs`). The filter holds the source [`Disk`], whose state holds
 //! the filter while it is installed: the owner removes it when the view
 //! ends ([`super::LiveState::set_cbw`]), which ends that cycle.
+//!
+//! Written here: it is a filter on this crate's own write path, which no
+//! crate knows.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -267,6 +272,12 @@ impl CbwQueue {
         #[cfg(test)]
         if self.cbw.fail_copies.load(Ordering::Relaxed) {
             return Err(BlockError::NoSpace("test".into()));
+        }
+        // A granule the image knows reads as zeroes is not even read.
+        if let Ok(st) = self.cbw.source.format().block_status(start, len) {
+            if st.zero && st.len >= len {
+                return Ok(true);
+            }
         }
         let source = match self.source.as_mut() {
             Some(q) => q,
