@@ -45,6 +45,8 @@ command -v qemu-nbd >/dev/null 2>&1 || need_apt+=(qemu-utils)
 command -v nbdkit >/dev/null 2>&1 || need_apt+=(nbdkit)
 command -v nbdinfo >/dev/null 2>&1 || need_apt+=(libnbd-bin)
 command -v nbdcopy >/dev/null 2>&1 || need_apt+=(libnbd-bin)
+# nbdsh (libnbd's Python binding): e2e_disk_backup's incremental loop.
+command -v nbdsh >/dev/null 2>&1 || need_apt+=(python3-libnbd)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "run-tests: installing ${need_apt[*]}"
     sudo_cmd=()

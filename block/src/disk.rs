@@ -285,7 +285,13 @@ impl DiskQueue {
     /// this returns. Each request later yields exactly one completion.
     pub fn submit_batch_requests(&mut self, requests: impl IntoIterator<Item = BlockRequest>) {
         self.filters.refresh();
-        self.exec.submit_batch(requests);
+        if self.filters.acts_before_submit() {
+            let filters = &mut self.filters;
+            self.exec
+                .submit_batch(requests.into_iter().inspect(|r| filters.before_submit(r)));
+        } else {
+            self.exec.submit_batch(requests);
+        }
     }
 
     /// Readable when completions are ready (non-blocking eventfd).

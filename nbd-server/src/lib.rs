@@ -1,5 +1,5 @@
 //! The project's NBD server: `ch-storage-daemon --export type=nbd` and
-//! (next) the VMM's point-in-time backup exports run this one server.
+//! the VMM's point-in-time backup exports run this one server.
 //!
 //! The protocol is the `nbd` crate's (handshake, request parser, reply
 //! encoders, as plain data); this crate drives it over sockets and a
@@ -24,9 +24,10 @@
 //!   one chunk per selected context (`block_status`).
 //!
 //! Sources: [`DiskSource`] serves an opened image (`block::Disk`), with
-//! a qcow2 image's persistent bitmap ([`PersistentBitmap`]) if asked; a
-//! point-in-time view of a running disk is another source, built where
-//! the disk runs.
+//! a qcow2 image's persistent bitmap ([`PersistentBitmap`]) if asked;
+//! [`ViewSource`] serves a point-in-time view of a running disk
+//! (`block::live::PointInTimeView`, the VMM's backup export) read-only,
+//! with the bitmap frozen at its instant.
 //!
 //! # Threads and system calls
 //!
@@ -52,11 +53,13 @@ mod poll;
 mod server;
 mod shared;
 mod source;
+mod view_source;
 
 pub use addr::ListenAddr;
 pub use answers::answer_block_error;
 pub use bitmap::{dirty_extents, DirtyBitmap, ExportedBitmap};
 pub use disk_source::DiskSource;
 pub use persistent_bitmap::PersistentBitmap;
-pub use server::{ExportConfig, NbdServer, ServerError};
+pub use server::{BoundExport, ExportConfig, NbdServer, ServerError};
 pub use source::{Allocation, ExportSource, SourceQueue};
+pub use view_source::{ViewQueue, ViewSource};

@@ -57,40 +57,37 @@ pub struct Listener {
     unix_path: Option<PathBuf>,
 }
 
-impl Listener {
+/// A socket bound and listening, not accepting yet: clients that
+/// connect wait in the backlog until [`Bound::start`]. Dropped unstarted,
+/// it removes its socket file.
+pub struct Bound {
+    socket: Option<Socket>,
+    bound: ListenAddr,
+    unix_path: Option<PathBuf>,
+}
+
+impl Bound {
+    /// Where clients connect (the bound port for `tcp:...:0`).
+    pub fn bound(&self) -> &ListenAddr {
+        &self.bound
+    }
+
+    /// Starts the accept thread.
     pub fn start(
-        addr: &ListenAddr,
+        mut self,
         shared: Arc<ExportShared>,
         max_connections: u32,
     ) -> Result<Listener, String> {
+        let socket = self.socket.take().expect("a bound socket until started");
         let stop = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| e.to_string())?);
         let left = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| e.to_string())?);
-        let (socket, bound, unix_path) = match addr {
-            ListenAddr::Unix(p) => {
-                if std::fs::symlink_metadata(p).is_ok() {
-                    return Err(format!("{} already exists", p.display()));
-                }
-                let l = UnixListener::bind(p)
-                    .map_err(|e| format!("cannot listen on {}: {e}", p.display()))?;
-                (Socket::Unix(l), addr.clone(), Some(p.clone()))
-            }
-            ListenAddr::Tcp { host, port } => {
-                let l = TcpListener::bind((host.as_str(), *port))
-                    .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-                let local = l.local_addr().map_err(|e| e.to_string())?;
-                let bound = ListenAddr::Tcp {
-                    host: local.ip().to_string(),
-                    port: local.port(),
-                };
-                (Socket::Tcp(l), bound, None)
-            }
-        };
-        // From here on, a failure must not leave the socket file behind.
+        // From here on the listener owns the socket file: a failure must
+        // not leave it behind.
         let mut listener = Listener {
             stop,
             thread: None,
-            bound,
-            unix_path,
+            bound: self.bound.clone(),
+            unix_path: self.unix_path.take(),
         };
         let nonblocking = match &socket {
             Socket::Unix(l) => l.set_nonblocking(true),
@@ -111,6 +108,45 @@ impl Listener {
             .map_err(|e| e.to_string())?;
         listener.thread = Some(thread);
         Ok(listener)
+    }
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(p) = self.unix_path.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Listener {
+    /// Binds and listens on `addr` (a Unix socket file must not exist).
+    pub fn bind(addr: &ListenAddr) -> Result<Bound, String> {
+        let (socket, bound, unix_path) = match addr {
+            ListenAddr::Unix(p) => {
+                if std::fs::symlink_metadata(p).is_ok() {
+                    return Err(format!("{} already exists", p.display()));
+                }
+                let l = UnixListener::bind(p)
+                    .map_err(|e| format!("cannot listen on {}: {e}", p.display()))?;
+                (Socket::Unix(l), addr.clone(), Some(p.clone()))
+            }
+            ListenAddr::Tcp { host, port } => {
+                let l = TcpListener::bind((host.as_str(), *port))
+                    .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+                let local = l.local_addr().map_err(|e| e.to_string())?;
+                let bound = ListenAddr::Tcp {
+                    host: local.ip().to_string(),
+                    port: local.port(),
+                };
+                (Socket::Tcp(l), bound, None)
+            }
+        };
+        Ok(Bound {
+            socket: Some(socket),
+            bound,
+            unix_path,
+        })
     }
 
     /// Where clients connect (the bound port for `tcp:...:0`).

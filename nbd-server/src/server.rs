@@ -1,7 +1,9 @@
 //! Starting and stopping one export: [`NbdServer::start`] checks the
 //! configuration against the source, builds what every connection
 //! shares (the export's description and transmission flags, its
-//! bitmaps), binds the socket and starts the accept thread;
+//! bitmaps), binds the socket and starts the accept thread (in two steps
+//! for an owner that wants the socket before the source:
+//! [`NbdServer::bind`], then [`BoundExport::serve`]);
 //! [`NbdServer::stop`] (or dropping the server) stops accepting, lets
 //! every connection finish what it has in flight, joins the threads and
 //! removes a Unix socket file.
@@ -19,7 +21,7 @@ use nbd::wire::consts::{flag, MAX_PAYLOAD, MAX_STRING, QEMU_DIRTY_BITMAP};
 use thiserror::Error;
 
 use crate::addr::ListenAddr;
-use crate::listen::Listener;
+use crate::listen::{Bound, Listener};
 use crate::shared::ExportShared;
 use crate::source::ExportSource;
 
@@ -52,27 +54,28 @@ pub struct NbdServer {
     describe: String,
 }
 
-impl NbdServer {
-    /// Checks `config` against `source`, binds the socket and starts
-    /// accepting clients.
-    pub fn start(
-        config: &ExportConfig,
-        source: Arc<dyn ExportSource>,
-    ) -> Result<NbdServer, ServerError> {
+/// An export whose socket is bound and listening but not served yet
+/// ([`NbdServer::bind`]): clients that connect wait in the backlog until
+/// [`BoundExport::serve`]. Dropped unserved, it removes a Unix socket
+/// file.
+pub struct BoundExport {
+    config: ExportConfig,
+    bound: Bound,
+}
+
+impl BoundExport {
+    /// Where clients will connect (the bound port for `tcp:...:0`).
+    pub fn addr(&self) -> &ListenAddr {
+        self.bound.bound()
+    }
+
+    /// Checks the config against `source` and starts accepting clients.
+    pub fn serve(self, source: Arc<dyn ExportSource>) -> Result<NbdServer, ServerError> {
+        let BoundExport { config, bound } = self;
         let error = |reason: String| ServerError {
             addr: config.addr.to_string(),
             reason,
         };
-        if config.name.len() > MAX_STRING {
-            return Err(error("the export name is longer than 4096 bytes".into()));
-        }
-        if config
-            .description
-            .as_ref()
-            .is_some_and(|d| d.len() > MAX_STRING)
-        {
-            return Err(error("the description is longer than 4096 bytes".into()));
-        }
         if config.writable && source.readonly() {
             return Err(error(
                 "writable=on needs an image opened read-write (the image is read-only)".into(),
@@ -93,7 +96,7 @@ impl NbdServer {
                 name: config.name.clone(),
                 description: config.description.clone(),
                 size: source.size(),
-                flags: transmission_flags(config),
+                flags: transmission_flags(&config),
                 block_sizes: [1, 4096, MAX_PAYLOAD],
             },
             source,
@@ -109,8 +112,7 @@ impl NbdServer {
                     .map(|n| format!("{QEMU_DIRTY_BITMAP}{n}")),
             )
             .collect();
-        let listener =
-            Listener::start(&config.addr, shared, config.max_connections).map_err(error)?;
+        let listener = bound.start(shared, config.max_connections).map_err(error)?;
         let shown = if config.name.is_empty() {
             "the default export".to_string()
         } else {
@@ -133,6 +135,43 @@ impl NbdServer {
             listener,
             name: config.name.clone(),
             describe,
+        })
+    }
+}
+
+impl NbdServer {
+    /// Checks `config` against `source`, binds the socket and starts
+    /// accepting clients.
+    pub fn start(
+        config: &ExportConfig,
+        source: Arc<dyn ExportSource>,
+    ) -> Result<NbdServer, ServerError> {
+        Self::bind(config)?.serve(source)
+    }
+
+    /// Checks `config` and binds its socket, without serving anything
+    /// yet: for an owner that must know the address can be used before
+    /// it makes what it serves (the VMM's backup binds before the
+    /// instant it freezes).
+    pub fn bind(config: &ExportConfig) -> Result<BoundExport, ServerError> {
+        let error = |reason: String| ServerError {
+            addr: config.addr.to_string(),
+            reason,
+        };
+        if config.name.len() > MAX_STRING {
+            return Err(error("the export name is longer than 4096 bytes".into()));
+        }
+        if config
+            .description
+            .as_ref()
+            .is_some_and(|d| d.len() > MAX_STRING)
+        {
+            return Err(error("the description is longer than 4096 bytes".into()));
+        }
+        let bound = Listener::bind(&config.addr).map_err(error)?;
+        Ok(BoundExport {
+            config: config.clone(),
+            bound,
         })
     }
 

@@ -270,3 +270,52 @@ fn start_refuses_what_cannot_work_and_leaves_no_socket() {
     assert!(err.to_string().contains("4096"), "{err}");
     assert!(!sock.exists());
 }
+
+#[test]
+fn a_bound_export_serves_nothing_until_told_and_clients_wait_for_it() {
+    if !have(&["nbdinfo"]) {
+        return;
+    }
+    let dir = testkit::TempDir::new("nbd-server-bind");
+    let sock = dir.path().join("b.sock");
+    let cfg = config(ListenAddr::Unix(sock.clone()), "later");
+    // Dropped unserved: the socket file goes.
+    drop(NbdServer::bind(&cfg).unwrap());
+    assert!(!sock.exists());
+    let bound = NbdServer::bind(&cfg).unwrap();
+    assert_eq!(bound.addr(), &ListenAddr::Unix(sock.clone()));
+    let uri = format!("nbd+unix:///later?socket={}", sock.display());
+    let mut early = testkit::ChildGuard(
+        Command::new("nbdinfo")
+            .args(["--size", &uri])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        early.try_wait().unwrap().is_none(),
+        "a client got an answer before the export was served"
+    );
+    let (source, _) = memory_source();
+    let server = bound.serve(source).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = early.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the early client still waits");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    let mut out = String::new();
+    early
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert_eq!(out.trim(), SIZE.to_string());
+    server.stop();
+    assert!(!sock.exists());
+}

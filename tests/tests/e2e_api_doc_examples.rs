@@ -139,9 +139,10 @@ fn examples_run_as_written(prefix: &str) {
         }
     });
     // ping, info, counters, pause, resume, resize, add, remove,
-    // snapshot, disk-info, disk-snapshot-external, bitmap add,
-    // transaction, bitmap remove, vm.shutdown, vmm.shutdown.
-    assert_eq!(ran, 16, "{prefix} examples");
+    // snapshot, disk-info, bitmap add, transaction, bitmap remove,
+    // backup begin, backup end, disk-snapshot-external, vm.shutdown,
+    // vmm.shutdown.
+    assert_eq!(ran, 18, "{prefix} examples");
     let (status, stderr) = vm.wait_exit();
     assert!(status.success(), "{status}: {stderr}");
     assert!(

@@ -7,7 +7,9 @@
 //! the server is multi-conn); then each verb runs on each disk, each
 //! kind is hot-added and removed again, and the vhost-user disk is
 //! removed; dirty bitmaps are added to each (persistent where it can
-//! be) and some removed in one transaction; then the in-VMM ones get
+//! be) and some removed in one transaction; each in-VMM one is served
+//! by a point-in-time backup (the vhost-user one refuses); then the
+//! in-VMM ones get
 //! external snapshots as one group (their bitmaps move to the new tops).
 //! The VMM must stay up
 //! through all of it (no SIGSYS: NBD sockets are opened on the NBD
@@ -48,8 +50,10 @@ fn ok(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Every thread of the VMM runs under a seccomp filter; the NBD threads
-/// under their own (two programs: clone3 refused, then the allow-list).
+/// Every thread of the VMM runs under a seccomp filter; the NBD client
+/// threads under their own (two programs: clone3 refused, then the
+/// allow-list), the NBD export thread under its own (three: file opening
+/// refused too).
 /// The process catches SIGSYS (the report of a call a filter traps).
 fn every_thread_is_filtered(pid: u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -69,7 +73,11 @@ fn every_thread_is_filtered(pid: u64) {
             continue; // the thread ended meanwhile
         };
         assert!(status.contains("Seccomp:\t2"), "{}: {status}", comm.trim());
-        if comm.starts_with("nbd-") {
+        let comm = comm.trim();
+        if ["nbd-export", "nbd-accept", "nbd-conn"].contains(&comm) {
+            // The export threads: file opening refused too.
+            assert!(status.contains("Seccomp_filters:\t3"), "{comm}: {status}");
+        } else if comm.starts_with("nbd-") {
             assert!(status.contains("Seccomp_filters:\t2"), "{comm}: {status}");
             nbd_threads += 1;
         }
@@ -83,6 +91,7 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
     if !have_curl()
         || !testkit::has_command("qemu-storage-daemon")
         || !testkit::has_command("qemu-nbd")
+        || !testkit::has_command("nbdcopy")
     {
         return;
     }
@@ -274,6 +283,49 @@ fn every_verb_with_every_kind_of_disk_under_the_default_filter() {
     let tx = dir.file("tx.json");
     std::fs::write(&tx, format!(r#"{{"actions":[{}]}}"#, removals.join(","))).unwrap();
     ok(&vm.ch_remote(&["disk-transaction", &tx]));
+    // Point-in-time backups: served on every in-VMM kind (the export's
+    // size is the disk's), refused for the vhost-user disk.
+    for id in ["raw", "qcow2", "overlay", "nbd"] {
+        let sock = dir.file(&format!("{id}.backup.sock"));
+        let scratch = dir.file(&format!("{id}.scratch.qcow2"));
+        let begun = json(&ok(&vm.ch_remote(&[
+            "disk-backup-begin",
+            "--disk",
+            id,
+            "--addr",
+            &format!("unix:{sock}"),
+            "--scratch",
+            &scratch,
+        ])));
+        let uri = begun["uri"].as_str().expect("uri");
+        let export = json(&qemu_img(&["info", "--output=json", uri]));
+        let disk = json(&ok(&vm.ch_remote(&["disk-info", id])));
+        assert_eq!(export["virtual-size"], disk[0]["virtual-size"], "{id}");
+        let copy = dir.file(&format!("{id}.backup.raw"));
+        let read = testkit::output_within(
+            std::process::Command::new("nbdcopy").args([uri, copy.as_str()]),
+            testkit::COMMAND_LIMIT,
+        );
+        assert!(read.status.success(), "{id}: {read:?}");
+        std::fs::remove_file(&copy).unwrap();
+        let ended = json(&ok(&vm.ch_remote(&["disk-backup-end", "--disk", id])));
+        assert_eq!(ended["status"], "completed", "{id}: {ended}");
+        assert!(!std::path::Path::new(&scratch).exists());
+    }
+    let err = refused(
+        &vm.ch_remote(&[
+            "disk-backup-begin",
+            "--disk",
+            "vu",
+            "--addr",
+            &format!("unix:{}", dir.file("vu.backup.sock")),
+            "--scratch",
+            &dir.file("vu.scratch.qcow2"),
+        ]),
+        400,
+    );
+    assert!(err.contains("vhost-user"), "{err}");
+    assert!(!std::path::Path::new(&dir.file("vu.scratch.qcow2")).exists());
     // External snapshots: every in-VMM kind in one group, at one
     // instant; the vhost-user disk is its backend's to snapshot.
     let ext = |id: &str| dir.file(&format!("{id}.ext.qcow2"));

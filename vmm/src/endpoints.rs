@@ -9,6 +9,7 @@
 //! argument syntax; `vm.snapshot-disk` and `vm.disk-info` are ours
 //! (docs/api.md has the table against upstream's).
 
+use crate::api::backup_types::BackupBeginBody;
 use crate::api::bitmap_types::{
     BitmapAddBody, BitmapBody, BitmapMergeBody, TransactionAction, TransactionBody,
 };
@@ -89,6 +90,35 @@ const BITMAP_MERGE_FLAGS: &[Flag] = &[
         flag: "sources",
         field: "sources",
         kind: FlagKind::List,
+    },
+];
+
+const BACKUP_BEGIN_FLAGS: &[Flag] = &[
+    DISK_FLAG,
+    Flag {
+        flag: "addr",
+        field: "addr",
+        kind: FlagKind::Text,
+    },
+    Flag {
+        flag: "scratch",
+        field: "scratch",
+        kind: FlagKind::Text,
+    },
+    Flag {
+        flag: "name",
+        field: "name",
+        kind: FlagKind::OptionalText,
+    },
+    Flag {
+        flag: "bitmap",
+        field: "bitmap",
+        kind: FlagKind::OptionalText,
+    },
+    Flag {
+        flag: "actions",
+        field: "actions",
+        kind: FlagKind::OptionalJson,
     },
 ];
 
@@ -290,6 +320,27 @@ pub fn table() -> Vec<E> {
             "[FILE]",
             "bitmap actions on several disks at one instant, all or none (JSON; - or none: stdin)",
         ),
+        // Point-in-time backups of running disks (docs/backup.md).
+        E::with_body(
+            "vm.disk-backup-begin",
+            "BackupBegin",
+            |c, b: BackupBeginBody| c.disk_backup_begin(b),
+        )
+        .verb(
+            "disk-backup-begin",
+            VerbArgs::Flags(BACKUP_BEGIN_FLAGS),
+            "--disk ID --addr unix:PATH|tcp:HOST:PORT --scratch PATH [--name NAME] [--bitmap NAME] [--actions JSON]",
+            "serve a running disk as it is now, read-only over NBD (prints the URI)",
+        ),
+        E::with_body("vm.disk-backup-end", "Id", |c, b: IdBody| {
+            c.disk_backup_end(&b.id)
+        })
+        .verb(
+            "disk-backup-end",
+            VerbArgs::Flags(&[DISK_FLAG]),
+            "--disk ID",
+            "stop a backup's export and drop its scratch image",
+        ),
         // External snapshots (docs/block-jobs.md).
         E::with_body(
             "vm.disk-snapshot-external",
@@ -353,6 +404,72 @@ mod tests {
         let args: Vec<String> = ["--disk", "d"].iter().map(|a| a.to_string()).collect();
         let e = call_for(&t, "disk-bitmap-clear", &args).unwrap_err();
         assert!(e.to_string().contains("--name"), "{e}");
+    }
+
+    #[test]
+    fn backup_verbs_build_their_bodies() {
+        let t = table();
+        let body = |verb: &str, args: &[&str]| -> serde_json::Value {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let c = call_for(&t, verb, &args).unwrap();
+            serde_json::from_str(c.body.as_deref().unwrap()).unwrap()
+        };
+        assert_eq!(
+            body(
+                "disk-backup-begin",
+                &[
+                    "--disk",
+                    "d",
+                    "--addr",
+                    "unix:/b.sock",
+                    "--scratch",
+                    "s.qcow2"
+                ]
+            ),
+            serde_json::json!({"id": "d", "addr": "unix:/b.sock", "scratch": "s.qcow2"})
+        );
+        let actions = r#"[{"type":"bitmap-clear","data":{"id":"d","name":"b"}}]"#;
+        assert_eq!(
+            body(
+                "disk-backup-begin",
+                &[
+                    "--disk",
+                    "d",
+                    "--addr",
+                    "tcp:0:0",
+                    "--scratch",
+                    "s",
+                    "--name",
+                    "vda",
+                    "--bitmap",
+                    "b",
+                    "--actions",
+                    actions
+                ]
+            ),
+            serde_json::json!({"id": "d", "addr": "tcp:0:0", "scratch": "s", "name": "vda",
+                "bitmap": "b", "actions": [{"type": "bitmap-clear",
+                "data": {"id": "d", "name": "b"}}]})
+        );
+        let args: Vec<String> = [
+            "--disk",
+            "d",
+            "--addr",
+            "unix:x",
+            "--scratch",
+            "s",
+            "--actions",
+            "[x",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        let e = call_for(&t, "disk-backup-begin", &args).unwrap_err();
+        assert!(e.to_string().contains("--actions: not JSON"), "{e}");
+        assert_eq!(
+            body("disk-backup-end", &["--disk", "d"]),
+            serde_json::json!({"id": "d"})
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! `main` parses the command line ([`config`]) and starts the threads
 //! that must exist before any seccomp filter ([`vm::prepare_process`]:
-//! the NBD connector, the [`vm_builder`], the [`events`] monitor); then
+//! the NBD connector, the [`vm_builder`], the [`nbd_exports`] thread,
+//! the [`events`] monitor); then
 //! [`vm::run`] starts the API server ([`api`], with `--api-socket`,
 //! routing by the endpoint table [`endpoints`]) and hands the main thread
 //! to the control loop ([`control`]), which creates and boots the VM
@@ -29,6 +30,7 @@ pub mod exit;
 pub mod layout;
 pub mod machine;
 pub mod memory;
+pub mod nbd_exports;
 pub mod pci_attach;
 pub mod seccomp;
 pub mod signals;

@@ -1,6 +1,6 @@
 //! The VMM process around its VM: the threads started before any
 //! seccomp filter ([`prepare_process`]: the SIGSYS report, the NBD
-//! connector, the `vm-builder`), the API server (`--api-socket`), and
+//! connector, the NBD export thread, the `vm-builder`), the API server (`--api-socket`), and
 //! the control loop ([`crate::control`]) on the main thread, which
 //! creates, boots, reboots and shuts down the VM (the command line's at
 //! once, or whatever `vm.create` asks for) until the VMM ends (a guest
@@ -24,7 +24,8 @@ pub use crate::vm_error::VmError;
 
 /// What the process needs before it opens a disk or installs a filter:
 /// glibc's arena limit fixed, the SIGSYS report installed, the NBD
-/// connector thread (every NBD connection is opened there) and the
+/// connector thread (every NBD connection is opened there), the
+/// `nbd-export` thread (backup exports are served from there) and the
 /// `vm-builder` thread (every VM is made there) started, each under its
 /// own filter ([`crate::seccomp`]).
 pub fn prepare_process(mode: SeccompMode) -> Result<VmBuilder, VmError> {
@@ -38,6 +39,7 @@ pub fn prepare_process(mode: SeccompMode) -> Result<VmBuilder, VmError> {
     };
     block::engines::nbd::start_connector(confine(ThreadKind::Nbd)?)
         .map_err(VmError::NbdConnector)?;
+    crate::nbd_exports::start(confine(ThreadKind::NbdExport)?).map_err(VmError::NbdExports)?;
     VmBuilder::start(confine(ThreadKind::Builder)?).map_err(VmError::Builder)
 }
 

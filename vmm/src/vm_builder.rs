@@ -30,18 +30,28 @@ impl VmBuilder {
     pub fn start(
         confine: impl FnOnce() -> Result<(), String> + Send + 'static,
     ) -> std::io::Result<VmBuilder> {
+        Self::start_named("vm-builder", confine)
+    }
+
+    /// A job thread like the builder under another name (and the filter
+    /// `confine` installs): the NBD export thread (`crate::nbd_exports`)
+    /// is one.
+    pub fn start_named(
+        name: &'static str,
+        confine: impl FnOnce() -> Result<(), String> + Send + 'static,
+    ) -> std::io::Result<VmBuilder> {
         let (jobs, rx) = channel::<Job>();
         std::thread::Builder::new()
-            .name("vm-builder".into())
+            .name(name.into())
             .spawn(move || {
                 if let Err(e) = confine() {
-                    log::error!("vm-builder: {e}; no VM can be built");
+                    log::error!("{name}: {e}; it runs no job");
                     return;
                 }
                 for job in rx {
                     // A panicking job must not take the thread with it.
                     if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
-                        log::error!("vm-builder: a job panicked");
+                        log::error!("{name}: a job panicked");
                     }
                 }
             })?;

@@ -52,6 +52,8 @@ pub enum VmError {
     Sigsys(#[source] std::io::Error),
     #[error("cannot start the NBD connector thread")]
     NbdConnector(#[source] std::io::Error),
+    #[error("cannot start the nbd-export thread")]
+    NbdExports(#[source] std::io::Error),
     #[error("cannot start the vm-builder thread")]
     Builder(#[source] std::io::Error),
     #[error("the vm-builder thread is gone")]

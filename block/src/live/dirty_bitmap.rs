@@ -188,6 +188,22 @@ impl DirtyBitmap {
         })
     }
 
+    /// The first dirty run that overlaps `from..end`, clipped to it:
+    /// `(start, len)` with `len > 0`; `None` when the range is clean (an
+    /// NBD server's `qemu:dirty-bitmap:NAME` extents).
+    pub fn next_dirty(&self, from: u64, end: u64) -> Option<(u64, u64)> {
+        let end = end.min(self.size);
+        if from >= end {
+            return None;
+        }
+        let g = self.granularity_bits;
+        let stop_bit = ((end - 1) >> g) + 1;
+        let first = self.next_with(from >> g, true, stop_bit)?;
+        let stop = self.next_with(first, false, stop_bit).unwrap_or(stop_bit);
+        let start = (first << g).max(from);
+        Some((start, (stop << g).min(end) - start))
+    }
+
     /// The first bit at or after `from` (below `len`) that is `set`.
     fn next_with(&self, from: u64, set: bool, len: u64) -> Option<u64> {
         let mut bit = from;

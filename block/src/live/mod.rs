@@ -21,13 +21,16 @@
 //! and the API reach it through `Disk::live`.
 
 mod bitmaps;
+mod cbw;
 mod dirty_bitmap;
 mod persist;
 mod queue_filters;
 mod sink;
 mod state;
+mod view;
 
 pub use bitmaps::{BitmapInfo, BitmapRegistry, Checkpoint, LiveError, NamedBitmap};
+pub use cbw::{CbwQueue, CopyBeforeWrite, GranuleState, MIN_CBW_GRANULE};
 pub use dirty_bitmap::{
     check_granularity, DirtyBitmap, DEFAULT_GRANULARITY, MAX_GRANULARITY, MIN_GRANULARITY,
 };
@@ -35,6 +38,9 @@ pub use persist::attach;
 pub use queue_filters::QueueFilters;
 pub use sink::BitmapSink;
 pub use state::{BitmapGuard, Filters, LiveState};
+pub use view::{PointInTimeView, ViewReader, ViewStatus};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod view_tests;

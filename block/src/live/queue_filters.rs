@@ -7,12 +7,15 @@
 //! takes only while the queues are quiesced). Completions leave through
 //! [`QueueFilters::completed`], which marks the enabled dirty bitmaps
 //! with every write-like one, failed ones too (a failed write may have
-//! changed part of its range).
+//! changed part of its range). With a point-in-time view active, every
+//! write-like request passes [`QueueFilters::before_submit`] first, which
+//! copies the old data it would overwrite (`cbw`).
 
 use std::sync::Arc;
 
+use super::cbw::CbwQueue;
 use super::state::{Filters, LiveState};
-use crate::request::Completion;
+use crate::request::{BlockRequest, Completion};
 
 /// See the module docs.
 #[derive(Debug)]
@@ -20,15 +23,25 @@ pub struct QueueFilters {
     live: Arc<LiveState>,
     seen: u64,
     filters: Arc<Filters>,
+    /// This queue's copying handles while a view is active.
+    cbw: Option<Box<CbwQueue>>,
+}
+
+impl std::fmt::Debug for CbwQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.filter().fmt(f)
+    }
 }
 
 impl QueueFilters {
     pub fn new(live: Arc<LiveState>) -> Self {
         let (seen, filters) = live.filters();
+        let cbw = filters.cbw.clone().map(|c| Box::new(CbwQueue::new(c)));
         QueueFilters {
             live,
             seen,
             filters,
+            cbw,
         }
     }
 
@@ -38,7 +51,31 @@ impl QueueFilters {
         if self.live.generation() != self.seen {
             let (seen, filters) = self.live.filters();
             self.seen = seen;
+            let same_cbw = match (&self.cbw, &filters.cbw) {
+                (Some(q), Some(c)) => Arc::ptr_eq(q.filter(), c),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same_cbw {
+                self.cbw = filters.cbw.clone().map(|c| Box::new(CbwQueue::new(c)));
+            }
             self.filters = filters;
+        }
+    }
+
+    /// Whether requests must pass [`QueueFilters::before_submit`].
+    #[inline]
+    pub fn acts_before_submit(&self) -> bool {
+        self.cbw.is_some()
+    }
+
+    /// Acts on a request about to be submitted: a write-like one first
+    /// has the old data it overwrites copied for the view.
+    pub fn before_submit(&mut self, request: &BlockRequest) {
+        if let Some(cbw) = self.cbw.as_mut() {
+            if request.op.changes_data() {
+                cbw.before_write(request.offset, request.len());
+            }
         }
     }
 

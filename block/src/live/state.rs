@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::bitmaps::BitmapRegistry;
+use super::cbw::CopyBeforeWrite;
 use super::dirty_bitmap::DirtyBitmap;
 use super::sink::BitmapSink;
 use crate::error::BlockError;
@@ -19,16 +20,19 @@ use crate::error::BlockError;
 /// generation moves. Copy-before-write and mirror targets join this set
 /// (docs/live-operations.md); the queues build their per-queue handles
 /// from it.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Filters {
     /// Marked when a write-like request completes.
     pub bitmaps: Vec<Arc<DirtyBitmap>>,
+    /// Copies old data away before a write-like request goes down (a
+    /// point-in-time view is active).
+    pub cbw: Option<Arc<CopyBeforeWrite>>,
 }
 
 impl Filters {
     /// Whether any filter is active.
     pub fn is_empty(&self) -> bool {
-        self.bitmaps.is_empty()
+        self.bitmaps.is_empty() && self.cbw.is_none()
     }
 }
 
@@ -107,12 +111,29 @@ impl Drop for BitmapGuard<'_> {
                 .zip(&recording)
                 .all(|(a, b)| Arc::ptr_eq(a, b));
         if !same {
-            self.live.set_filters(Filters { bitmaps: recording });
+            let mut filters = (*now).clone();
+            filters.bitmaps = recording;
+            self.live.set_filters(filters);
         }
     }
 }
 
 impl LiveState {
+    /// Installs (or with `None` removes) the copy-before-write filter of
+    /// a point-in-time view; the other filters stay. The disk's queues
+    /// must be quiesced (docs/live-operations.md, "One instant").
+    pub fn set_cbw(&self, cbw: Option<Arc<CopyBeforeWrite>>) {
+        let (_, now) = self.filters();
+        let mut filters = (*now).clone();
+        filters.cbw = cbw;
+        self.set_filters(filters);
+    }
+
+    /// The copy-before-write filter installed now, if any.
+    pub fn cbw(&self) -> Option<Arc<CopyBeforeWrite>> {
+        self.filters().1.cbw.clone()
+    }
+
     pub(super) fn set_sink(&self, sink: BitmapSink) {
         *lock(&self.sink) = Some(sink);
     }

@@ -137,7 +137,12 @@ fn body_for(command: &str, kind: VerbArgs, args: &[String]) -> Result<Option<Str
                     let (v, n) = flag(args, f.flag)?;
                     used += n;
                     match (v, f.kind) {
-                        (None, FlagKind::OptionalSize) => None,
+                        (
+                            None,
+                            FlagKind::OptionalSize
+                            | FlagKind::OptionalText
+                            | FlagKind::OptionalJson,
+                        ) => None,
                         (None, _) => {
                             return Err(usage_error(format!("{command}: {long} is required")))
                         }
@@ -150,6 +155,10 @@ fn body_for(command: &str, kind: VerbArgs, args: &[String]) -> Result<Option<Str
                                 .map(Value::from)
                                 .collect::<Vec<_>>(),
                         )),
+                        (Some(v), FlagKind::OptionalJson) => Some(
+                            serde_json::from_str(v)
+                                .map_err(|e| usage_error(format!("{long}: not JSON: {e}")))?,
+                        ),
                         (Some(v), _) => Some(Value::from(v)),
                     }
                 };

@@ -106,6 +106,11 @@ pub enum FlagKind {
     OptionalSize,
     /// A comma-separated list, sent as an array of strings; required.
     List,
+    /// A string, left out of the body when not given.
+    OptionalText,
+    /// A JSON value given as text, sent as that value; left out of the
+    /// body when not given.
+    OptionalJson,
 }
 
 /// `ch-remote`'s verb for an endpoint.

@@ -14,6 +14,7 @@
 //! vCPUs, and hold no lock the request path takes: everything happens in
 //! the control loop (`crate::control`), one request at a time.
 
+pub mod backup_types;
 pub mod bitmap_types;
 pub mod channel;
 pub mod client;

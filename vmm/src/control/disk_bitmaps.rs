@@ -20,7 +20,7 @@ use crate::api::bitmap_types::{TransactionAction, TransactionBody};
 use crate::api::ApiResponse;
 
 /// The status of a refused bitmap action.
-fn status_of(e: &LiveError) -> u16 {
+pub(super) fn status_of(e: &LiveError) -> u16 {
     match e {
         LiveError::NotFound(_) => 404,
         LiveError::Exists(_) | LiveError::Inconsistent(_) => 409,
@@ -29,7 +29,7 @@ fn status_of(e: &LiveError) -> u16 {
 }
 
 /// Runs one action on a disk's bitmaps (its queues are paused).
-fn apply(live: &LiveState, action: &TransactionAction) -> Result<(), LiveError> {
+pub(super) fn apply(live: &LiveState, action: &TransactionAction) -> Result<(), LiveError> {
     let mut bitmaps = live.bitmaps();
     match action {
         TransactionAction::BitmapAdd(b) => bitmaps.add(

@@ -42,6 +42,9 @@ impl Control {
     }
 
     pub(crate) fn resize_disk(&mut self, id: &str, size: u64, shrink: bool) -> ApiResponse {
+        if let Err(r) = self.refuse_if_backing_up(id, "vm.resize-disk") {
+            return r;
+        }
         let d = match self.local_disk(id, "vm.resize-disk") {
             Ok(d) => d,
             Err(r) => return r,
@@ -115,6 +118,9 @@ impl Control {
                 // names them.
                 if let Some(serde_json::Value::Object(top)) = v.first_mut() {
                     top.insert("dirty-bitmaps".into(), bitmaps);
+                    if let Some(backup) = self.backup_json(id) {
+                        top.insert("backup".into(), backup);
+                    }
                 }
                 ApiResponse::json(&v)
             }

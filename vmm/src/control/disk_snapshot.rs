@@ -189,6 +189,7 @@ impl Control {
                 return Err(ApiResponse::error(400, &[WHAT, &why]));
             }
             let d = self.local_disk(&req.id, WHAT)?;
+            self.refuse_if_backing_up(&req.id, WHAT)?;
             let disk = d.lock_device().expect("local_disk checked").disk().clone();
             if disk.readonly() {
                 let why = format!("disk '{}' is read-only", req.id);

@@ -39,7 +39,7 @@ impl Control {
         }
     }
 
-    fn disks(&self) -> Option<&crate::disk_registry::DiskRegistry> {
+    pub(super) fn disks(&self) -> Option<&crate::disk_registry::DiskRegistry> {
         self.vm.as_ref().map(|v| &v.machine.devices.disks)
     }
 
@@ -129,7 +129,7 @@ impl Control {
                 &[&format!("no device with id '{id}'")],
             ))
         } else {
-            None
+            self.refuse_if_backing_up(&id, "vm.remove-device").err()
         };
         if let Some(r) = refused {
             reply.send(r);

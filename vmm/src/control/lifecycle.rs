@@ -114,6 +114,7 @@ impl Control {
             return Vec::new();
         };
         vm.machine.stop_vcpus();
+        self.end_backups();
         self.finish_removals_now();
         self.record_disks();
         self.final_counters = Some(self.counters_now());

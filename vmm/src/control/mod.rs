@@ -12,7 +12,8 @@
 //! ([`vm_ops`]: pause, resume, counters), disk operations ([`disk_ops`]:
 //! resize, snapshot, info; [`disk_snapshot`]: external snapshots of
 //! a group of disks; [`disk_bitmaps`]: dirty bitmaps and their
-//! transactions; both on disks paused together by [`disk_group`]),
+//! transactions; [`disk_backup`]: point-in-time NBD exports; all on
+//! disks paused together by [`disk_group`]),
 //! hotplug ([`hotplug`]: add, remove). A removal waits for the guest's
 //! eject without blocking the loop: it is
 //! parked in `removals` and answered when the eject arrives or its
@@ -25,6 +26,7 @@
 //! thread while nothing is in flight, and resumes them. Every change
 //! worth reporting is one [`crate::events::emit`] call in its handler.
 
+mod disk_backup;
 mod disk_bitmaps;
 mod disk_group;
 mod disk_ops;
@@ -109,6 +111,8 @@ pub struct Control {
     close_failures: Vec<String>,
     /// `vm.counters`' answer once the disks are off the bus.
     final_counters: Option<serde_json::Value>,
+    /// Point-in-time backups being served ([`disk_backup`]).
+    backups: Vec<disk_backup::Backup>,
 }
 
 impl Control {
@@ -129,6 +133,7 @@ impl Control {
             eject: EventFd::new(libc::EFD_NONBLOCK)?,
             close_failures: Vec::new(),
             final_counters: None,
+            backups: Vec::new(),
         })
     }
 

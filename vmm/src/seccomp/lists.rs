@@ -222,3 +222,40 @@ pub(super) const NBD: &[libc::c_long] = &[
 /// `FIONBIO` (the standard library makes sockets non-blocking with it)
 /// and `FIONREAD` (the resolver sizes a UDP answer with it).
 pub(super) const NBD_IOCTLS: &[u64] = &[libc::FIONBIO, libc::FIONREAD];
+
+/// The `nbd-export` thread and the accept and connection threads of the
+/// exports it starts (`clone` is added with a CLONE_THREAD condition,
+/// `ioctl` with [`NBD_EXPORT_IOCTLS`]); docs/nbd.md lists what each of
+/// them calls, as strace recorded it.
+pub(super) const NBD_EXPORT: &[libc::c_long] = &[
+    // Starting an export: the socket, TCP's SO_REUSEADDR, the bound port.
+    libc::SYS_socket,
+    libc::SYS_bind,
+    libc::SYS_listen,
+    libc::SYS_getsockname,
+    libc::SYS_setsockopt,
+    libc::SYS_getsockopt,
+    // Accepting and serving clients.
+    libc::SYS_accept4,
+    libc::SYS_getpeername,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_recvfrom,
+    libc::SYS_sendto,
+    libc::SYS_shutdown,
+    // Stopping an export: its Unix socket file.
+    libc::SYS_unlink,
+    libc::SYS_unlinkat,
+    // A source whose queues use io_uring.
+    libc::SYS_io_uring_setup,
+    libc::SYS_dup,
+    // Starting the accept and connection threads.
+    libc::SYS_clone3,
+    libc::SYS_prctl,
+    libc::SYS_rseq,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_set_robust_list,
+];
+
+/// `FIONBIO` (the standard library makes sockets non-blocking with it).
+pub(super) const NBD_EXPORT_IOCTLS: &[u64] = &[libc::FIONBIO];

@@ -35,6 +35,16 @@
 //!   TCP, with name resolution, so `openat` for the resolver's files),
 //!   the handshake, receiving replies, reconnecting, starting threads
 //!   (CLONE_THREAD only); `ioctl` only for FIONBIO and FIONREAD.
+//! - [`ThreadKind::NbdExport`]: the `nbd-export` thread
+//!   ([`crate::nbd_exports`]) that starts and stops the VMM's NBD
+//!   exports (backups' point-in-time views), and the accept and
+//!   connection threads the server starts (they inherit its filter):
+//!   making, binding and listening on sockets, accepting, the protocol's
+//!   reads and writes, the view's reads of the disk and the scratch
+//!   image (preadv/pwritev, eventfds), removing a Unix socket file,
+//!   starting threads (CLONE_THREAD only); `ioctl` only for FIONBIO.
+//!   No `connect`, no file opening (EACCES), so no host name is
+//!   resolved: a TCP address is given as numbers.
 //! - [`ThreadKind::Builder`]: the `vm-builder` thread
 //!   ([`crate::vm_builder`]), where every VM is made, at the first boot
 //!   and at each `vm.boot` and reboot after it: opening `/dev/kvm`, the
@@ -65,7 +75,8 @@
 //! is built the same way, after the main filter is on, so every test
 //! run exercises the path `vm.boot` takes.
 //!
-//! Where sockets are made: only in [`ThreadKind::Nbd`] threads. Every NBD
+//! Where sockets are made: only in [`ThreadKind::Nbd`] threads (the
+//! client side) and [`ThreadKind::NbdExport`] threads (the exports). Every NBD
 //! connection of the process is opened on the one connector thread, which
 //! the VMM starts before any filter exists: a boot disk's, a hot-added
 //! disk's first connection (`vm.add-disk` runs on the control loop), a
@@ -102,7 +113,10 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-use lists::{API, BUILDER, COMMON, MAIN, MAIN_IOCTLS, NBD, NBD_IOCTLS, VCPU, WORKER};
+use lists::{
+    API, BUILDER, COMMON, MAIN, MAIN_IOCTLS, NBD, NBD_EXPORT, NBD_EXPORT_IOCTLS, NBD_IOCTLS, VCPU,
+    WORKER,
+};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
@@ -118,6 +132,7 @@ pub enum ThreadKind {
     QueueWorker,
     Api,
     Nbd,
+    NbdExport,
     Builder,
     EventMonitor,
 }
@@ -231,6 +246,12 @@ pub fn filters(kind: ThreadKind, mode: SeccompMode) -> Result<Vec<BpfProgram>, S
         ThreadKind::Nbd => {
             threads_only(&list(NBD), vec![ioctl_rules(NBD_IOCTLS)?], false, mismatch)
         }
+        ThreadKind::NbdExport => threads_only(
+            &list_opening(NBD_EXPORT),
+            vec![ioctl_rules(NBD_EXPORT_IOCTLS)?],
+            true,
+            mismatch,
+        ),
         ThreadKind::Builder => threads_only(
             &list(BUILDER),
             vec![ioctl_rules(&builder_ioctls())?],

@@ -12,6 +12,7 @@ fn filters_compile_and_off_means_none() {
         ThreadKind::QueueWorker,
         ThreadKind::Api,
         ThreadKind::Nbd,
+        ThreadKind::NbdExport,
     ] {
         assert!(!filters(kind, SeccompMode::Enforce).unwrap().is_empty());
         assert!(!filters(kind, SeccompMode::Log).unwrap().is_empty());
@@ -264,4 +265,66 @@ fn report_lines_name_the_call_or_give_its_number() {
     let long = [b'n'; 400];
     let r = sigsys::Report::new(&long, u64::MAX, 1);
     assert_eq!(r.as_bytes().len(), 256);
+}
+
+/// A Unix socket bound to an abstract name (no file) and listened on:
+/// 7 when every call succeeded.
+fn listen_abstract() -> i32 {
+    // SAFETY: socket(2) with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+    if fd < 0 {
+        return 1;
+    }
+    // SAFETY: an all-zero sockaddr_un is valid; an abstract name starts
+    // with a NUL byte.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = format!("ch-seccomp-test-{}", std::process::id());
+    for (i, b) in name.bytes().enumerate() {
+        addr.sun_path[i + 1] = b as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t;
+    // SAFETY: bind and listen on the fd just made, with a valid address
+    // of `len` bytes.
+    let ok = unsafe {
+        libc::bind(fd, std::ptr::addr_of!(addr).cast(), len) == 0 && libc::listen(fd, 4) == 0
+    };
+    // SAFETY: closing the fd just made.
+    unsafe { libc::close(fd) };
+    if ok {
+        7
+    } else {
+        2
+    }
+}
+
+#[test]
+fn the_export_thread_listens_but_neither_connects_nor_opens_files() {
+    let (status, err) = reported_child(ThreadKind::NbdExport, listen_abstract);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7,
+        "status {status:#x}: {err}"
+    );
+    let (status, err) = reported_child(ThreadKind::NbdExport, || {
+        // SAFETY: connect on fd -1 with a null address: EBADF if let
+        // through.
+        unsafe { libc::connect(-1, std::ptr::null(), 0) };
+        0
+    });
+    assert!(killed_by_sigsys(status), "status {status:#x}: {err}");
+    assert!(err.contains("made system call connect (42)"), "{err}");
+    let status = in_filtered_child(ThreadKind::NbdExport, || {
+        // SAFETY: openat with a valid NUL-terminated path.
+        let fd = unsafe { libc::openat(libc::AT_FDCWD, c"/etc/hostname".as_ptr(), libc::O_RDONLY) };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        if fd < 0 && errno == Some(libc::EACCES) {
+            7
+        } else {
+            3
+        }
+    });
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7,
+        "status {status:#x}"
+    );
 }
