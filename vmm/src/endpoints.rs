@@ -13,7 +13,9 @@ use crate::api::bitmap_types::{
     BitmapAddBody, BitmapBody, BitmapMergeBody, TransactionAction, TransactionBody,
 };
 use crate::api::endpoint::{Endpoint, Flag, FlagKind, Method, VerbArgs};
-use crate::api::types::{IdBody, ResizeDiskBody, SnapshotDiskBody, SnapshotExternalBody};
+use crate::api::types::{
+    DiskMirrorBody, IdBody, JobBody, ResizeDiskBody, SnapshotDiskBody, SnapshotExternalBody,
+};
 use crate::config::{DiskConfig, VmConfig};
 use crate::control::Control;
 
@@ -91,6 +93,50 @@ const BITMAP_MERGE_FLAGS: &[Flag] = &[
         kind: FlagKind::List,
     },
 ];
+
+const MIRROR_FLAGS: &[Flag] = &[
+    DISK_FLAG,
+    Flag {
+        flag: "target",
+        field: "target",
+        kind: FlagKind::Text,
+    },
+    Flag {
+        flag: "format",
+        field: "format",
+        kind: FlagKind::OptionalText,
+    },
+    Flag {
+        flag: "existing",
+        field: "existing",
+        kind: FlagKind::Switch,
+    },
+    Flag {
+        flag: "sync",
+        field: "sync",
+        kind: FlagKind::OptionalText,
+    },
+    Flag {
+        flag: "mode",
+        field: "mode",
+        kind: FlagKind::OptionalText,
+    },
+    Flag {
+        flag: "speed",
+        field: "speed",
+        kind: FlagKind::OptionalSize,
+    },
+    Flag {
+        flag: "granularity",
+        field: "granularity",
+        kind: FlagKind::OptionalSize,
+    },
+];
+
+const JOB: VerbArgs = VerbArgs::One {
+    field: "job",
+    what: "the job id",
+};
 
 const ID: VerbArgs = VerbArgs::One {
     field: "id",
@@ -305,6 +351,41 @@ pub fn table() -> Vec<E> {
             },
             "--disk id=ID,overlay=PATH [--disk ...] | FILE",
             "new qcow2 overlays on running disks, switched to at one instant",
+        ),
+        // Block jobs (docs/block-jobs.md).
+        E::with_body("vm.disk-mirror", "DiskMirror", |c, b: DiskMirrorBody| {
+            c.disk_mirror(b)
+        })
+        .verb(
+            "disk-mirror",
+            VerbArgs::Flags(MIRROR_FLAGS),
+            "--disk ID --target PATH|URI [--format qcow2|raw] [--existing] [--sync full|top] \
+             [--mode background] [--speed BYTES/S] [--granularity SIZE] [--wait]",
+            "copy a running disk to a target while it runs (a job; --wait: until ready)",
+        ),
+        E::new("vm.disk-jobs", Get, |c| c.disk_jobs()).verb(
+            "disk-jobs",
+            VerbArgs::None,
+            "",
+            "the block jobs: id, type, disk, state, bytes done and total, rate, error",
+        ),
+        E::with_body("vm.disk-job-complete", "Job", |c, b: JobBody| {
+            c.disk_job_complete(b)
+        })
+        .verb(
+            "disk-job-complete",
+            JOB,
+            "JOB [--wait]",
+            "switch a ready mirror's disk to its target",
+        ),
+        E::with_body("vm.disk-job-cancel", "Job", |c, b: JobBody| {
+            c.disk_job_cancel(b)
+        })
+        .verb(
+            "disk-job-cancel",
+            JOB,
+            "JOB [--wait]",
+            "stop a job (at ready the target stays a consistent copy)",
         ),
     ]
 }

@@ -18,8 +18,10 @@
 //! thread, pauses the disk's queues and calls [`Mirror::sync_rest`] (the
 //! last dirty granules, nothing in flight), then switches the disk to
 //! [`Mirror::take_target`] or leaves it. Whatever way the thread ends,
-//! [`Mirror::release`] detaches the bitmap and closes a target nobody
-//! took.
+//! the owner then calls [`Mirror::release`], which detaches the bitmap
+//! and closes (and, if the job made it, removes) a target nobody took:
+//! the thread itself never opens or removes a file, so its owner may
+//! confine it to I/O on the queues it was given.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -84,18 +86,12 @@ impl Mirror {
     }
 
     /// The job's body (see the module docs): returns when cancelled or
-    /// stopped, or with the reason it failed; releases what it holds.
+    /// stopped, or with the reason it failed.
     pub fn run(&self, job: &JobShared) -> Result<Option<JobState>, String> {
-        let r = self.first_pass(job).and_then(|flow| match flow {
+        self.first_pass(job).and_then(|flow| match flow {
             Flow::Go => self.follow(job),
             Flow::Stop => Ok(None),
-        });
-        // A job stopped by its owner (complete, cancel at ready) was
-        // released by it; otherwise nothing else will.
-        if r.is_err() || job.cancel_requested() {
-            self.release();
-        }
-        r
+        })
     }
 
     /// Step 1: the allocated data.

@@ -144,11 +144,12 @@ fn cancel_before_ready_stops_and_removes_the_target_it_made() {
     source.write_at(0, &vec![0x44; 64 * MIB as usize]).unwrap();
     let target_path = dir.path().join("t.raw");
     let target = open_target(&source, &spec(&target_path, "raw")).unwrap();
-    let (_mirror, mut job) = start(&source, target);
+    let (mirror, mut job) = start(&source, target);
     job.shared().set_speed(MIB);
     std::thread::sleep(Duration::from_millis(30));
     job.cancel();
     job.join();
+    mirror.release();
     let s = job.status();
     assert_eq!(s.state, JobState::Cancelled, "{s:?}");
     assert!(s.bytes_done < s.bytes_total, "{s:?}");

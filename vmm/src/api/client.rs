@@ -137,7 +137,7 @@ fn body_for(command: &str, kind: VerbArgs, args: &[String]) -> Result<Option<Str
                     let (v, n) = flag(args, f.flag)?;
                     used += n;
                     match (v, f.kind) {
-                        (None, FlagKind::OptionalSize) => None,
+                        (None, FlagKind::OptionalSize | FlagKind::OptionalText) => None,
                         (None, _) => {
                             return Err(usage_error(format!("{command}: {long} is required")))
                         }

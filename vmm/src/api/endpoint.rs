@@ -106,6 +106,8 @@ pub enum FlagKind {
     OptionalSize,
     /// A comma-separated list, sent as an array of strings; required.
     List,
+    /// A string, left out of the body when not given.
+    OptionalText,
 }
 
 /// `ch-remote`'s verb for an endpoint.

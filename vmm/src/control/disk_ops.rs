@@ -42,6 +42,9 @@ impl Control {
     }
 
     pub(crate) fn resize_disk(&mut self, id: &str, size: u64, shrink: bool) -> ApiResponse {
+        if let Some(why) = self.jobs.busy(id) {
+            return ApiResponse::error(409, &["vm.resize-disk", &why]);
+        }
         let d = match self.local_disk(id, "vm.resize-disk") {
             Ok(d) => d,
             Err(r) => return r,

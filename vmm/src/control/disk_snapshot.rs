@@ -189,6 +189,9 @@ impl Control {
                 return Err(ApiResponse::error(400, &[WHAT, &why]));
             }
             let d = self.local_disk(&req.id, WHAT)?;
+            if let Some(why) = self.jobs.busy(&req.id) {
+                return Err(ApiResponse::error(409, &[WHAT, &why]));
+            }
             let disk = d.lock_device().expect("local_disk checked").disk().clone();
             if disk.readonly() {
                 let why = format!("disk '{}' is read-only", req.id);

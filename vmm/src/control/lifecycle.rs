@@ -114,6 +114,8 @@ impl Control {
             return Vec::new();
         };
         vm.machine.stop_vcpus();
+        // No job may read a disk being closed.
+        self.jobs.end_all();
         self.finish_removals_now();
         self.record_disks();
         self.final_counters = Some(self.counters_now());

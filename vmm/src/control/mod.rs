@@ -12,7 +12,9 @@
 //! ([`vm_ops`]: pause, resume, counters), disk operations ([`disk_ops`]:
 //! resize, snapshot, info; [`disk_snapshot`]: external snapshots of
 //! a group of disks; [`disk_bitmaps`]: dirty bitmaps and their
-//! transactions; both on disks paused together by [`disk_group`]),
+//! transactions; both on disks paused together by [`disk_group`];
+//! [`disk_jobs`]: block jobs, the mirror, held in [`job_registry`] and
+//! ended when the VM stops),
 //! hotplug ([`hotplug`]: add, remove). A removal waits for the guest's
 //! eject without blocking the loop: it is
 //! parked in `removals` and answered when the eject arrives or its
@@ -27,10 +29,12 @@
 
 mod disk_bitmaps;
 mod disk_group;
+mod disk_jobs;
 mod disk_ops;
 mod disk_snapshot;
 mod hotplug;
 mod info;
+mod job_registry;
 mod lifecycle;
 mod status;
 mod vm_ops;
@@ -109,6 +113,8 @@ pub struct Control {
     close_failures: Vec<String>,
     /// `vm.counters`' answer once the disks are off the bus.
     final_counters: Option<serde_json::Value>,
+    /// Block jobs (mirrors), one at a time per disk.
+    jobs: job_registry::JobRegistry,
 }
 
 impl Control {
@@ -129,6 +135,7 @@ impl Control {
             eject: EventFd::new(libc::EFD_NONBLOCK)?,
             close_failures: Vec::new(),
             final_counters: None,
+            jobs: Default::default(),
         })
     }
 

@@ -12,6 +12,7 @@ fn filters_compile_and_off_means_none() {
         ThreadKind::QueueWorker,
         ThreadKind::Api,
         ThreadKind::Nbd,
+        ThreadKind::BlockJob,
     ] {
         assert!(!filters(kind, SeccompMode::Enforce).unwrap().is_empty());
         assert!(!filters(kind, SeccompMode::Log).unwrap().is_empty());
