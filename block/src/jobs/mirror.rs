@@ -38,15 +38,15 @@ const IDLE: Duration = Duration::from_millis(20);
 
 /// See the module docs.
 pub struct Mirror {
-    source: Disk,
+    /// `None` once released: the source's files close (and unlock) as
+    /// soon as the device lets go of them too.
+    source: Mutex<Option<Disk>>,
     sync: SyncMode,
     bitmap: Arc<DirtyBitmap>,
     /// The job's queues; `None` once released.
     copier: Mutex<Option<Copier>>,
     /// `None` once taken (complete) or released.
     target: Mutex<Option<MirrorTarget>>,
-    /// The disk's target while the job runs (for its size and path).
-    target_disk: Disk,
     /// The target read zeroes everywhere when the job began.
     target_was_zero: bool,
 }
@@ -61,17 +61,15 @@ impl Mirror {
         granularity: u64,
     ) -> Result<Mirror, String> {
         let bitmap = Arc::new(DirtyBitmap::new(granularity, source.size())?);
-        let target_disk = target.image.disk().clone();
-        let copier = Copier::new(&source, &target_disk)
+        let copier = Copier::new(&source, target.image.disk())
             .map_err(|e| format!("cannot make the job's queues: {}", ch_log::error_chain(&e)))?;
         Ok(Mirror {
             target_was_zero: target.reads_zero,
-            source,
+            source: Mutex::new(Some(source)),
             sync,
             bitmap,
             copier: Mutex::new(Some(copier)),
             target: Mutex::new(Some(target)),
-            target_disk,
         })
     }
 
@@ -79,10 +77,6 @@ impl Mirror {
     /// (`BitmapRegistry::attach_internal`) before the job starts.
     pub fn bitmap(&self) -> &Arc<DirtyBitmap> {
         &self.bitmap
-    }
-
-    pub fn target_disk(&self) -> &Disk {
-        &self.target_disk
     }
 
     /// The job's body (see the module docs): returns when cancelled or
@@ -96,8 +90,12 @@ impl Mirror {
 
     /// Step 1: the allocated data.
     fn first_pass(&self, job: &JobShared) -> Result<Flow, String> {
-        let size = self.source.size();
-        let format = self.source.format().clone();
+        let Some(source) = lock(&self.source).clone() else {
+            return Err("the job was released".into());
+        };
+        let size = source.size();
+        let format = source.format().clone();
+        drop(source);
         // What to copy and what to zero, from the block status.
         let mut copy = Vec::new();
         let mut zero = Vec::new();
@@ -223,15 +221,20 @@ impl Mirror {
     /// Flushes the target (the owner calls it before the pause of a
     /// complete, so the switch has little left to make durable).
     pub fn flush_target(&self) -> Result<(), String> {
-        self.target_disk
-            .flush()
-            .map_err(|e| format!("flushing the target: {}", ch_log::error_chain(&e)))
+        match lock(&self.target).as_ref() {
+            Some(t) => t
+                .image
+                .disk()
+                .flush()
+                .map_err(|e| format!("flushing the target: {}", ch_log::error_chain(&e))),
+            None => Err("the target is gone".into()),
+        }
     }
 
     /// The target, for the disk to run on (complete); the job's queues
-    /// go with it.
+    /// stay until [`Mirror::release`], for [`Mirror::sync_rest`] in the
+    /// switch's pause.
     pub fn take_target(&self) -> Option<MirrorTarget> {
-        lock(&self.copier).take();
         lock(&self.target).take()
     }
 
@@ -239,8 +242,10 @@ impl Mirror {
     /// job created is removed unless `keep_target`: a cancel at ready
     /// leaves a consistent copy).
     pub fn release_keeping(&self, keep_target: bool) {
-        self.source.live().bitmaps().detach_internal(&self.bitmap);
         lock(&self.copier).take();
+        if let Some(source) = lock(&self.source).take() {
+            source.live().bitmaps().detach_internal(&self.bitmap);
+        }
         if let Some(mut t) = lock(&self.target).take() {
             if keep_target {
                 t.keep();
