@@ -140,8 +140,9 @@ fn examples_run_as_written(prefix: &str) {
     });
     // ping, info, counters, pause, resume, resize, add, remove,
     // snapshot, disk-info, disk-snapshot-external, bitmap add,
-    // transaction, bitmap remove, vm.shutdown, vmm.shutdown.
-    assert_eq!(ran, 16, "{prefix} examples");
+    // transaction, bitmap remove, mirror, jobs, cancel (curl) or
+    // complete (ch-remote), vm.shutdown, vmm.shutdown.
+    assert_eq!(ran, 19, "{prefix} examples");
     let (status, stderr) = vm.wait_exit();
     assert!(status.success(), "{status}: {stderr}");
     assert!(

@@ -443,3 +443,36 @@ fn listing(dir: &TempDir) -> Vec<String> {
     names.sort();
     names
 }
+
+#[test]
+fn a_vmm_killed_mid_mirror_leaves_the_source_clean() {
+    if !have_curl() {
+        return;
+    }
+    let dir = TempDir::new("mirror-kill");
+    let source = dir.file("src.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &source, "64M"]);
+    qemu_io("qcow2", &source, &["write -P 0x5a 16M 32M"]);
+    let target = dir.file("dst.qcow2");
+    let rounds = 150u64;
+    let mut vm = ApiVm::start(
+        &dir,
+        &format!("disks=1 io_rounds={rounds} park"),
+        &["--disk", &format!("path={source},id=d0")],
+    );
+    vm.wait_for("ok   round 3\n");
+    // 32 MiB at 8 MiB/s: killed half-way.
+    let body = format!(r#"{{"id":"d0","target":"{target}","speed":8388608}}"#);
+    vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200);
+    std::thread::sleep(Duration::from_millis(1500));
+    let running = job(&vm, "job-1");
+    assert_eq!(running["state"], "running", "{running}");
+    // SIGKILL: nothing is closed.
+    drop(vm);
+    check_clean(&source);
+    // The partial target is a qcow2 image without errors (its metadata
+    // as far as it was written; docs/block-jobs.md says what it holds).
+    let out = integration_tests::qemu_img_status(&["check", &target]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("No errors"), "qemu-img check {target}: {text}");
+}
