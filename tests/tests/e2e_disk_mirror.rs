@@ -474,5 +474,8 @@ fn a_vmm_killed_mid_mirror_leaves_the_source_clean() {
     // as far as it was written; docs/block-jobs.md says what it holds).
     let out = integration_tests::qemu_img_status(&["check", &target]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("No errors"), "qemu-img check {target}: {text}");
+    assert!(
+        text.contains("No errors"),
+        "qemu-img check {target}: {text}"
+    );
 }

@@ -437,6 +437,58 @@ mod tests {
     }
 
     #[test]
+    fn job_verbs_build_their_bodies() {
+        let t = table();
+        let body = |verb: &str, args: &[&str]| -> serde_json::Value {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let c = call_for(&t, verb, &args).unwrap();
+            serde_json::from_str(c.body.as_deref().unwrap()).unwrap()
+        };
+        assert_eq!(
+            body("disk-mirror", &["--disk", "d", "--target", "/t.qcow2"]),
+            serde_json::json!({"id": "d", "target": "/t.qcow2"})
+        );
+        assert_eq!(
+            body(
+                "disk-mirror",
+                &[
+                    "--disk",
+                    "d",
+                    "--target",
+                    "t.raw",
+                    "--format",
+                    "raw",
+                    "--existing",
+                    "--sync",
+                    "top",
+                    "--mode",
+                    "background",
+                    "--speed",
+                    "10M",
+                    "--granularity",
+                    "1M"
+                ]
+            ),
+            serde_json::json!({"id": "d", "target": "t.raw", "format": "raw",
+                "existing": true, "sync": "top", "mode": "background",
+                "speed": 10 << 20, "granularity": 1 << 20})
+        );
+        assert_eq!(
+            body("disk-job-complete", &["job-1"]),
+            serde_json::json!({"job": "job-1"})
+        );
+        assert_eq!(
+            body("disk-job-cancel", &["job-2"]),
+            serde_json::json!({"job": "job-2"})
+        );
+        let jobs = call_for(&t, "disk-jobs", &[]).unwrap();
+        assert_eq!((jobs.method, jobs.body), ("GET", None));
+        let args: Vec<String> = ["--disk", "d"].iter().map(|a| a.to_string()).collect();
+        let e = call_for(&t, "disk-mirror", &args).unwrap_err();
+        assert!(e.to_string().contains("--target"), "{e}");
+    }
+
+    #[test]
     fn names_and_verbs_are_unique() {
         let t = table();
         for (i, e) in t.iter().enumerate() {

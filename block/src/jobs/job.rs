@@ -387,3 +387,86 @@ impl Drop for Job {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body that counts chunks until told to stop.
+    fn counting(
+        chunks: Arc<AtomicU64>,
+    ) -> impl FnOnce(&JobShared) -> Result<Option<JobState>, String> {
+        move |s| {
+            while s.between_chunks() == Flow::Go {
+                chunks.fetch_add(1, Ordering::Relaxed);
+                s.add_done(4096);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(None)
+        }
+    }
+
+    #[test]
+    fn park_holds_the_thread_between_chunks_until_unparked() {
+        let chunks = Arc::new(AtomicU64::new(0));
+        let mut job = Job::spawn(
+            JobShared::new("j", "test", "d", 0),
+            counting(chunks.clone()),
+        )
+        .unwrap();
+        assert!(job.park(Duration::from_secs(10)));
+        let held = chunks.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(chunks.load(Ordering::Relaxed), held, "a parked job copied");
+        assert_eq!(job.status().state, JobState::Running);
+        job.unpark();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while chunks.load(Ordering::Relaxed) == held {
+            assert!(Instant::now() < deadline, "the job did not go on");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Stop ends it with the state its owner set.
+        job.shared().set_state(JobState::Completed);
+        job.stop();
+        assert!(job.finished());
+        let s = job.status();
+        assert_eq!((s.state, s.error, s.rate), (JobState::Completed, None, 0));
+        assert!(s.bytes_done >= 4096 && s.bytes_total == s.bytes_done);
+    }
+
+    #[test]
+    fn cancel_ends_cancelled_and_a_failure_keeps_its_reason() {
+        let chunks = Arc::new(AtomicU64::new(0));
+        let mut job = Job::spawn(JobShared::new("j", "test", "d", 0), counting(chunks)).unwrap();
+        job.cancel();
+        job.join();
+        assert_eq!(job.status().state, JobState::Cancelled);
+        // A final state stays.
+        job.shared().set_state(JobState::Running);
+        assert_eq!(job.status().state, JobState::Cancelled);
+        let mut failing = Job::spawn(JobShared::new("k", "test", "d", 0), |_| {
+            Err("the target is full".to_string())
+        })
+        .unwrap();
+        failing.join();
+        let s = failing.status();
+        assert_eq!(s.state, JobState::Failed);
+        assert_eq!(s.error.as_deref(), Some("the target is full"));
+        assert_eq!(s.to_json()["state"], "failed");
+        // Parking an ended job returns at once.
+        assert!(failing.park(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_rate_limited_job_wakes_for_a_cancel() {
+        let chunks = Arc::new(AtomicU64::new(0));
+        // 4 KiB at 1 KiB/s: each chunk waits seconds.
+        let mut job = Job::spawn(JobShared::new("j", "test", "d", 1024), counting(chunks)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let t = Instant::now();
+        job.cancel();
+        job.join();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(job.status().state, JobState::Cancelled);
+    }
+}
