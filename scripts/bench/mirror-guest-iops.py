@@ -16,7 +16,7 @@ end, and the medians.
 
 Usage: scripts/bench/mirror-guest-iops.py [--bin DIR] [--guest ELF]
        [--dir DIR] [--size 4G] [--data 2G] [--seconds 8] [--depth 16]
-       [--queues 1] [--pairs 3] [--keep]
+       [--queues 1] [--pairs 3] [--granularity 64K] [--keep]
 Prints a markdown table on stdout, progress on stderr.
 """
 
@@ -89,7 +89,8 @@ def one_boot(args, work, guest, image, mirror):
         deadline = time.monotonic() + args.seconds + 180
         wait_serial(proc, serial, "LOAD start", deadline)
         if mirror:
-            remote(args, sock, "disk-mirror", "--disk", "d0", "--target", target)
+            remote(args, sock, "disk-mirror", "--disk", "d0", "--target", target,
+                   "--granularity", args.granularity)
         text = wait_serial(proc, serial, "info parked", deadline)
         if mirror:
             state = json.loads(remote(args, sock, "disk-jobs"))[0]["state"]
@@ -117,6 +118,7 @@ def main():
     p.add_argument("--depth", type=int, default=16)
     p.add_argument("--queues", type=int, default=1)
     p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--granularity", default="64K")
     p.add_argument("--keep", action="store_true")
     args = p.parse_args()
     guest = args.guest or subprocess.run(
@@ -141,7 +143,8 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
     print(f"The guest's 4 KiB randwrite IOPS (depth {args.depth}, {args.queues} queue(s), "
           f"{args.seconds} s) on a {args.size} qcow2 disk with {args.data} of data, "
-          f"without and with a background mirror to a new qcow2 started with the load:\n")
+          f"without and with a background mirror (granularity {args.granularity}) to a new "
+          f"qcow2 started with the load:\n")
     print("| pair | IOPS without | IOPS with mirror | ratio | job at the load's end |")
     print("| --- | --- | --- | --- | --- |")
     for pair, w, m, state in rows:
