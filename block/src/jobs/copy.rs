@@ -16,8 +16,11 @@ use crate::request::{BlockRequest, Completion, IoMemory, RequestOp};
 
 /// The most bytes one range of a batch may have.
 pub const CHUNK: u64 = 1 << 20;
-/// Ranges a batch may hold (what is in flight at once).
+/// Ranges a batch of whole chunks holds (what is in flight at once).
 pub const BATCH: usize = 8;
+/// Ranges a batch of small ranges may hold (dirty granules), at most
+/// [`BATCH`] chunks' bytes in all.
+pub const MAX_RANGES: usize = 64;
 
 /// What a copy did to the target.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -45,7 +48,7 @@ impl Copier {
     }
 
     /// Copies every `(offset, len)` of `ranges` (each at most [`CHUNK`],
-    /// at most [`BATCH`] of them); `target_zero` says the target reads
+    /// at most [`MAX_RANGES`] of them); `target_zero` says the target reads
     /// zeroes in all of them now (zero ranges are then not written).
     pub fn copy(&mut self, ranges: &[(u64, u64)], target_zero: bool) -> Result<Copied, String> {
         let reads = ranges

@@ -26,7 +26,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::copy::{Copier, BATCH, CHUNK};
+use super::copy::{Copier, BATCH, CHUNK, MAX_RANGES};
 use super::job::{Flow, JobShared, JobState};
 use super::mirror_target::{MirrorTarget, SyncMode};
 use crate::disk::Disk;
@@ -49,6 +49,10 @@ pub struct Mirror {
     target: Mutex<Option<MirrorTarget>>,
     /// The target read zeroes everywhere when the job began.
     target_was_zero: bool,
+    /// Where the next look for dirty granules starts: the job sweeps the
+    /// disk round and round, so granules the guest keeps writing do not
+    /// starve the others.
+    cursor: Mutex<u64>,
 }
 
 impl Mirror {
@@ -70,6 +74,7 @@ impl Mirror {
             bitmap,
             copier: Mutex::new(Some(copier)),
             target: Mutex::new(Some(target)),
+            cursor: Mutex::new(0),
         })
     }
 
@@ -165,20 +170,41 @@ impl Mirror {
         }
     }
 
-    /// Up to a batch of dirty chunks, each cleared in the bitmap now.
+    /// Up to [`MAX_RANGES`] dirty ranges ([`BATCH`] chunks' bytes at
+    /// most), from the cursor on and round to the start, each cleared in
+    /// the bitmap now.
     fn take_dirty(&self) -> Vec<(u64, u64)> {
         let step = CHUNK.max(self.bitmap.granularity());
-        let mut batch = Vec::with_capacity(BATCH);
-        'extents: for (offset, len) in self.bitmap.extents() {
-            for (o, l) in chunks(offset, len, step) {
-                if self.bitmap.take_range(o, l) {
-                    batch.push((o, l));
+        let budget = BATCH as u64 * CHUNK;
+        let mut cursor = lock(&self.cursor);
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for from_start in [false, true] {
+            for (offset, len) in self.bitmap.extents() {
+                let end = offset + len;
+                // The first sweep takes what lies past the cursor, the
+                // second what lies before it.
+                let (start, stop) = if from_start {
+                    (offset, end.min(*cursor))
+                } else {
+                    (offset.max(*cursor), end)
+                };
+                if start >= stop {
+                    continue;
                 }
-                if batch.len() == BATCH {
-                    break 'extents;
+                for (o, l) in chunks(start, stop - start, step) {
+                    if self.bitmap.take_range(o, l) {
+                        batch.push((o, l));
+                        bytes += l;
+                    }
+                    if batch.len() == MAX_RANGES || bytes >= budget {
+                        *cursor = o + l;
+                        return batch;
+                    }
                 }
             }
         }
+        *cursor = batch.last().map_or(0, |&(o, l)| o + l);
         batch
     }
 
