@@ -135,6 +135,12 @@ impl MirrorTarget {
         r
     }
 
+    /// The file this module created for the job, if it did (and it is
+    /// not kept yet).
+    pub fn created(&self) -> Option<&Path> {
+        self.created.as_deref()
+    }
+
     /// The image, for the disk to run on (the job completed).
     pub fn into_image(mut self) -> ExclusiveImage {
         self.keep();

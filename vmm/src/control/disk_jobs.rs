@@ -206,6 +206,17 @@ impl Control {
         };
         let target_path = target.path().to_owned();
         let target_type = ImageType::Format(target.image.disk().format().name());
+        // A target the job made goes again if the switch does not happen.
+        let created = target.created().map(ToOwned::to_owned);
+        let fail = |this: &mut Control, why: String| -> ApiResponse {
+            let r = fail(this, why);
+            if let Some(p) = &created {
+                if let Err(e) = std::fs::remove_file(p) {
+                    log::warn!("{WHAT}: cannot remove the target {}: {e}", p.display());
+                }
+            }
+            r
+        };
         let image = target.into_image();
         // The disk's persistent bitmaps move to a qcow2 target at the
         // switch and are stored there.
