@@ -4,7 +4,8 @@
 //! fills up mid-job (nbdkit's error filter answering ENOSPC once a
 //! trigger file exists): the job fails with the reason, the guest sees
 //! no error and the disk stays on its source, and a later mirror of the
-//! same disk works.
+//! same disk works. And a mirror that runs through a `vm.reboot` (the
+//! disks are carried over) completes after it.
 //!
 //! The VMM runs with its default seccomp filter throughout.
 
@@ -198,4 +199,54 @@ fn a_target_that_fills_up_fails_the_job_and_never_the_guest() {
     assert!(!err.contains("SIGSYS"), "{err}");
     e2e_support::check_clean(&local);
     drop(server);
+}
+
+#[test]
+fn a_mirror_goes_on_across_a_reboot_and_completes_after_it() {
+    if !have_curl() {
+        return;
+    }
+    let dir = TempDir::new("mirror-reboot");
+    let source = dir.file("src.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &source, "64M"]);
+    qemu_io("qcow2", &source, &["write -P 0x5a 16M 16M"]);
+    let target = dir.file("dst.qcow2");
+    let mut vm = ApiVm::start(
+        &dir,
+        "disks=1 park",
+        &["--disk", &format!("path={source},id=d0")],
+    );
+    vm.wait_for("info parked");
+    // 16 MiB at 4 MiB/s: running through the reboot.
+    let body = format!(r#"{{"id":"d0","target":"{target}","speed":4194304}}"#);
+    vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200);
+    vm.curl_ok("PUT", "vm.reboot", None, 204);
+    let after = job(&vm, "job-1");
+    assert!(
+        after["state"] == "running" || after["state"] == "ready",
+        "{after}"
+    );
+    vm.wait_for_count("info parked", 2);
+    // The rebooted guest wrote its block checks again: the job follows.
+    wait_job(&vm, "job-1", "ready");
+    vm.curl_ok(
+        "PUT",
+        "vm.disk-job-complete",
+        Some(r#"{"job":"job-1"}"#),
+        204,
+    );
+    let info = json(&vm.curl_ok("PUT", "vm.disk-info", Some(r#"{"id":"d0"}"#), 200));
+    assert_eq!(info[0]["filename"], target.as_str(), "{info}");
+    let (status, err) = vm.shutdown();
+    assert!(status.success(), "{status}: {err}");
+    e2e_support::check_clean(&target);
+    e2e_support::check_clean(&source);
+    let out = integration_tests::qemu_img_status(&["compare", &source, &target]);
+    // The guest wrote nothing after the switch but the block checks'
+    // last flush: the target is the source at the switch.
+    assert!(
+        out.status.success(),
+        "qemu-img compare: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
