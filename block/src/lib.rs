@@ -32,7 +32,8 @@
 //!    may lend to threads running queues ([`exclusive`]); a new overlay
 //!    on a running disk's image ([`overlay`]). The write seam of live
 //!    operations ([`live`]: dirty bitmaps marked by every queue,
-//!    docs/live-operations.md) and the image switch go on this floor.
+//!    docs/live-operations.md) and the image switch go on this floor,
+//!    with the block jobs that use them ([`jobs`]: the mirror).
 //!
 //! [`error_log`] is the one rate-limited log of failed requests that
 //! every front end writes through.
@@ -50,6 +51,7 @@ pub mod exclusive;
 pub mod executor;
 pub mod formats;
 pub mod info_json;
+pub mod jobs;
 pub mod live;
 pub mod lock;
 pub mod new_file;

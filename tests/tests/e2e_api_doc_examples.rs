@@ -140,9 +140,9 @@ fn examples_run_as_written(prefix: &str) {
     });
     // ping, info, counters, pause, resume, resize, add, remove,
     // snapshot, disk-info, bitmap add, transaction, bitmap remove,
-    // backup begin, backup end, disk-snapshot-external, vm.shutdown,
-    // vmm.shutdown.
-    assert_eq!(ran, 18, "{prefix} examples");
+    // backup begin, backup end, disk-snapshot-external, mirror, jobs,
+    // cancel (curl) or complete (ch-remote), vm.shutdown, vmm.shutdown.
+    assert_eq!(ran, 21, "{prefix} examples");
     let (status, stderr) = vm.wait_exit();
     assert!(status.success(), "{status}: {stderr}");
     assert!(

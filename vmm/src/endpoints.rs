@@ -14,7 +14,9 @@ use crate::api::bitmap_types::{
     BitmapAddBody, BitmapBody, BitmapMergeBody, TransactionAction, TransactionBody,
 };
 use crate::api::endpoint::{Endpoint, Flag, FlagKind, Method, VerbArgs};
-use crate::api::types::{IdBody, ResizeDiskBody, SnapshotDiskBody, SnapshotExternalBody};
+use crate::api::types::{
+    DiskMirrorBody, IdBody, JobBody, ResizeDiskBody, SnapshotDiskBody, SnapshotExternalBody,
+};
 use crate::config::{DiskConfig, VmConfig};
 use crate::control::Control;
 
@@ -121,6 +123,50 @@ const BACKUP_BEGIN_FLAGS: &[Flag] = &[
         kind: FlagKind::OptionalJson,
     },
 ];
+
+const MIRROR_FLAGS: &[Flag] = &[
+    DISK_FLAG,
+    Flag {
+        flag: "target",
+        field: "target",
+        kind: FlagKind::Text,
+    },
+    Flag {
+        flag: "format",
+        field: "format",
+        kind: FlagKind::OptionalText,
+    },
+    Flag {
+        flag: "existing",
+        field: "existing",
+        kind: FlagKind::Switch,
+    },
+    Flag {
+        flag: "sync",
+        field: "sync",
+        kind: FlagKind::OptionalText,
+    },
+    Flag {
+        flag: "mode",
+        field: "mode",
+        kind: FlagKind::OptionalText,
+    },
+    Flag {
+        flag: "speed",
+        field: "speed",
+        kind: FlagKind::OptionalSize,
+    },
+    Flag {
+        flag: "granularity",
+        field: "granularity",
+        kind: FlagKind::OptionalSize,
+    },
+];
+
+const JOB: VerbArgs = VerbArgs::One {
+    field: "job",
+    what: "the job id",
+};
 
 const ID: VerbArgs = VerbArgs::One {
     field: "id",
@@ -357,6 +403,41 @@ pub fn table() -> Vec<E> {
             "--disk id=ID,overlay=PATH [--disk ...] | FILE",
             "new qcow2 overlays on running disks, switched to at one instant",
         ),
+        // Block jobs (docs/block-jobs.md).
+        E::with_body("vm.disk-mirror", "DiskMirror", |c, b: DiskMirrorBody| {
+            c.disk_mirror(b)
+        })
+        .verb(
+            "disk-mirror",
+            VerbArgs::Flags(MIRROR_FLAGS),
+            "--disk ID --target PATH|URI [--format qcow2|raw] [--existing] [--sync full|top] \
+             [--mode background] [--speed BYTES/S] [--granularity SIZE] [--wait]",
+            "copy a running disk to a target while it runs (a job; --wait: until ready)",
+        ),
+        E::new("vm.disk-jobs", Get, |c| c.disk_jobs()).verb(
+            "disk-jobs",
+            VerbArgs::None,
+            "",
+            "the block jobs: id, type, disk, state, bytes done and total, rate, error",
+        ),
+        E::with_body("vm.disk-job-complete", "Job", |c, b: JobBody| {
+            c.disk_job_complete(b)
+        })
+        .verb(
+            "disk-job-complete",
+            JOB,
+            "JOB [--wait]",
+            "switch a ready mirror's disk to its target",
+        ),
+        E::with_body("vm.disk-job-cancel", "Job", |c, b: JobBody| {
+            c.disk_job_cancel(b)
+        })
+        .verb(
+            "disk-job-cancel",
+            JOB,
+            "JOB [--wait]",
+            "stop a job (at ready the target stays a consistent copy)",
+        ),
     ]
 }
 
@@ -470,6 +551,58 @@ mod tests {
             body("disk-backup-end", &["--disk", "d"]),
             serde_json::json!({"id": "d"})
         );
+    }
+
+    #[test]
+    fn job_verbs_build_their_bodies() {
+        let t = table();
+        let body = |verb: &str, args: &[&str]| -> serde_json::Value {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let c = call_for(&t, verb, &args).unwrap();
+            serde_json::from_str(c.body.as_deref().unwrap()).unwrap()
+        };
+        assert_eq!(
+            body("disk-mirror", &["--disk", "d", "--target", "/t.qcow2"]),
+            serde_json::json!({"id": "d", "target": "/t.qcow2"})
+        );
+        assert_eq!(
+            body(
+                "disk-mirror",
+                &[
+                    "--disk",
+                    "d",
+                    "--target",
+                    "t.raw",
+                    "--format",
+                    "raw",
+                    "--existing",
+                    "--sync",
+                    "top",
+                    "--mode",
+                    "background",
+                    "--speed",
+                    "10M",
+                    "--granularity",
+                    "1M"
+                ]
+            ),
+            serde_json::json!({"id": "d", "target": "t.raw", "format": "raw",
+                "existing": true, "sync": "top", "mode": "background",
+                "speed": 10 << 20, "granularity": 1 << 20})
+        );
+        assert_eq!(
+            body("disk-job-complete", &["job-1"]),
+            serde_json::json!({"job": "job-1"})
+        );
+        assert_eq!(
+            body("disk-job-cancel", &["job-2"]),
+            serde_json::json!({"job": "job-2"})
+        );
+        let jobs = call_for(&t, "disk-jobs", &[]).unwrap();
+        assert_eq!((jobs.method, jobs.body), ("GET", None));
+        let args: Vec<String> = ["--disk", "d"].iter().map(|a| a.to_string()).collect();
+        let e = call_for(&t, "disk-mirror", &args).unwrap_err();
+        assert!(e.to_string().contains("--target"), "{e}");
     }
 
     #[test]

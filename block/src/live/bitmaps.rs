@@ -85,6 +85,10 @@ pub struct Checkpoint(Vec<NamedBitmap>);
 #[derive(Debug, Default)]
 pub struct BitmapRegistry {
     list: Vec<NamedBitmap>,
+    /// Bitmaps of block jobs (a mirror's): they record like enabled
+    /// ones but have no name, are never listed, stored or moved, and
+    /// keep their size (a job's disk is not resized).
+    internal: Vec<Arc<DirtyBitmap>>,
     /// Bytes of the disk (every bitmap covers them).
     disk_size: u64,
     /// Why bitmaps of this disk cannot be persistent (`None`: they can).
@@ -226,7 +230,18 @@ impl BitmapRegistry {
             .iter()
             .filter(|b| b.enabled && !b.inconsistent)
             .map(|b| b.bitmap.clone())
+            .chain(self.internal.iter().cloned())
             .collect()
+    }
+
+    /// A block job's bitmap records from now on (see `internal`).
+    pub fn attach_internal(&mut self, bitmap: Arc<DirtyBitmap>) {
+        self.internal.push(bitmap);
+    }
+
+    /// A block job's bitmap stops recording.
+    pub fn detach_internal(&mut self, bitmap: &Arc<DirtyBitmap>) {
+        self.internal.retain(|b| !Arc::ptr_eq(b, bitmap));
     }
 
     pub fn infos(&self) -> Vec<BitmapInfo> {

@@ -145,6 +145,36 @@ impl DirtyBitmap {
         }
     }
 
+    /// Clears the granules bytes `offset..offset + len` touch, each with
+    /// one atomic `fetch_and` per word, and says whether any was dirty: a
+    /// block job takes a range this way before it copies it, so a write
+    /// that completes after the copy's read marks it again.
+    pub fn take_range(&self, offset: u64, len: u64) -> bool {
+        let end = offset.saturating_add(len).min(self.size);
+        if len == 0 || offset >= end {
+            return false;
+        }
+        let mut bit = offset >> self.granularity_bits;
+        let stop = ((end - 1) >> self.granularity_bits) + 1;
+        let mut was = false;
+        while bit < stop {
+            let word = (bit / 64) as usize;
+            let lo = bit % 64;
+            let hi = (stop - word as u64 * 64).min(64);
+            let mask = if hi - lo == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << (hi - lo)) - 1) << lo
+            };
+            let w = &self.words[word];
+            if w.load(Ordering::Relaxed) & mask != 0 {
+                was |= w.fetch_and(!mask, Ordering::Relaxed) & mask != 0;
+            }
+            bit = word as u64 * 64 + hi;
+        }
+        was
+    }
+
     /// Sets every bit whose bytes overlap a dirty granule of `source`
     /// (any granularity; what lies past this bitmap's size is ignored),
     /// as QEMU merges bitmaps.

@@ -138,3 +138,23 @@ fn threads_marking_at_once_lose_no_bit() {
     assert_eq!(b.count(), b.len());
     assert_eq!(extents(&b), vec![(0, 64 << 20)]);
 }
+
+#[test]
+fn take_range_clears_what_it_touches_and_says_if_any_was_dirty() {
+    let b = DirtyBitmap::new(4096, 1 << 20).unwrap();
+    b.mark(4096, 3 * 4096);
+    b.mark(64 * 4096, 70 * 4096);
+    assert!(!b.take_range(0, 4096));
+    assert!(b.take_range(8192, 1));
+    assert_eq!(
+        extents(&b),
+        vec![(4096, 4096), (12288, 4096), (64 * 4096, 70 * 4096)]
+    );
+    // Across a word boundary.
+    assert!(b.take_range(60 * 4096, 20 * 4096));
+    assert_eq!(
+        extents(&b),
+        vec![(4096, 4096), (12288, 4096), (80 * 4096, 54 * 4096)]
+    );
+    assert!(!b.take_range(1 << 20, 4096));
+}

@@ -148,3 +148,33 @@ mod tests {
         );
     }
 }
+
+/// `vm.disk-mirror` (ours): mirror a running disk to `target` (a local
+/// path or an NBD URI). docs/api.md and docs/block-jobs.md say what each
+/// field means; left out: qcow2 (a new target), full, background, no
+/// rate limit, 64 KiB granules.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct DiskMirrorBody {
+    pub id: String,
+    pub target: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub existing: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Bytes per second (0 or none: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<u64>,
+    /// Bytes a dirty bit stands for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granularity: Option<u64>,
+}
+
+/// `vm.disk-job-complete`, `vm.disk-job-cancel` (ours).
+#[derive(Debug, Deserialize, Serialize)]
+pub struct JobBody {
+    pub job: String,
+}

@@ -4,12 +4,15 @@
 //! [`vmm::api::client`]: prints the answer's JSON body on success (exit
 //! 0), the error on stderr otherwise (exit 1; 2 for a usage error).
 //! `--version` (`-V`) prints `ch-remote vVERSION`, as Cloud Hypervisor's
-//! ch-remote does.
+//! ch-remote does. The block-job verbs take `--wait`
+//! ([`vmm::api::job_wait`]): progress on stderr, the job's last state
+//! printed, exit 1 if it failed.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use vmm::api::client::{call_for, error_text, send, usage, ClientError};
+use vmm::api::job_wait::{wait_for_job, wait_kind};
 
 fn main() -> ExitCode {
     let table = vmm::endpoints::table();
@@ -47,7 +50,15 @@ fn main() -> ExitCode {
         eprintln!("ch-remote: no command given (see --help)");
         return ExitCode::from(2);
     };
-    let call = match call_for(&table, command, rest) {
+    let mut rest = rest.to_vec();
+    let wait = match rest.iter().position(|a| a == "--wait") {
+        Some(i) if wait_kind(command).is_some() => {
+            rest.remove(i);
+            wait_kind(command)
+        }
+        _ => None,
+    };
+    let call = match call_for(&table, command, &rest) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ch-remote: {e}");
@@ -59,7 +70,34 @@ fn main() -> ExitCode {
             if !answer.body.is_empty() {
                 println!("{}", answer.body);
             }
-            ExitCode::SUCCESS
+            match wait {
+                Some(until) => {
+                    let job = serde_json::from_str::<serde_json::Value>(&answer.body)
+                        .ok()
+                        .and_then(|v| v["job"].as_str().map(String::from))
+                        .or_else(|| rest.first().cloned())
+                        .unwrap_or_default();
+                    match wait_for_job(&socket, &job, until) {
+                        Ok(last) => {
+                            println!("{last}");
+                            if last["state"] == "failed" {
+                                eprintln!(
+                                    "ch-remote: job {job} failed: {}",
+                                    last["error"].as_str().unwrap_or("")
+                                );
+                                ExitCode::FAILURE
+                            } else {
+                                ExitCode::SUCCESS
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!("ch-remote: {}", ch_log::error_chain(&e));
+                            ExitCode::FAILURE
+                        }
+                    }
+                }
+                None => ExitCode::SUCCESS,
+            }
         }
         Ok(answer) => {
             eprintln!(

@@ -80,6 +80,11 @@ impl Control {
         let id = body.id.as_str();
         self.local_disk(id, BEGIN)?;
         self.refuse_if_backing_up(id, BEGIN)?;
+        // A mirror's complete would switch the disk away from the image
+        // the view reads.
+        if let Some(why) = self.jobs.busy(id) {
+            return Err(ApiResponse::error(409, &[BEGIN, &why]));
+        }
         let addr = ListenAddr::parse(&body.addr).map_err(|e| {
             ApiResponse::error(400, &[BEGIN, &format!("addr '{}': {e}", body.addr)])
         })?;

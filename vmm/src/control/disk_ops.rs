@@ -45,6 +45,9 @@ impl Control {
         if let Err(r) = self.refuse_if_backing_up(id, "vm.resize-disk") {
             return r;
         }
+        if let Some(why) = self.jobs.busy(id) {
+            return ApiResponse::error(409, &["vm.resize-disk", &why]);
+        }
         let d = match self.local_disk(id, "vm.resize-disk") {
             Ok(d) => d,
             Err(r) => return r,

@@ -190,6 +190,9 @@ impl Control {
             }
             let d = self.local_disk(&req.id, WHAT)?;
             self.refuse_if_backing_up(&req.id, WHAT)?;
+            if let Some(why) = self.jobs.busy(&req.id) {
+                return Err(ApiResponse::error(409, &[WHAT, &why]));
+            }
             let disk = d.lock_device().expect("local_disk checked").disk().clone();
             if disk.readonly() {
                 let why = format!("disk '{}' is read-only", req.id);

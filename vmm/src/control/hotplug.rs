@@ -129,7 +129,13 @@ impl Control {
                 &[&format!("no device with id '{id}'")],
             ))
         } else {
-            self.refuse_if_backing_up(&id, "vm.remove-device").err()
+            self.refuse_if_backing_up(&id, "vm.remove-device")
+                .err()
+                .or_else(|| {
+                    self.jobs
+                        .busy(&id)
+                        .map(|why| ApiResponse::error(409, &["vm.remove-device", &why]))
+                })
         };
         if let Some(r) = refused {
             reply.send(r);
@@ -232,6 +238,7 @@ impl Control {
     /// released. `None` if there is no such disk; the error says why
     /// closing failed (the disk is gone all the same).
     pub(super) fn retire_disk(&mut self, id: &str) -> Option<Result<(), String>> {
+        self.jobs.forget_disk(id);
         let disk = self.disks_mut()?.detach(id)?;
         let slot = disk.function.slot;
         self.with_hotplug(|h| h.forget(slot));

@@ -114,6 +114,8 @@ impl Control {
             return Vec::new();
         };
         vm.machine.stop_vcpus();
+        // No job may read a disk being closed.
+        self.jobs.end_all();
         self.end_backups();
         self.finish_removals_now();
         self.record_disks();

@@ -13,7 +13,8 @@
 //! resize, snapshot, info; [`disk_snapshot`]: external snapshots of
 //! a group of disks; [`disk_bitmaps`]: dirty bitmaps and their
 //! transactions; [`disk_backup`]: point-in-time NBD exports; all on
-//! disks paused together by [`disk_group`]),
+//! disks paused together by [`disk_group`]; [`disk_jobs`]: block jobs,
+//! the mirror, held in [`job_registry`] and ended when the VM stops),
 //! hotplug ([`hotplug`]: add, remove). A removal waits for the guest's
 //! eject without blocking the loop: it is
 //! parked in `removals` and answered when the eject arrives or its
@@ -29,10 +30,12 @@
 mod disk_backup;
 mod disk_bitmaps;
 mod disk_group;
+mod disk_jobs;
 mod disk_ops;
 mod disk_snapshot;
 mod hotplug;
 mod info;
+mod job_registry;
 mod lifecycle;
 mod status;
 mod vm_ops;
@@ -113,6 +116,8 @@ pub struct Control {
     final_counters: Option<serde_json::Value>,
     /// Point-in-time backups being served ([`disk_backup`]).
     backups: Vec<disk_backup::Backup>,
+    /// Block jobs (mirrors), one at a time per disk.
+    jobs: job_registry::JobRegistry,
 }
 
 impl Control {
@@ -134,6 +139,7 @@ impl Control {
             close_failures: Vec::new(),
             final_counters: None,
             backups: Vec::new(),
+            jobs: Default::default(),
         })
     }
 

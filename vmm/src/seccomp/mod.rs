@@ -59,6 +59,13 @@
 //!   holds what they need (`seccomp`, `io_uring_setup`, `dup`, the
 //!   timers and affinity calls of the worker list); the kernel applies
 //!   the strictest answer of all of a thread's filters.
+//! - [`ThreadKind::BlockJob`]: a block job's thread (`vm.disk-mirror`):
+//!   I/O on the job's own queues (every engine, as a queue worker; the
+//!   threads engine's pool starts from it), nothing else: the job's
+//!   queues and target are made, and a target it made is removed, on the
+//!   control loop. The loop may not start threads, so a job's thread is
+//!   started on the `vm-builder` thread and installs this list on top of
+//!   the builder's before it does any work.
 //! - [`ThreadKind::EventMonitor`]: the `event-monitor` thread
 //!   ([`crate::events`]): writing queued events to its file, nothing
 //!   else (the common list; file opening fails with EACCES).
@@ -135,6 +142,7 @@ pub enum ThreadKind {
     NbdExport,
     Builder,
     EventMonitor,
+    BlockJob,
 }
 
 #[derive(Debug, Error)]
@@ -241,7 +249,9 @@ pub fn filters(kind: ThreadKind, mode: SeccompMode) -> Result<Vec<BpfProgram>, S
                 mismatch,
             )?,
         ]),
-        ThreadKind::QueueWorker => threads_only(&list_opening(WORKER), Vec::new(), true, mismatch),
+        ThreadKind::QueueWorker | ThreadKind::BlockJob => {
+            threads_only(&list_opening(WORKER), Vec::new(), true, mismatch)
+        }
         ThreadKind::Api => threads_only(&list_opening(API), Vec::new(), true, mismatch),
         ThreadKind::Nbd => {
             threads_only(&list(NBD), vec![ioctl_rules(NBD_IOCTLS)?], false, mismatch)

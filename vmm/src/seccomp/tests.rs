@@ -13,6 +13,7 @@ fn filters_compile_and_off_means_none() {
         ThreadKind::Api,
         ThreadKind::Nbd,
         ThreadKind::NbdExport,
+        ThreadKind::BlockJob,
     ] {
         assert!(!filters(kind, SeccompMode::Enforce).unwrap().is_empty());
         assert!(!filters(kind, SeccompMode::Log).unwrap().is_empty());

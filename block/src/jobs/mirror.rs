@@ -1,0 +1,320 @@
+//! The mirror job, background mode (docs/block-jobs.md): copies a running
+//! disk to a target while the guest writes, until the target is in sync.
+//!
+//! Its owner (the VMM) makes a [`Mirror`] from the running source and
+//! its opened [`MirrorTarget`], attaches [`Mirror::bitmap`] to the
+//! source's write seam while the disk's queues are paused (so every
+//! guest write completing from then on is marked), and starts
+//! [`Mirror::run`] on the job's thread. The thread:
+//! 1. walks the source's block status and copies what is allocated
+//!    (`sync=full`: data anywhere in the chain; `sync=top`: what the top
+//!    image holds, its zero clusters as zeroes); unallocated and zero
+//!    ranges are not copied, so the target stays sparse;
+//! 2. copies what the bitmap marks, clearing a granule's bit before it
+//!    reads it (a write completing after that read marks it again), until
+//!    the bitmap is clean: the job is `ready`, and stays in this loop.
+//!
+//! Complete and a cancel at ready belong to the owner: it parks the
+//! thread, pauses the disk's queues and calls [`Mirror::sync_rest`] (the
+//! last dirty granules, nothing in flight), then switches the disk to
+//! [`Mirror::take_target`] or leaves it. Whatever way the thread ends,
+//! the owner then calls [`Mirror::release`], which detaches the bitmap
+//! and closes (and, if the job made it, removes) a target nobody took:
+//! the thread itself never opens or removes a file, so its owner may
+//! confine it to I/O on the queues it was given.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::copy::{Copier, BATCH, CHUNK, MAX_RANGES};
+use super::job::{Flow, JobShared, JobState};
+use super::mirror_target::{MirrorTarget, SyncMode};
+use crate::disk::Disk;
+use crate::formats::format::status_within;
+use crate::live::DirtyBitmap;
+
+/// How long a ready job with nothing dirty sleeps before it looks again.
+const IDLE: Duration = Duration::from_millis(20);
+
+/// See the module docs.
+pub struct Mirror {
+    /// `None` once released: the source's files close (and unlock) as
+    /// soon as the device lets go of them too.
+    source: Mutex<Option<Disk>>,
+    sync: SyncMode,
+    bitmap: Arc<DirtyBitmap>,
+    /// The job's queues; `None` once released.
+    copier: Mutex<Option<Copier>>,
+    /// `None` once taken (complete) or released.
+    target: Mutex<Option<MirrorTarget>>,
+    /// The target read zeroes everywhere when the job began.
+    target_was_zero: bool,
+    /// Where the next look for dirty granules starts: the job sweeps the
+    /// disk round and round, so granules the guest keeps writing do not
+    /// starve the others.
+    cursor: Mutex<u64>,
+}
+
+impl Mirror {
+    /// A mirror of `source` into `target` whose dirty bitmap has
+    /// `granularity` (a power of two, 512 B to 2 GiB).
+    pub fn new(
+        source: Disk,
+        target: MirrorTarget,
+        sync: SyncMode,
+        granularity: u64,
+    ) -> Result<Mirror, String> {
+        let bitmap = Arc::new(DirtyBitmap::new(granularity, source.size())?);
+        let copier = Copier::new(&source, target.image.disk())
+            .map_err(|e| format!("cannot make the job's queues: {}", ch_log::error_chain(&e)))?;
+        Ok(Mirror {
+            target_was_zero: target.reads_zero,
+            source: Mutex::new(Some(source)),
+            sync,
+            bitmap,
+            copier: Mutex::new(Some(copier)),
+            target: Mutex::new(Some(target)),
+            cursor: Mutex::new(0),
+        })
+    }
+
+    /// The bitmap the owner attaches to the source's seam
+    /// (`BitmapRegistry::attach_internal`) before the job starts.
+    pub fn bitmap(&self) -> &Arc<DirtyBitmap> {
+        &self.bitmap
+    }
+
+    /// The job's body (see the module docs): returns when cancelled or
+    /// stopped, or with the reason it failed.
+    pub fn run(&self, job: &JobShared) -> Result<Option<JobState>, String> {
+        self.first_pass(job).and_then(|flow| match flow {
+            Flow::Go => self.follow(job),
+            Flow::Stop => Ok(None),
+        })
+    }
+
+    /// Step 1: the allocated data.
+    fn first_pass(&self, job: &JobShared) -> Result<Flow, String> {
+        let Some(source) = lock(&self.source).clone() else {
+            return Err("the job was released".into());
+        };
+        let size = source.size();
+        let format = source.format().clone();
+        drop(source);
+        // What to copy and what to zero, from the block status.
+        let mut copy = Vec::new();
+        let mut zero = Vec::new();
+        let mut pos = 0;
+        while pos < size {
+            let s = status_within(format.as_ref(), pos, size)
+                .map_err(|e| format!("block status at {pos}: {}", ch_log::error_chain(&e)))?;
+            let range = (pos, s.len);
+            match self.sync {
+                SyncMode::Full if s.data => copy.push(range),
+                SyncMode::Full if !self.target_was_zero => zero.push(range),
+                SyncMode::Full => {}
+                SyncMode::Top if s.present && s.depth == 0 && s.data => copy.push(range),
+                // A zero cluster of the top hides the backing data.
+                SyncMode::Top if s.present && s.depth == 0 => zero.push(range),
+                // The rest is read through the target's backing file; on
+                // an existing target it must not hide it.
+                SyncMode::Top if !self.target_was_zero => zero.push(range),
+                SyncMode::Top => {}
+            }
+            pos += s.len;
+        }
+        job.add_total(copy.iter().map(|r| r.1).sum());
+        for (offset, len) in zero {
+            if job.between_chunks() == Flow::Stop {
+                return Ok(Flow::Stop);
+            }
+            self.with_copier(|c| c.zero(offset, len))?;
+        }
+        let mut batch = Vec::with_capacity(BATCH);
+        for (offset, len) in copy {
+            for chunk in chunks(offset, len, CHUNK) {
+                batch.push(chunk);
+                if batch.len() == BATCH {
+                    if self.copy_batch(job, &batch, self.target_was_zero)? == Flow::Stop {
+                        return Ok(Flow::Stop);
+                    }
+                    batch.clear();
+                }
+            }
+        }
+        if !batch.is_empty() {
+            return self.copy_batch(job, &batch, self.target_was_zero);
+        }
+        Ok(Flow::Go)
+    }
+
+    /// Step 2: what the guest wrote, until told to stop.
+    fn follow(&self, job: &JobShared) -> Result<Option<JobState>, String> {
+        loop {
+            if job.between_chunks() == Flow::Stop {
+                return Ok(None);
+            }
+            let batch = self.take_dirty();
+            if batch.is_empty() {
+                if job.state() == JobState::Running {
+                    log::info!("job {}: ready (the target is in sync)", job.id());
+                    job.set_state(JobState::Ready);
+                }
+                job.idle(IDLE);
+                continue;
+            }
+            job.add_total(batch.iter().map(|r| r.1).sum());
+            if self.copy_batch(job, &batch, false)? == Flow::Stop {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Up to [`MAX_RANGES`] dirty ranges ([`BATCH`] chunks' bytes at
+    /// most), from the cursor on and round to the start, each cleared in
+    /// the bitmap now.
+    fn take_dirty(&self) -> Vec<(u64, u64)> {
+        let step = CHUNK.max(self.bitmap.granularity());
+        let budget = BATCH as u64 * CHUNK;
+        let mut cursor = lock(&self.cursor);
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for from_start in [false, true] {
+            for (offset, len) in self.bitmap.extents() {
+                let end = offset + len;
+                // The first sweep takes what lies past the cursor, the
+                // second what lies before it.
+                let (start, stop) = if from_start {
+                    (offset, end.min(*cursor))
+                } else {
+                    (offset.max(*cursor), end)
+                };
+                if start >= stop {
+                    continue;
+                }
+                for (o, l) in chunks(start, stop - start, step) {
+                    if self.bitmap.take_range(o, l) {
+                        batch.push((o, l));
+                        bytes += l;
+                    }
+                    if batch.len() == MAX_RANGES || bytes >= budget {
+                        *cursor = o + l;
+                        return batch;
+                    }
+                }
+            }
+        }
+        *cursor = batch.last().map_or(0, |&(o, l)| o + l);
+        batch
+    }
+
+    fn copy_batch(
+        &self,
+        job: &JobShared,
+        batch: &[(u64, u64)],
+        target_zero: bool,
+    ) -> Result<Flow, String> {
+        let copied = self.with_copier(|c| c.copy(batch, target_zero))?;
+        job.add_done(copied.bytes);
+        Ok(job.between_chunks())
+    }
+
+    fn with_copier<T>(
+        &self,
+        f: impl FnOnce(&mut Copier) -> Result<T, String>,
+    ) -> Result<T, String> {
+        match lock(&self.copier).as_mut() {
+            Some(c) => f(c),
+            None => Err("the job was released".into()),
+        }
+    }
+
+    /// Copies every granule still dirty (the owner calls it with the
+    /// disk's queues paused and the thread parked: the target is then
+    /// the source's copy).
+    pub fn sync_rest(&self, job: &JobShared) -> Result<(), String> {
+        loop {
+            let batch = self.take_dirty();
+            if batch.is_empty() {
+                return Ok(());
+            }
+            job.add_total(batch.iter().map(|r| r.1).sum());
+            let copied = self.with_copier(|c| c.copy(&batch, false))?;
+            job.add_done(copied.bytes);
+        }
+    }
+
+    /// Flushes the target (the owner calls it before the pause of a
+    /// complete, so the switch has little left to make durable).
+    pub fn flush_target(&self) -> Result<(), String> {
+        match lock(&self.target).as_ref() {
+            Some(t) => t
+                .image
+                .disk()
+                .flush()
+                .map_err(|e| format!("flushing the target: {}", ch_log::error_chain(&e))),
+            None => Err("the target is gone".into()),
+        }
+    }
+
+    /// The target, for the disk to run on (complete); the job's queues
+    /// stay until [`Mirror::release`], for [`Mirror::sync_rest`] in the
+    /// switch's pause.
+    pub fn take_target(&self) -> Option<MirrorTarget> {
+        lock(&self.target).take()
+    }
+
+    /// Detaches the bitmap and closes a target nobody took (a target the
+    /// job created is removed unless `keep_target`: a cancel at ready
+    /// leaves a consistent copy).
+    pub fn release_keeping(&self, keep_target: bool) {
+        lock(&self.copier).take();
+        if let Some(source) = lock(&self.source).take() {
+            source.live().bitmaps().detach_internal(&self.bitmap);
+        }
+        if let Some(mut t) = lock(&self.target).take() {
+            if keep_target {
+                t.keep();
+            }
+            let path = t.path().display().to_string();
+            if let Err(e) = t.close() {
+                log::error!(
+                    "closing the mirror target {path}: {}",
+                    ch_log::error_chain(&e)
+                );
+            }
+        }
+    }
+
+    /// [`Mirror::release_keeping`] of a job that did not reach a copy:
+    /// a target it created is removed.
+    pub fn release(&self) {
+        self.release_keeping(false);
+    }
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        self.release_keeping(true);
+    }
+}
+
+/// `offset..offset + len` in pieces of at most `step` bytes, cut at
+/// multiples of `step`.
+fn chunks(offset: u64, len: u64, step: u64) -> impl Iterator<Item = (u64, u64)> {
+    let end = offset + len;
+    let mut pos = offset;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let next = ((pos / step + 1) * step).min(end);
+        let r = (pos, next - pos);
+        pos = next;
+        Some(r)
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,27 @@
+//! Block jobs (docs/block-jobs.md, docs/live-operations.md "Jobs"): long
+//! copies on a running disk, each on a thread of its own with its own
+//! queues on the disk's engines, never on a vCPU, queue-worker or API
+//! thread.
+//!
+//! [`Job`] is the thread and [`JobShared`] the record it shares with its
+//! owner: state (`created`, `running`, `ready`, `completed`, `failed`,
+//! `cancelled`), bytes done and total, rate, rate limit ([`rate`]),
+//! error; cancel, park and stop requests, seen between two chunks. The
+//! mirror ([`mirror`]) copies a disk to a target ([`mirror_target`])
+//! through [`copy`] and a dirty bitmap on the disk's write seam
+//! (`crate::live`). A job never touches the device: the switch of a
+//! running disk to the target belongs to its owner, which holds the
+//! jobs (one per disk) and ends them when the VM stops.
+
+pub mod copy;
+pub mod job;
+pub mod mirror;
+pub mod mirror_target;
+pub mod rate;
+
+pub use job::{Flow, Job, JobShared, JobState, JobStatus};
+pub use mirror::Mirror;
+pub use mirror_target::{open_target, MirrorTarget, SyncMode, TargetError, TargetSpec};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,185 @@
+//! The mirror through real queues: a "guest" queue writes the source
+//! while the job copies; after ready, the last dirty granules copied with
+//! the writer stopped (the owner's pause), the target reads as the
+//! source does and stays sparse; refusals write nothing; a cancel ends
+//! the job and removes the target it made.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::options::{DiskOptions, EngineKind};
+use crate::request::{IoMemory, RequestOp};
+use crate::Disk;
+use testkit::TempDir;
+
+const MIB: u64 = 1 << 20;
+
+fn raw_source(dir: &TempDir, size: u64) -> Disk {
+    let path = dir.path().join("src.raw");
+    std::fs::File::create(&path).unwrap().set_len(size).unwrap();
+    let mut o = DiskOptions::new(&path);
+    o.engine = EngineKind::Sync;
+    let d = Disk::open(&o).unwrap();
+    // Data in a few places, holes between them.
+    d.write_at(0, &vec![0x11; MIB as usize]).unwrap();
+    d.write_at(5 * MIB + 4096, &[0x22; 8192]).unwrap();
+    d.write_at(size - MIB, &vec![0x33; MIB as usize]).unwrap();
+    d
+}
+
+fn spec(path: &Path, format: &str) -> TargetSpec {
+    TargetSpec {
+        path: path.to_owned(),
+        format: Some(format.into()),
+        existing: false,
+        sync: SyncMode::Full,
+    }
+}
+
+fn wait_state(job: &Job, want: JobState, within: Duration) -> JobStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = job.status();
+        if s.state == want || s.state.is_final() || Instant::now() > deadline {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn start(source: &Disk, target: MirrorTarget) -> (Arc<Mirror>, Job) {
+    let mirror = Arc::new(Mirror::new(source.clone(), target, SyncMode::Full, 65536).unwrap());
+    // The owner attaches the bitmap with the queues quiesced; no guest
+    // request is in flight here.
+    source
+        .live()
+        .bitmaps()
+        .attach_internal(mirror.bitmap().clone());
+    let shared = JobShared::new("job-1", "mirror", "disk0", 0);
+    let m = mirror.clone();
+    let job = Job::spawn(shared, move |s| m.run(s)).unwrap();
+    (mirror, job)
+}
+
+fn same_bytes(a: &Disk, b: &Disk) {
+    assert_eq!(a.size(), b.size());
+    let mut x = vec![0; MIB as usize];
+    let mut y = vec![0; MIB as usize];
+    for off in (0..a.size()).step_by(MIB as usize) {
+        a.read_at(off, &mut x).unwrap();
+        b.read_at(off, &mut y).unwrap();
+        assert!(
+            x == y,
+            "the target differs from the source in MiB {}",
+            off / MIB
+        );
+    }
+}
+
+#[test]
+fn mirror_follows_guest_writes_and_reaches_a_sparse_copy() {
+    let dir = TempDir::new("mirror-job");
+    let size = 64 * MIB;
+    let source = raw_source(&dir, size);
+    let target_path = dir.path().join("t.qcow2");
+    let target = open_target(&source, &spec(&target_path, "qcow2")).unwrap();
+    let (mirror, mut job) = start(&source, target);
+
+    // The guest writes rounds all over the disk while the job copies.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (source, stop) = (source.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut q = source.queue().unwrap();
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                round += 1;
+                let off = (round * 7919 * 4096) % (size / 2);
+                q.run(
+                    RequestOp::Write,
+                    off,
+                    IoMemory::Owned(vec![round as u8; 4096]),
+                )
+                .unwrap();
+            }
+            round
+        })
+    };
+    let s = wait_state(&job, JobState::Ready, Duration::from_secs(30));
+    assert_eq!(s.state, JobState::Ready, "{s:?}");
+    std::thread::sleep(Duration::from_millis(50));
+    // The owner's complete: the thread parked, the guest stopped.
+    assert!(job.park(Duration::from_secs(10)));
+    stop.store(true, Ordering::Relaxed);
+    let rounds = writer.join().unwrap();
+    assert!(rounds > 0);
+    mirror.sync_rest(job.shared()).unwrap();
+    let target = mirror.take_target().unwrap();
+    job.shared().set_state(JobState::Completed);
+    job.stop();
+    assert_eq!(job.status().state, JobState::Completed);
+    assert_eq!(job.status().error, None);
+    same_bytes(&source, target.image.disk());
+    // Sparse: what was never written (the guest wrote the first half
+    // only) is not allocated.
+    let status = target
+        .image
+        .disk()
+        .format()
+        .block_status(40 * MIB, MIB)
+        .unwrap();
+    assert!(!status.data, "{status:?}");
+    let image = target.into_image();
+    image.close().unwrap();
+    assert!(target_path.exists());
+}
+
+#[test]
+fn cancel_before_ready_stops_and_removes_the_target_it_made() {
+    let dir = TempDir::new("mirror-cancel");
+    let source = raw_source(&dir, 256 * MIB);
+    source.write_at(0, &vec![0x44; 64 * MIB as usize]).unwrap();
+    let target_path = dir.path().join("t.raw");
+    let target = open_target(&source, &spec(&target_path, "raw")).unwrap();
+    let (mirror, mut job) = start(&source, target);
+    job.shared().set_speed(MIB);
+    std::thread::sleep(Duration::from_millis(30));
+    job.cancel();
+    job.join();
+    mirror.release();
+    let s = job.status();
+    assert_eq!(s.state, JobState::Cancelled, "{s:?}");
+    assert!(s.bytes_done < s.bytes_total, "{s:?}");
+    assert!(!target_path.exists());
+    // The source is untouched and its seam has no bitmap left.
+    let mut b = vec![0; 4096];
+    source.read_at(0, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0x44));
+    assert!(source.live().filters().1.is_empty());
+}
+
+#[test]
+fn refused_targets_write_nothing() {
+    let dir = TempDir::new("mirror-refuse");
+    let source = raw_source(&dir, 8 * MIB);
+    let src_path = source.options().path.clone();
+    let e = open_target(&source, &spec(&src_path, "raw")).err().unwrap();
+    assert!(matches!(e, TargetError::IsSource(_)), "{e}");
+    let other = dir.path().join("exists.raw");
+    std::fs::write(&other, b"keep").unwrap();
+    let e = open_target(&source, &spec(&other, "raw")).err().unwrap();
+    assert!(matches!(e, TargetError::Exists(_)), "{e}");
+    let mut existing = spec(&other, "raw");
+    existing.existing = true;
+    let e = open_target(&source, &existing).err().unwrap();
+    assert!(matches!(e, TargetError::SizeDiffers { .. }), "{e}");
+    assert_eq!(std::fs::read(&other).unwrap(), b"keep");
+    let e = open_target(&source, &spec(&dir.path().join("n"), "vmdk"))
+        .err()
+        .unwrap();
+    assert!(matches!(e, TargetError::Invalid(_)), "{e}");
+    assert!(!dir.path().join("n").exists());
+}

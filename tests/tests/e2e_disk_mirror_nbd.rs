@@ -1,0 +1,252 @@
+//! End-to-end: `vm.disk-mirror` to an NBD export (the disk moves to
+//! another machine's storage; here a qemu-storage-daemon on a Unix
+//! socket) while the test guest writes stamped rounds, and a target that
+//! fills up mid-job (nbdkit's error filter answering ENOSPC once a
+//! trigger file exists): the job fails with the reason, the guest sees
+//! no error and the disk stays on its source, and a later mirror of the
+//! same disk works. And a mirror that runs through a `vm.reboot` (the
+//! disks are carried over) completes after it.
+//!
+//! The VMM runs with its default seccomp filter throughout.
+
+mod e2e_api_support;
+mod e2e_support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use e2e_api_support::{have_curl, ApiVm};
+use integration_tests::{json, qemu_img, qemu_io, TempDir};
+use testkit::nbd_server::{Kind, NbdServer};
+
+const ROUND_BASE: u64 = 8 << 20;
+const ROUND_LEN: u64 = 4096;
+const MIB: u64 = 1 << 20;
+
+fn stamp(r: u64) -> u8 {
+    (0x20 + r % 0xC0) as u8
+}
+
+fn job(vm: &ApiVm, id: &str) -> serde_json::Value {
+    let list = json(&vm.curl_ok("GET", "vm.disk-jobs", None, 200));
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("job {id} not in {list}"))
+}
+
+fn wait_job(vm: &ApiVm, id: &str, state: &str) -> serde_json::Value {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = job(vm, id);
+        if j["state"] == state {
+            return j;
+        }
+        assert!(Instant::now() < end, "job {id} is not {state}: {j}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_disk_moves_to_an_nbd_export_under_writes() {
+    if !have_curl() || !testkit::has_command(NbdServer::tool(Kind::QemuStorageDaemon)) {
+        return;
+    }
+    let dir = TempDir::new("mirror-nbd");
+    let source = dir.file("src.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &source, "64M"]);
+    qemu_io("qcow2", &source, &["write -P 0x5a 12M 1M"]);
+    let remote = dir.file("remote.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &remote, "64M"]);
+    let server = NbdServer::start(
+        Kind::QemuStorageDaemon,
+        Path::new(&remote),
+        "raw",
+        &dir.path().join("nbd.sock"),
+        true,
+    );
+    let rounds = 150u64;
+    let mut vm = ApiVm::start(
+        &dir,
+        &format!("disks=1 io_rounds={rounds} park"),
+        &["--disk", &format!("path={source},id=d0")],
+    );
+    vm.wait_for("ok   round 5\n");
+    let out = vm.ch_remote(&[
+        "disk-mirror",
+        "--disk",
+        "d0",
+        "--target",
+        &server.uri,
+        "--wait",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    vm.curl_ok(
+        "PUT",
+        "vm.disk-job-complete",
+        Some(r#"{"job":"job-1"}"#),
+        204,
+    );
+    assert_eq!(job(&vm, "job-1")["state"], "completed");
+    let info = json(&vm.curl_ok("GET", "vm.info", None, 200));
+    assert_eq!(
+        info["config"]["disks"][0]["path"],
+        server.uri.as_str(),
+        "{info}"
+    );
+    vm.wait_for(&format!("ok   all {rounds} rounds read back"));
+    vm.wait_for("RESULT: PASS");
+    let (status, err) = vm.shutdown();
+    assert!(status.success(), "{status}: {err}");
+    assert!(!err.contains("SIGSYS"), "{err}");
+    drop(server);
+    let data = std::fs::read(&remote).unwrap();
+    for r in 0..rounds {
+        let off = (ROUND_BASE + r * ROUND_LEN) as usize;
+        assert!(
+            data[off..off + ROUND_LEN as usize]
+                .iter()
+                .all(|&b| b == stamp(r)),
+            "round {r} is not on the export"
+        );
+    }
+    let at = (12 * MIB) as usize;
+    assert!(data[at..at + MIB as usize].iter().all(|&b| b == 0x5a));
+    // The source is closed clean.
+    e2e_support::check_clean(&source);
+}
+
+#[test]
+fn a_target_that_fills_up_fails_the_job_and_never_the_guest() {
+    if !have_curl() || !testkit::has_command("nbdkit") {
+        return;
+    }
+    let dir = TempDir::new("mirror-enospc");
+    let source = dir.file("src.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &source, "64M"]);
+    qemu_io("raw", &source, &["write -P 0x5a 16M 32M"]);
+    let sock = dir.file("full.sock");
+    let trigger = dir.file("full-now");
+    // Every write fails with ENOSPC while the trigger file exists.
+    let server = testkit::ChildGuard(
+        Command::new("nbdkit")
+            .args([
+                "--exit-with-parent",
+                "-f",
+                "--filter=error",
+                "-U",
+                &sock,
+                "memory",
+                "64M",
+                "error-pwrite=ENOSPC",
+                "error-zero=ENOSPC",
+                "error-rate=100%",
+                &format!("error-file={trigger}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nbdkit"),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    while !Path::new(&sock).exists() {
+        assert!(Instant::now() < end, "nbdkit did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rounds = 150u64;
+    let mut vm = ApiVm::start(
+        &dir,
+        &format!("disks=1 io_rounds={rounds} park"),
+        &["--disk", &format!("path={source},id=d0")],
+    );
+    vm.wait_for("ok   round 3\n");
+    // 32 MiB at 8 MiB/s: the export fills up half-way.
+    let uri = format!("nbd+unix:///?socket={sock}");
+    let body = format!(r#"{{"id":"d0","target":"{uri}","speed":8388608}}"#);
+    vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200);
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(&trigger, b"").unwrap();
+    let failed = wait_job(&vm, "job-1", "failed");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(error.contains("writing the target"), "{failed}");
+    assert!(failed["bytes_done"].as_u64().unwrap() > 0, "{failed}");
+    // The disk is still on its source; a new job may start on it.
+    let info = json(&vm.curl_ok("PUT", "vm.disk-info", Some(r#"{"id":"d0"}"#), 200));
+    assert_eq!(info[0]["filename"], source.as_str(), "{info}");
+    let local = dir.file("local.qcow2");
+    let body = format!(r#"{{"id":"d0","target":"{local}"}}"#);
+    let answer = json(&vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200));
+    assert_eq!(answer["job"], "job-2", "{answer}");
+    wait_job(&vm, "job-2", "ready");
+    vm.curl_ok(
+        "PUT",
+        "vm.disk-job-complete",
+        Some(r#"{"job":"job-2"}"#),
+        204,
+    );
+    // The guest never saw an error: every round reads back.
+    vm.wait_for(&format!("ok   all {rounds} rounds read back"));
+    vm.wait_for("RESULT: PASS");
+    let (status, err) = vm.shutdown();
+    assert!(status.success(), "{status}: {err}");
+    assert!(!err.contains("SIGSYS"), "{err}");
+    e2e_support::check_clean(&local);
+    drop(server);
+}
+
+#[test]
+fn a_mirror_goes_on_across_a_reboot_and_completes_after_it() {
+    if !have_curl() {
+        return;
+    }
+    let dir = TempDir::new("mirror-reboot");
+    let source = dir.file("src.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &source, "64M"]);
+    qemu_io("qcow2", &source, &["write -P 0x5a 16M 16M"]);
+    let target = dir.file("dst.qcow2");
+    let mut vm = ApiVm::start(
+        &dir,
+        "disks=1 park",
+        &["--disk", &format!("path={source},id=d0")],
+    );
+    vm.wait_for("info parked");
+    // 16 MiB at 4 MiB/s: running through the reboot.
+    let body = format!(r#"{{"id":"d0","target":"{target}","speed":4194304}}"#);
+    vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200);
+    vm.curl_ok("PUT", "vm.reboot", None, 204);
+    let after = job(&vm, "job-1");
+    assert!(
+        after["state"] == "running" || after["state"] == "ready",
+        "{after}"
+    );
+    vm.wait_for_count("info parked", 2);
+    // The rebooted guest wrote its block checks again: the job follows.
+    wait_job(&vm, "job-1", "ready");
+    vm.curl_ok(
+        "PUT",
+        "vm.disk-job-complete",
+        Some(r#"{"job":"job-1"}"#),
+        204,
+    );
+    let info = json(&vm.curl_ok("PUT", "vm.disk-info", Some(r#"{"id":"d0"}"#), 200));
+    assert_eq!(info[0]["filename"], target.as_str(), "{info}");
+    let (status, err) = vm.shutdown();
+    assert!(status.success(), "{status}: {err}");
+    e2e_support::check_clean(&target);
+    e2e_support::check_clean(&source);
+    let out = integration_tests::qemu_img_status(&["compare", &source, &target]);
+    // The guest wrote nothing after the switch but the block checks'
+    // last flush: the target is the source at the switch.
+    assert!(
+        out.status.success(),
+        "qemu-img compare: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -1,0 +1,108 @@
+//! The VMM's block jobs: one at a time per disk, listed until a new job
+//! of the same disk replaces them or the VM stops, when every job still
+//! running is cancelled and its thread waited for (so no job outlives
+//! the disks it reads).
+//!
+//! Jobs enter through [`JobRegistry::insert`] (made by
+//! `disk_jobs.rs`), leave as their status ([`JobRegistry::statuses`])
+//! and are found by id or disk for complete and cancel.
+
+use std::sync::Arc;
+
+use block::jobs::{Job, JobStatus, Mirror};
+
+/// One job the VMM runs.
+pub(super) struct RegisteredJob {
+    pub job: Job,
+    pub mirror: Arc<Mirror>,
+}
+
+/// See the module docs.
+#[derive(Default)]
+pub(super) struct JobRegistry {
+    jobs: Vec<RegisteredJob>,
+    made: u64,
+}
+
+impl JobRegistry {
+    /// A new job id ("job-N", N counting from 1 for the VMM's life).
+    pub fn next_id(&mut self) -> String {
+        self.made += 1;
+        format!("job-{}", self.made)
+    }
+
+    /// The job that has not ended on disk `disk`, if any.
+    pub fn active_on(&self, disk: &str) -> Option<&RegisteredJob> {
+        self.jobs
+            .iter()
+            .find(|j| j.job.shared().disk() == disk && !j.job.status().state.is_final())
+    }
+
+    /// Why `what` cannot run on `disk` now (a job holds it), or `None`.
+    pub fn busy(&self, disk: &str) -> Option<String> {
+        self.active_on(disk).map(|j| {
+            format!(
+                "disk '{disk}' has block job '{}' (cancel or complete it first)",
+                j.job.shared().id()
+            )
+        })
+    }
+
+    /// Adds a job; an ended job of the same disk goes.
+    pub fn insert(&mut self, job: RegisteredJob) {
+        self.reap();
+        let disk = job.job.shared().disk().to_string();
+        self.jobs.retain(|j| j.job.shared().disk() != disk);
+        self.jobs.push(job);
+    }
+
+    pub fn find_mut(&mut self, id: &str) -> Option<&mut RegisteredJob> {
+        self.jobs.iter_mut().find(|j| j.job.shared().id() == id)
+    }
+
+    /// Every job's status; jobs whose thread ended on its own (failed)
+    /// are released first: their bitmap detached, their target closed
+    /// (and removed if the job made it), on this thread, which may
+    /// remove files where a job's thread may not.
+    pub fn statuses(&mut self) -> Vec<JobStatus> {
+        self.reap();
+        self.jobs.iter().map(|j| j.job.status()).collect()
+    }
+
+    /// Releases the jobs that ended on their own (see `statuses`).
+    pub fn reap(&mut self) {
+        for j in &mut self.jobs {
+            if j.job.finished() && j.job.status().state == block::jobs::JobState::Failed {
+                j.job.join();
+                j.mirror.release();
+            }
+        }
+    }
+
+    /// Cancels every job that has not ended and waits for its thread
+    /// (the VM stops); they stay listed with their final state.
+    pub fn end_all(&mut self) {
+        for j in &mut self.jobs {
+            if !j.job.status().state.is_final() {
+                log::info!("job {}: cancelled (the VM stops)", j.job.shared().id());
+            }
+            j.job.cancel();
+            j.job.join();
+            j.mirror.release();
+        }
+    }
+
+    /// Ends and forgets the jobs of disk `disk` (it left the VM).
+    pub fn forget_disk(&mut self, disk: &str) {
+        for j in self
+            .jobs
+            .iter_mut()
+            .filter(|j| j.job.shared().disk() == disk)
+        {
+            j.job.cancel();
+            j.job.join();
+            j.mirror.release();
+        }
+        self.jobs.retain(|j| j.job.shared().disk() != disk);
+    }
+}
