@@ -9,6 +9,14 @@
 //! target that reads zeroes there already, else written as zeroes with
 //! unmap allowed (the target stays sparse). Errors leave saying which
 //! side failed and where.
+//!
+//! A queue is used by one thread (its io_uring ring takes the first
+//! thread that uses it as its only issuer), and a job's copier is used by
+//! the job's thread and, for the last dirty granules of a complete or a
+//! cancel, by its owner's: a copier used on another thread than before
+//! makes new queues on its disks first.
+
+use std::thread::ThreadId;
 
 use crate::disk::{Disk, DiskQueue};
 use crate::error::BlockError;
@@ -35,6 +43,9 @@ pub struct Copied {
 pub struct Copier {
     source: DiskQueue,
     target: DiskQueue,
+    disks: (Disk, Disk),
+    /// The thread that uses the queues.
+    user: Option<ThreadId>,
     done: Vec<Completion>,
 }
 
@@ -43,14 +54,37 @@ impl Copier {
         Ok(Copier {
             source: source.queue()?,
             target: target.queue()?,
+            disks: (source.clone(), target.clone()),
+            user: None,
             done: Vec::with_capacity(BATCH),
         })
+    }
+
+    /// New queues when the calling thread is not the one that used these.
+    fn queues_for_this_thread(&mut self) -> Result<(), String> {
+        let me = std::thread::current().id();
+        match self.user {
+            Some(t) if t == me => {}
+            None => self.user = Some(me),
+            Some(_) => {
+                let fresh = |d: &Disk, side: &str| {
+                    d.queue().map_err(|e| {
+                        format!("a queue on the {side} for this thread: {}", chain(&e))
+                    })
+                };
+                self.source = fresh(&self.disks.0, "source")?;
+                self.target = fresh(&self.disks.1, "target")?;
+                self.user = Some(me);
+            }
+        }
+        Ok(())
     }
 
     /// Copies every `(offset, len)` of `ranges` (each at most [`CHUNK`],
     /// at most [`MAX_RANGES`] of them); `target_zero` says the target reads
     /// zeroes in all of them now (zero ranges are then not written).
     pub fn copy(&mut self, ranges: &[(u64, u64)], target_zero: bool) -> Result<Copied, String> {
+        self.queues_for_this_thread()?;
         let reads = ranges
             .iter()
             .enumerate()

@@ -25,7 +25,9 @@
 //! The view reads these states through [`CopyBeforeWrite::state`]
 //! (`view.rs`). The filter holds the source [`Disk`], whose state holds
 //! the filter while it is installed: the owner removes it when the view
-//! ends ([`super::LiveState::set_cbw`]), which ends that cycle.
+//! ends ([`super::LiveState::set_cbw`]), which ends that cycle. The
+//! seam's shared state holds it as a `WriteHook` (`write_hook.rs`), so
+//! the seam names no `Disk`.
 //!
 //! Written here: it is a filter on this crate's own write path, which no
 //! crate knows.
@@ -33,6 +35,8 @@
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use super::state::LiveState;
+use super::write_hook::{WriteHook, WriteHookQueue};
 use crate::error::BlockError;
 use crate::options::EngineKind;
 use crate::request::{IoMemory, RequestOp};
@@ -194,6 +198,37 @@ impl CopyBeforeWrite {
         if self.broken.set(reason.clone()).is_ok() {
             log::error!("point-in-time view broken: {reason}; the guest's writes go on");
         }
+    }
+}
+
+impl WriteHook for CopyBeforeWrite {
+    fn queue_handle(self: Arc<Self>) -> Box<dyn WriteHookQueue> {
+        Box::new(CbwQueue::new(self))
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
+
+impl LiveState {
+    /// Installs (or with `None` removes) the copy-before-write filter of
+    /// a point-in-time view; the other filters stay. The disk's queues
+    /// must be quiesced (docs/live-operations.md, "One instant").
+    pub fn set_cbw(&self, cbw: Option<Arc<CopyBeforeWrite>>) {
+        self.set_write_hook(cbw.map(|c| c as Arc<dyn WriteHook>));
+    }
+
+    /// The copy-before-write filter installed now, if any.
+    pub fn cbw(&self) -> Option<Arc<CopyBeforeWrite>> {
+        self.write_hook()
+            .and_then(|h| h.into_any().downcast::<CopyBeforeWrite>().ok())
+    }
+}
+
+impl WriteHookQueue for CbwQueue {
+    fn before_write(&mut self, offset: u64, len: u64) {
+        CbwQueue::before_write(self, offset, len);
     }
 }
 

@@ -28,6 +28,7 @@ mod queue_filters;
 mod sink;
 mod state;
 mod view;
+mod write_hook;
 
 pub use bitmaps::{BitmapInfo, BitmapRegistry, Checkpoint, LiveError, NamedBitmap};
 pub use cbw::{CbwQueue, CopyBeforeWrite, GranuleState, MIN_CBW_GRANULE};
@@ -39,6 +40,7 @@ pub use queue_filters::QueueFilters;
 pub use sink::BitmapSink;
 pub use state::{BitmapGuard, Filters, LiveState};
 pub use view::{PointInTimeView, ViewReader, ViewStatus};
+pub use write_hook::{WriteHook, WriteHookQueue};
 
 #[cfg(test)]
 mod tests;

@@ -13,8 +13,8 @@
 
 use std::sync::Arc;
 
-use super::cbw::CbwQueue;
 use super::state::{Filters, LiveState};
+use super::write_hook::{same_hook, WriteHook, WriteHookQueue};
 use crate::request::{BlockRequest, Completion};
 
 /// See the module docs.
@@ -23,20 +23,35 @@ pub struct QueueFilters {
     live: Arc<LiveState>,
     seen: u64,
     filters: Arc<Filters>,
-    /// This queue's copying handles while a view is active.
-    cbw: Option<Box<CbwQueue>>,
+    /// This queue's handle on the write hook (copy-before-write while a
+    /// view is active), and the hook it was made from.
+    cbw: Option<HookHandle>,
 }
 
-impl std::fmt::Debug for CbwQueue {
+struct HookHandle {
+    hook: Arc<dyn WriteHook>,
+    queue: Box<dyn WriteHookQueue>,
+}
+
+impl HookHandle {
+    fn new(hook: &Arc<dyn WriteHook>) -> Self {
+        HookHandle {
+            hook: hook.clone(),
+            queue: hook.clone().queue_handle(),
+        }
+    }
+}
+
+impl std::fmt::Debug for HookHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.filter().fmt(f)
+        self.hook.fmt(f)
     }
 }
 
 impl QueueFilters {
     pub fn new(live: Arc<LiveState>) -> Self {
         let (seen, filters) = live.filters();
-        let cbw = filters.cbw.clone().map(|c| Box::new(CbwQueue::new(c)));
+        let cbw = filters.cbw.as_ref().map(HookHandle::new);
         QueueFilters {
             live,
             seen,
@@ -52,12 +67,12 @@ impl QueueFilters {
             let (seen, filters) = self.live.filters();
             self.seen = seen;
             let same_cbw = match (&self.cbw, &filters.cbw) {
-                (Some(q), Some(c)) => Arc::ptr_eq(q.filter(), c),
+                (Some(q), Some(c)) => same_hook(&q.hook, c),
                 (None, None) => true,
                 _ => false,
             };
             if !same_cbw {
-                self.cbw = filters.cbw.clone().map(|c| Box::new(CbwQueue::new(c)));
+                self.cbw = filters.cbw.as_ref().map(HookHandle::new);
             }
             self.filters = filters;
         }
@@ -74,7 +89,7 @@ impl QueueFilters {
     pub fn before_submit(&mut self, request: &BlockRequest) {
         if let Some(cbw) = self.cbw.as_mut() {
             if request.op.changes_data() {
-                cbw.before_write(request.offset, request.len());
+                cbw.queue.before_write(request.offset, request.len());
             }
         }
     }

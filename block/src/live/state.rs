@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::bitmaps::BitmapRegistry;
-use super::cbw::CopyBeforeWrite;
 use super::dirty_bitmap::DirtyBitmap;
 use super::sink::BitmapSink;
+use super::write_hook::WriteHook;
 use crate::error::BlockError;
 
 /// The filters active on a disk, as its queues read them when the
@@ -24,9 +24,9 @@ use crate::error::BlockError;
 pub struct Filters {
     /// Marked when a write-like request completes.
     pub bitmaps: Vec<Arc<DirtyBitmap>>,
-    /// Copies old data away before a write-like request goes down (a
-    /// point-in-time view is active).
-    pub cbw: Option<Arc<CopyBeforeWrite>>,
+    /// Acts before a write-like request goes down: copy-before-write
+    /// while a point-in-time view is active (`cbw.rs`).
+    pub cbw: Option<Arc<dyn WriteHook>>,
 }
 
 impl Filters {
@@ -119,18 +119,18 @@ impl Drop for BitmapGuard<'_> {
 }
 
 impl LiveState {
-    /// Installs (or with `None` removes) the copy-before-write filter of
-    /// a point-in-time view; the other filters stay. The disk's queues
-    /// must be quiesced (docs/live-operations.md, "One instant").
-    pub fn set_cbw(&self, cbw: Option<Arc<CopyBeforeWrite>>) {
+    /// Installs (or with `None` removes) the write hook; the other
+    /// filters stay. The disk's queues must be quiesced
+    /// (docs/live-operations.md, "One instant").
+    pub(super) fn set_write_hook(&self, hook: Option<Arc<dyn WriteHook>>) {
         let (_, now) = self.filters();
         let mut filters = (*now).clone();
-        filters.cbw = cbw;
+        filters.cbw = hook;
         self.set_filters(filters);
     }
 
-    /// The copy-before-write filter installed now, if any.
-    pub fn cbw(&self) -> Option<Arc<CopyBeforeWrite>> {
+    /// The write hook installed now, if any.
+    pub(super) fn write_hook(&self) -> Option<Arc<dyn WriteHook>> {
         self.filters().1.cbw.clone()
     }
 

@@ -32,6 +32,7 @@ use block::live::{CopyBeforeWrite, LiveState, PointInTimeView};
 use block::{Disk, DiskOptions, EngineKind, ImageType};
 use nbd_server::{ExportConfig, ListenAddr, NbdServer, ViewSource};
 
+use super::backup_record::Backup;
 use super::{disk_bitmaps, status, Control};
 use crate::api::backup_types::{BackupBeginAnswer, BackupBeginBody, BackupEndAnswer};
 use crate::api::ApiResponse;
@@ -39,17 +40,6 @@ use crate::events::emit;
 
 const BEGIN: &str = "vm.disk-backup-begin";
 const END: &str = "vm.disk-backup-end";
-
-/// A backup in progress.
-pub(super) struct Backup {
-    pub id: String,
-    /// `None` only while it is being stopped.
-    server: Option<NbdServer>,
-    cbw: Arc<CopyBeforeWrite>,
-    scratch: Disk,
-    scratch_path: PathBuf,
-    uri: String,
-}
 
 impl Control {
     /// Whether disk `id` has a backup running (the answer to give).

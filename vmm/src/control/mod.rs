@@ -27,6 +27,7 @@
 //! thread while nothing is in flight, and resumes them. Every change
 //! worth reporting is one [`crate::events::emit`] call in its handler.
 
+mod backup_record;
 mod disk_backup;
 mod disk_bitmaps;
 mod disk_group;
@@ -115,7 +116,7 @@ pub struct Control {
     /// `vm.counters`' answer once the disks are off the bus.
     final_counters: Option<serde_json::Value>,
     /// Point-in-time backups being served ([`disk_backup`]).
-    backups: Vec<disk_backup::Backup>,
+    backups: Vec<backup_record::Backup>,
     /// Block jobs (mirrors), one at a time per disk.
     jobs: job_registry::JobRegistry,
 }
