@@ -191,7 +191,10 @@ fn a_copier_used_on_a_second_thread_copies_there_too() {
     let dir = TempDir::new("copier-threads");
     let open = |name: &str| {
         let path = dir.path().join(name);
-        std::fs::File::create(&path).unwrap().set_len(4 * MIB).unwrap();
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(4 * MIB)
+            .unwrap();
         let mut o = DiskOptions::new(&path);
         o.engine = EngineKind::IoUring;
         Disk::open(&o).unwrap()
@@ -203,6 +206,10 @@ fn a_copier_used_on_a_second_thread_copies_there_too() {
     std::thread::scope(|s| {
         s.spawn(|| copier.lock().unwrap().copy(&[(0, MIB)], true).unwrap());
     });
-    copier.lock().unwrap().copy(&[(2 * MIB, MIB)], true).unwrap();
+    copier
+        .lock()
+        .unwrap()
+        .copy(&[(2 * MIB, MIB)], true)
+        .unwrap();
     same_bytes(&source, &target);
 }
