@@ -508,6 +508,7 @@ fn a_vmm_killed_mid_mirror_leaves_the_source_clean() {
     assert_eq!(running["state"], "running", "{running}");
     // SIGKILL: nothing is closed.
     drop(vm);
+    e2e_support::wait_unlocked(&source);
     check_clean(&source);
     // The partial target is a qcow2 image without errors (its metadata
     // as far as it was written; docs/block-jobs.md says what it holds).

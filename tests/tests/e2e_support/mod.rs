@@ -270,3 +270,22 @@ pub fn bzimage(code64: &[u8]) -> Vec<u8> {
     f.extend_from_slice(&kernel);
     f
 }
+
+/// Waits (up to 10 s) until qemu-img can take the image's locks: a
+/// killed process's file locks go once the kernel has torn down its
+/// io_uring rings, on its own, a moment after the process.
+pub fn wait_unlocked(img: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = integration_tests::qemu_img_status(&["info", img]);
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{img} still locked 10 s after its VMM was killed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
