@@ -26,9 +26,9 @@ mod e2e_api_support;
 mod e2e_support;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use e2e_api_support::{have_curl, locked, ApiVm};
+use e2e_api_support::{have_curl, job, locked, wait_job, ApiVm};
 use e2e_support::check_clean;
 use integration_tests::{json, qemu_img, qemu_io, TempDir};
 
@@ -85,32 +85,6 @@ fn data_bytes(image: &str, start: u64, len: u64) -> u64 {
             (s + l).min(start + len).saturating_sub(s.max(start))
         })
         .sum()
-}
-
-/// The job's entry in `vm.disk-jobs`.
-fn job(vm: &ApiVm, id: &str) -> serde_json::Value {
-    let list = json(&vm.curl_ok("GET", "vm.disk-jobs", None, 200));
-    list.as_array()
-        .unwrap()
-        .iter()
-        .find(|j| j["id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("job {id} not in {list}"))
-}
-
-fn wait_job(vm: &ApiVm, id: &str, state: &str) -> serde_json::Value {
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        let j = job(vm, id);
-        if j["state"] == state {
-            return j;
-        }
-        assert!(
-            Instant::now() < end && j["state"] != "failed",
-            "job {id} is not {state}: {j}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn stderr(out: &std::process::Output) -> String {

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_api_support::{have_curl, ApiVm};
+use e2e_api_support::{have_curl, job, wait_job, ApiVm};
 use integration_tests::{json, qemu_img, qemu_io, TempDir};
 use testkit::nbd_server::{Kind, NbdServer};
 
@@ -26,28 +26,6 @@ const MIB: u64 = 1 << 20;
 
 fn stamp(r: u64) -> u8 {
     (0x20 + r % 0xC0) as u8
-}
-
-fn job(vm: &ApiVm, id: &str) -> serde_json::Value {
-    let list = json(&vm.curl_ok("GET", "vm.disk-jobs", None, 200));
-    list.as_array()
-        .unwrap()
-        .iter()
-        .find(|j| j["id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("job {id} not in {list}"))
-}
-
-fn wait_job(vm: &ApiVm, id: &str, state: &str) -> serde_json::Value {
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        let j = job(vm, id);
-        if j["state"] == state {
-            return j;
-        }
-        assert!(Instant::now() < end, "job {id} is not {state}: {j}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]

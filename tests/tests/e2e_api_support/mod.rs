@@ -306,3 +306,31 @@ pub fn events(path: &str) -> Vec<(String, String, serde_json::Value)> {
         })
         .collect()
 }
+
+/// The job's entry in `vm.disk-jobs`.
+pub fn job(vm: &ApiVm, id: &str) -> serde_json::Value {
+    let list = integration_tests::json(&vm.curl_ok("GET", "vm.disk-jobs", None, 200));
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("job {id} not in {list}"))
+}
+
+/// Waits (up to 60 s) until job `id` is in `state`; a job that fails on
+/// the way ends the wait.
+pub fn wait_job(vm: &ApiVm, id: &str, state: &str) -> serde_json::Value {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = job(vm, id);
+        if j["state"] == state {
+            return j;
+        }
+        assert!(
+            Instant::now() < end && j["state"] != "failed",
+            "job {id} is not {state}: {j}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
