@@ -1,8 +1,12 @@
 //! Where a host file ends, and where it has holes (SEEK_DATA /
-//! SEEK_HOLE, for `map`).
+//! SEEK_HOLE, for `map`), with [`DataExtentCache`] remembering the last
+//! data run found so a walk that asks about one run many times (convert
+//! asks per chunk, for read-ahead and again to read) does not pay two
+//! `lseek`s each time.
 
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
+use std::sync::Mutex;
 
 /// How long a host file is: its length, or for a block device (whose
 /// metadata says 0) the offset of its end.
@@ -40,6 +44,33 @@ pub fn extent_at(file: &File, offset: u64) -> Option<(bool, u64)> {
     (hole > off).then_some((false, hole as u64))
 }
 
+/// The last data run [`extent_at`] found in one file. Only data is
+/// remembered, never a hole: a hole the file fills later would hide
+/// data, while data the file later punches out only reads as the zeroes
+/// it now holds (the same choice as QEMU's block-status cache).
+#[derive(Debug, Default)]
+pub struct DataExtentCache {
+    run: Mutex<Option<(u64, u64)>>,
+}
+
+impl DataExtentCache {
+    /// [`extent_at`], answered from the remembered data run when
+    /// `offset` lies inside it.
+    pub fn extent_at(&self, file: &File, offset: u64) -> Option<(bool, u64)> {
+        let cached = *self.run.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((start, end)) = cached {
+            if start <= offset && offset < end {
+                return Some((false, end));
+            }
+        }
+        let answer = extent_at(file, offset);
+        if let Some((false, end)) = answer {
+            *self.run.lock().unwrap_or_else(|e| e.into_inner()) = Some((offset, end));
+        }
+        answer
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,6 +97,34 @@ mod tests {
                 assert_eq!(end, 1 << 20);
                 assert_eq!(in_data, Some((false, (1 << 20) + 65536)));
             }
+        }
+    }
+
+    #[test]
+    fn the_cache_keeps_data_runs_but_not_holes() {
+        let path = std::env::temp_dir().join(format!("holes-cache-{}", std::process::id()));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(4 << 20).unwrap();
+        file.write_all_at(&[1u8; 65536], 1 << 20).unwrap();
+        let cache = DataExtentCache::default();
+        let first = cache.extent_at(&file, 1 << 20);
+        let hole_before = cache.extent_at(&file, 0);
+        // The hole at 2 MiB fills: a remembered hole would hide this.
+        file.write_all_at(&[2u8; 65536], 2 << 20).unwrap();
+        let filled = cache.extent_at(&file, 2 << 20);
+        // Inside the remembered run: the same end, from the cache.
+        let inside = cache.extent_at(&file, (1 << 20) + 4096);
+        std::fs::remove_file(&path).unwrap();
+        if hole_before == Some((true, 1 << 20)) {
+            assert_eq!(first, Some((false, (1 << 20) + 65536)));
+            assert_eq!(filled, Some((false, (2 << 20) + 65536)));
+            assert_eq!(inside, Some((false, (1 << 20) + 65536)));
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::formats::{
 };
 use crate::lock::ImageLock;
 
-use crate::formats::holes::file_size;
+use crate::formats::holes::{file_size, DataExtentCache};
 
 const IMAGE: FileId = FileId(0);
 
@@ -30,6 +30,8 @@ pub struct RawImage {
     size: AtomicU64,
     map: IdentityMap,
     probed: bool,
+    /// The last data run of the file `block_status` found.
+    data_run: DataExtentCache,
     /// Released when the image is dropped (see [`crate::lock`]).
     _lock: Option<ImageLock>,
 }
@@ -56,6 +58,7 @@ impl RawImage {
                 readonly,
             },
             probed,
+            data_run: DataExtentCache::default(),
             _lock: None,
         })
     }
@@ -128,7 +131,9 @@ impl Format for RawImage {
     fn block_status(&self, offset: u64, len: u64) -> Result<BlockStatus, BlockError> {
         self.map.check_range(self.size(), offset, len)?;
         // Holes of the file read as zeroes; qemu-img map reports them so.
-        let (hole, until) = crate::formats::holes::extent_at(&self.files.local()[0], offset)
+        let (hole, until) = self
+            .data_run
+            .extent_at(&self.files.local()[0], offset)
             .unwrap_or((false, u64::MAX));
         Ok(BlockStatus {
             len: len.min(until - offset),
