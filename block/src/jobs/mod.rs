@@ -35,4 +35,6 @@ pub use stream::Stream;
 pub use mirror_target::{open_target, MirrorTarget, SyncMode, TargetError, TargetSpec};
 
 #[cfg(test)]
+mod stream_tests;
+#[cfg(test)]
 mod tests;
