@@ -57,9 +57,9 @@ use crate::options::DiskOptions;
 pub struct ExclusiveImage {
     tools: Arc<dyn ImageTools>,
     disk: Disk,
-    /// The locks of an [`ExclusiveImage::open_beside`], released after
-    /// the image (dropped after `disk`).
-    _beside_lock: Option<ImageLock>,
+    /// The locks of an [`ExclusiveImage::open_beside`] on the image's
+    /// files, released after the image (dropped after `disk`).
+    _beside_locks: Vec<ImageLock>,
 }
 
 impl ExclusiveImage {
@@ -105,16 +105,21 @@ impl ExclusiveImage {
                 feature: "a second open of an image with an external data file".into(),
             });
         }
-        let lock = match tools.files().local().first() {
-            Some(file) if options.lock => Some(crate::lock::lock_image_beside(
-                file,
-                &options.path,
-                options.lock_mode(),
-            )?),
-            _ => None,
-        };
+        // The image's own file as its options say, its backing files as
+        // a reader, each beside the locks this process holds already.
+        let mut locks = Vec::new();
+        if options.lock {
+            for (i, file) in tools.files().local().iter().enumerate() {
+                let mode = match (i, options.force_share) {
+                    (0, _) => options.lock_mode(),
+                    (_, true) => crate::lock::LockMode::ForceShare,
+                    (_, false) => crate::lock::LockMode::Reader,
+                };
+                locks.push(crate::lock::lock_image_beside(file, &options.path, mode)?);
+            }
+        }
         let mut image = Self::from_tools(tools, options)?;
-        image._beside_lock = lock;
+        image._beside_locks = locks;
         Ok(image)
     }
 
@@ -127,7 +132,7 @@ impl ExclusiveImage {
         Ok(ExclusiveImage {
             tools,
             disk,
-            _beside_lock: None,
+            _beside_locks: Vec::new(),
         })
     }
 

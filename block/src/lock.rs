@@ -199,7 +199,11 @@ pub fn give_up_writing(file: &File) -> std::io::Result<()> {
 /// so two descriptions of one process hold them side by side; whoever
 /// else holds the image is kept out by the first open's locks, and the
 /// new open keeps them out once the first one is gone.
-pub fn lock_image_beside(file: &File, path: &Path, mode: LockMode) -> Result<ImageLock, BlockError> {
+pub fn lock_image_beside(
+    file: &File,
+    path: &Path,
+    mode: LockMode,
+) -> Result<ImageLock, BlockError> {
     let (held, unshared) = mode.perms();
     let lock_err = |source| BlockError::Lock {
         path: path.to_owned(),

@@ -91,8 +91,14 @@ pub fn backing_name(overlay: &Path, base: &Layer, old_overlay: &Path) -> String 
         return base.path.display().to_string();
     }
     let folder = |p: &Path| {
-        p.parent()
-            .and_then(|d| std::fs::canonicalize(if d.as_os_str().is_empty() { Path::new(".") } else { d }).ok())
+        p.parent().and_then(|d| {
+            std::fs::canonicalize(if d.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                d
+            })
+            .ok()
+        })
     };
     match &base.recorded {
         Some(name) if folder(overlay).is_some() && folder(overlay) == folder(old_overlay) => {

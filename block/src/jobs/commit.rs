@@ -144,7 +144,10 @@ impl Commit {
         if let Some(b) = lock(&self.base).take() {
             let path = b.disk().options().path.display().to_string();
             if let Err(e) = b.close() {
-                log::error!("closing the commit's base {path}: {}", ch_log::error_chain(&e));
+                log::error!(
+                    "closing the commit's base {path}: {}",
+                    ch_log::error_chain(&e)
+                );
             }
         }
     }

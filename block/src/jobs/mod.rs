@@ -27,12 +27,12 @@ pub mod populate;
 pub mod rate;
 pub mod stream;
 
-pub use job::{Flow, Job, JobShared, JobState, JobStatus};
 pub use chain::{find_layer, layers_of, Layer};
 pub use commit::Commit;
+pub use job::{Flow, Job, JobShared, JobState, JobStatus};
 pub use mirror::Mirror;
-pub use stream::Stream;
 pub use mirror_target::{open_target, MirrorTarget, SyncMode, TargetError, TargetSpec};
+pub use stream::Stream;
 
 #[cfg(test)]
 mod stream_tests;

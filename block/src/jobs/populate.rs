@@ -98,9 +98,8 @@ fn write_op(
         });
     };
     let total: u64 = parts.iter().map(WriteData::len).sum();
-    let mut buf = AlignedBuf::new(total as usize, 4096).ok_or_else(|| {
-        BlockError::Refused(format!("no memory for a buffer of {total} bytes"))
-    })?;
+    let mut buf = AlignedBuf::new(total as usize, 4096)
+        .ok_or_else(|| BlockError::Refused(format!("no memory for a buffer of {total} bytes")))?;
     let out = buf.as_mut_slice();
     let mut at = 0usize;
     for part in &parts {

@@ -85,13 +85,14 @@ impl Stream {
             let s = status_within(format.as_ref(), pos, size)
                 .map_err(|e| format!("block status at {pos}: {}", ch_log::error_chain(&e)))?;
             let above_base = self.base_depth.is_none_or(|b| s.depth < b);
-            let wanted = s.present
-                && s.depth >= 1
-                && above_base
-                && (s.data || self.base_depth.is_some());
+            let wanted =
+                s.present && s.depth >= 1 && above_base && (s.data || self.base_depth.is_some());
             if wanted {
                 let start = pos / cluster * cluster;
-                let end = (pos + s.len).div_ceil(cluster).saturating_mul(cluster).min(size);
+                let end = (pos + s.len)
+                    .div_ceil(cluster)
+                    .saturating_mul(cluster)
+                    .min(size);
                 match out.last_mut() {
                     Some((o, l)) if *o + *l >= start => *l = (*l).max(end - *o),
                     _ => out.push((start, end - start)),

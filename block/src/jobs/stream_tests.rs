@@ -95,9 +95,15 @@ fn a_populate_never_overwrites_what_the_guest_wrote_first() {
     let mut b = vec![0; CLUSTER as usize];
     d.read_at(2 * CLUSTER, &mut b).unwrap();
     assert_eq!(&b[512..1024], &[0x11; 512]);
-    assert!(b[..512].iter().all(|&x| x == 0xAA), "the guest's COW kept the backing data");
+    assert!(
+        b[..512].iter().all(|&x| x == 0xAA),
+        "the guest's COW kept the backing data"
+    );
     // Cluster 0 (the top's own 0xCC) is left too.
-    assert_eq!(populate(f.as_ref(), 0, &backing[..CLUSTER as usize], &w).unwrap(), 0);
+    assert_eq!(
+        populate(f.as_ref(), 0, &backing[..CLUSTER as usize], &w).unwrap(),
+        0
+    );
     d.read_at(0, &mut b).unwrap();
     assert!(b.iter().all(|&x| x == 0xCC));
 
@@ -106,8 +112,12 @@ fn a_populate_never_overwrites_what_the_guest_wrote_first() {
     let WriteOutcome::Ready(plan) = f.plan_populate(8 * CLUSTER, CLUSTER, &w).unwrap() else {
         panic!("an idle cluster is not blocked");
     };
-    assert_eq!(f.plan_write(8 * CLUSTER, 4096, &w).unwrap(), WriteOutcome::Blocked);
-    f.commit(plan.commit.expect("an allocating plan commits")).unwrap();
+    assert_eq!(
+        f.plan_write(8 * CLUSTER, 4096, &w).unwrap(),
+        WriteOutcome::Blocked
+    );
+    f.commit(plan.commit.expect("an allocating plan commits"))
+        .unwrap();
     d.write_at(8 * CLUSTER, &[0x22; 4096]).unwrap();
     d.read_at(8 * CLUSTER, &mut b).unwrap();
     assert_eq!(&b[..4096], &[0x22; 4096]);
@@ -118,8 +128,12 @@ fn a_populate_never_overwrites_what_the_guest_wrote_first() {
     let WriteOutcome::Ready(guest) = f.plan_write(9 * CLUSTER, 4096, &w).unwrap() else {
         panic!("an idle cluster is not blocked");
     };
-    assert_eq!(f.plan_populate(9 * CLUSTER, CLUSTER, &w).unwrap(), WriteOutcome::Blocked);
-    f.commit(guest.commit.expect("an allocating write commits")).unwrap();
+    assert_eq!(
+        f.plan_populate(9 * CLUSTER, CLUSTER, &w).unwrap(),
+        WriteOutcome::Blocked
+    );
+    f.commit(guest.commit.expect("an allocating write commits"))
+        .unwrap();
     let WriteOutcome::Ready(after) = f.plan_populate(9 * CLUSTER, CLUSTER, &w).unwrap() else {
         panic!("blocked after the guest's commit");
     };
@@ -177,7 +191,10 @@ fn a_stream_under_guest_writes_keeps_every_write_and_fills_the_image() {
         expect[*off as usize..(*off + 4096) as usize].fill(*stamp);
     }
     let now = contents(&d);
-    assert!(now == expect, "a guest write was lost or the backing data is wrong");
+    assert!(
+        now == expect,
+        "a guest write was lost or the backing data is wrong"
+    );
     // Every range that holds data anywhere is now in the top itself.
     let mut pos = 0;
     while pos < SIZE {
@@ -210,13 +227,19 @@ fn a_stream_then_the_relink_leaves_the_same_disk_on_a_shorter_chain() {
         } else {
             (None, None)
         };
-        image.tools().set_backing_file(name.as_deref(), fmt).unwrap();
+        image
+            .tools()
+            .set_backing_file(name.as_deref(), fmt)
+            .unwrap();
         image.close().unwrap();
         drop(layers);
         // Reopened from its header, the chain is shorter and reads the same.
         let d = Disk::open(&opts(&top)).unwrap();
         assert_eq!(layers_of(&d).len(), if keep_base { 2 } else { 1 });
-        assert!(contents(&d) == before, "the disk changed (keep base: {keep_base})");
+        assert!(
+            contents(&d) == before,
+            "the disk changed (keep base: {keep_base})"
+        );
         d.close().unwrap();
         drop(d);
         if testkit::has_command("qemu-img") {
@@ -224,7 +247,11 @@ fn a_stream_then_the_relink_leaves_the_same_disk_on_a_shorter_chain() {
                 .args(["check", top.to_str().unwrap()])
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
         }
     }
 }
@@ -256,7 +283,10 @@ fn a_commit_of_the_middle_layer_fills_the_base_and_the_top_relinks() {
     assert!(contents(running.disk()) == before);
     // The top now points at the base.
     let name = chain::backing_name(&layers[0].path, &layers[2], &layers[1].path);
-    running.tools().set_backing_file(Some(&name), Some("qcow2")).unwrap();
+    running
+        .tools()
+        .set_backing_file(Some(&name), Some("qcow2"))
+        .unwrap();
     running.close().unwrap();
     commit.release();
     drop(layers);
@@ -275,4 +305,3 @@ fn a_commit_of_the_middle_layer_fills_the_base_and_the_top_relinks() {
     assert!(x.iter().all(|&v| v == 0));
     b.close().unwrap();
 }
-

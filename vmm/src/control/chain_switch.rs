@@ -119,7 +119,10 @@ impl Control {
         };
         drop(dev);
         let image = ExclusiveImage::open_beside(&opts).map_err(failed)?;
-        image.tools().set_backing_file(name, format).map_err(failed)?;
+        image
+            .tools()
+            .set_backing_file(name, format)
+            .map_err(failed)?;
         image.close().map_err(failed)
     }
 

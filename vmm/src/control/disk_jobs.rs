@@ -370,7 +370,10 @@ impl Control {
             return Err(ApiResponse::error(409, &[context, &why]));
         }
         let mirror = j.work.mirror().cloned().ok_or_else(|| {
-            ApiResponse::error(409, &[context, "the job is not a mirror or an active commit"])
+            ApiResponse::error(
+                409,
+                &[context, "the job is not a mirror or an active commit"],
+            )
         })?;
         Ok((mirror, j.job.shared().clone()))
     }

@@ -155,9 +155,9 @@ impl Control {
             );
         }
         // The base's persistent bitmaps record what the commit writes.
-        base_image.attach_persistent_bitmaps().map_err(|e| {
-            ApiResponse::from_error_in(status::of_block(&e), Some(&context), &e)
-        })?;
+        base_image
+            .attach_persistent_bitmaps()
+            .map_err(|e| ApiResponse::from_error_in(status::of_block(&e), Some(&context), &e))?;
         let top_layer = &layers[top];
         let top_opts = DiskOptions {
             path: top_layer.path.clone(),
@@ -315,7 +315,10 @@ impl Control {
 /// The index of the layer a request names as `role` (400 if none).
 fn layer_named(layers: &[Layer], name: &str, role: &str, what: &str) -> Result<usize, ApiResponse> {
     find_layer(layers, name).ok_or_else(|| {
-        let chain: Vec<String> = layers.iter().map(|l| l.path.display().to_string()).collect();
+        let chain: Vec<String> = layers
+            .iter()
+            .map(|l| l.path.display().to_string())
+            .collect();
         let why = format!(
             "{role} '{name}' is not a file of the disk's chain ({})",
             chain.join(" -> ")
