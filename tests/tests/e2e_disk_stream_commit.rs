@@ -330,7 +330,7 @@ fn active_commit(complete: bool) {
         // the chain's data all there.
         let b = view(&c.dir, &c.base, "base");
         let held = rounds_held(&b, &c.base);
-        assert!(held >= 5 && held <= ROUNDS, "{held}");
+        assert!((5..=ROUNDS).contains(&held), "{held}");
         compare_expected(&c, &c.base, held);
     }
 }

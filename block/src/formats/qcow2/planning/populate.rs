@@ -33,7 +33,7 @@ impl Qcow2Image {
     ) -> Result<WriteOutcome, BlockError> {
         let cs = self.chain.cluster_size();
         let size = self.size.load(std::sync::atomic::Ordering::Acquire);
-        if offset % cs != 0 || (len % cs != 0 && offset + len != size) {
+        if !offset.is_multiple_of(cs) || (!len.is_multiple_of(cs) && offset + len != size) {
             return Err(BlockError::Refused(format!(
                 "populate of {len} bytes at {offset}: not whole clusters of {cs} bytes"
             )));
