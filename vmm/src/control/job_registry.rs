@@ -146,6 +146,8 @@ impl JobRegistry {
             }
             j.job.cancel();
             j.job.join();
+            // A stream or commit whose copy ended but was not relinked.
+            j.job.shared().set_state(block::jobs::JobState::Cancelled);
             j.work.release();
         }
     }
