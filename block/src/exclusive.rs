@@ -46,6 +46,7 @@ use crate::disk::Disk;
 use crate::error::BlockError;
 use crate::formats::registry::{open_image_tools, open_overlay_tools};
 use crate::formats::tools::ImageTools;
+use crate::lock::ImageLock;
 use crate::options::DiskOptions;
 
 /// An image opened by its one owner (a tool, the storage daemon).
@@ -56,6 +57,9 @@ use crate::options::DiskOptions;
 pub struct ExclusiveImage {
     tools: Arc<dyn ImageTools>,
     disk: Disk,
+    /// The locks of an [`ExclusiveImage::open_beside`] on the image's
+    /// files, released after the image (dropped after `disk`).
+    _beside_locks: Vec<ImageLock>,
 }
 
 impl ExclusiveImage {
@@ -82,13 +86,54 @@ impl ExclusiveImage {
         Self::from_tools(tools, options)
     }
 
+    /// Opens an image this process holds open already, as
+    /// [`ExclusiveImage::open`] does, but takes its locks beside the
+    /// first open's ([`crate::lock::lock_image_beside`]) instead of
+    /// failing on them: a block job writing a backing file of its
+    /// running disk (a commit's base), or the running image reopened over
+    /// the chain a stream or a commit left. Images with an external data
+    /// file are refused (its lock would need the same care).
+    pub fn open_beside(options: &DiskOptions) -> Result<ExclusiveImage, BlockError> {
+        let unlocked = DiskOptions {
+            lock: false,
+            ..options.clone()
+        };
+        let tools = open_image_tools(&unlocked)?;
+        if tools.info().data_file.is_some() {
+            return Err(BlockError::Unsupported {
+                path: options.path.clone(),
+                feature: "a second open of an image with an external data file".into(),
+            });
+        }
+        // The image's own file as its options say, its backing files as
+        // a reader, each beside the locks this process holds already.
+        let mut locks = Vec::new();
+        if options.lock {
+            for (i, file) in tools.files().local().iter().enumerate() {
+                let mode = match (i, options.force_share) {
+                    (0, _) => options.lock_mode(),
+                    (_, true) => crate::lock::LockMode::ForceShare,
+                    (_, false) => crate::lock::LockMode::Reader,
+                };
+                locks.push(crate::lock::lock_image_beside(file, &options.path, mode)?);
+            }
+        }
+        let mut image = Self::from_tools(tools, options)?;
+        image._beside_locks = locks;
+        Ok(image)
+    }
+
     /// Wraps an already opened image (tests that inject faults).
     pub fn from_tools(
         tools: Arc<dyn ImageTools>,
         options: &DiskOptions,
     ) -> Result<ExclusiveImage, BlockError> {
         let disk = Disk::from_format(tools.clone(), options)?;
-        Ok(ExclusiveImage { tools, disk })
+        Ok(ExclusiveImage {
+            tools,
+            disk,
+            _beside_locks: Vec::new(),
+        })
     }
 
     /// The queue-facing disk: blocking I/O helpers and queues. Its clones
@@ -121,6 +166,16 @@ impl ExclusiveImage {
             return Ok(());
         }
         crate::live::attach(self.tools.clone(), self.disk.live())
+    }
+
+    /// As [`ExclusiveImage::attach_persistent_bitmaps`] for the running
+    /// image reopened over a new chain: the bitmaps are not loaded from
+    /// the file (the old open moves its own here at the switch), only
+    /// stored into it from now on (`crate::live::adopt`).
+    pub fn adopt_persistent_bitmaps(&self) {
+        if !self.disk.readonly() && self.disk.options().records_bitmaps {
+            crate::live::adopt(self.tools.clone(), self.disk.live());
+        }
     }
 
     /// Closes the image cleanly (see [`Disk::close`]).

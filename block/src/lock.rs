@@ -191,6 +191,33 @@ pub fn give_up_writing(file: &File) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Takes the locks of `mode` on `file` without first testing for
+/// conflicts, for a second open of an image this process holds already
+/// (a block job writes a backing file of its running disk, or reopens
+/// the running image over a new chain): the test would find this
+/// process's own locks. qemu's lock bytes are all shared (read) locks,
+/// so two descriptions of one process hold them side by side; whoever
+/// else holds the image is kept out by the first open's locks, and the
+/// new open keeps them out once the first one is gone.
+pub fn lock_image_beside(
+    file: &File,
+    path: &Path,
+    mode: LockMode,
+) -> Result<ImageLock, BlockError> {
+    let (held, unshared) = mode.perms();
+    let lock_err = |source| BlockError::Lock {
+        path: path.to_owned(),
+        source,
+    };
+    for (set, base) in [(held, PERM_BASE), (unshared, SHARED_BASE)] {
+        for n in (0..PERM_COUNT).filter(|n| set >> n & 1 != 0) {
+            lock_byte(file, base + i64::from(n)).map_err(lock_err)?;
+        }
+    }
+    let guard = file.try_clone().map_err(lock_err)?;
+    Ok(ImageLock { file: guard })
+}
+
 /// Opens `path` and locks it in `mode`, for a tool that reads or writes
 /// the file through descriptors of its own (`ch-img check`): the locks
 /// last as long as the returned guard.

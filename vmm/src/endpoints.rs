@@ -14,8 +14,10 @@ use crate::api::bitmap_types::{
     BitmapAddBody, BitmapBody, BitmapMergeBody, TransactionAction, TransactionBody,
 };
 use crate::api::endpoint::{Endpoint, Flag, FlagKind, Method, VerbArgs};
+use crate::api::job_flags::{COMMIT_FLAGS, STREAM_FLAGS};
 use crate::api::types::{
-    DiskMirrorBody, IdBody, JobBody, ResizeDiskBody, SnapshotDiskBody, SnapshotExternalBody,
+    DiskCommitBody, DiskMirrorBody, DiskStreamBody, IdBody, JobBody, ResizeDiskBody,
+    SnapshotDiskBody, SnapshotExternalBody,
 };
 use crate::config::{DiskConfig, VmConfig};
 use crate::control::Control;
@@ -414,6 +416,24 @@ pub fn table() -> Vec<E> {
              [--mode background] [--speed BYTES/S] [--granularity SIZE] [--wait]",
             "copy a running disk to a target while it runs (a job; --wait: until ready)",
         ),
+        E::with_body("vm.disk-stream", "DiskStream", |c, b: DiskStreamBody| {
+            c.disk_stream(b)
+        })
+        .verb(
+            "disk-stream",
+            VerbArgs::Flags(STREAM_FLAGS),
+            "--disk ID [--base FILE] [--speed BYTES/S] [--wait]",
+            "copy a running disk's backing chain (down to a base) into its image (a job)",
+        ),
+        E::with_body("vm.disk-commit", "DiskCommit", |c, b: DiskCommitBody| {
+            c.disk_commit(b)
+        })
+        .verb(
+            "disk-commit",
+            VerbArgs::Flags(COMMIT_FLAGS),
+            "--disk ID [--top FILE] [--base FILE] [--speed BYTES/S] [--granularity SIZE] [--wait]",
+            "merge a layer of a running disk's chain into its base (a job; the active one: until ready)",
+        ),
         E::new("vm.disk-jobs", Get, |c| c.disk_jobs()).verb(
             "disk-jobs",
             VerbArgs::None,
@@ -597,6 +617,17 @@ mod tests {
         assert_eq!(
             body("disk-job-cancel", &["job-2"]),
             serde_json::json!({"job": "job-2"})
+        );
+        assert_eq!(
+            body("disk-stream", &["--disk", "d", "--base", "b.qcow2"]),
+            serde_json::json!({"id": "d", "base": "b.qcow2"})
+        );
+        assert_eq!(
+            body(
+                "disk-commit",
+                &["--disk", "d", "--top", "t.qcow2", "--base", "b.qcow2", "--speed", "1M"]
+            ),
+            serde_json::json!({"id": "d", "top": "t.qcow2", "base": "b.qcow2", "speed": 1 << 20})
         );
         let jobs = call_for(&t, "disk-jobs", &[]).unwrap();
         assert_eq!((jobs.method, jobs.body), ("GET", None));

@@ -128,6 +128,31 @@ pub trait Format: Send + Sync {
         waker: &Waker,
     ) -> Result<WriteOutcome, BlockError>;
 
+    /// Plans writing the request's `len` bytes of backing data at
+    /// `offset` into the clusters of this image that are still
+    /// unallocated, and only those: a cluster the guest allocated first
+    /// keeps the guest's data (a stream job; qcow2's
+    /// `planning/populate.rs`). `offset` is cluster aligned and `len`
+    /// whole clusters. Formats without a backing file refuse.
+    fn plan_populate(
+        &self,
+        offset: u64,
+        len: u64,
+        waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
+        let _ = (offset, len, waker);
+        Err(BlockError::Refused(format!(
+            "a {} image has no backing file to populate from",
+            self.name()
+        )))
+    }
+
+    /// The opened backing image, if there is one (a job walks the chain
+    /// to find its layers).
+    fn backing(&self) -> Option<std::sync::Arc<dyn Format>> {
+        None
+    }
+
     /// Publishes the metadata of a plan whose ops all succeeded.
     fn commit(&self, commit: WriteCommit) -> Result<(), BlockError>;
 

@@ -147,12 +147,12 @@ impl Copier {
 }
 
 /// The offset of the request that failed, and its error.
-type Failure = (u64, BlockError);
+pub(super) type Failure = (u64, BlockError);
 
 /// Submits `requests` (`n` of them) in one batch and waits for all;
 /// returns each one's offset and owned memory in submission order, or the
 /// first failure's offset and error.
-fn run_all(
+pub(super) fn run_all(
     queue: &mut DiskQueue,
     done: &mut Vec<Completion>,
     requests: impl IntoIterator<Item = BlockRequest>,

@@ -120,6 +120,10 @@ impl Mirror {
                 // an existing target it must not hide it.
                 SyncMode::Top if !self.target_was_zero => zero.push(range),
                 SyncMode::Top => {}
+                // An active commit: the layers above the target's depth.
+                SyncMode::Above(base) if s.present && s.depth < base && s.data => copy.push(range),
+                SyncMode::Above(base) if s.present && s.depth < base => zero.push(range),
+                SyncMode::Above(_) => {}
             }
             pos += s.len;
         }

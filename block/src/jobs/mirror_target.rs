@@ -39,6 +39,10 @@ pub enum SyncMode {
     Full,
     /// What the top image holds; the target gets the same backing file.
     Top,
+    /// What the layers above depth N of the chain hold (an active
+    /// commit into the layer at depth N, which is the target); the rest
+    /// the target holds already.
+    Above(u32),
 }
 
 /// Where and how a mirror writes.
@@ -133,6 +137,18 @@ impl MirrorTarget {
             }
         }
         r
+    }
+
+    /// A target its caller opened and that holds the disk's data already
+    /// where the job copies nothing (an active commit's base, opened
+    /// beside the running chain): never removed, never zeroed beyond
+    /// what the job copies.
+    pub fn opened(image: ExclusiveImage) -> MirrorTarget {
+        MirrorTarget {
+            image,
+            created: None,
+            reads_zero: false,
+        }
     }
 
     /// The file this module created for the job, if it did (and it is
@@ -283,7 +299,7 @@ fn create_target(
                 .as_deref()
                 .and_then(|f| FORMATS.image_type(f)),
         ),
-        SyncMode::Full => (None, None),
+        SyncMode::Full | SyncMode::Above(_) => (None, None),
     };
     let opts = CreateOptions {
         path: path.clone(),

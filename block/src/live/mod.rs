@@ -35,7 +35,7 @@ pub use cbw::{CbwQueue, CopyBeforeWrite, GranuleState, MIN_CBW_GRANULE};
 pub use dirty_bitmap::{
     check_granularity, DirtyBitmap, DEFAULT_GRANULARITY, MAX_GRANULARITY, MIN_GRANULARITY,
 };
-pub use persist::attach;
+pub use persist::{adopt, attach};
 pub use queue_filters::QueueFilters;
 pub use sink::BitmapSink;
 pub use state::{BitmapGuard, Filters, LiveState};

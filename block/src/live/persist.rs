@@ -83,3 +83,28 @@ pub fn attach(tools: Arc<dyn ImageTools>, live: &LiveState) -> Result<(), BlockE
     live.set_sink(BitmapSink::new(tools, cluster_size));
     Ok(())
 }
+
+/// Makes `live` store its persistent bitmaps in `tools`' image without
+/// loading the ones the image lists: the image is a running image
+/// reopened over a new chain (a stream or a commit), whose bitmaps are
+/// the ones the old open holds in memory, marked in use in the file, and
+/// moves here at the switch (`LiveState::take_bitmaps_from`, which
+/// writes them at once, still in use). The old open must not store them
+/// any more ([`LiveState::forget_sink`]).
+pub fn adopt(tools: Arc<dyn ImageTools>, live: &LiveState) {
+    let info = tools.info();
+    if tools.name() != "qcow2" {
+        return;
+    }
+    let size = tools.size();
+    if info.compat.as_deref() == Some("0.10") {
+        live.bitmaps().configure(
+            size,
+            Some("qcow2 version 2 images cannot store dirty bitmaps".into()),
+        );
+        return;
+    }
+    let cluster_size = info.cluster_size.unwrap_or(65536);
+    live.bitmaps().configure(size, None);
+    live.set_sink(BitmapSink::new(tools, cluster_size));
+}

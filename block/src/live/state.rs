@@ -138,6 +138,13 @@ impl LiveState {
         *lock(&self.sink) = Some(sink);
     }
 
+    /// This disk no longer stores its persistent bitmaps at its close:
+    /// its image was reopened and the new open stores them
+    /// (`persist::adopt`).
+    pub fn forget_sink(&self) {
+        lock(&self.sink).take();
+    }
+
     /// The disk now has `size` bytes (its queues quiesced): every bitmap
     /// follows ([`DirtyBitmap::resized`]), and the image's persistent
     /// ones are rewritten at the new size, still in use, so that tables

@@ -159,6 +159,13 @@ impl BlockDevice {
         &self.disk
     }
 
+    /// The owner's open of the image the device runs on, when it was
+    /// given one ([`BlockDevice::with_image`], or a switch to one): its
+    /// tools (a block job rewrites the image's backing link with them).
+    pub fn image(&self) -> Option<&ExclusiveImage> {
+        self.image.as_ref()
+    }
+
     /// The feature bits the driver accepted.
     pub fn acked_features(&self) -> u64 {
         self.acked

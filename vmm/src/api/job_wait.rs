@@ -3,8 +3,8 @@
 //! progress on stderr (a bar redrawn in place on a terminal, a line per
 //! tenth or state change otherwise) and returns the state it ended in.
 //!
-//! A mirror is waited for until it is ready (or has ended); complete and
-//! cancel until the job has ended. Enters as the socket, the job id and
+//! A mirror or a commit is waited for until it is ready (or has ended);
+//! a stream, complete and cancel until the job has ended. Enters as the socket, the job id and
 //! what to wait for; leaves as the job's last JSON entry.
 
 use std::io::{IsTerminal, Write};
@@ -21,7 +21,10 @@ const POLL: Duration = Duration::from_millis(200);
 /// Whether `--wait` may be given to `verb`, and what it waits for.
 pub fn wait_kind(verb: &str) -> Option<Until> {
     match verb {
-        "disk-mirror" => Some(Until::Ready),
+        // An active commit reaches ready; a stream or another commit
+        // ends on its own (an end state counts as ready too).
+        "disk-mirror" | "disk-commit" => Some(Until::Ready),
+        "disk-stream" => Some(Until::Ended),
         "disk-job-complete" | "disk-job-cancel" => Some(Until::Ended),
         _ => None,
     }

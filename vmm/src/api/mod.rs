@@ -20,6 +20,7 @@ pub mod channel;
 pub mod client;
 pub mod endpoint;
 pub mod http;
+pub mod job_flags;
 pub mod job_wait;
 pub mod response;
 pub mod routes;

@@ -178,3 +178,34 @@ pub struct DiskMirrorBody {
 pub struct JobBody {
     pub job: String,
 }
+
+/// `vm.disk-stream` (ours): copy the backing chain of a running disk,
+/// down to `base` (a file of the chain; none: all of it), into its
+/// active image, then drop that part of the chain. docs/api.md.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct DiskStreamBody {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// Bytes per second (0 or none: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<u64>,
+}
+
+/// `vm.disk-commit` (ours): merge `top` (a file of the chain; none: the
+/// active image) and the layers between it and `base` (a file below it;
+/// none: the last one) into `base`. docs/api.md.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct DiskCommitBody {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top: Option<String>,
+    /// Bytes per second (0 or none: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<u64>,
+    /// Bytes a dirty bit stands for (an active commit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granularity: Option<u64>,
+}

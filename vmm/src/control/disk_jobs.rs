@@ -34,7 +34,7 @@ use block::jobs::{open_target, Job, JobShared, JobState, Mirror, SyncMode, Targe
 use block::live::{check_granularity, DEFAULT_GRANULARITY};
 use block::ImageType;
 
-use super::job_registry::RegisteredJob;
+use super::job_registry::{JobWork, RegisteredJob};
 use super::{status, Control};
 use crate::api::types::{DiskMirrorBody, JobBody};
 use crate::api::ApiResponse;
@@ -167,11 +167,15 @@ impl Control {
             "started",
             &[("id", &id), ("disk", &body.id), ("target", &body.target)],
         );
-        self.jobs.insert(RegisteredJob { job, mirror });
+        self.jobs.insert(RegisteredJob {
+            job,
+            work: JobWork::Mirror(mirror),
+        });
         Ok(id)
     }
 
     pub(crate) fn disk_jobs(&mut self) -> ApiResponse {
+        self.finish_chain_jobs();
         let list: Vec<serde_json::Value> =
             self.jobs.statuses().iter().map(|s| s.to_json()).collect();
         ApiResponse::json(&list)
@@ -300,7 +304,10 @@ impl Control {
             let j = self.jobs.find_mut(id).expect("job_facts found it");
             j.job.cancel();
             j.job.join();
-            j.mirror.release();
+            // A stream or commit whose copy ended just before is
+            // cancelled too (its chain is not relinked).
+            j.job.shared().set_state(JobState::Cancelled);
+            j.work.release();
             emit("job", "cancelled", &[("id", id), ("disk", &disk_id)]);
             return Ok(());
         }
@@ -362,7 +369,13 @@ impl Control {
             let why = format!("the job ended ({}) meanwhile", state.name());
             return Err(ApiResponse::error(409, &[context, &why]));
         }
-        Ok((j.mirror.clone(), j.job.shared().clone()))
+        let mirror = j.work.mirror().cloned().ok_or_else(|| {
+            ApiResponse::error(
+                409,
+                &[context, "the job is not a mirror or an active commit"],
+            )
+        })?;
+        Ok((mirror, j.job.shared().clone()))
     }
 
     /// The disk's config names its new image (`vm.info`).

@@ -7,14 +7,62 @@
 //! `disk_jobs.rs`), leave as their status ([`JobRegistry::statuses`])
 //! and are found by id or disk for complete and cancel.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use block::jobs::{Job, JobStatus, Mirror};
+use block::jobs::{Commit, Job, JobStatus, Mirror, Stream};
+
+/// What a job copies with: a mirror (an active commit is one too), or a
+/// stream or a commit below the active image, which its owner finishes
+/// by relinking the chain (`chain_switch.rs`).
+pub(super) enum JobWork {
+    Mirror(Arc<Mirror>),
+    Stream(Arc<Stream>, Relink),
+    Commit(Arc<Commit>, Relink),
+}
+
+/// The backing link a stream or commit rewrites once its copy is done.
+#[derive(Clone, Debug)]
+pub(super) struct Relink {
+    /// The image whose header changes, and its depth in the chain (0:
+    /// the active image).
+    pub overlay: PathBuf,
+    pub depth: u32,
+    /// Its new backing file's name and format (none: it stands alone).
+    pub backing: Option<(String, &'static str)>,
+}
+
+impl JobWork {
+    /// Lets go of what the job holds (see each type's `release`).
+    pub fn release(&self) {
+        match self {
+            JobWork::Mirror(m) => m.release(),
+            JobWork::Stream(s, _) => s.release(),
+            JobWork::Commit(c, _) => c.release(),
+        }
+    }
+
+    pub fn mirror(&self) -> Option<&Arc<Mirror>> {
+        match self {
+            JobWork::Mirror(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// A stream or commit whose copy is done: its owner relinks.
+    pub fn copied(&self) -> bool {
+        match self {
+            JobWork::Mirror(_) => false,
+            JobWork::Stream(s, _) => s.copied(),
+            JobWork::Commit(c, _) => c.copied(),
+        }
+    }
+}
 
 /// One job the VMM runs.
 pub(super) struct RegisteredJob {
     pub job: Job,
-    pub mirror: Arc<Mirror>,
+    pub work: JobWork,
 }
 
 /// See the module docs.
@@ -56,6 +104,16 @@ impl JobRegistry {
         self.jobs.push(job);
     }
 
+    /// The streams and commits whose copy is done and that have not
+    /// ended yet: their owner relinks the chain (`chain_switch.rs`).
+    pub fn copied(&self) -> Vec<String> {
+        self.jobs
+            .iter()
+            .filter(|j| j.work.copied() && !j.job.status().state.is_final())
+            .map(|j| j.job.shared().id().to_string())
+            .collect()
+    }
+
     pub fn find_mut(&mut self, id: &str) -> Option<&mut RegisteredJob> {
         self.jobs.iter_mut().find(|j| j.job.shared().id() == id)
     }
@@ -74,7 +132,7 @@ impl JobRegistry {
         for j in &mut self.jobs {
             if j.job.finished() && j.job.status().state == block::jobs::JobState::Failed {
                 j.job.join();
-                j.mirror.release();
+                j.work.release();
             }
         }
     }
@@ -88,7 +146,9 @@ impl JobRegistry {
             }
             j.job.cancel();
             j.job.join();
-            j.mirror.release();
+            // A stream or commit whose copy ended but was not relinked.
+            j.job.shared().set_state(block::jobs::JobState::Cancelled);
+            j.work.release();
         }
     }
 
@@ -101,7 +161,7 @@ impl JobRegistry {
         {
             j.job.cancel();
             j.job.join();
-            j.mirror.release();
+            j.work.release();
         }
         self.jobs.retain(|j| j.job.shared().disk() != disk);
     }

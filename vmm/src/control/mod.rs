@@ -5,8 +5,9 @@
 //! the VM; a guest power-off, SIGTERM/SIGINT or a fatal vCPU error,
 //! which end the VMM), API requests ([`crate::api`]: each arrives as a
 //! job, made from its row of the endpoint table (`crate::endpoints`),
-//! with a reply channel), and the PCI hotplug eject eventfd (the guest
-//! released a slot). Every request is answered from here by its
+//! with a reply channel), the PCI hotplug eject eventfd (the guest
+//! released a slot), and the eventfd a block job's thread writes when
+//! it ends. Every request is answered from here by its
 //! handler, a method of [`Control`]: the VM's lifecycle ([`lifecycle`]:
 //! create, boot, reboot, shutdown, delete, the power button), its state
 //! ([`vm_ops`]: pause, resume, counters), disk operations ([`disk_ops`]:
@@ -14,7 +15,9 @@
 //! a group of disks; [`disk_bitmaps`]: dirty bitmaps and their
 //! transactions; [`disk_backup`]: point-in-time NBD exports; all on
 //! disks paused together by [`disk_group`]; [`disk_jobs`]: block jobs,
-//! the mirror, held in [`job_registry`] and ended when the VM stops),
+//! the mirror, held in [`job_registry`] and ended when the VM stops;
+//! [`disk_stream`]: stream and commit, whose end [`chain_switch`] runs
+//! here when a job's thread says it is done),
 //! hotplug ([`hotplug`]: add, remove). A removal waits for the guest's
 //! eject without blocking the loop: it is
 //! parked in `removals` and answered when the eject arrives or its
@@ -28,12 +31,14 @@
 //! worth reporting is one [`crate::events::emit`] call in its handler.
 
 mod backup_record;
+mod chain_switch;
 mod disk_backup;
 mod disk_bitmaps;
 mod disk_group;
 mod disk_jobs;
 mod disk_ops;
 mod disk_snapshot;
+mod disk_stream;
 mod hotplug;
 mod info;
 mod job_registry;
@@ -59,6 +64,7 @@ use crate::vm_builder::VmBuilder;
 const EXIT: u64 = 0;
 const API: u64 = 1;
 const EJECT: u64 = 2;
+const JOB: u64 = 3;
 
 /// What `vm.info` calls the VM's state (upstream's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,6 +125,9 @@ pub struct Control {
     backups: Vec<backup_record::Backup>,
     /// Block jobs (mirrors), one at a time per disk.
     jobs: job_registry::JobRegistry,
+    /// Written by a job's thread when it ends: a stream or commit whose
+    /// copy is done is finished here ([`chain_switch`]).
+    job_ended: Arc<EventFd>,
 }
 
 impl Control {
@@ -141,6 +150,7 @@ impl Control {
             final_counters: None,
             backups: Vec::new(),
             jobs: Default::default(),
+            job_ended: Arc::new(EventFd::new(libc::EFD_NONBLOCK)?),
         })
     }
 
@@ -178,6 +188,7 @@ impl Control {
         let mut sources = vec![
             (self.exit.eventfd().as_raw_fd(), EXIT),
             (self.eject.as_raw_fd(), EJECT),
+            (self.job_ended.as_raw_fd(), JOB),
         ];
         if let Some(api) = &self.api {
             sources.push((api.wake.as_raw_fd(), API));
@@ -218,6 +229,10 @@ impl Control {
                     EXIT => {}
                     API => self.serve_api(),
                     EJECT => self.on_eject(),
+                    JOB => {
+                        let _ = self.job_ended.read();
+                        self.finish_chain_jobs();
+                    }
                     _ => {}
                 }
             }

@@ -59,7 +59,8 @@
 //!   holds what they need (`seccomp`, `io_uring_setup`, `dup`, the
 //!   timers and affinity calls of the worker list); the kernel applies
 //!   the strictest answer of all of a thread's filters.
-//! - [`ThreadKind::BlockJob`]: a block job's thread (`vm.disk-mirror`):
+//! - [`ThreadKind::BlockJob`]: a block job's thread (`vm.disk-mirror`,
+//!   `vm.disk-stream`, `vm.disk-commit`):
 //!   I/O on the job's own queues (every engine, as a queue worker; the
 //!   threads engine's pool starts from it), nothing else: the job's
 //!   queues and target are made, and a target it made is removed, on the

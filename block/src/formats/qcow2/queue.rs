@@ -121,6 +121,19 @@ impl Format for Qcow2Image {
         self.finish_plan(st, b)
     }
 
+    fn plan_populate(
+        &self,
+        offset: u64,
+        len: u64,
+        waker: &Waker,
+    ) -> Result<WriteOutcome, BlockError> {
+        self.plan_populate_range(offset, len, waker)
+    }
+
+    fn backing(&self) -> Option<Arc<dyn Format>> {
+        self.chain.backing.as_ref().map(|b| Arc::clone(&b.image))
+    }
+
     fn commit(&self, c: WriteCommit) -> Result<(), BlockError> {
         let mut st = self.lock();
         let Some(p) = st.inflight.take(&c) else {

@@ -10,6 +10,8 @@
 //!   `inflight` (allocations whose L2 entries wait for their data);
 //! - `status` (block status, with `prealloc_detect` for images made with
 //!   `preallocation=metadata`);
+//! - `populate`: a stream's copy of backing data into clusters still
+//!   unallocated, decided under the image lock;
 //! - `plan_exec`: executing a read plan inline (copy-on-write sources,
 //!   tests).
 //!
@@ -22,6 +24,7 @@ pub(crate) mod cow;
 pub(crate) mod inflight;
 pub(crate) mod plan_builder;
 pub(crate) mod plan_exec;
+pub(crate) mod populate;
 pub(crate) mod prealloc_detect;
 pub(crate) mod queue_view;
 pub(crate) mod read;
