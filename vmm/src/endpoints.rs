@@ -411,7 +411,7 @@ pub fn table() -> Vec<E> {
             "disk-mirror",
             VerbArgs::Flags(MIRROR_FLAGS),
             "--disk ID --target PATH|URI [--format qcow2|raw] [--existing] [--sync full|top] \
-             [--mode background] [--speed BYTES/S] [--granularity SIZE] [--wait]",
+             [--mode background|write-blocking] [--speed BYTES/S] [--granularity SIZE] [--wait]",
             "copy a running disk to a target while it runs (a job; --wait: until ready)",
         ),
         E::new("vm.disk-jobs", Get, |c| c.disk_jobs()).verb(

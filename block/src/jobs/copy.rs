@@ -47,6 +47,9 @@ pub struct Copier {
     /// The thread that uses the queues.
     user: Option<ThreadId>,
     done: Vec<Completion>,
+    /// Tests: runs between a batch's read and its write.
+    #[cfg(test)]
+    pub(super) after_read: Option<Box<dyn FnMut() + Send>>,
 }
 
 impl Copier {
@@ -57,6 +60,8 @@ impl Copier {
             disks: (source.clone(), target.clone()),
             user: None,
             done: Vec::with_capacity(BATCH),
+            #[cfg(test)]
+            after_read: None,
         })
     }
 
@@ -96,6 +101,10 @@ impl Copier {
             });
         let read = run_all(&mut self.source, &mut self.done, reads, ranges.len())
             .map_err(|(at, e)| format!("reading the source at {at}: {}", chain(&e)))?;
+        #[cfg(test)]
+        if let Some(f) = self.after_read.as_mut() {
+            f();
+        }
         let mut copied = Copied::default();
         let mut writes = Vec::with_capacity(read.len());
         for (offset, data) in read {
@@ -152,7 +161,7 @@ type Failure = (u64, BlockError);
 /// Submits `requests` (`n` of them) in one batch and waits for all;
 /// returns each one's offset and owned memory in submission order, or the
 /// first failure's offset and error.
-fn run_all(
+pub(super) fn run_all(
     queue: &mut DiskQueue,
     done: &mut Vec<Completion>,
     requests: impl IntoIterator<Item = BlockRequest>,

@@ -9,19 +9,25 @@
 //! error; cancel, park and stop requests, seen between two chunks. The
 //! mirror ([`mirror`]) copies a disk to a target ([`mirror_target`])
 //! through [`copy`] and a dirty bitmap on the disk's write seam
-//! (`crate::live`). A job never touches the device: the switch of a
+//! (`crate::live`); in write-blocking mode its filter on that seam
+//! ([`write_blocking`]) also writes each guest write to the target,
+//! kept apart from the copier's batches by [`granule_claims`]. A job never touches the device: the switch of a
 //! running disk to the target belongs to its owner, which holds the
 //! jobs (one per disk) and ends them when the VM stops.
 
 pub mod copy;
+pub mod granule_claims;
 pub mod job;
 pub mod mirror;
 pub mod mirror_target;
 pub mod rate;
+pub mod write_blocking;
 
 pub use job::{Flow, Job, JobShared, JobState, JobStatus};
-pub use mirror::Mirror;
+pub use mirror::{Mirror, MirrorMode};
 pub use mirror_target::{open_target, MirrorTarget, SyncMode, TargetError, TargetSpec};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_blocking_tests;
