@@ -43,6 +43,7 @@ use super::mirror_target::{MirrorTarget, SyncMode};
 use super::write_blocking::MirrorWrites;
 use crate::disk::Disk;
 use crate::formats::format::status_within;
+use crate::formats::Format;
 use crate::live::DirtyBitmap;
 
 /// How long a ready job with nothing dirty sleeps before it looks again.
@@ -204,11 +205,7 @@ impl Mirror {
             if job.between_chunks() == Flow::Stop {
                 return Ok(Flow::Stop);
             }
-            let _claim = self
-                .writes
-                .as_ref()
-                .map(|w| w.claims().copier([(offset, len)]));
-            self.with_copier(|c| c.zero(offset, len))?;
+            self.zero_target(&format, offset, len)?;
         }
         let mut batch = Vec::with_capacity(BATCH);
         for (offset, len) in copy {
@@ -226,6 +223,39 @@ impl Mirror {
             return self.copy_batch(job, &batch, self.target_was_zero);
         }
         Ok(Flow::Go)
+    }
+
+    /// Makes the target read zeroes where the source did at the start
+    /// of the first pass. In write-blocking mode a guest write may have
+    /// been mirrored there since (and is not in the bitmap): under the
+    /// copier's claim (no mirroring in flight there), a range the source
+    /// now holds data in is marked for the copier instead of zeroed.
+    pub(super) fn zero_target(
+        &self,
+        format: &Arc<dyn Format>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), String> {
+        let Some(writes) = &self.writes else {
+            return self.with_copier(|c| c.zero(offset, len));
+        };
+        let _claim = writes.claims().copier([(offset, len)]);
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let s = status_within(format.as_ref(), pos, end)
+                .map_err(|e| format!("block status at {pos}: {}", ch_log::error_chain(&e)))?;
+            let data = match self.sync {
+                SyncMode::Full => s.data,
+                SyncMode::Top => s.present && s.depth == 0 && s.data,
+            };
+            if data {
+                self.bitmap.mark(offset, len);
+                return Ok(());
+            }
+            pos += s.len;
+        }
+        self.with_copier(|c| c.zero(offset, len))
     }
 
     /// Step 2: what the guest wrote, until told to stop.

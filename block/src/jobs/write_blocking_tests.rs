@@ -185,3 +185,47 @@ fn a_failed_target_write_fails_the_job_and_never_the_guest() {
     assert!(!target_path.exists());
     assert_eq!(guest_write(&source, 3 * MIB, 0x9a).0, Ok(4096));
 }
+
+/// An existing target gets zeroes where the source read zeroes when the
+/// first pass began; a guest write mirrored there since is not wiped:
+/// the range goes to the copier instead.
+#[test]
+fn zeroing_an_existing_target_keeps_a_mirrored_write() {
+    let dir = TempDir::new("wb-zero");
+    let source = raw_source(&dir, 8 * MIB);
+    let target_path = dir.path().join("t.raw");
+    std::fs::write(&target_path, vec![0xee; 8 * MIB as usize]).unwrap();
+    let mut existing = spec(&target_path, "raw");
+    existing.existing = true;
+    let target = open_target(&source, &existing).unwrap();
+    let mirror = Arc::new(
+        Mirror::new(
+            source.clone(),
+            target,
+            SyncMode::Full,
+            65536,
+            MirrorMode::WriteBlocking,
+        )
+        .unwrap(),
+    );
+    mirror.attach();
+    // 2..4 MiB read zeroes when the pass looked; then the guest wrote.
+    assert_eq!(guest_write(&source, 3 * MIB, 0x66).0, Ok(4096));
+    let format = source.format().clone();
+    mirror.zero_target(&format, 2 * MIB, 2 * MIB).unwrap();
+    // Where nothing was written since, the target reads zeroes.
+    mirror.zero_target(&format, 6 * MIB, MIB).unwrap();
+    let target = mirror.take_target().unwrap();
+    let kept = read4k(target.image.disk(), 3 * MIB);
+    assert!(
+        kept.iter().all(|&b| b == 0x66),
+        "the mirrored write was zeroed (0x{:x})",
+        kept[0]
+    );
+    assert!(read4k(target.image.disk(), 6 * MIB).iter().all(|&b| b == 0));
+    // The copier copies the range from the source.
+    let dirty: Vec<_> = mirror.bitmap().extents().collect();
+    assert_eq!(dirty, vec![(2 * MIB, 2 * MIB)]);
+    mirror.release();
+    target.close().unwrap();
+}
