@@ -10,7 +10,11 @@
 //!   guest keeps writing and reads every round back through the target;
 //!   after shutdown the target passes `qemu-img check`, holds every
 //!   round and the old data, is sparse where the disk never held data,
-//!   and the source is closed clean and unlocked;
+//!   and the source is closed clean and unlocked; after shutdown the
+//!   target is byte for byte the closed source plus every round;
+//! - the same in write-blocking mode (completed under writes), and a
+//!   write-blocking cancel at ready: a consistent copy, no longer
+//!   written, not locked;
 //! - cancel before ready (a rate limit keeps the job running) stops the
 //!   job and removes the target it made; cancel at ready leaves the disk
 //!   on its source and the target a consistent copy (with the VM paused

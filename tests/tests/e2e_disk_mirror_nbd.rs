@@ -1,6 +1,8 @@
 //! End-to-end: `vm.disk-mirror` to an NBD export (the disk moves to
 //! another machine's storage; here a qemu-storage-daemon on a Unix
-//! socket) while the test guest writes stamped rounds, and a target that
+//! socket) while the test guest writes stamped rounds, in background and
+//! in write-blocking mode (the export then holds the source plus every
+//! round), and a target that
 //! fills up mid-job (nbdkit's error filter answering ENOSPC once a
 //! trigger file exists): the job fails with the reason, the guest sees
 //! no error and the disk stays on its source, and a later mirror of the
