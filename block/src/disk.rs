@@ -294,6 +294,15 @@ impl DiskQueue {
         }
     }
 
+    /// Picks up a change of the disk's filters now rather than at the
+    /// next batch: an owner that removed a filter while the queues were
+    /// paused has the queues call this at the resume, so that an idle
+    /// queue lets go of its handles on the filter's images (and their
+    /// locks) at once.
+    pub fn refresh_filters(&mut self) {
+        self.filters.refresh();
+    }
+
     /// Readable when completions are ready (non-blocking eventfd).
     pub fn completion_eventfd(&self) -> &EventFd {
         self.exec.eventfd()

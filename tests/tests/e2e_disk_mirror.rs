@@ -10,7 +10,11 @@
 //!   guest keeps writing and reads every round back through the target;
 //!   after shutdown the target passes `qemu-img check`, holds every
 //!   round and the old data, is sparse where the disk never held data,
-//!   and the source is closed clean and unlocked;
+//!   and the source is closed clean and unlocked; after shutdown the
+//!   target is byte for byte the closed source plus every round;
+//! - the same in write-blocking mode (completed under writes), and a
+//!   write-blocking cancel at ready: a consistent copy, no longer
+//!   written, not locked;
 //! - cancel before ready (a rate limit keeps the job running) stops the
 //!   job and removes the target it made; cancel at ready leaves the disk
 //!   on its source and the target a consistent copy (with the VM paused
@@ -28,27 +32,14 @@ mod e2e_support;
 use std::path::Path;
 use std::time::Duration;
 
-use e2e_api_support::{have_curl, job, locked, wait_job, ApiVm};
+use e2e_api_support::{
+    assert_source_plus_rounds, guest_view, have_curl, job, locked, stamp, wait_job, ApiVm,
+    ROUND_BASE, ROUND_LEN,
+};
 use e2e_support::check_clean;
 use integration_tests::{json, qemu_img, qemu_io, TempDir};
 
-const ROUND_BASE: u64 = 8 << 20;
-const ROUND_LEN: u64 = 4096;
 const MIB: u64 = 1 << 20;
-
-/// The guest's stamp of round `r` on disk 0 (tests/guest api_checks.c).
-fn stamp(r: u64) -> u8 {
-    (0x20 + r % 0xC0) as u8
-}
-
-/// The image's guest view as bytes (qemu-img convert to raw).
-fn guest_view(dir: &TempDir, image: &str, name: &str) -> Vec<u8> {
-    let out = dir.file(&format!("{name}.view"));
-    qemu_img(&["convert", "-U", "-O", "raw", image, &out]);
-    let data = std::fs::read(&out).unwrap();
-    std::fs::remove_file(&out).unwrap();
-    data
-}
 
 /// How many rounds `data` holds: a prefix of whole rounds, the rest
 /// zeroes (never a round half there, never a gap).
@@ -92,9 +83,10 @@ fn stderr(out: &std::process::Output) -> String {
 }
 
 /// Mirrors the guest's disk (`source`, format `fmt`) to a new `target`
-/// of `target_fmt` while the guest writes, completes, and checks it all.
-fn mirror_and_complete(fmt: &str, target_fmt: &str) {
-    let dir = TempDir::new(&format!("mirror-{fmt}-{target_fmt}"));
+/// of `target_fmt` in `mode` while the guest writes, completes, and
+/// checks it all.
+fn mirror_and_complete(fmt: &str, target_fmt: &str, mode: &str) {
+    let dir = TempDir::new(&format!("mirror-{fmt}-{target_fmt}-{mode}"));
     let source = dir.file(&format!("src.{fmt}"));
     qemu_img(&["create", "-q", "-f", fmt, &source, "64M"]);
     // Data the guest never touches (its block checks write the first
@@ -120,6 +112,8 @@ fn mirror_and_complete(fmt: &str, target_fmt: &str) {
         &target,
         "--format",
         target_fmt,
+        "--mode",
+        mode,
         "--wait",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -142,8 +136,8 @@ fn mirror_and_complete(fmt: &str, target_fmt: &str) {
     // A raw target is read as the VMM wrote it: the VM paused around the
     // complete, it is the closed source byte for byte (a qcow2 target's
     // newest metadata may still be in the VMM's cache; that direction
-    // completes under writes).
-    let paused = target_fmt == "raw";
+    // completes under writes, as write-blocking mirrors do).
+    let paused = target_fmt == "raw" && mode == "background";
     if paused {
         vm.curl_ok("PUT", "vm.pause", None, 204);
     }
@@ -193,6 +187,8 @@ fn mirror_and_complete(fmt: &str, target_fmt: &str) {
     // The source holds the rounds written before the switch, whole.
     let before = rounds_held(&guest_view(&dir, &source, "source"), rounds, &source);
     assert!(before > 5 && before < rounds, "{before}");
+    // The target is the source at the switch plus the rounds after it.
+    assert_source_plus_rounds(&dir, &source, &target, rounds);
 }
 
 #[test]
@@ -200,7 +196,7 @@ fn a_raw_disk_mirrors_to_a_new_qcow2_and_switches_under_writes() {
     if !have_curl() {
         return;
     }
-    mirror_and_complete("raw", "qcow2");
+    mirror_and_complete("raw", "qcow2", "background");
 }
 
 #[test]
@@ -208,7 +204,91 @@ fn a_qcow2_disk_mirrors_to_a_new_raw_and_switches_under_writes() {
     if !have_curl() {
         return;
     }
-    mirror_and_complete("qcow2", "raw");
+    mirror_and_complete("qcow2", "raw", "background");
+}
+
+#[test]
+fn write_blocking_mirrors_a_raw_disk_to_a_new_qcow2_and_switches_under_writes() {
+    if !have_curl() {
+        return;
+    }
+    mirror_and_complete("raw", "qcow2", "write-blocking");
+}
+
+#[test]
+fn write_blocking_mirrors_a_qcow2_disk_to_a_new_raw_and_switches_under_writes() {
+    if !have_curl() {
+        return;
+    }
+    mirror_and_complete("qcow2", "raw", "write-blocking");
+}
+
+/// Cancel at ready in write-blocking mode: the disk stays on its source,
+/// the target is a consistent copy of that instant (the VM paused around
+/// the cancel: `qemu-img compare` finds it equal to the disk), the
+/// guest's writes are no longer sent to it, and the VMM lets go of it
+/// (its lock) at once.
+#[test]
+fn write_blocking_cancel_at_ready_keeps_a_copy_and_lets_go_of_it() {
+    if !have_curl() {
+        return;
+    }
+    let dir = TempDir::new("mirror-wb-cancel");
+    let source = dir.file("src.raw");
+    qemu_img(&["create", "-q", "-f", "raw", &source, "64M"]);
+    qemu_io("raw", &source, &["write -P 0x5a 20M 16M"]);
+    let rounds = 150u64;
+    let mut vm = ApiVm::start(
+        &dir,
+        &format!("disks=1 io_rounds={rounds} park"),
+        &["--disk", &format!("path={source},id=d0,num_queues=2")],
+    );
+    vm.wait_for("ok   round 3\n");
+    let copy = dir.file("copy.raw");
+    let body = format!(r#"{{"id":"d0","target":"{copy}","format":"raw","mode":"write-blocking"}}"#);
+    let answer = json(&vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200));
+    assert_eq!(answer["job"], "job-1", "{answer}");
+    wait_job(&vm, "job-1", "ready");
+    // The guest writes more rounds; the job stays ready.
+    let serial = vm.serial_text();
+    let seen = serial.matches("ok   round ").count();
+    vm.wait_for_count("ok   round ", seen + 3);
+    assert_eq!(job(&vm, "job-1")["state"], "ready");
+    vm.curl_ok("PUT", "vm.pause", None, 204);
+    vm.curl_ok("PUT", "vm.disk-job-cancel", Some(r#"{"job":"job-1"}"#), 204);
+    assert_eq!(job(&vm, "job-1")["state"], "cancelled");
+    let out = integration_tests::qemu_img_status(&[
+        "compare", "-U", "-f", "raw", "-F", "raw", &source, &copy,
+    ]);
+    assert!(
+        out.status.success(),
+        "qemu-img compare: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let at_cancel = guest_view(&dir, &copy, "at-cancel");
+    vm.curl_ok("PUT", "vm.resume", None, 204);
+    vm.wait_for(&format!("ok   all {rounds} rounds read back"));
+    // The queues dropped their handles on the copy at the resume: no
+    // lock is left on it, and the rounds after the cancel are not there.
+    assert!(!locked(&copy), "the VMM still holds the copy");
+    assert_eq!(guest_view(&dir, &copy, "after"), at_cancel);
+    let info = json(&vm.curl_ok("PUT", "vm.disk-info", Some(r#"{"id":"d0"}"#), 200));
+    assert_eq!(info[0]["filename"], source.as_str(), "{info}");
+    vm.wait_for("RESULT: PASS");
+    let (status, err) = vm.shutdown();
+    assert!(status.success(), "{status}: {err}");
+    assert!(!err.contains("SIGSYS"), "{err}");
+    let copied = rounds_held(&at_cancel, rounds, &copy);
+    assert!(copied > 3 && copied < rounds, "{copied}");
+    assert_eq!(
+        rounds_held(&guest_view(&dir, &source, "source"), rounds, &source),
+        rounds
+    );
+    let at = (20 * MIB) as usize;
+    assert!(at_cancel[at..at + (16 * MIB) as usize]
+        .iter()
+        .all(|&b| b == 0x5a));
 }
 
 #[test]

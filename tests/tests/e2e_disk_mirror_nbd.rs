@@ -1,6 +1,8 @@
 //! End-to-end: `vm.disk-mirror` to an NBD export (the disk moves to
 //! another machine's storage; here a qemu-storage-daemon on a Unix
-//! socket) while the test guest writes stamped rounds, and a target that
+//! socket) while the test guest writes stamped rounds, in background and
+//! in write-blocking mode (the export then holds the source plus every
+//! round), and a target that
 //! fills up mid-job (nbdkit's error filter answering ENOSPC once a
 //! trigger file exists): the job fails with the reason, the guest sees
 //! no error and the disk stays on its source, and a later mirror of the
@@ -16,24 +18,31 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_api_support::{have_curl, job, wait_job, ApiVm};
+use e2e_api_support::{
+    assert_source_plus_rounds, have_curl, job, stamp, wait_job, ApiVm, ROUND_BASE, ROUND_LEN,
+};
 use integration_tests::{json, qemu_img, qemu_io, TempDir};
 use testkit::nbd_server::{Kind, NbdServer};
 
-const ROUND_BASE: u64 = 8 << 20;
-const ROUND_LEN: u64 = 4096;
 const MIB: u64 = 1 << 20;
-
-fn stamp(r: u64) -> u8 {
-    (0x20 + r % 0xC0) as u8
-}
 
 #[test]
 fn a_disk_moves_to_an_nbd_export_under_writes() {
+    move_to_nbd("background");
+}
+
+#[test]
+fn a_disk_moves_to_an_nbd_export_under_writes_write_blocking() {
+    move_to_nbd("write-blocking");
+}
+
+/// Mirrors the guest's disk to an NBD export in `mode` while the guest
+/// writes, completes, and checks the export holds every write.
+fn move_to_nbd(mode: &str) {
     if !have_curl() || !testkit::has_command(NbdServer::tool(Kind::QemuStorageDaemon)) {
         return;
     }
-    let dir = TempDir::new("mirror-nbd");
+    let dir = TempDir::new(&format!("mirror-nbd-{mode}"));
     let source = dir.file("src.qcow2");
     qemu_img(&["create", "-q", "-f", "qcow2", &source, "64M"]);
     qemu_io("qcow2", &source, &["write -P 0x5a 12M 1M"]);
@@ -59,6 +68,8 @@ fn a_disk_moves_to_an_nbd_export_under_writes() {
         "d0",
         "--target",
         &server.uri,
+        "--mode",
+        mode,
         "--wait",
     ]);
     assert!(
@@ -99,6 +110,8 @@ fn a_disk_moves_to_an_nbd_export_under_writes() {
     assert!(data[at..at + MIB as usize].iter().all(|&b| b == 0x5a));
     // The source is closed clean.
     e2e_support::check_clean(&source);
+    // The export is the source at the switch plus the rounds after it.
+    assert_source_plus_rounds(&dir, &source, &remote, rounds);
 }
 
 #[test]

@@ -413,7 +413,7 @@ pub fn table() -> Vec<E> {
             "disk-mirror",
             VerbArgs::Flags(MIRROR_FLAGS),
             "--disk ID --target PATH|URI [--format qcow2|raw] [--existing] [--sync full|top] \
-             [--mode background] [--speed BYTES/S] [--granularity SIZE] [--wait]",
+             [--mode background|write-blocking] [--speed BYTES/S] [--granularity SIZE] [--wait]",
             "copy a running disk to a target while it runs (a job; --wait: until ready)",
         ),
         E::with_body("vm.disk-stream", "DiskStream", |c, b: DiskStreamBody| {

@@ -47,6 +47,9 @@ pub struct Copier {
     /// The thread that uses the queues.
     user: Option<ThreadId>,
     done: Vec<Completion>,
+    /// Tests: runs between a batch's read and its write.
+    #[cfg(test)]
+    pub(super) after_read: Option<Box<dyn FnMut() + Send>>,
 }
 
 impl Copier {
@@ -57,6 +60,8 @@ impl Copier {
             disks: (source.clone(), target.clone()),
             user: None,
             done: Vec::with_capacity(BATCH),
+            #[cfg(test)]
+            after_read: None,
         })
     }
 
@@ -96,6 +101,10 @@ impl Copier {
             });
         let read = run_all(&mut self.source, &mut self.done, reads, ranges.len())
             .map_err(|(at, e)| format!("reading the source at {at}: {}", chain(&e)))?;
+        #[cfg(test)]
+        if let Some(f) = self.after_read.as_mut() {
+            f();
+        }
         let mut copied = Copied::default();
         let mut writes = Vec::with_capacity(read.len());
         for (offset, data) in read {

@@ -1,11 +1,17 @@
-//! The mirror job, background mode (docs/block-jobs.md): copies a running
-//! disk to a target while the guest writes, until the target is in sync.
+//! The mirror job (docs/block-jobs.md): copies a running disk to a
+//! target while the guest writes, until the target is in sync.
 //!
 //! Its owner (the VMM) makes a [`Mirror`] from the running source and
-//! its opened [`MirrorTarget`], attaches [`Mirror::bitmap`] to the
-//! source's write seam while the disk's queues are paused (so every
-//! guest write completing from then on is marked), and starts
-//! [`Mirror::run`] on the job's thread. The thread:
+//! its opened [`MirrorTarget`], calls [`Mirror::attach`] while the
+//! disk's queues are paused, and starts [`Mirror::run`] on the job's
+//! thread. In background mode the attach puts the job's dirty bitmap on
+//! the source's write seam (every guest write completing from then on
+//! is marked); in write-blocking mode it installs the job's filter
+//! ([`MirrorWrites`]), which writes every completing guest write to the
+//! target before the guest sees it, and marks the bitmap only where it
+//! cannot (discards, failed writes); the copier then takes the granules
+//! of each batch ([`GranuleClaims`](super::granule_claims)) so that it
+//! never writes an old copy over a mirrored write. The thread:
 //! 1. walks the source's block status and copies what is allocated
 //!    (`sync=full`: data anywhere in the chain; `sync=top`: what the top
 //!    image holds, its zero clusters as zeroes); unallocated and zero
@@ -14,27 +20,52 @@
 //!    reads it (a write completing after that read marks it again), until
 //!    the bitmap is clean: the job is `ready`, and stays in this loop.
 //!
+//! A write-blocking job whose filter failed to write the target fails
+//! with that reason; the guest's writes go on.
+//!
 //! Complete and a cancel at ready belong to the owner: it parks the
 //! thread, pauses the disk's queues and calls [`Mirror::sync_rest`] (the
-//! last dirty granules, nothing in flight), then switches the disk to
+//! last dirty granules, nothing in flight; a write-blocking filter comes
+//! off the seam there), then switches the disk to
 //! [`Mirror::take_target`] or leaves it. Whatever way the thread ends,
 //! the owner then calls [`Mirror::release`], which detaches the bitmap
-//! and closes (and, if the job made it, removes) a target nobody took:
+//! or filter and closes (and, if the job made it, removes) a target
+//! nobody took:
 //! the thread itself never opens or removes a file, so its owner may
 //! confine it to I/O on the queues it was given.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::copy::{Copier, BATCH, CHUNK, MAX_RANGES};
+use super::copy::{Copied, Copier, BATCH, CHUNK, MAX_RANGES};
 use super::job::{Flow, JobShared, JobState};
 use super::mirror_target::{MirrorTarget, SyncMode};
+use super::write_blocking::MirrorWrites;
 use crate::disk::Disk;
 use crate::formats::format::status_within;
+use crate::formats::Format;
 use crate::live::DirtyBitmap;
 
 /// How long a ready job with nothing dirty sleeps before it looks again.
 const IDLE: Duration = Duration::from_millis(20);
+
+/// How a mirror follows the guest's writes (QEMU's `copy-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MirrorMode {
+    /// A dirty bitmap records them; the job copies them again.
+    Background,
+    /// Each is written to the target before the guest sees it complete.
+    WriteBlocking,
+}
+
+impl MirrorMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            MirrorMode::Background => "background",
+            MirrorMode::WriteBlocking => "write-blocking",
+        }
+    }
+}
 
 /// See the module docs.
 pub struct Mirror {
@@ -43,6 +74,8 @@ pub struct Mirror {
     source: Mutex<Option<Disk>>,
     sync: SyncMode,
     bitmap: Arc<DirtyBitmap>,
+    /// The write-blocking filter (`None` in background mode).
+    writes: Option<Arc<MirrorWrites>>,
     /// The job's queues; `None` once released.
     copier: Mutex<Option<Copier>>,
     /// `None` once taken (complete) or released.
@@ -63,8 +96,11 @@ impl Mirror {
         target: MirrorTarget,
         sync: SyncMode,
         granularity: u64,
+        mode: MirrorMode,
     ) -> Result<Mirror, String> {
         let bitmap = Arc::new(DirtyBitmap::new(granularity, source.size())?);
+        let writes = (mode == MirrorMode::WriteBlocking)
+            .then(|| Arc::new(MirrorWrites::new(target.image.disk(), bitmap.clone())));
         let copier = Copier::new(&source, target.image.disk())
             .map_err(|e| format!("cannot make the job's queues: {}", ch_log::error_chain(&e)))?;
         Ok(Mirror {
@@ -72,16 +108,57 @@ impl Mirror {
             source: Mutex::new(Some(source)),
             sync,
             bitmap,
+            writes,
             copier: Mutex::new(Some(copier)),
             target: Mutex::new(Some(target)),
             cursor: Mutex::new(0),
         })
     }
 
-    /// The bitmap the owner attaches to the source's seam
-    /// (`BitmapRegistry::attach_internal`) before the job starts.
+    /// The job's dirty bitmap: what the copier still has to copy.
     pub fn bitmap(&self) -> &Arc<DirtyBitmap> {
         &self.bitmap
+    }
+
+    pub fn mode(&self) -> MirrorMode {
+        match self.writes {
+            Some(_) => MirrorMode::WriteBlocking,
+            None => MirrorMode::Background,
+        }
+    }
+
+    /// The write-blocking filter, if the job has one.
+    pub fn writes(&self) -> Option<&Arc<MirrorWrites>> {
+        self.writes.as_ref()
+    }
+
+    /// Puts the job on the source's write seam (see the module docs); the
+    /// owner calls it with the disk's queues paused, before the job
+    /// starts.
+    pub fn attach(&self) {
+        let Some(source) = lock(&self.source).clone() else {
+            return;
+        };
+        match &self.writes {
+            Some(w) => w.install(source.live()),
+            None => source.live().bitmaps().attach_internal(self.bitmap.clone()),
+        }
+    }
+
+    /// Takes the job off the source's seam.
+    fn detach(&self, source: &Disk) {
+        match &self.writes {
+            Some(w) => w.remove(source.live()),
+            None => source.live().bitmaps().detach_internal(&self.bitmap),
+        }
+    }
+
+    /// Why the write-blocking filter failed, if it did.
+    fn writes_failed(&self) -> Result<(), String> {
+        match self.writes.as_ref().and_then(|w| w.failed()) {
+            Some(why) => Err(why.to_string()),
+            None => Ok(()),
+        }
     }
 
     /// The job's body (see the module docs): returns when cancelled or
@@ -132,7 +209,7 @@ impl Mirror {
             if job.between_chunks() == Flow::Stop {
                 return Ok(Flow::Stop);
             }
-            self.with_copier(|c| c.zero(offset, len))?;
+            self.zero_target(&format, offset, len)?;
         }
         let mut batch = Vec::with_capacity(BATCH);
         for (offset, len) in copy {
@@ -152,12 +229,47 @@ impl Mirror {
         Ok(Flow::Go)
     }
 
+    /// Makes the target read zeroes where the source did at the start
+    /// of the first pass. In write-blocking mode a guest write may have
+    /// been mirrored there since (and is not in the bitmap): under the
+    /// copier's claim (no mirroring in flight there), a range the source
+    /// now holds data in is marked for the copier instead of zeroed.
+    pub(super) fn zero_target(
+        &self,
+        format: &Arc<dyn Format>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), String> {
+        let Some(writes) = &self.writes else {
+            return self.with_copier(|c| c.zero(offset, len));
+        };
+        let _claim = writes.claims().copier([(offset, len)]);
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let s = status_within(format.as_ref(), pos, end)
+                .map_err(|e| format!("block status at {pos}: {}", ch_log::error_chain(&e)))?;
+            let data = match self.sync {
+                SyncMode::Full => s.data,
+                SyncMode::Top => s.present && s.depth == 0 && s.data,
+                SyncMode::Above(base) => s.present && s.depth < base && s.data,
+            };
+            if data {
+                self.bitmap.mark(offset, len);
+                return Ok(());
+            }
+            pos += s.len;
+        }
+        self.with_copier(|c| c.zero(offset, len))
+    }
+
     /// Step 2: what the guest wrote, until told to stop.
     fn follow(&self, job: &JobShared) -> Result<Option<JobState>, String> {
         loop {
             if job.between_chunks() == Flow::Stop {
                 return Ok(None);
             }
+            self.writes_failed()?;
             let batch = self.take_dirty();
             if batch.is_empty() {
                 if job.state() == JobState::Running {
@@ -218,9 +330,32 @@ impl Mirror {
         batch: &[(u64, u64)],
         target_zero: bool,
     ) -> Result<Flow, String> {
-        let copied = self.with_copier(|c| c.copy(batch, target_zero))?;
+        let copied = self.copy_claimed(batch, target_zero)?;
         job.add_done(copied.bytes);
+        self.writes_failed()?;
         Ok(job.between_chunks())
+    }
+
+    /// Copies `batch`, holding its granules against the write-blocking
+    /// filter's mirroring for the read and the write.
+    pub(super) fn copy_claimed(
+        &self,
+        batch: &[(u64, u64)],
+        target_zero: bool,
+    ) -> Result<Copied, String> {
+        let _claim = self
+            .writes
+            .as_ref()
+            .map(|w| w.claims().copier(batch.iter().copied()));
+        self.with_copier(|c| c.copy(batch, target_zero))
+    }
+
+    /// Tests: `f` runs between each batch's read and write.
+    #[cfg(test)]
+    pub(super) fn set_after_read(&self, f: Box<dyn FnMut() + Send>) {
+        if let Some(c) = lock(&self.copier).as_mut() {
+            c.after_read = Some(f);
+        }
     }
 
     fn with_copier<T>(
@@ -235,15 +370,20 @@ impl Mirror {
 
     /// Copies every granule still dirty (the owner calls it with the
     /// disk's queues paused and the thread parked: the target is then
-    /// the source's copy).
+    /// the source's copy). A write-blocking filter comes off the seam
+    /// here: from this instant the guest's writes are not mirrored.
     pub fn sync_rest(&self, job: &JobShared) -> Result<(), String> {
+        self.writes_failed()?;
+        if let (Some(w), Some(source)) = (&self.writes, lock(&self.source).clone()) {
+            w.remove(source.live());
+        }
         loop {
             let batch = self.take_dirty();
             if batch.is_empty() {
                 return Ok(());
             }
             job.add_total(batch.iter().map(|r| r.1).sum());
-            let copied = self.with_copier(|c| c.copy(&batch, false))?;
+            let copied = self.copy_claimed(&batch, false)?;
             job.add_done(copied.bytes);
         }
     }
@@ -268,13 +408,13 @@ impl Mirror {
         lock(&self.target).take()
     }
 
-    /// Detaches the bitmap and closes a target nobody took (a target the
+    /// Detaches the bitmap or filter and closes a target nobody took (a target the
     /// job created is removed unless `keep_target`: a cancel at ready
     /// leaves a consistent copy).
     pub fn release_keeping(&self, keep_target: bool) {
         lock(&self.copier).take();
         if let Some(source) = lock(&self.source).take() {
-            source.live().bitmaps().detach_internal(&self.bitmap);
+            self.detach(&source);
         }
         if let Some(mut t) = lock(&self.target).take() {
             if keep_target {

@@ -15,9 +15,9 @@ use crate::request::{IoMemory, RequestOp};
 use crate::Disk;
 use testkit::TempDir;
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 
-fn raw_source(dir: &TempDir, size: u64) -> Disk {
+pub(super) fn raw_source(dir: &TempDir, size: u64) -> Disk {
     let path = dir.path().join("src.raw");
     std::fs::File::create(&path).unwrap().set_len(size).unwrap();
     let mut o = DiskOptions::new(&path);
@@ -30,7 +30,7 @@ fn raw_source(dir: &TempDir, size: u64) -> Disk {
     d
 }
 
-fn spec(path: &Path, format: &str) -> TargetSpec {
+pub(super) fn spec(path: &Path, format: &str) -> TargetSpec {
     TargetSpec {
         path: path.to_owned(),
         format: Some(format.into()),
@@ -39,7 +39,7 @@ fn spec(path: &Path, format: &str) -> TargetSpec {
     }
 }
 
-fn wait_state(job: &Job, want: JobState, within: Duration) -> JobStatus {
+pub(super) fn wait_state(job: &Job, want: JobState, within: Duration) -> JobStatus {
     let deadline = Instant::now() + within;
     loop {
         let s = job.status();
@@ -51,20 +51,26 @@ fn wait_state(job: &Job, want: JobState, within: Duration) -> JobStatus {
 }
 
 fn start(source: &Disk, target: MirrorTarget) -> (Arc<Mirror>, Job) {
-    let mirror = Arc::new(Mirror::new(source.clone(), target, SyncMode::Full, 65536).unwrap());
-    // The owner attaches the bitmap with the queues quiesced; no guest
+    start_in(source, target, MirrorMode::Background)
+}
+
+pub(super) fn start_in(
+    source: &Disk,
+    target: MirrorTarget,
+    mode: MirrorMode,
+) -> (Arc<Mirror>, Job) {
+    let mirror =
+        Arc::new(Mirror::new(source.clone(), target, SyncMode::Full, 65536, mode).unwrap());
+    // The owner attaches the job with the queues quiesced; no guest
     // request is in flight here.
-    source
-        .live()
-        .bitmaps()
-        .attach_internal(mirror.bitmap().clone());
+    mirror.attach();
     let shared = JobShared::new("job-1", "mirror", "disk0", 0);
     let m = mirror.clone();
     let job = Job::spawn(shared, move |s| m.run(s)).unwrap();
     (mirror, job)
 }
 
-fn same_bytes(a: &Disk, b: &Disk) {
+pub(super) fn same_bytes(a: &Disk, b: &Disk) {
     assert_eq!(a.size(), b.size());
     let mut x = vec![0; MIB as usize];
     let mut y = vec![0; MIB as usize];

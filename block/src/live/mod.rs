@@ -40,7 +40,7 @@ pub use queue_filters::QueueFilters;
 pub use sink::BitmapSink;
 pub use state::{BitmapGuard, Filters, LiveState};
 pub use view::{PointInTimeView, ViewReader, ViewStatus};
-pub use write_hook::{WriteHook, WriteHookQueue};
+pub use write_hook::{CompletionHook, CompletionHookQueue, WriteHook, WriteHookQueue};
 
 #[cfg(test)]
 mod tests;

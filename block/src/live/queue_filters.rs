@@ -9,12 +9,16 @@
 //! with every write-like one, failed ones too (a failed write may have
 //! changed part of its range). With a point-in-time view active, every
 //! write-like request passes [`QueueFilters::before_submit`] first, which
-//! copies the old data it would overwrite (`cbw`).
+//! copies the old data it would overwrite (`cbw`). With a write-blocking
+//! mirror active, completions also pass the queue's handle on it before
+//! they leave (it writes each completed guest write to the target too).
 
 use std::sync::Arc;
 
 use super::state::{Filters, LiveState};
-use super::write_hook::{same_hook, WriteHook, WriteHookQueue};
+use super::write_hook::{
+    same_completion_hook, same_hook, CompletionHook, CompletionHookQueue, WriteHook, WriteHookQueue,
+};
 use crate::request::{BlockRequest, Completion};
 
 /// See the module docs.
@@ -26,6 +30,28 @@ pub struct QueueFilters {
     /// This queue's handle on the write hook (copy-before-write while a
     /// view is active), and the hook it was made from.
     cbw: Option<HookHandle>,
+    /// This queue's handle on a write-blocking mirror, and its filter.
+    mirror: Option<CompletionHandle>,
+}
+
+struct CompletionHandle {
+    hook: Arc<dyn CompletionHook>,
+    queue: Box<dyn CompletionHookQueue>,
+}
+
+impl CompletionHandle {
+    fn new(hook: &Arc<dyn CompletionHook>) -> Self {
+        CompletionHandle {
+            hook: hook.clone(),
+            queue: hook.clone().queue_handle(),
+        }
+    }
+}
+
+impl std::fmt::Debug for CompletionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.hook.fmt(f)
+    }
 }
 
 struct HookHandle {
@@ -52,11 +78,13 @@ impl QueueFilters {
     pub fn new(live: Arc<LiveState>) -> Self {
         let (seen, filters) = live.filters();
         let cbw = filters.cbw.as_ref().map(HookHandle::new);
+        let mirror = filters.mirror.as_ref().map(CompletionHandle::new);
         QueueFilters {
             live,
             seen,
             filters,
             cbw,
+            mirror,
         }
     }
 
@@ -73,6 +101,14 @@ impl QueueFilters {
             };
             if !same_cbw {
                 self.cbw = filters.cbw.as_ref().map(HookHandle::new);
+            }
+            let same_mirror = match (&self.mirror, &filters.mirror) {
+                (Some(q), Some(m)) => same_completion_hook(&q.hook, m),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same_mirror {
+                self.mirror = filters.mirror.as_ref().map(CompletionHandle::new);
             }
             self.filters = filters;
         }
@@ -100,15 +136,21 @@ impl QueueFilters {
         self.filters.is_empty()
     }
 
-    /// Acts on completions about to leave the queue.
+    /// Acts on completions about to leave the queue: the dirty bitmaps
+    /// mark them, then a write-blocking mirror writes them to its target
+    /// (returning once it has).
     #[inline]
-    pub fn completed(&self, done: &[Completion]) {
-        if self.filters.bitmaps.is_empty() {
-            return;
+    pub fn completed(&mut self, done: &[Completion]) {
+        if !self.filters.bitmaps.is_empty() {
+            for c in done.iter().filter(|c| c.changes_data()) {
+                for b in &self.filters.bitmaps {
+                    b.mark(c.offset, c.len);
+                }
+            }
         }
-        for c in done.iter().filter(|c| c.changes_data()) {
-            for b in &self.filters.bitmaps {
-                b.mark(c.offset, c.len);
+        if let Some(m) = self.mirror.as_mut() {
+            if !done.is_empty() {
+                m.queue.completed(done);
             }
         }
     }

@@ -13,13 +13,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::bitmaps::BitmapRegistry;
 use super::dirty_bitmap::DirtyBitmap;
 use super::sink::BitmapSink;
-use super::write_hook::WriteHook;
+use super::write_hook::{CompletionHook, WriteHook};
 use crate::error::BlockError;
 
 /// The filters active on a disk, as its queues read them when the
-/// generation moves. Copy-before-write and mirror targets join this set
-/// (docs/live-operations.md); the queues build their per-queue handles
-/// from it.
+/// generation moves (docs/live-operations.md); the queues build their
+/// per-queue handles from it.
 #[derive(Clone, Debug, Default)]
 pub struct Filters {
     /// Marked when a write-like request completes.
@@ -27,12 +26,15 @@ pub struct Filters {
     /// Acts before a write-like request goes down: copy-before-write
     /// while a point-in-time view is active (`cbw.rs`).
     pub cbw: Option<Arc<dyn WriteHook>>,
+    /// Acts on completions before they leave: a write-blocking mirror
+    /// (`crate::jobs::write_blocking`) sends each write to its target.
+    pub mirror: Option<Arc<dyn CompletionHook>>,
 }
 
 impl Filters {
     /// Whether any filter is active.
     pub fn is_empty(&self) -> bool {
-        self.bitmaps.is_empty() && self.cbw.is_none()
+        self.bitmaps.is_empty() && self.cbw.is_none() && self.mirror.is_none()
     }
 }
 
@@ -126,6 +128,18 @@ impl LiveState {
         let (_, now) = self.filters();
         let mut filters = (*now).clone();
         filters.cbw = hook;
+        self.set_filters(filters);
+    }
+
+    /// Installs (or with `None` removes) the completion hook of a
+    /// write-blocking mirror; the other filters stay. The disk's queues
+    /// should be quiesced; where they are not, a queue may still run
+    /// its old handle on the completions it is handing out, which the
+    /// hook itself must then allow for.
+    pub fn set_completion_hook(&self, hook: Option<Arc<dyn CompletionHook>>) {
+        let (_, now) = self.filters();
+        let mut filters = (*now).clone();
+        filters.mirror = hook;
         self.set_filters(filters);
     }
 

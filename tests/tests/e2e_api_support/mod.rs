@@ -334,3 +334,46 @@ pub fn wait_job(vm: &ApiVm, id: &str, state: &str) -> serde_json::Value {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Where the test guest's stamped rounds land on disk 0 (`io_rounds=N`,
+/// tests/guest api_checks.c): round r writes 4 KiB of [`stamp`]`(r)` at
+/// 8 MiB + r * 4 KiB and reads it back; at the end every round is read
+/// back again.
+pub const ROUND_BASE: u64 = 8 << 20;
+pub const ROUND_LEN: u64 = 4096;
+
+/// The guest's stamp of round `r`.
+pub fn stamp(r: u64) -> u8 {
+    (0x20 + r % 0xC0) as u8
+}
+
+/// The image's guest view as bytes (qemu-img convert to raw).
+pub fn guest_view(dir: &TempDir, image: &str, name: &str) -> Vec<u8> {
+    let out = dir.file(&format!("{name}.view"));
+    integration_tests::qemu_img(&["convert", "-U", "-O", "raw", image, &out]);
+    let data = std::fs::read(&out).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    data
+}
+
+/// A mirror's proof after the VM shut down: `target` (any format, or an
+/// NBD export's file) is byte for byte what the disk held when it left
+/// `source` (closed at the switch) with every one of `rounds` rounds
+/// written, as `qemu-img compare` of the two finds.
+pub fn assert_source_plus_rounds(dir: &TempDir, source: &str, target: &str, rounds: u64) {
+    let mut expected = guest_view(dir, source, "expected");
+    for r in 0..rounds {
+        let off = (ROUND_BASE + r * ROUND_LEN) as usize;
+        expected[off..off + ROUND_LEN as usize].fill(stamp(r));
+    }
+    let path = dir.file("expected.raw");
+    std::fs::write(&path, &expected).unwrap();
+    let out = integration_tests::qemu_img_status(&["compare", "-f", "raw", &path, target]);
+    assert!(
+        out.status.success(),
+        "qemu-img compare {path} {target}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(&path).unwrap();
+}

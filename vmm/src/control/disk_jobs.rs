@@ -8,9 +8,10 @@
 //! 409, the options 400), the target is checked, created and opened
 //! (`block::jobs::open_target`: the source itself or a backing file, an
 //! existing path for a new target, a size that differs, refused before
-//! anything is written), then the job's dirty bitmap is attached to the
-//! disk's write seam with its queues paused (every guest write from that
-//! instant on is marked) and the job's thread starts.
+//! anything is written), then the job's dirty bitmap (background mode)
+//! or its mirroring filter (write-blocking mode) is put on the disk's
+//! write seam with its queues paused (every guest write from that
+//! instant on is marked or mirrored) and the job's thread starts.
 //!
 //! Complete (ready only, 409 otherwise): the job's thread is parked, the
 //! target flushed and opened as the disk's next image
@@ -30,7 +31,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use block::jobs::{open_target, Job, JobShared, JobState, Mirror, SyncMode, TargetSpec};
+use block::jobs::{
+    open_target, Job, JobShared, JobState, Mirror, MirrorMode, SyncMode, TargetSpec,
+};
 use block::live::{check_granularity, DEFAULT_GRANULARITY};
 use block::ImageType;
 
@@ -62,19 +65,15 @@ impl Control {
             Some("top") => SyncMode::Top,
             Some(other) => return Err(bad(format!("sync is full or top, not '{other}'"))),
         };
-        match body.mode.as_deref() {
-            None | Some("background") => {}
-            Some("write-blocking") => {
-                return Err(bad(
-                    "mode write-blocking is not supported yet (use background)".into(),
-                ))
-            }
+        let mirror_mode = match body.mode.as_deref() {
+            None | Some("background") => MirrorMode::Background,
+            Some("write-blocking") => MirrorMode::WriteBlocking,
             Some(other) => {
                 return Err(bad(format!(
                     "mode is background or write-blocking, not '{other}'"
                 )))
             }
-        }
+        };
         let granularity = body.granularity.unwrap_or(DEFAULT_GRANULARITY);
         check_granularity(granularity).map_err(bad)?;
         let disk = {
@@ -107,13 +106,13 @@ impl Control {
             };
             ApiResponse::from_error_in(code, Some(&context), &e)
         })?;
-        let mirror = Mirror::new(disk.clone(), target, sync, granularity)
+        let mirror = Mirror::new(disk.clone(), target, sync, granularity, mirror_mode)
             .map(Arc::new)
             .map_err(|why| ApiResponse::error(500, &[&context, &why]))?;
-        // From this instant every completed guest write is marked.
-        let bitmap = mirror.bitmap().clone();
+        // From this instant every completed guest write is marked (or,
+        // write-blocking, mirrored).
         let attached = self.with_disks_paused(&[&body.id], WHAT, |_| {
-            disk.live().bitmaps().attach_internal(bitmap);
+            mirror.attach();
             Ok(())
         });
         if let Err(r) = attached {
@@ -157,10 +156,11 @@ impl Control {
             }
         };
         log::info!(
-            "{WHAT}: job {id} mirrors disk '{}' to {} ({})",
+            "{WHAT}: job {id} mirrors disk '{}' to {} ({}, {})",
             body.id,
             body.target,
-            if sync == SyncMode::Top { "top" } else { "full" }
+            if sync == SyncMode::Top { "top" } else { "full" },
+            mirror_mode.name()
         );
         emit(
             "job",

@@ -24,8 +24,8 @@
 use std::sync::Arc;
 
 use block::jobs::{
-    find_layer, layers_of, Commit, Job, JobShared, JobState, Layer, Mirror, MirrorTarget, Stream,
-    SyncMode,
+    find_layer, layers_of, Commit, Job, JobShared, JobState, Layer, Mirror, MirrorMode,
+    MirrorTarget, Stream, SyncMode,
 };
 use block::live::{check_granularity, DEFAULT_GRANULARITY};
 use block::{Disk, DiskOptions, ExclusiveImage, ImageType};
@@ -209,12 +209,12 @@ impl Control {
             MirrorTarget::opened(base),
             SyncMode::Above(depth),
             granularity,
+            MirrorMode::Background,
         )
         .map(Arc::new)
         .map_err(|why| ApiResponse::error(500, &[context, &why]))?;
-        let bitmap = mirror.bitmap().clone();
         let attached = self.with_disks_paused(&[&disk_id], COMMIT, |_| {
-            disk.live().bitmaps().attach_internal(bitmap);
+            mirror.attach();
             Ok(())
         });
         if let Err(r) = attached {

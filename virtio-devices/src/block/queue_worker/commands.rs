@@ -70,6 +70,9 @@ impl WorkerState {
             match wait_command(&self.w.commands) {
                 Some(WorkerCommand::Resume(limits)) => {
                     self.w.limits = limits;
+                    // A filter removed during the pause lets go of its
+                    // images now, not at this queue's next request.
+                    self.w.disk.refresh_filters();
                     // Chains posted (and kicks consumed) while paused are
                     // taken now.
                     self.process_available();
