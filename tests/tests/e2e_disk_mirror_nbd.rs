@@ -6,8 +6,9 @@
 //! fills up mid-job (nbdkit's error filter answering ENOSPC once a
 //! trigger file exists): the job fails with the reason, the guest sees
 //! no error and the disk stays on its source, and a later mirror of the
-//! same disk works. And a mirror that runs through a `vm.reboot` (the
-//! disks are carried over) completes after it.
+//! same disk works; likewise an export that goes away mid-job (nbdkit
+//! killed), in both modes. And a mirror that runs through a `vm.reboot`
+//! (the disks are carried over) completes after it.
 //!
 //! The VMM runs with its default seccomp filter throughout.
 
@@ -126,31 +127,20 @@ fn a_target_that_fills_up_fails_the_job_and_never_the_guest() {
     let sock = dir.file("full.sock");
     let trigger = dir.file("full-now");
     // Every write fails with ENOSPC while the trigger file exists.
-    let server = testkit::ChildGuard(
-        Command::new("nbdkit")
-            .args([
-                "--exit-with-parent",
-                "-f",
-                "--filter=error",
-                "-U",
-                &sock,
-                "memory",
-                "64M",
-                "error-pwrite=ENOSPC",
-                "error-zero=ENOSPC",
-                "error-rate=100%",
-                &format!("error-file={trigger}"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nbdkit"),
+    let server = nbdkit_memory(
+        &sock,
+        &[
+            "--filter=error",
+            "-U",
+            &sock,
+            "memory",
+            "64M",
+            "error-pwrite=ENOSPC",
+            "error-zero=ENOSPC",
+            "error-rate=100%",
+            &format!("error-file={trigger}"),
+        ],
     );
-    let end = Instant::now() + Duration::from_secs(20);
-    while !Path::new(&sock).exists() {
-        assert!(Instant::now() < end, "nbdkit did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let rounds = 150u64;
     let mut vm = ApiVm::start(
         &dir,
@@ -190,6 +180,86 @@ fn a_target_that_fills_up_fails_the_job_and_never_the_guest() {
     assert!(!err.contains("SIGSYS"), "{err}");
     e2e_support::check_clean(&local);
     drop(server);
+}
+
+/// Starts `nbdkit -f ARGS` (the export on Unix socket `sock`) and waits
+/// for its socket.
+fn nbdkit_memory(sock: &str, args: &[&str]) -> testkit::ChildGuard {
+    let server = testkit::ChildGuard(
+        Command::new("nbdkit")
+            .args(["--exit-with-parent", "-f"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nbdkit"),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    while !Path::new(sock).exists() {
+        assert!(Instant::now() < end, "nbdkit did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+#[test]
+fn an_nbd_target_that_goes_away_fails_the_job_and_never_the_guest() {
+    target_goes_away("background");
+}
+
+#[test]
+fn an_nbd_target_that_goes_away_fails_a_write_blocking_job_and_never_the_guest() {
+    target_goes_away("write-blocking");
+}
+
+/// Mirrors to an nbdkit export, kills the export mid-job while the guest
+/// writes: the job fails naming the target, the guest sees no error, the
+/// disk stays on its source (clean at the end) and a new mirror works.
+fn target_goes_away(mode: &str) {
+    if !have_curl() || !testkit::has_command("nbdkit") {
+        return;
+    }
+    let dir = TempDir::new(&format!("mirror-gone-{mode}"));
+    let source = dir.file("src.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", &source, "64M"]);
+    qemu_io("qcow2", &source, &["write -P 0x5a 16M 32M"]);
+    let sock = dir.file("gone.sock");
+    let mut server = nbdkit_memory(&sock, &["-U", &sock, "memory", "64M"]);
+    let rounds = 150u64;
+    let mut vm = ApiVm::start(
+        &dir,
+        &format!("disks=1 io_rounds={rounds} park"),
+        &["--disk", &format!("path={source},id=d0")],
+    );
+    vm.wait_for("ok   round 3\n");
+    // 32 MiB at 8 MiB/s: the export goes away part-way.
+    let uri = format!("nbd+unix:///?socket={sock}");
+    let body =
+        format!(r#"{{"id":"d0","target":"{uri}","format":"raw","mode":"{mode}","speed":8388608}}"#);
+    vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200);
+    std::thread::sleep(Duration::from_millis(1500));
+    server.kill().expect("kill nbdkit");
+    server.wait().expect("reap nbdkit");
+    let failed = wait_job(&vm, "job-1", "failed");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(error.contains("target"), "{failed}");
+    assert!(failed["bytes_done"].as_u64().unwrap() > 0, "{failed}");
+    let info = json(&vm.curl_ok("PUT", "vm.disk-info", Some(r#"{"id":"d0"}"#), 200));
+    assert_eq!(info[0]["filename"], source.as_str(), "{info}");
+    let local = dir.file("local.qcow2");
+    let body = format!(r#"{{"id":"d0","target":"{local}"}}"#);
+    let answer = json(&vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200));
+    assert_eq!(answer["job"], "job-2", "{answer}");
+    wait_job(&vm, "job-2", "ready");
+    vm.curl_ok("PUT", "vm.disk-job-cancel", Some(r#"{"job":"job-2"}"#), 204);
+    // The guest never saw an error: every round reads back.
+    vm.wait_for(&format!("ok   all {rounds} rounds read back"));
+    vm.wait_for("RESULT: PASS");
+    let (status, err) = vm.shutdown();
+    assert!(status.success(), "{status}: {err}");
+    assert!(!err.contains("SIGSYS"), "{err}");
+    e2e_support::check_clean(&source);
+    e2e_support::check_clean(&local);
 }
 
 #[test]
