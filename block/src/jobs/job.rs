@@ -262,6 +262,26 @@ impl JobShared {
         }
     }
 
+    /// [`JobShared::between_chunks`] for a thread with I/O in flight:
+    /// when a cancel, a stop or a park is asked for, `settle` (which
+    /// waits for that I/O) runs first, so the thread never parks or ends
+    /// with I/O in flight; otherwise the thread goes on at once.
+    pub fn between_chunks_after(
+        &self,
+        settle: impl FnOnce() -> Result<(), String>,
+    ) -> Result<Flow, String> {
+        let asked = {
+            let r = lock(&self.requests);
+            r.cancel || r.stop || r.park
+        };
+        if asked {
+            settle()?;
+            // Nothing is submitted from here to the check.
+            return Ok(self.between_chunks());
+        }
+        Ok(Flow::Go)
+    }
+
     /// The thread has nothing to do now: waits up to `max` for a request
     /// (then checks [`JobShared::between_chunks`] again).
     pub fn idle(&self, max: Duration) {
