@@ -189,6 +189,12 @@ impl JobShared {
     /// `bytes` more were copied; waits as the rate limit asks (waking
     /// early for a cancel or a park).
     pub fn add_done(&self, bytes: u64) {
+        self.add_progress(bytes);
+        self.pace(bytes);
+    }
+
+    /// `bytes` more were copied (no wait: see [`JobShared::pace`]).
+    pub fn add_progress(&self, bytes: u64) {
         let done = self.bytes_done.fetch_add(bytes, Ordering::Relaxed) + bytes;
         {
             let mut w = lock(&self.rate_window);
@@ -199,6 +205,11 @@ impl JobShared {
                 w.done_then = done;
             }
         }
+    }
+
+    /// `bytes` more are being copied: waits as the rate limit asks
+    /// (waking early for a cancel or a park).
+    pub fn pace(&self, bytes: u64) {
         if let Some(wait) = self.limit.account(bytes) {
             let r = lock(&self.requests);
             let _ = self

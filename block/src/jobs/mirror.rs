@@ -346,7 +346,10 @@ impl Mirror {
         target_zero: bool,
     ) -> Result<Flow, String> {
         let copied = self.start_claimed(batch, target_zero)?;
-        job.add_done(copied.bytes);
+        job.add_progress(copied.bytes);
+        // The rate limit paces what is started: a batch's writes run
+        // while the job waits.
+        job.pace(batch.iter().map(|r| r.1).sum());
         self.writes_failed()?;
         self.between_batches(job)
     }
@@ -364,7 +367,7 @@ impl Mirror {
             c.finish()?;
             Ok(c.take_finished())
         })?;
-        job.add_done(copied.bytes);
+        job.add_progress(copied.bytes);
         Ok(())
     }
 
@@ -438,7 +441,7 @@ impl Mirror {
             }
             job.add_total(batch.iter().map(|r| r.1).sum());
             let copied = self.start_claimed(&batch, false)?;
-            job.add_done(copied.bytes);
+            job.add_progress(copied.bytes);
         }
     }
 
