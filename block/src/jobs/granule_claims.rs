@@ -30,6 +30,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The copier's mark.
@@ -140,8 +141,11 @@ impl GranuleClaims {
 
     /// Takes every granule `ranges` touch for the copier: marks them,
     /// then waits until no guest share of them is left. Released when
-    /// the claim is dropped.
-    pub fn copier(&self, ranges: impl IntoIterator<Item = (u64, u64)>) -> CopierClaim<'_> {
+    /// the claim is dropped (which may be after the copier's next batch
+    /// is read: the claim lives until its batch's writes are done). The
+    /// copier never claims a granule it holds already: the first
+    /// claim's release would end both.
+    pub fn copier(self: &Arc<Self>, ranges: impl IntoIterator<Item = (u64, u64)>) -> CopierClaim {
         let runs = self.granule_runs(ranges);
         for g in runs.iter().flat_map(Clone::clone) {
             self.words[g as usize].fetch_or(COPIER, Ordering::AcqRel);
@@ -152,7 +156,10 @@ impl GranuleClaims {
                 back_off(&mut waits);
             }
         }
-        CopierClaim { claims: self, runs }
+        CopierClaim {
+            claims: self.clone(),
+            runs,
+        }
     }
 
     /// Guest shares held on granule `g` and whether the copier holds it
@@ -187,12 +194,12 @@ impl Drop for GuestClaim<'_> {
 }
 
 /// The copier's hold on the granules of one batch.
-pub struct CopierClaim<'a> {
-    claims: &'a GranuleClaims,
+pub struct CopierClaim {
+    claims: Arc<GranuleClaims>,
     runs: Vec<Range<u64>>,
 }
 
-impl Drop for CopierClaim<'_> {
+impl Drop for CopierClaim {
     fn drop(&mut self) {
         for g in self.runs.iter().flat_map(Clone::clone) {
             self.claims.words[g as usize].fetch_and(!COPIER, Ordering::AcqRel);
@@ -204,7 +211,6 @@ impl Drop for CopierClaim<'_> {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
-    use std::sync::Arc;
 
     const K64: u64 = 64 << 10;
 

@@ -189,6 +189,12 @@ impl JobShared {
     /// `bytes` more were copied; waits as the rate limit asks (waking
     /// early for a cancel or a park).
     pub fn add_done(&self, bytes: u64) {
+        self.add_progress(bytes);
+        self.pace(bytes);
+    }
+
+    /// `bytes` more were copied (no wait: see [`JobShared::pace`]).
+    pub fn add_progress(&self, bytes: u64) {
         let done = self.bytes_done.fetch_add(bytes, Ordering::Relaxed) + bytes;
         {
             let mut w = lock(&self.rate_window);
@@ -199,6 +205,11 @@ impl JobShared {
                 w.done_then = done;
             }
         }
+    }
+
+    /// `bytes` more are being copied: waits as the rate limit asks
+    /// (waking early for a cancel or a park).
+    pub fn pace(&self, bytes: u64) {
         if let Some(wait) = self.limit.account(bytes) {
             let r = lock(&self.requests);
             let _ = self
@@ -260,6 +271,26 @@ impl JobShared {
             }
             r = self.wake.wait(r).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// [`JobShared::between_chunks`] for a thread with I/O in flight:
+    /// when a cancel, a stop or a park is asked for, `settle` (which
+    /// waits for that I/O) runs first, so the thread never parks or ends
+    /// with I/O in flight; otherwise the thread goes on at once.
+    pub fn between_chunks_after(
+        &self,
+        settle: impl FnOnce() -> Result<(), String>,
+    ) -> Result<Flow, String> {
+        let asked = {
+            let r = lock(&self.requests);
+            r.cancel || r.stop || r.park
+        };
+        if asked {
+            settle()?;
+            // Nothing is submitted from here to the check.
+            return Ok(self.between_chunks());
+        }
+        Ok(Flow::Go)
     }
 
     /// The thread has nothing to do now: waits up to `max` for a request

@@ -37,7 +37,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::copy::{Copied, Copier, BATCH, CHUNK, MAX_RANGES};
+use super::copy::{Copied, Copier, Hold, BATCH, CHUNK, MAX_RANGES};
 use super::job::{Flow, JobShared, JobState};
 use super::mirror_target::{MirrorTarget, SyncMode};
 use super::write_blocking::MirrorWrites;
@@ -164,10 +164,15 @@ impl Mirror {
     /// The job's body (see the module docs): returns when cancelled or
     /// stopped, or with the reason it failed.
     pub fn run(&self, job: &JobShared) -> Result<Option<JobState>, String> {
-        self.first_pass(job).and_then(|flow| match flow {
+        let end = self.first_pass(job).and_then(|flow| match flow {
             Flow::Go => self.follow(job),
             Flow::Stop => Ok(None),
-        })
+        });
+        if end.is_err() {
+            // Nothing stays in flight behind a failure.
+            let _ = self.with_copier(|c| c.finish());
+        }
+        end
     }
 
     /// Step 1: the allocated data.
@@ -243,6 +248,8 @@ impl Mirror {
         let Some(writes) = &self.writes else {
             return self.with_copier(|c| c.zero(offset, len));
         };
+        // No batch being written may hold these granules (see below).
+        self.with_copier(|c| c.settle(&[(offset, len)], writes.claims().granule()))?;
         let _claim = writes.claims().copier([(offset, len)]);
         let end = offset + len;
         let mut pos = offset;
@@ -266,11 +273,16 @@ impl Mirror {
     /// Step 2: what the guest wrote, until told to stop.
     fn follow(&self, job: &JobShared) -> Result<Option<JobState>, String> {
         loop {
-            if job.between_chunks() == Flow::Stop {
+            if self.between_batches(job)? == Flow::Stop {
                 return Ok(None);
             }
             self.writes_failed()?;
             let batch = self.take_dirty();
+            if batch.is_empty() && self.with_copier(|c| Ok(c.writing()))? {
+                // In sync only once the target has it all.
+                self.finish_writes(job)?;
+                continue;
+            }
             if batch.is_empty() {
                 if job.state() == JobState::Running {
                     log::info!("job {}: ready (the target is in sync)", job.id());
@@ -324,30 +336,75 @@ impl Mirror {
         batch
     }
 
+    /// Starts copying `batch` (its writes left in flight while the next
+    /// batch is read: see [`Copier::start`]), then checks between
+    /// batches.
     fn copy_batch(
         &self,
         job: &JobShared,
         batch: &[(u64, u64)],
         target_zero: bool,
     ) -> Result<Flow, String> {
-        let copied = self.copy_claimed(batch, target_zero)?;
-        job.add_done(copied.bytes);
+        let copied = self.start_claimed(batch, target_zero)?;
+        job.add_progress(copied.bytes);
+        // The rate limit paces what is started: a batch's writes run
+        // while the job waits.
+        job.pace(batch.iter().map(|r| r.1).sum());
         self.writes_failed()?;
-        Ok(job.between_chunks())
+        self.between_batches(job)
     }
 
-    /// Copies `batch`, holding its granules against the write-blocking
-    /// filter's mirroring for the read and the write.
+    /// [`JobShared::between_chunks`], with the copier's writes finished
+    /// first when the thread is asked to park or end (the owner may
+    /// then use the copier on its own thread).
+    fn between_batches(&self, job: &JobShared) -> Result<Flow, String> {
+        job.between_chunks_after(|| self.finish_writes(job))
+    }
+
+    /// Waits for the copier's writes in flight and counts them done.
+    fn finish_writes(&self, job: &JobShared) -> Result<(), String> {
+        let copied = self.with_copier(|c| {
+            c.finish()?;
+            Ok(c.take_finished())
+        })?;
+        job.add_progress(copied.bytes);
+        Ok(())
+    }
+
+    /// Starts copying `batch`, holding its granules against the
+    /// write-blocking filter's mirroring from before the read until the
+    /// write is done; returns what finished writing meanwhile.
+    fn start_claimed(&self, batch: &[(u64, u64)], target_zero: bool) -> Result<Copied, String> {
+        self.with_copier(|c| {
+            let hold = match &self.writes {
+                Some(w) => {
+                    // A granule is claimed by one batch at a time.
+                    c.settle(batch, w.claims().granule())?;
+                    Some(Box::new(w.claims().copier(batch.iter().copied())) as Hold)
+                }
+                None => None,
+            };
+            c.start(batch, target_zero, hold)?;
+            Ok(c.take_finished())
+        })
+    }
+
+    /// Copies `batch` as [`Mirror::start_claimed`] does and waits until
+    /// the target has it (and everything before it).
+    #[cfg(test)]
     pub(super) fn copy_claimed(
         &self,
         batch: &[(u64, u64)],
         target_zero: bool,
     ) -> Result<Copied, String> {
-        let _claim = self
-            .writes
-            .as_ref()
-            .map(|w| w.claims().copier(batch.iter().copied()));
-        self.with_copier(|c| c.copy(batch, target_zero))
+        let mut copied = self.start_claimed(batch, target_zero)?;
+        let rest = self.with_copier(|c| {
+            c.finish()?;
+            Ok(c.take_finished())
+        })?;
+        copied.bytes += rest.bytes;
+        copied.zero += rest.zero;
+        Ok(copied)
     }
 
     /// Tests: `f` runs between each batch's read and write.
@@ -380,11 +437,11 @@ impl Mirror {
         loop {
             let batch = self.take_dirty();
             if batch.is_empty() {
-                return Ok(());
+                return self.finish_writes(job);
             }
             job.add_total(batch.iter().map(|r| r.1).sum());
-            let copied = self.copy_claimed(&batch, false)?;
-            job.add_done(copied.bytes);
+            let copied = self.start_claimed(&batch, false)?;
+            job.add_progress(copied.bytes);
         }
     }
 

@@ -40,6 +40,8 @@ pub use mirror_target::{open_target, MirrorTarget, SyncMode, TargetError, Target
 pub use stream::Stream;
 
 #[cfg(test)]
+mod copy_tests;
+#[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
 mod tests;

@@ -47,7 +47,7 @@ use crate::request::{BlockRequest, Completion, IoMemory, RequestOp};
 /// See the module docs.
 pub struct MirrorWrites {
     target: Disk,
-    claims: GranuleClaims,
+    claims: Arc<GranuleClaims>,
     /// The job's bitmap: what the copier must copy (again).
     bitmap: Arc<DirtyBitmap>,
     failed: OnceLock<String>,
@@ -75,7 +75,7 @@ impl MirrorWrites {
     /// where the copier must copy.
     pub fn new(target: &Disk, bitmap: Arc<DirtyBitmap>) -> MirrorWrites {
         MirrorWrites {
-            claims: GranuleClaims::new(bitmap.granularity(), bitmap.size()),
+            claims: Arc::new(GranuleClaims::new(bitmap.granularity(), bitmap.size())),
             target: target.clone(),
             bitmap,
             failed: OnceLock::new(),
@@ -87,7 +87,7 @@ impl MirrorWrites {
     }
 
     /// The granules the copier takes around each batch.
-    pub fn claims(&self) -> &GranuleClaims {
+    pub fn claims(&self) -> &Arc<GranuleClaims> {
         &self.claims
     }
 
