@@ -278,12 +278,16 @@ impl Mirror {
             }
             self.writes_failed()?;
             let batch = self.take_dirty();
-            if batch.is_empty() && self.with_copier(|c| Ok(c.writing()))? {
-                // In sync only once the target has it all.
-                self.finish_writes(job)?;
-                continue;
-            }
             if batch.is_empty() {
+                // Nothing was dirty at this look, so every guest write
+                // before it has been read: in sync once those writes
+                // are on the target. A guest that goes on writing dirties
+                // the bitmap again meanwhile, which a ready job follows
+                // as before (looking again here would never end under a
+                // guest that never stops).
+                if self.with_copier(|c| Ok(c.writing()))? {
+                    self.finish_writes(job)?;
+                }
                 if job.state() == JobState::Running {
                     log::info!("job {}: ready (the target is in sync)", job.id());
                     job.set_state(JobState::Ready);
