@@ -17,7 +17,9 @@ unallocated. Then, `--rounds` times, interleaved, in the same folder:
   cache when it exits), so it runs twice: as it is, and with
   `-t writeback` (it fdatasyncs at close, as the mirror's cancel does).
 
-Each target is deleted before the next. The table has one row per
+Each target is deleted before the next; each run starts after a
+sync (no dirty page cache left by the source's making or another
+run), and the order of the three runs turns every round. The table has one row per
 round and the median; "ratio" is convert's time (`-t writeback`) over
 the mirror's (above 1: the mirror is faster).
 
@@ -132,14 +134,25 @@ def main():
     try:
         wait_serial(proc, serial, "info parked", time.monotonic() + 120)
         target = os.path.join(work, f"dst.{args.target_format}")
+        ops = {
+            "mirror": lambda: mirror_once(args, sock, target),
+            "unsafe": lambda: convert_once(args, source, target, "unsafe"),
+            "writeback": lambda: convert_once(args, source, target, "writeback"),
+        }
         for r in range(1, args.rounds + 1):
-            m = mirror_once(args, sock, target)
-            os.unlink(target)
-            u = convert_once(args, source, target, "unsafe")
-            os.unlink(target)
-            c = convert_once(args, source, target, "writeback")
-            os.unlink(target)
-            log(f"round {r}: mirror {m:.3f} s, convert {u:.3f} s, -t writeback {c:.3f} s")
+            # The order turns every round, and each run starts with no
+            # dirty page cache (the source's first write, another run's
+            # target), so neither side pays for the other's writeback.
+            names = list(ops)
+            names = names[(r - 1) % len(names):] + names[:(r - 1) % len(names)]
+            took = {}
+            for name in names:
+                os.sync()
+                took[name] = ops[name]()
+                os.unlink(target)
+            m, u, c = took["mirror"], took["unsafe"], took["writeback"]
+            log(f"round {r} ({', '.join(names)}): mirror {m:.3f} s, convert {u:.3f} s, "
+                f"-t writeback {c:.3f} s")
             rows.append((r, m, u, c))
         remote(args, sock, "shutdown-vmm")
         proc.wait(timeout=60)
