@@ -17,13 +17,13 @@ mod e2e_support;
 
 use std::path::Path;
 
-use e2e_api_support::{curl_raw, have_curl, ApiVm};
+use e2e_api_support::{
+    curl_raw, guest_view, have_curl, rounds_held_with, ApiVm, ROUND_BASE, ROUND_LEN,
+};
 use e2e_support::check_clean;
 use integration_tests::{json, qemu_create_overlay, qemu_img, TempDir};
 use testkit::nbd_server::{Kind, NbdServer};
 
-const ROUND_BASE: u64 = 8 << 20;
-const ROUND_LEN: u64 = 4096;
 /// The overlays' cluster size (qcow2's default).
 const CLUSTER: u64 = 64 << 10;
 
@@ -32,34 +32,10 @@ fn stamp(k: u64, r: u64) -> u8 {
     (0x20 + (r + 0x31 * k) % 0xC0) as u8
 }
 
-/// The image's guest view as bytes (qemu-img convert to raw).
-fn guest_view(dir: &TempDir, image: &str, name: &str) -> Vec<u8> {
-    let out = dir.file(&format!("{name}.view"));
-    qemu_img(&["convert", "-O", "raw", image, &out]);
-    std::fs::read(&out).unwrap()
-}
-
 /// How many rounds of disk `k` `data` holds: a prefix of whole rounds,
 /// the rest zeroes (never a round half there, never a gap).
 fn rounds_held(data: &[u8], k: u64, rounds: u64, what: &str) -> u64 {
-    let mut held = 0;
-    for r in 0..rounds {
-        let off = (ROUND_BASE + r * ROUND_LEN) as usize;
-        let block = &data[off..off + ROUND_LEN as usize];
-        if block.iter().all(|&b| b == stamp(k, r)) {
-            assert_eq!(
-                held, r,
-                "{what}: round {r} is there but an earlier one is not"
-            );
-            held += 1;
-        } else {
-            assert!(
-                block.iter().all(|&b| b == 0),
-                "{what}: round {r} is neither whole nor absent"
-            );
-        }
-    }
-    held
+    rounds_held_with(data, rounds, what, |r| stamp(k, r))
 }
 
 /// The guest ranges the top image of `image` itself holds (depth 0 in

@@ -33,36 +33,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use e2e_api_support::{
-    assert_source_plus_rounds, guest_view, have_curl, job, locked, stamp, wait_job, ApiVm,
-    ROUND_BASE, ROUND_LEN,
+    assert_source_plus_rounds, guest_view, have_curl, job, locked, rounds_held, wait_job, ApiVm,
 };
 use e2e_support::check_clean;
 use integration_tests::{json, qemu_img, qemu_io, TempDir};
 
 const MIB: u64 = 1 << 20;
-
-/// How many rounds `data` holds: a prefix of whole rounds, the rest
-/// zeroes (never a round half there, never a gap).
-fn rounds_held(data: &[u8], rounds: u64, what: &str) -> u64 {
-    let mut held = 0;
-    for r in 0..rounds {
-        let off = (ROUND_BASE + r * ROUND_LEN) as usize;
-        let block = &data[off..off + ROUND_LEN as usize];
-        if block.iter().all(|&b| b == stamp(r)) {
-            assert_eq!(
-                held, r,
-                "{what}: round {r} is there but an earlier one is not"
-            );
-            held += 1;
-        } else {
-            assert!(
-                block.iter().all(|&b| b == 0),
-                "{what}: round {r} is neither whole nor absent"
-            );
-        }
-    }
-    held
-}
 
 /// Bytes `qemu-img map` says hold data in `start..start + len`.
 fn data_bytes(image: &str, start: u64, len: u64) -> u64 {

@@ -154,32 +154,49 @@ fn a_target_that_fills_up_fails_the_job_and_never_the_guest() {
     vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200);
     std::thread::sleep(Duration::from_millis(1500));
     std::fs::write(&trigger, b"").unwrap();
-    let failed = wait_job(&vm, "job-1", "failed");
-    let error = failed["error"].as_str().unwrap_or_default();
-    assert!(error.contains("writing the target"), "{failed}");
-    assert!(failed["bytes_done"].as_u64().unwrap() > 0, "{failed}");
-    // The disk is still on its source; a new job may start on it.
-    let info = json(&vm.curl_ok("PUT", "vm.disk-info", Some(r#"{"id":"d0"}"#), 200));
-    assert_eq!(info[0]["filename"], source.as_str(), "{info}");
-    let local = dir.file("local.qcow2");
-    let body = format!(r#"{{"id":"d0","target":"{local}"}}"#);
-    let answer = json(&vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200));
-    assert_eq!(answer["job"], "job-2", "{answer}");
-    wait_job(&vm, "job-2", "ready");
+    let local = job_1_failed_and_the_source_serves_on(&vm, &dir, &source, "writing the target");
     vm.curl_ok(
         "PUT",
         "vm.disk-job-complete",
         Some(r#"{"job":"job-2"}"#),
         204,
     );
-    // The guest never saw an error: every round reads back.
+    guest_saw_no_error(vm, rounds);
+    e2e_support::check_clean(&local);
+    drop(server);
+}
+
+/// After job-1 failed mid-copy: its error names `reason`, the disk is
+/// still on `source`, and a new mirror (job-2, to a local qcow2) reaches
+/// ready. Returns that target's path.
+fn job_1_failed_and_the_source_serves_on(
+    vm: &ApiVm,
+    dir: &TempDir,
+    source: &str,
+    reason: &str,
+) -> String {
+    let failed = wait_job(vm, "job-1", "failed");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(error.contains(reason), "{failed}");
+    assert!(failed["bytes_done"].as_u64().unwrap() > 0, "{failed}");
+    let info = json(&vm.curl_ok("PUT", "vm.disk-info", Some(r#"{"id":"d0"}"#), 200));
+    assert_eq!(info[0]["filename"], source, "{info}");
+    let local = dir.file("local.qcow2");
+    let body = format!(r#"{{"id":"d0","target":"{local}"}}"#);
+    let answer = json(&vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200));
+    assert_eq!(answer["job"], "job-2", "{answer}");
+    wait_job(vm, "job-2", "ready");
+    local
+}
+
+/// The guest read every one of its `rounds` back (it never saw an error)
+/// and the VMM shut down cleanly under its seccomp filter.
+fn guest_saw_no_error(mut vm: ApiVm, rounds: u64) {
     vm.wait_for(&format!("ok   all {rounds} rounds read back"));
     vm.wait_for("RESULT: PASS");
     let (status, err) = vm.shutdown();
     assert!(status.success(), "{status}: {err}");
     assert!(!err.contains("SIGSYS"), "{err}");
-    e2e_support::check_clean(&local);
-    drop(server);
 }
 
 /// Starts `nbdkit -f ARGS` (the export on Unix socket `sock`) and waits
@@ -240,24 +257,9 @@ fn target_goes_away(mode: &str) {
     std::thread::sleep(Duration::from_millis(1500));
     server.kill().expect("kill nbdkit");
     server.wait().expect("reap nbdkit");
-    let failed = wait_job(&vm, "job-1", "failed");
-    let error = failed["error"].as_str().unwrap_or_default();
-    assert!(error.contains("target"), "{failed}");
-    assert!(failed["bytes_done"].as_u64().unwrap() > 0, "{failed}");
-    let info = json(&vm.curl_ok("PUT", "vm.disk-info", Some(r#"{"id":"d0"}"#), 200));
-    assert_eq!(info[0]["filename"], source.as_str(), "{info}");
-    let local = dir.file("local.qcow2");
-    let body = format!(r#"{{"id":"d0","target":"{local}"}}"#);
-    let answer = json(&vm.curl_ok("PUT", "vm.disk-mirror", Some(&body), 200));
-    assert_eq!(answer["job"], "job-2", "{answer}");
-    wait_job(&vm, "job-2", "ready");
+    let local = job_1_failed_and_the_source_serves_on(&vm, &dir, &source, "target");
     vm.curl_ok("PUT", "vm.disk-job-cancel", Some(r#"{"job":"job-2"}"#), 204);
-    // The guest never saw an error: every round reads back.
-    vm.wait_for(&format!("ok   all {rounds} rounds read back"));
-    vm.wait_for("RESULT: PASS");
-    let (status, err) = vm.shutdown();
-    assert!(status.success(), "{status}: {err}");
-    assert!(!err.contains("SIGSYS"), "{err}");
+    guest_saw_no_error(vm, rounds);
     e2e_support::check_clean(&source);
     e2e_support::check_clean(&local);
 }

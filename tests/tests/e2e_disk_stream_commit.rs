@@ -25,18 +25,13 @@
 mod e2e_api_support;
 mod e2e_support;
 
-use e2e_api_support::{have_curl, job, locked, ApiVm};
+use e2e_api_support::{
+    guest_view, have_curl, job, locked, rounds_held, stamp, ApiVm, ROUND_BASE, ROUND_LEN,
+};
 use e2e_support::check_clean;
 use integration_tests::{json, qemu_create_overlay, qemu_img, qemu_img_status, qemu_io, TempDir};
 
-const ROUND_BASE: u64 = 8 << 20;
-const ROUND_LEN: u64 = 4096;
 const ROUNDS: u64 = 150;
-
-/// The guest's stamp of round `r` on disk 0 (tests/guest api_checks.c).
-fn stamp(r: u64) -> u8 {
-    (0x20 + r % 0xC0) as u8
-}
 
 struct Chain {
     dir: TempDir,
@@ -68,7 +63,7 @@ fn chain(name: &str) -> Chain {
     );
     qemu_create_overlay(&top, "mid.qcow2", "qcow2");
     qemu_io("qcow2", &top, &["write -P 0x8d 30M 256K"]);
-    let before = view(&dir, &top, "before");
+    let before = guest_view(&dir, &top, "before");
     Chain {
         dir,
         base,
@@ -79,43 +74,12 @@ fn chain(name: &str) -> Chain {
 }
 
 /// The image's guest view as bytes (qemu-img convert to raw).
-fn view(dir: &TempDir, image: &str, name: &str) -> Vec<u8> {
-    let out = dir.file(&format!("{name}.view"));
-    qemu_img(&["convert", "-U", "-O", "raw", image, &out]);
-    let data = std::fs::read(&out).unwrap();
-    std::fs::remove_file(&out).unwrap();
-    data
-}
-
-/// How many rounds `data` holds: a prefix of whole rounds, the rest
-/// zeroes.
-fn rounds_held(data: &[u8], what: &str) -> u64 {
-    let mut held = 0;
-    for r in 0..ROUNDS {
-        let off = (ROUND_BASE + r * ROUND_LEN) as usize;
-        let block = &data[off..off + ROUND_LEN as usize];
-        if block.iter().all(|&b| b == stamp(r)) {
-            assert_eq!(
-                held, r,
-                "{what}: round {r} is there but an earlier one is not"
-            );
-            held += 1;
-        } else {
-            assert!(
-                block.iter().all(|&b| b == 0),
-                "{what}: round {r} is neither whole nor absent"
-            );
-        }
-    }
-    held
-}
-
 /// `qemu-img compare` of `image` against the expected disk: the chain's
 /// data as it was, the guest's scratch area (the first 8 MiB, which the
 /// guest checks itself) as `image` holds it, and the first `rounds`
 /// rounds.
 fn compare_expected(c: &Chain, image: &str, rounds: u64) {
-    let now = view(&c.dir, image, "now");
+    let now = guest_view(&c.dir, image, "now");
     let mut expect = c.before.clone();
     let scratch = ROUND_BASE as usize;
     expect[..scratch].copy_from_slice(&now[..scratch]);
@@ -238,7 +202,10 @@ fn stream(with_base: bool) {
     };
     assert_eq!(backing_chain(&c.top), want);
     compare_expected(&c, &c.top, ROUNDS);
-    assert_eq!(rounds_held(&view(&c.dir, &c.top, "top"), &c.top), ROUNDS);
+    assert_eq!(
+        rounds_held(&guest_view(&c.dir, &c.top, "top"), ROUNDS, &c.top),
+        ROUNDS
+    );
 }
 
 #[test]
@@ -261,7 +228,7 @@ fn a_commit_of_the_middle_layer_relinks_top_to_base_under_writes() {
         return;
     }
     let c = chain("commit-mid");
-    let mid_before = view(&c.dir, &c.mid, "mid-before");
+    let mid_before = guest_view(&c.dir, &c.mid, "mid-before");
     let vm = start(&c);
     let text = ok(&vm.ch_remote(&[
         "disk-commit",
@@ -284,7 +251,7 @@ fn a_commit_of_the_middle_layer_relinks_top_to_base_under_writes() {
     assert_eq!(backing_chain(&c.top), ["top.qcow2", "base.qcow2"]);
     compare_expected(&c, &c.top, ROUNDS);
     // base now reads as base + mid did; top's own data is not in it.
-    let base_now = view(&c.dir, &c.base, "base-now");
+    let base_now = guest_view(&c.dir, &c.base, "base-now");
     assert!(base_now == mid_before, "base is not what mid read as");
 }
 
@@ -317,7 +284,10 @@ fn active_commit(complete: bool) {
         check_clean(&c.base);
         assert_eq!(backing_chain(&c.base), ["base.qcow2"]);
         compare_expected(&c, &c.base, ROUNDS);
-        assert_eq!(rounds_held(&view(&c.dir, &c.base, "base"), &c.base), ROUNDS);
+        assert_eq!(
+            rounds_held(&guest_view(&c.dir, &c.base, "base"), ROUNDS, &c.base),
+            ROUNDS
+        );
     } else {
         check_clean(&c.top);
         check_clean(&c.base);
@@ -328,8 +298,8 @@ fn active_commit(complete: bool) {
         compare_expected(&c, &c.top, ROUNDS);
         // base: the disk as it was at the cancel (a prefix of rounds),
         // the chain's data all there.
-        let b = view(&c.dir, &c.base, "base");
-        let held = rounds_held(&b, &c.base);
+        let b = guest_view(&c.dir, &c.base, "base");
+        let held = rounds_held(&b, ROUNDS, &c.base);
         assert!((5..=ROUNDS).contains(&held), "{held}");
         compare_expected(&c, &c.base, held);
     }

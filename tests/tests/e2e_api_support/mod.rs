@@ -347,6 +347,35 @@ pub fn stamp(r: u64) -> u8 {
     (0x20 + r % 0xC0) as u8
 }
 
+/// How many rounds `data` holds, round `r` stamped `stamp_of(r)`: a
+/// prefix of whole rounds, the rest zeroes (never a round half there,
+/// never a gap).
+pub fn rounds_held_with(data: &[u8], rounds: u64, what: &str, stamp_of: impl Fn(u64) -> u8) -> u64 {
+    let mut held = 0;
+    for r in 0..rounds {
+        let off = (ROUND_BASE + r * ROUND_LEN) as usize;
+        let block = &data[off..off + ROUND_LEN as usize];
+        if block.iter().all(|&b| b == stamp_of(r)) {
+            assert_eq!(
+                held, r,
+                "{what}: round {r} is there but an earlier one is not"
+            );
+            held += 1;
+        } else {
+            assert!(
+                block.iter().all(|&b| b == 0),
+                "{what}: round {r} is neither whole nor absent"
+            );
+        }
+    }
+    held
+}
+
+/// [`rounds_held_with`] disk 0's stamps ([`stamp`]).
+pub fn rounds_held(data: &[u8], rounds: u64, what: &str) -> u64 {
+    rounds_held_with(data, rounds, what, stamp)
+}
+
 /// The image's guest view as bytes (qemu-img convert to raw).
 pub fn guest_view(dir: &TempDir, image: &str, name: &str) -> Vec<u8> {
     let out = dir.file(&format!("{name}.view"));
