@@ -28,11 +28,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use super::copy::{Copier, BATCH, CHUNK};
+use super::copy::{ranges_to_copy, Copier, ExtentAction, BATCH, CHUNK};
 use super::job::{Flow, JobShared, JobState};
 use crate::disk::Disk;
 use crate::exclusive::ExclusiveImage;
-use crate::formats::format::status_within;
 
 /// See the module docs.
 pub struct Commit {
@@ -75,21 +74,14 @@ impl Commit {
         let size = top.size();
         let format = top.format().clone();
         drop(top);
-        let mut copy = Vec::new();
-        let mut zero = Vec::new();
-        let mut pos = 0;
-        while pos < size {
-            let s = status_within(format.as_ref(), pos, size)
-                .map_err(|e| format!("block status at {pos}: {}", ch_log::error_chain(&e)))?;
-            if s.present && s.depth < self.base_depth {
-                if s.data {
-                    copy.push((pos, s.len));
-                } else {
-                    zero.push((pos, s.len));
-                }
+        let base_depth = self.base_depth;
+        let (copy, zero) = ranges_to_copy(format.as_ref(), size, |s| {
+            match (s.present && s.depth < base_depth, s.data) {
+                (true, true) => ExtentAction::Copy,
+                (true, false) => ExtentAction::Zero,
+                (false, _) => ExtentAction::Skip,
             }
-            pos += s.len;
-        }
+        })?;
         job.add_total(copy.iter().map(|r| r.1).sum());
         for (offset, len) in zero {
             if job.between_chunks() == Flow::Stop {

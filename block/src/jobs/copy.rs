@@ -31,6 +31,8 @@ use std::thread::ThreadId;
 
 use crate::disk::{Disk, DiskQueue};
 use crate::error::BlockError;
+use crate::formats::format::status_within;
+use crate::formats::{BlockStatus, Format};
 use crate::request::{BlockRequest, Completion, IoMemory, RequestOp};
 
 /// The most bytes one range of a batch may have.
@@ -434,4 +436,37 @@ fn is_zero(data: &[u8]) -> bool {
 
 fn chain(e: &BlockError) -> String {
     ch_log::error_chain(e)
+}
+
+/// What a job's first pass does with one extent of its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtentAction {
+    Copy,
+    Zero,
+    Skip,
+}
+
+/// Ranges of a disk as `(offset, len)`, in disk order.
+pub type Ranges = Vec<(u64, u64)>;
+
+/// Walks `format`'s block status over its `size` bytes and sorts the
+/// extents by `decide` into ranges to copy and ranges to zero.
+pub fn ranges_to_copy(
+    format: &dyn Format,
+    size: u64,
+    decide: impl Fn(&BlockStatus) -> ExtentAction,
+) -> Result<(Ranges, Ranges), String> {
+    let (mut copy, mut zero) = (Vec::new(), Vec::new());
+    let mut pos = 0;
+    while pos < size {
+        let s = status_within(format, pos, size)
+            .map_err(|e| format!("block status at {pos}: {}", ch_log::error_chain(&e)))?;
+        match decide(&s) {
+            ExtentAction::Copy => copy.push((pos, s.len)),
+            ExtentAction::Zero => zero.push((pos, s.len)),
+            ExtentAction::Skip => {}
+        }
+        pos += s.len;
+    }
+    Ok((copy, zero))
 }

@@ -37,7 +37,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::copy::{Copied, Copier, Hold, BATCH, CHUNK, MAX_RANGES};
+use super::copy::{ranges_to_copy, Copied, Copier, ExtentAction, Hold, BATCH, CHUNK, MAX_RANGES};
 use super::job::{Flow, JobShared, JobState};
 use super::mirror_target::{MirrorTarget, SyncMode};
 use super::write_blocking::MirrorWrites;
@@ -184,31 +184,23 @@ impl Mirror {
         let format = source.format().clone();
         drop(source);
         // What to copy and what to zero, from the block status.
-        let mut copy = Vec::new();
-        let mut zero = Vec::new();
-        let mut pos = 0;
-        while pos < size {
-            let s = status_within(format.as_ref(), pos, size)
-                .map_err(|e| format!("block status at {pos}: {}", ch_log::error_chain(&e)))?;
-            let range = (pos, s.len);
-            match self.sync {
-                SyncMode::Full if s.data => copy.push(range),
-                SyncMode::Full if !self.target_was_zero => zero.push(range),
-                SyncMode::Full => {}
-                SyncMode::Top if s.present && s.depth == 0 && s.data => copy.push(range),
-                // A zero cluster of the top hides the backing data.
-                SyncMode::Top if s.present && s.depth == 0 => zero.push(range),
-                // The rest is read through the target's backing file; on
-                // an existing target it must not hide it.
-                SyncMode::Top if !self.target_was_zero => zero.push(range),
-                SyncMode::Top => {}
-                // An active commit: the layers above the target's depth.
-                SyncMode::Above(base) if s.present && s.depth < base && s.data => copy.push(range),
-                SyncMode::Above(base) if s.present && s.depth < base => zero.push(range),
-                SyncMode::Above(_) => {}
-            }
-            pos += s.len;
-        }
+        let (sync, target_was_zero) = (self.sync, self.target_was_zero);
+        let (copy, zero) = ranges_to_copy(format.as_ref(), size, |s| match sync {
+            SyncMode::Full if s.data => ExtentAction::Copy,
+            SyncMode::Full if !target_was_zero => ExtentAction::Zero,
+            SyncMode::Full => ExtentAction::Skip,
+            SyncMode::Top if s.present && s.depth == 0 && s.data => ExtentAction::Copy,
+            // A zero cluster of the top hides the backing data.
+            SyncMode::Top if s.present && s.depth == 0 => ExtentAction::Zero,
+            // The rest is read through the target's backing file; on an
+            // existing target it must not hide it.
+            SyncMode::Top if !target_was_zero => ExtentAction::Zero,
+            SyncMode::Top => ExtentAction::Skip,
+            // An active commit: the layers above the target's depth.
+            SyncMode::Above(base) if s.present && s.depth < base && s.data => ExtentAction::Copy,
+            SyncMode::Above(base) if s.present && s.depth < base => ExtentAction::Zero,
+            SyncMode::Above(_) => ExtentAction::Skip,
+        })?;
         job.add_total(copy.iter().map(|r| r.1).sum());
         for (offset, len) in zero {
             if job.between_chunks() == Flow::Stop {
