@@ -34,7 +34,7 @@
 //! filter while it is installed; [`MirrorWrites::remove`] ends that
 //! cycle.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -50,6 +50,10 @@ pub struct MirrorWrites {
     claims: Arc<GranuleClaims>,
     /// The job's bitmap: what the copier must copy (again).
     bitmap: Arc<DirtyBitmap>,
+    /// Guest writes per claim granule from their submission to the end
+    /// of their mirroring: two at once on one granule (from different
+    /// queues) went to the source in an order this filter does not know.
+    in_flight: Box<[AtomicU32]>,
     failed: OnceLock<String>,
     /// Set by [`MirrorWrites::remove`]: nothing is mirrored from then on.
     closed: AtomicBool,
@@ -74,8 +78,11 @@ impl MirrorWrites {
     /// A filter that mirrors to `target` and marks `bitmap` (the job's)
     /// where the copier must copy.
     pub fn new(target: &Disk, bitmap: Arc<DirtyBitmap>) -> MirrorWrites {
+        let claims = Arc::new(GranuleClaims::new(bitmap.granularity(), bitmap.size()));
+        let granules = claims.granules(0, bitmap.size()).end as usize;
         MirrorWrites {
-            claims: Arc::new(GranuleClaims::new(bitmap.granularity(), bitmap.size())),
+            in_flight: (0..granules).map(|_| AtomicU32::new(0)).collect(),
+            claims,
             target: target.clone(),
             bitmap,
             failed: OnceLock::new(),
@@ -144,6 +151,14 @@ impl MirrorWrites {
     fn leave(&self) {
         self.active.fetch_sub(1, Ordering::SeqCst);
     }
+
+    /// Whether a write other than this one (counted too) is in flight on
+    /// a granule of `offset..offset + len`.
+    fn another_in_flight(&self, offset: u64, len: u64) -> bool {
+        self.claims
+            .granules(offset, len)
+            .any(|g| self.in_flight[g as usize].load(Ordering::SeqCst) > 1)
+    }
 }
 
 impl CompletionHook for MirrorWrites {
@@ -165,6 +180,13 @@ pub struct MirrorWritesQueue {
 }
 
 impl CompletionHookQueue for MirrorWritesQueue {
+    fn before_write(&mut self, offset: u64, len: u64) {
+        let filter = &self.filter;
+        for g in filter.claims.granules(offset, len) {
+            filter.in_flight[g as usize].fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
     fn completed(&mut self, done: &[Completion]) {
         if !done
             .iter()
@@ -173,13 +195,22 @@ impl CompletionHookQueue for MirrorWritesQueue {
             return;
         }
         let filter = self.filter.clone();
-        if !filter.enter() {
-            return;
+        if filter.enter() {
+            if let Err(why) = self.mirror(&filter, done) {
+                filter.fail(why);
+            }
+            filter.leave();
         }
-        if let Err(why) = self.mirror(&filter, done) {
-            filter.fail(why);
+        // These writes are mirrored (or never will be): no longer in flight.
+        for c in done.iter().filter(|c| c.changes_data()) {
+            for g in filter.claims.granules(c.offset, c.len) {
+                let _ = filter.in_flight[g as usize].fetch_update(
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                    |n| n.checked_sub(1),
+                );
+            }
         }
-        filter.leave();
     }
 }
 
@@ -191,6 +222,12 @@ impl MirrorWritesQueue {
             match (c.op, &c.result) {
                 (RequestOp::Flush, Ok(_)) => flush = true,
                 (RequestOp::Write | RequestOp::WriteZeroes { .. }, Ok(_)) => {
+                    if filter.another_in_flight(c.offset, c.len) {
+                        // Its order against the other on the source is
+                        // not known: the copier copies what the source
+                        // holds once both are through.
+                        filter.bitmap.mark(c.offset, c.len);
+                    }
                     writes.push(BlockRequest {
                         user_data: writes.len() as u64,
                         op: c.op,

@@ -8,7 +8,8 @@
 //! [`QueueFilters::completed`], which marks the enabled dirty bitmaps
 //! with every write-like one, failed ones too (a failed write may have
 //! changed part of its range). With a point-in-time view active, every
-//! write-like request passes [`QueueFilters::before_submit`] first, which
+//! write-like request passes [`QueueFilters::before_submit`] first (as
+//! with a write-blocking mirror, which counts the writes in flight), which
 //! copies the old data it would overwrite (`cbw`). With a write-blocking
 //! mirror active, completions also pass the queue's handle on it before
 //! they leave (it writes each completed guest write to the target too).
@@ -117,16 +118,20 @@ impl QueueFilters {
     /// Whether requests must pass [`QueueFilters::before_submit`].
     #[inline]
     pub fn acts_before_submit(&self) -> bool {
-        self.cbw.is_some()
+        self.cbw.is_some() || self.mirror.is_some()
     }
 
     /// Acts on a request about to be submitted: a write-like one first
     /// has the old data it overwrites copied for the view.
     pub fn before_submit(&mut self, request: &BlockRequest) {
+        if !request.op.changes_data() {
+            return;
+        }
         if let Some(cbw) = self.cbw.as_mut() {
-            if request.op.changes_data() {
-                cbw.queue.before_write(request.offset, request.len());
-            }
+            cbw.queue.before_write(request.offset, request.len());
+        }
+        if let Some(m) = self.mirror.as_mut() {
+            m.queue.before_write(request.offset, request.len());
         }
     }
 

@@ -43,6 +43,10 @@ pub trait CompletionHook: Send + Sync + std::fmt::Debug {
 
 /// One queue's handle on a [`CompletionHook`].
 pub trait CompletionHookQueue: Send {
+    /// Sees a write-like request of `len` bytes at `offset` before it is
+    /// submitted (a write-blocking mirror counts the writes in flight).
+    fn before_write(&mut self, _offset: u64, _len: u64) {}
+
     /// Acts on `done` (completions of every kind, about to leave the
     /// queue); returns once they may leave. Their results stay as they
     /// are: the guest sees its own request's result, whatever the filter
