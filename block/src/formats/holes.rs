@@ -76,9 +76,10 @@ mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
 
-    #[test]
-    fn finds_data_between_holes() {
-        let path = std::env::temp_dir().join(format!("holes-{}", std::process::id()));
+    /// A 4 MiB sparse file in the temp folder with 64 KiB of data at 1
+    /// MiB; removed by the caller.
+    fn sparse_file(name: &str) -> (std::path::PathBuf, File) {
+        let path = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
         let file = File::options()
             .read(true)
             .write(true)
@@ -88,6 +89,12 @@ mod tests {
             .unwrap();
         file.set_len(4 << 20).unwrap();
         file.write_all_at(&[1u8; 65536], 1 << 20).unwrap();
+        (path, file)
+    }
+
+    #[test]
+    fn finds_data_between_holes() {
+        let (path, file) = sparse_file("holes");
         let at_start = extent_at(&file, 0);
         let in_data = extent_at(&file, 1 << 20);
         std::fs::remove_file(&path).unwrap();
@@ -102,16 +109,7 @@ mod tests {
 
     #[test]
     fn the_cache_keeps_data_runs_but_not_holes() {
-        let path = std::env::temp_dir().join(format!("holes-cache-{}", std::process::id()));
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        file.set_len(4 << 20).unwrap();
-        file.write_all_at(&[1u8; 65536], 1 << 20).unwrap();
+        let (path, file) = sparse_file("holes-cache");
         let cache = DataExtentCache::default();
         let first = cache.extent_at(&file, 1 << 20);
         let hole_before = cache.extent_at(&file, 0);
