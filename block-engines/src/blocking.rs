@@ -5,15 +5,35 @@
 //! asynchronous paths: the `sync` engine (everything, at submit), the
 //! `threads` engine's workers (everything, off the queue's thread) and the
 //! `aio` engine (what Linux AIO has no command for: fallocate, and
-//! fdatasync where the kernel refuses IOCB_CMD_FDSYNC).
+//! fdatasync where the kernel refuses IOCB_CMD_FDSYNC), and the `uring`
+//! engine's buffered writes made in the queue's thread.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
-use super::HostOp;
+use super::{EngineCompletion, HostOp, OpToken};
 use crate::FileId;
+
+/// Runs every op of `queued` in order with [`run_op`], queueing their
+/// completions on `done`; `queued` is left empty (its capacity kept).
+///
+/// # Safety
+///
+/// As [`run_op`], for every op of `queued`.
+pub(crate) unsafe fn run_all(
+    files: &[Arc<File>],
+    queued: &mut Vec<(OpToken, HostOp)>,
+    done: &mut VecDeque<EngineCompletion>,
+) {
+    for (token, op) in queued.drain(..) {
+        // SAFETY: the caller's promise, for this op.
+        let result = unsafe { run_op(files, &op) };
+        done.push_back(EngineCompletion { token, result });
+    }
+}
 
 /// The descriptor of `file` among `files`.
 pub(crate) fn fd_of(files: &[Arc<File>], file: FileId) -> io::Result<i32> {

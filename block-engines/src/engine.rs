@@ -92,4 +92,20 @@ pub trait Engine: Send {
 
     /// The eventfd signalled when completions are ready.
     fn eventfd(&self) -> &Arc<EventFd>;
+
+    /// Whether writes run in the calling thread during [`Engine::submit`]
+    /// (the sync engine's every op; once allowed, the uring engine's
+    /// buffered writes where io_uring would hand them to a worker thread).
+    /// A caller that answers each request as soon as it is done submits
+    /// such writes one at a time, so the first is answered before the
+    /// last is written.
+    fn writes_at_submit(&self) -> bool {
+        false
+    }
+
+    /// Lets the engine make writes in the calling thread during submit
+    /// where that is cheaper than handing them to a kernel worker (the
+    /// uring engine's `inline_writes`). Only a caller that submits such
+    /// writes one at a time asks; other engines ignore it.
+    fn allow_io_at_submit(&mut self) {}
 }

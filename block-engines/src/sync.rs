@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use vmm_sys_util::eventfd::EventFd;
 
-use super::blocking::run_op;
+use super::blocking::run_all;
 use super::{Engine, EngineCompletion, HostOp, OpToken};
 use crate::error::BlockError;
 
@@ -51,18 +51,9 @@ impl Engine for SyncEngine {
         if self.queued.is_empty() {
             return Ok(());
         }
-        let queued = std::mem::take(&mut self.queued);
-        for (token, op) in &queued {
-            // SAFETY: `push`'s contract keeps the iovecs and their memory
-            // valid until this op is reaped, which is after this call.
-            let result = unsafe { run_op(&self.files, op) };
-            self.done.push_back(EngineCompletion {
-                token: *token,
-                result,
-            });
-        }
-        self.queued = queued;
-        self.queued.clear();
+        // SAFETY: `push`'s contract keeps the iovecs and their memory
+        // valid until each op is reaped, which is after this call.
+        unsafe { run_all(&self.files, &mut self.queued, &mut self.done) };
         self.eventfd.write(1).map_err(BlockError::EventFd)
     }
 
@@ -82,5 +73,9 @@ impl Engine for SyncEngine {
 
     fn eventfd(&self) -> &Arc<EventFd> {
         &self.eventfd
+    }
+
+    fn writes_at_submit(&self) -> bool {
+        true
     }
 }

@@ -377,6 +377,25 @@ impl DiskQueue {
         c.result.map(|n| (n, c.memory))
     }
 
+    /// Whether this queue's engine makes writes during submit, in the
+    /// submitting thread (the sync engine; io_uring's buffered writes
+    /// where the kernel would hand them to a worker thread, once
+    /// [`DiskQueue::allow_io_at_submit`]): a caller that answers
+    /// requests as they finish submits writes one at a time.
+    pub fn writes_at_submit(&self) -> bool {
+        self.exec.writes_at_submit()
+    }
+
+    /// Lets the io_uring engine make in the submitting thread the buffered
+    /// writes the kernel would hand to a worker thread anyway (on most
+    /// file systems; docs/io-engines.md, "Buffered writes in the queue's
+    /// thread"). For a caller that then submits writes one at a time, as
+    /// the virtio-blk queue worker does; a loop that answers a whole
+    /// batch at once would see none of it done until all of it is.
+    pub fn allow_io_at_submit(&mut self) {
+        self.exec.allow_io_at_submit();
+    }
+
     /// The O_DIRECT alignment this queue's files need (1 when buffered).
     pub fn alignment(&self) -> block_engines::align::DioAlign {
         self.exec.alignment()

@@ -31,7 +31,10 @@ const SECTORS: u64 = 4096;
 
 fn deep_harness(engine: EngineKind, dir: &TempDir) -> Option<BlockHarness> {
     let raw = raw_image(dir, SECTORS * 512);
-    let disk = open_engine(&raw, engine)?;
+    Some(deep_harness_on(open_engine(&raw, engine)?))
+}
+
+fn deep_harness_on(disk: block::Disk) -> BlockHarness {
     let config = BlockDeviceConfig {
         queue_size: 256,
         ..Default::default()
@@ -42,7 +45,7 @@ fn deep_harness(engine: EngineKind, dir: &TempDir) -> Option<BlockHarness> {
         indirect: true,
         ..Default::default()
     };
-    Some(BlockHarness::new(disk, config, opts).unwrap())
+    BlockHarness::new(disk, config, opts).unwrap()
 }
 
 #[test]
@@ -59,6 +62,121 @@ fn deep_batches_complete_once_with_the_right_data_on_every_engine() {
         // Nothing left over: every slot came back exactly once.
         assert_eq!(q.free_slots(), 128, "{engine:?}");
     }
+}
+
+/// A deep mix of writes and reads on a buffered image: where the engine
+/// makes writes in the worker's thread during submit (io_uring's buffered
+/// writes outside XFS and btrfs, the sync engine's every op), the worker
+/// submits the batch's reads first and then each write on its own,
+/// answering it before the next (`submit_parsed`). Every request must
+/// still complete once with the right status, every read must see the
+/// image's bytes, and every write must land.
+#[test]
+fn deep_mixed_batches_of_writes_and_reads_complete_once_on_every_engine() {
+    use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_OUT};
+    for engine in [EngineKind::IoUring, EngineKind::Threads, EngineKind::Sync] {
+        let dir = TempDir::new("mixed");
+        let raw = raw_image(&dir, SECTORS * 512);
+        let Some(disk) = open_engine(&raw, engine) else {
+            continue;
+        };
+        // As the worker sets its queue up.
+        let mut probe = disk.queue().unwrap();
+        if engine == EngineKind::IoUring {
+            assert!(!probe.writes_at_submit(), "io_uring: only once allowed");
+        }
+        probe.allow_io_at_submit();
+        let at_submit = probe.writes_at_submit();
+        drop(probe);
+        let mut h = deep_harness_on(disk);
+        if engine == EngineKind::Sync {
+            assert!(at_submit, "the sync engine writes at submit");
+        }
+        if engine == EngineKind::Threads {
+            assert!(!at_submit, "the threads engine writes in its pool");
+        }
+        if engine == EngineKind::IoUring && hands_buffered_writes_to_io_wq(&raw) {
+            assert!(at_submit, "io_uring's buffered writes on ext4 and tmpfs");
+        }
+        let q = h.queue(0).unwrap();
+        // Writes go to the first half, one sector each, with a byte that
+        // names the sector and the round; reads to the second half,
+        // which keeps the image's bytes.
+        let half = SECTORS / 2;
+        let stamp = |sector: u64, round: u64| (sector * 7 + round * 13 + 1) as u8;
+        let (total, mut posted, mut done) = (3000u64, 0u64, 0u64);
+        let mut what = std::collections::HashMap::new();
+        let mut last_stamp = std::collections::HashMap::new();
+        let mut used = Vec::new();
+        while done < total {
+            while posted < total {
+                let n = posted;
+                let slot = if n % 2 == 0 {
+                    let sector = (n * 37) % half;
+                    let byte = stamp(sector, n);
+                    let Some(slot) = q.post_data(VIRTIO_BLK_T_OUT, sector, &[byte; 512]) else {
+                        break;
+                    };
+                    // Each write's sector is written by no other write
+                    // in flight: 37 is prime to `half`, and fewer than
+                    // `half` requests are in flight.
+                    last_stamp.insert(sector, byte);
+                    what.insert(slot, (true, sector));
+                    slot
+                } else {
+                    let sector = half + (n * 37) % half;
+                    let Some(slot) = q.post(VIRTIO_BLK_T_IN, sector, 512) else {
+                        break;
+                    };
+                    what.insert(slot, (false, sector));
+                    slot
+                };
+                debug_assert!(what.contains_key(&slot));
+                posted += 1;
+            }
+            q.kick().unwrap();
+            used.clear();
+            let n = q.wait(Duration::from_secs(10), &mut used).unwrap();
+            assert!(n > 0, "{engine:?}: no completion after {done} of {total}");
+            for u in &used {
+                assert_eq!(u32::from(u.status), VIRTIO_BLK_S_OK, "{engine:?}");
+                let (is_write, sector) = what.remove(&u.slot).expect("completed once");
+                if is_write {
+                    assert_eq!(u.used_len, 1, "{engine:?}");
+                } else {
+                    assert_eq!(u.used_len, 513, "{engine:?}");
+                    let want = sector_byte(sector);
+                    assert!(
+                        q.read_data(u.slot, 512).iter().all(|&b| b == want),
+                        "{engine:?}: wrong data at sector {sector}"
+                    );
+                }
+            }
+            done += used.len() as u64;
+        }
+        assert_eq!(q.free_slots(), 128, "{engine:?}");
+        // Every write landed: read each written sector back.
+        for (&sector, &byte) in &last_stamp {
+            let u = q.run(VIRTIO_BLK_T_IN, sector, 512).expect("read back");
+            assert_eq!(u32::from(u.status), VIRTIO_BLK_S_OK, "{engine:?}");
+            assert!(
+                q.read_data(u.slot, 512).iter().all(|&b| b == byte),
+                "{engine:?}: sector {sector} lost its last write"
+            );
+        }
+    }
+}
+
+/// Whether `path` lies on ext4 or tmpfs, where io_uring hands every
+/// buffered write to an io-wq thread.
+fn hands_buffered_writes_to_io_wq(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: an all-zero statfs is a valid value of the plain C struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a statfs the call fills.
+    assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut fs) }, 0);
+    matches!(fs.f_type as i64, 0xEF53 | 0x0102_1994)
 }
 
 /// The guest of the reset test: its "interrupt handler" runs inside the

@@ -107,6 +107,14 @@ impl Engine for RoutedEngine {
     fn eventfd(&self) -> &Arc<EventFd> {
         self.local.eventfd()
     }
+
+    fn writes_at_submit(&self) -> bool {
+        self.local.writes_at_submit()
+    }
+
+    fn allow_io_at_submit(&mut self) {
+        self.local.allow_io_at_submit();
+    }
 }
 
 /// Waits until `fd` is readable and clears it, with epoll (which the

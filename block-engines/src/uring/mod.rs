@@ -12,6 +12,15 @@
 //! takes in about [`SUBMIT_BUDGET`] (see `should_submit_early`).
 //! CQEs leave through [`Engine::reap`] as [`EngineCompletion`]s.
 //!
+//! Once the caller allows it ([`Engine::allow_io_at_submit`]: the
+//! virtio-blk queue worker, which then submits such requests one at a
+//! time), buffered writes that io_uring would hand to an io-wq thread
+//! anyway (on most file systems) are made with `pwritev` in the queue's
+//! thread at [`Engine::submit`],
+//! after the ring's ops have gone to the kernel ([`inline_writes`] says which
+//! files and why); their completions wait in the same `done` queue as
+//! the CQEs'.
+//!
 //! The engine never has more ops in the kernel than the CQ can hold, so
 //! completions are never dropped even without `IORING_FEAT_NODROP`; an
 //! overflowed CQ (possible only with NODROP) is flushed while reaping.
@@ -28,6 +37,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::{Engine, EngineCompletion, HostOp, OpToken};
 use crate::error::BlockError;
 
+mod inline_writes;
 mod setup;
 mod sqe;
 
@@ -62,8 +72,14 @@ const SUBMIT_RETRIES: u32 = 10_000;
 pub struct UringEngine {
     ring: IoUring<squeue::Entry, cqueue::Entry>,
     /// Dup'd descriptors, registered as fixed files 0..n (kept open for as
-    /// long as the ring may use them).
-    _files: Vec<File>,
+    /// long as the ring may use them); the inline writes use them too.
+    files: Vec<Arc<File>>,
+    /// Per file: what is made in this thread (`inline_writes`)...
+    inline: Vec<inline_writes::InlineIo>,
+    /// ...once the caller allowed it (`Engine::allow_io_at_submit`).
+    inline_allowed: bool,
+    /// Such ops pushed and not yet made (at `submit`).
+    inline_queued: Vec<(OpToken, HostOp)>,
     eventfd: Arc<EventFd>,
     /// Tokens of SQEs pushed to the SQ and not yet consumed by the kernel.
     unsubmitted: VecDeque<OpToken>,
@@ -100,9 +116,13 @@ impl UringEngine {
         entries: u32,
     ) -> Result<Self, BlockError> {
         let built = setup::build_ring(files, &eventfd, entries)?;
+        let inline = inline_writes::inline_write_files(&built.files);
         Ok(UringEngine {
             ring: built.ring,
-            _files: built.files,
+            files: built.files.into_iter().map(Arc::new).collect(),
+            inline,
+            inline_allowed: false,
+            inline_queued: Vec::new(),
             task_run: built.task_run,
             enable_on_first_use: built.enable_on_first_use,
             eventfd,
@@ -139,6 +159,30 @@ impl UringEngine {
         if let Err(e) = setup::enable(&self.ring) {
             log::error!("io_uring: cannot enable the queue's ring: {e}");
         }
+    }
+
+    /// Whether this engine makes `op` in its own thread.
+    fn is_inline(&self, op: &HostOp) -> bool {
+        if !self.inline_allowed {
+            return false;
+        }
+        let of = |file: &crate::FileId| self.inline.get(usize::from(file.0)).copied();
+        match op {
+            HostOp::Writev { file, .. } => of(file).is_some_and(|i| i.writes),
+            _ => false,
+        }
+    }
+
+    /// Makes the queued inline ops (module docs) and signals the eventfd
+    /// when any completed, as the ring does for its CQEs.
+    fn run_inline(&mut self) -> Result<(), BlockError> {
+        if self.inline_queued.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `push`'s contract keeps the iovecs and their memory
+        // valid until each op is reaped, which is after this call.
+        unsafe { crate::blocking::run_all(&self.files, &mut self.inline_queued, &mut self.done) };
+        self.eventfd.write(1).map_err(BlockError::EventFd)
     }
 
     fn cq_capacity(&mut self) -> usize {
@@ -364,6 +408,10 @@ impl Engine for UringEngine {
                 libc::EBADFD,
             )));
         }
+        if self.is_inline(&op) {
+            self.inline_queued.push((token, op));
+            return Ok(());
+        }
         // Never more ops in the ring than the CQ holds (no lost CQEs).
         while self.in_ring >= self.cq_capacity() {
             self.submit_all()?;
@@ -399,7 +447,10 @@ impl Engine for UringEngine {
 
     fn submit(&mut self) -> Result<(), BlockError> {
         self.enable_here();
-        self.submit_all()
+        // The ring's ops first, so they run while this thread writes.
+        let ring = self.submit_all();
+        let inline = self.run_inline();
+        ring.and(inline)
     }
 
     fn reap(&mut self, out: &mut Vec<EngineCompletion>) {
@@ -411,6 +462,7 @@ impl Engine for UringEngine {
     fn wait(&mut self, out: &mut Vec<EngineCompletion>) -> Result<(), BlockError> {
         self.enable_here();
         self.submit_all()?;
+        self.run_inline()?;
         self.reap_cq();
         if self.done.is_empty() && self.in_ring > 0 {
             self.wait_cqe()?;
@@ -421,11 +473,19 @@ impl Engine for UringEngine {
     }
 
     fn in_flight(&self) -> usize {
-        self.in_ring + self.done.len()
+        self.in_ring + self.inline_queued.len() + self.done.len()
     }
 
     fn eventfd(&self) -> &Arc<EventFd> {
         &self.eventfd
+    }
+
+    fn writes_at_submit(&self) -> bool {
+        self.inline_allowed && self.inline.iter().any(|i| i.writes)
+    }
+
+    fn allow_io_at_submit(&mut self) {
+        self.inline_allowed = true;
     }
 }
 
@@ -469,8 +529,11 @@ mod tests {
         if !testkit::available("io_uring", crate::probe::uring_support()) {
             return None;
         }
+        // A file per call: the tests run in parallel and remove theirs.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path =
-            std::env::temp_dir().join(format!("uring-unit-{}-{entries}", std::process::id()));
+            std::env::temp_dir().join(format!("uring-unit-{}-{entries}-{n}", std::process::id()));
         std::fs::write(&path, vec![7u8; 65536]).unwrap();
         let f = Arc::new(File::options().read(true).write(true).open(&path).unwrap());
         let efd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
@@ -542,6 +605,75 @@ mod tests {
         assert_eq!(early_submit_threshold(0, 3_000, true), 8);
         // Never more than the budget, never zero.
         assert_eq!(early_submit_threshold(0, 1_000_000, true), 1);
+    }
+
+    #[test]
+    fn buffered_writes_made_at_submit_complete_with_the_rings_reads() {
+        let Some((mut e, path)) = engine(32) else {
+            return;
+        };
+        let expect = inline_writes::inline_write_files(&e.files)[0].writes;
+        assert!(!e.writes_at_submit(), "only once allowed");
+        e.allow_io_at_submit();
+        assert_eq!(e.writes_at_submit(), expect);
+        let data = vec![9u8; 4096];
+        let wiov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let mut buf = vec![0u8; 4096];
+        let riov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: `data`, `buf` and both iovecs outlive the loop below,
+        // which reaps both ops.
+        unsafe {
+            e.push(
+                1,
+                HostOp::Writev {
+                    file: FileId(0),
+                    offset: 8192,
+                    iov: RawIovecs {
+                        ptr: &wiov,
+                        count: 1,
+                    },
+                },
+            )
+            .unwrap();
+            e.push(
+                2,
+                HostOp::Readv {
+                    file: FileId(0),
+                    offset: 0,
+                    iov: RawIovecs {
+                        ptr: &riov,
+                        count: 1,
+                    },
+                },
+            )
+            .unwrap();
+        }
+        assert_eq!(e.in_flight(), 2);
+        e.submit().unwrap();
+        if expect {
+            // Made during submit: on the file before any reap.
+            let on_file = std::fs::read(&path).unwrap();
+            assert!(on_file[8192..12288].iter().all(|&b| b == 9));
+            assert!(e.eventfd().read().is_ok(), "the eventfd says it is done");
+        }
+        let mut out = Vec::new();
+        while out.len() < 2 {
+            e.wait(&mut out).unwrap();
+        }
+        assert_eq!(e.in_flight(), 0);
+        out.sort_by_key(|c| c.token);
+        assert!(matches!(out[0].result, Ok(4096)) && out[0].token == 1);
+        assert!(matches!(out[1].result, Ok(4096)) && out[1].token == 2);
+        assert!(buf.iter().all(|&b| b == 7));
+        let on_file = std::fs::read(&path).unwrap();
+        assert!(on_file[8192..12288].iter().all(|&b| b == 9));
+        let _ = std::fs::remove_file(path);
     }
 
     #[test]

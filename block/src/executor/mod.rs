@@ -104,6 +104,17 @@ impl Executor {
         &self.eventfd
     }
 
+    /// Whether the engine writes during submit (see
+    /// [`Engine::writes_at_submit`]).
+    pub fn writes_at_submit(&self) -> bool {
+        self.engine.writes_at_submit()
+    }
+
+    /// See [`Engine::allow_io_at_submit`].
+    pub fn allow_io_at_submit(&mut self) {
+        self.engine.allow_io_at_submit();
+    }
+
     /// The strictest O_DIRECT alignment of the image's files (1 if none).
     pub fn alignment(&self) -> DioAlign {
         self.builder.alignment()

@@ -22,6 +22,10 @@ pub(super) const COMMON: &[libc::c_long] = &[
     libc::SYS_fdatasync,
     libc::SYS_flock,
     libc::SYS_fstat,
+    // Making a queue's io_uring engine: the file system of each image
+    // file says whether its buffered writes are made in the queue's
+    // thread (block-engines' uring::inline_writes).
+    libc::SYS_fstatfs,
     libc::SYS_fsync,
     // qcow2 grows its file ahead of allocating writes (a hole), and cuts
     // the reserve off again on close.
@@ -110,7 +114,6 @@ pub(super) const MAIN: &[libc::c_long] = &[
     // vm.boot and vm.add-disk open images (and probe io_uring for
     // engine=auto); vm.disk-info opens backing files read-only.
     libc::SYS_openat,
-    libc::SYS_fstatfs,
     // Comparing a hot-added disk's path with the others' (realpath).
     libc::SYS_getcwd,
     libc::SYS_readlink,

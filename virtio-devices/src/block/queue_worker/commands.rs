@@ -91,7 +91,7 @@ impl WorkerState {
     /// the worker is parked) and sends the old one back on `done`. If
     /// the epoll set cannot take the new completion eventfd, the worker
     /// keeps its old queue and sends the new one back unused.
-    fn swap_queue(&mut self, epoll: &Epoll, queue: DiskQueue, done: &Sender<SwapAnswer>) {
+    fn swap_queue(&mut self, epoll: &Epoll, mut queue: DiskQueue, done: &Sender<SwapAnswer>) {
         let old_fd = self.w.disk.completion_eventfd().as_raw_fd();
         let new_fd = queue.completion_eventfd().as_raw_fd();
         let event = EpollEvent::new(EventSet::IN, COMPLETION);
@@ -115,6 +115,7 @@ impl WorkerState {
                 self.w.index
             );
         }
+        queue.allow_io_at_submit();
         let old = std::mem::replace(&mut self.w.disk, queue);
         self.signal_stale = false;
         let _ = done.send(SwapAnswer {

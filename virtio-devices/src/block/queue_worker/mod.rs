@@ -20,7 +20,10 @@
 //! chain the buckets cannot pay for yet goes back on the ring, and the
 //! worker takes no more until a timer (a fourth epoll source) says the
 //! buckets have refilled. With the sync engine each request is submitted
-//! and completed on its own ([`QueueWorker::submit_each`]). A write on the
+//! and completed on its own ([`QueueWorker::submit_each`]); where the
+//! engine makes writes in this thread during submit (io_uring's buffered
+//! writes on most file systems), each write is
+//! ([`WorkerState::submit_parsed`]). A write on the
 //! control eventfd stops the worker once every request in flight has
 //! completed; the thread then returns its kick eventfd and its queue.
 //! The control eventfd signals commands (`control.rs`: stop, pause,
@@ -91,12 +94,15 @@ impl QueueWorker {
             }
         }
         let limiter = self.limiter.take();
+        // Writes made at submit go one at a time here (`submit_parsed`).
+        self.disk.allow_io_at_submit();
         let poll = AdaptivePoll::new(self.poll.min(MAX_POLL));
         let mut state = WorkerState {
             w: self,
             pending: HashMap::new(),
             next_seq: 0,
             batch: Vec::new(),
+            held_here: Vec::new(),
             completions: Vec::new(),
             scratch: ParseScratch::default(),
             used_added: false,
@@ -300,7 +306,7 @@ impl WorkerState {
                 popped += 1;
                 taken += 1;
                 if !self.w.submit_each && self.batch.len() >= slice {
-                    self.w.disk.submit_batch_requests(self.batch.drain(..));
+                    self.submit_parsed();
                     self.process_completions();
                 }
             }
@@ -347,11 +353,39 @@ impl WorkerState {
                 self.process_completions();
             }
             self.batch = batch;
-        } else if !self.batch.is_empty() {
-            self.w.disk.submit_batch_requests(self.batch.drain(..));
+        } else {
+            self.submit_parsed();
         }
         self.w.counters.set_in_flight(self.pending.len());
         self.notify_if_needed();
+    }
+
+    /// Submits the parsed batch in one go; but where the engine makes
+    /// writes in this thread during submit (`DiskQueue::writes_at_submit`:
+    /// io_uring's buffered writes on most file systems), the other
+    /// requests go first, in one go, and then each write on its own and
+    /// answered before the next, so the driver sees the first done while
+    /// the rest are written instead of all of them at the end.
+    fn submit_parsed(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        if !self.w.disk.writes_at_submit() {
+            self.w.disk.submit_batch_requests(self.batch.drain(..));
+            return;
+        }
+        let mut here = std::mem::take(&mut self.held_here);
+        here.extend(self.batch.extract_if(.., |r| r.op == RequestOp::Write));
+        if !self.batch.is_empty() {
+            self.w.disk.submit_batch_requests(self.batch.drain(..));
+        }
+        for request in here.drain(..) {
+            self.w.disk.submit_batch_requests(std::iter::once(request));
+            // Without reading the completion eventfd (one system call
+            // per request): it is cleared before the worker sleeps.
+            self.reap_finished();
+        }
+        self.held_here = here;
     }
 
     /// How many parsed chains make a slice in this pass: half of what the

@@ -89,6 +89,9 @@ pub(super) struct WorkerState {
     pub(super) pending: HashMap<u64, PendingChain>,
     pub(super) next_seq: u64,
     pub(super) batch: Vec<BlockRequest>,
+    /// The batch's writes while its other requests are submitted (see
+    /// `submit_parsed`); empty between passes.
+    pub(super) held_here: Vec<BlockRequest>,
     pub(super) completions: Vec<Completion>,
     /// Parser buffers and recycled segment lists (no allocation per chain).
     pub(super) scratch: ParseScratch,
