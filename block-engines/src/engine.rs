@@ -107,5 +107,5 @@ pub trait Engine: Send {
     /// where that is cheaper than handing them to a kernel worker (the
     /// uring engine's `inline_writes`). Only a caller that submits such
     /// writes one at a time asks; other engines ignore it.
-    fn allow_io_at_submit(&mut self) {}
+    fn allow_writes_at_submit(&mut self) {}
 }

@@ -380,7 +380,7 @@ impl DiskQueue {
     /// Whether this queue's engine makes writes during submit, in the
     /// submitting thread (the sync engine; io_uring's buffered writes
     /// where the kernel would hand them to a worker thread, once
-    /// [`DiskQueue::allow_io_at_submit`]): a caller that answers
+    /// [`DiskQueue::allow_writes_at_submit`]): a caller that answers
     /// requests as they finish submits writes one at a time.
     pub fn writes_at_submit(&self) -> bool {
         self.exec.writes_at_submit()
@@ -392,8 +392,8 @@ impl DiskQueue {
     /// thread"). For a caller that then submits writes one at a time, as
     /// the virtio-blk queue worker does; a loop that answers a whole
     /// batch at once would see none of it done until all of it is.
-    pub fn allow_io_at_submit(&mut self) {
-        self.exec.allow_io_at_submit();
+    pub fn allow_writes_at_submit(&mut self) {
+        self.exec.allow_writes_at_submit();
     }
 
     /// The O_DIRECT alignment this queue's files need (1 when buffered).

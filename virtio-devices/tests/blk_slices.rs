@@ -85,7 +85,7 @@ fn deep_mixed_batches_of_writes_and_reads_complete_once_on_every_engine() {
         if engine == EngineKind::IoUring {
             assert!(!probe.writes_at_submit(), "io_uring: only once allowed");
         }
-        probe.allow_io_at_submit();
+        probe.allow_writes_at_submit();
         let at_submit = probe.writes_at_submit();
         drop(probe);
         let mut h = deep_harness_on(disk);

@@ -112,8 +112,8 @@ impl Engine for RoutedEngine {
         self.local.writes_at_submit()
     }
 
-    fn allow_io_at_submit(&mut self) {
-        self.local.allow_io_at_submit();
+    fn allow_writes_at_submit(&mut self) {
+        self.local.allow_writes_at_submit();
     }
 }
 

@@ -28,7 +28,7 @@
 //! CPU rose to 1.08-1.10 x at 0.62 x the IOPS (1.02-1.05 x, 0.80-0.85 x):
 //! on tmpfs the io-wq copy runs beside the queue's thread.
 //!
-//! Enters as the engine's files; leaves as one [`InlineIo`] per file.
+//! Enters as the engine's files; leaves as one flag per file.
 
 use std::borrow::Borrow;
 use std::fs::File;
@@ -42,20 +42,14 @@ const NONBLOCKING_BUFFERED_WRITES: [i64; 3] = [
     0xca45_1a4e, // bcachefs
 ];
 
-/// What the engine makes in the queue's thread for one file.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct InlineIo {
-    pub writes: bool,
-}
-
 /// For each of `files`, what the engine makes in the queue's thread
 /// (module docs). A file the kernel will not describe keeps the ring.
-pub(super) fn inline_write_files(files: &[impl Borrow<File>]) -> Vec<InlineIo> {
+pub(super) fn inline_write_files(files: &[impl Borrow<File>]) -> Vec<bool> {
     files.iter().map(|f| for_file(f.borrow())).collect()
 }
 
-fn for_file(file: &File) -> InlineIo {
-    let none = InlineIo::default();
+fn for_file(file: &File) -> bool {
+    let none = false;
     let fd = file.as_raw_fd();
     // SAFETY: F_GETFL on a descriptor the caller keeps open; no memory.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
@@ -71,9 +65,7 @@ fn for_file(file: &File) -> InlineIo {
     let Some(fs) = fs_type(file) else {
         return none;
     };
-    InlineIo {
-        writes: flags & libc::O_DIRECT == 0 && !NONBLOCKING_BUFFERED_WRITES.contains(&fs),
-    }
+    flags & libc::O_DIRECT == 0 && !NONBLOCKING_BUFFERED_WRITES.contains(&fs)
 }
 
 /// The `statfs` magic number of `file`'s file system.
@@ -108,10 +100,10 @@ mod tests {
         }
         let io = inline_write_files(&files);
         let writes = !NONBLOCKING_BUFFERED_WRITES.contains(&fs);
-        assert_eq!(io[0], InlineIo { writes }, "{fs:#x}");
+        assert_eq!(io[0], writes, "{fs:#x}");
         // tmpfs refuses O_DIRECT on older kernels; elsewhere it keeps the ring.
         if let Some(d) = io.get(1) {
-            assert_eq!(*d, InlineIo::default(), "O_DIRECT keeps the ring");
+            assert!(!*d, "O_DIRECT keeps the ring");
         }
         std::fs::remove_file(&path).unwrap();
     }
@@ -125,6 +117,6 @@ mod tests {
         }
         // A device is no regular file: it keeps the ring.
         let null = File::open("/dev/null").unwrap();
-        assert_eq!(inline_write_files(&[null]), vec![InlineIo::default()]);
+        assert_eq!(inline_write_files(&[null]), vec![false]);
     }
 }

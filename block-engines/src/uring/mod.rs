@@ -12,14 +12,13 @@
 //! takes in about [`SUBMIT_BUDGET`] (see `should_submit_early`).
 //! CQEs leave through [`Engine::reap`] as [`EngineCompletion`]s.
 //!
-//! Once the caller allows it ([`Engine::allow_io_at_submit`]: the
-//! virtio-blk queue worker, which then submits such requests one at a
-//! time), buffered writes that io_uring would hand to an io-wq thread
-//! anyway (on most file systems) are made with `pwritev` in the queue's
-//! thread at [`Engine::submit`],
-//! after the ring's ops have gone to the kernel ([`inline_writes`] says which
-//! files and why); their completions wait in the same `done` queue as
-//! the CQEs'.
+//! Once the caller allows it ([`Engine::allow_writes_at_submit`]: the
+//! virtio-blk queue worker, which then submits writes one at a time),
+//! buffered writes that io_uring would hand to an io-wq thread anyway (on
+//! most file systems) are made with `pwritev` in the queue's thread at
+//! [`Engine::submit`], after the ring's ops have gone to the kernel
+//! ([`inline_writes`] says which files and why); their completions wait
+//! in the same `done` queue as the CQEs'.
 //!
 //! The engine never has more ops in the kernel than the CQ can hold, so
 //! completions are never dropped even without `IORING_FEAT_NODROP`; an
@@ -74,11 +73,11 @@ pub struct UringEngine {
     /// Dup'd descriptors, registered as fixed files 0..n (kept open for as
     /// long as the ring may use them); the inline writes use them too.
     files: Vec<Arc<File>>,
-    /// Per file: what is made in this thread (`inline_writes`)...
-    inline: Vec<inline_writes::InlineIo>,
-    /// ...once the caller allowed it (`Engine::allow_io_at_submit`).
+    /// Per file: its writes are made in this thread (`inline_writes`)...
+    inline_write: Vec<bool>,
+    /// ...once the caller allowed it (`Engine::allow_writes_at_submit`).
     inline_allowed: bool,
-    /// Such ops pushed and not yet made (at `submit`).
+    /// Such writes pushed and not yet made (at `submit`).
     inline_queued: Vec<(OpToken, HostOp)>,
     eventfd: Arc<EventFd>,
     /// Tokens of SQEs pushed to the SQ and not yet consumed by the kernel.
@@ -116,11 +115,11 @@ impl UringEngine {
         entries: u32,
     ) -> Result<Self, BlockError> {
         let built = setup::build_ring(files, &eventfd, entries)?;
-        let inline = inline_writes::inline_write_files(&built.files);
+        let inline_write = inline_writes::inline_write_files(&built.files);
         Ok(UringEngine {
             ring: built.ring,
             files: built.files.into_iter().map(Arc::new).collect(),
-            inline,
+            inline_write,
             inline_allowed: false,
             inline_queued: Vec::new(),
             task_run: built.task_run,
@@ -163,18 +162,18 @@ impl UringEngine {
 
     /// Whether this engine makes `op` in its own thread.
     fn is_inline(&self, op: &HostOp) -> bool {
-        if !self.inline_allowed {
-            return false;
-        }
-        let of = |file: &crate::FileId| self.inline.get(usize::from(file.0)).copied();
         match op {
-            HostOp::Writev { file, .. } => of(file).is_some_and(|i| i.writes),
+            HostOp::Writev { file, .. } if self.inline_allowed => self
+                .inline_write
+                .get(usize::from(file.0))
+                .copied()
+                .unwrap_or(false),
             _ => false,
         }
     }
 
-    /// Makes the queued inline ops (module docs) and signals the eventfd
-    /// when any completed, as the ring does for its CQEs.
+    /// Makes the queued inline writes (module docs) and signals the
+    /// eventfd when any completed, as the ring does for its CQEs.
     fn run_inline(&mut self) -> Result<(), BlockError> {
         if self.inline_queued.is_empty() {
             return Ok(());
@@ -481,10 +480,10 @@ impl Engine for UringEngine {
     }
 
     fn writes_at_submit(&self) -> bool {
-        self.inline_allowed && self.inline.iter().any(|i| i.writes)
+        self.inline_allowed && self.inline_write.contains(&true)
     }
 
-    fn allow_io_at_submit(&mut self) {
+    fn allow_writes_at_submit(&mut self) {
         self.inline_allowed = true;
     }
 }
@@ -612,9 +611,9 @@ mod tests {
         let Some((mut e, path)) = engine(32) else {
             return;
         };
-        let expect = inline_writes::inline_write_files(&e.files)[0].writes;
+        let expect = inline_writes::inline_write_files(&e.files)[0];
         assert!(!e.writes_at_submit(), "only once allowed");
-        e.allow_io_at_submit();
+        e.allow_writes_at_submit();
         assert_eq!(e.writes_at_submit(), expect);
         let data = vec![9u8; 4096];
         let wiov = libc::iovec {

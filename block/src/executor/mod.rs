@@ -110,9 +110,9 @@ impl Executor {
         self.engine.writes_at_submit()
     }
 
-    /// See [`Engine::allow_io_at_submit`].
-    pub fn allow_io_at_submit(&mut self) {
-        self.engine.allow_io_at_submit();
+    /// See [`Engine::allow_writes_at_submit`].
+    pub fn allow_writes_at_submit(&mut self) {
+        self.engine.allow_writes_at_submit();
     }
 
     /// The strictest O_DIRECT alignment of the image's files (1 if none).

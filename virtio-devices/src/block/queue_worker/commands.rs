@@ -115,7 +115,7 @@ impl WorkerState {
                 self.w.index
             );
         }
-        queue.allow_io_at_submit();
+        queue.allow_writes_at_submit();
         let old = std::mem::replace(&mut self.w.disk, queue);
         self.signal_stale = false;
         let _ = done.send(SwapAnswer {

@@ -95,7 +95,7 @@ impl QueueWorker {
         }
         let limiter = self.limiter.take();
         // Writes made at submit go one at a time here (`submit_parsed`).
-        self.disk.allow_io_at_submit();
+        self.disk.allow_writes_at_submit();
         let poll = AdaptivePoll::new(self.poll.min(MAX_POLL));
         let mut state = WorkerState {
             w: self,
