@@ -127,12 +127,10 @@ fn a_target_that_fills_up_fails_the_job_and_never_the_guest() {
     let sock = dir.file("full.sock");
     let trigger = dir.file("full-now");
     // Every write fails with ENOSPC while the trigger file exists.
-    let server = nbdkit_memory(
+    let server = nbdkit(
         &sock,
         &[
             "--filter=error",
-            "-U",
-            &sock,
             "memory",
             "64M",
             "error-pwrite=ENOSPC",
@@ -141,13 +139,7 @@ fn a_target_that_fills_up_fails_the_job_and_never_the_guest() {
             &format!("error-file={trigger}"),
         ],
     );
-    let rounds = 150u64;
-    let mut vm = ApiVm::start(
-        &dir,
-        &format!("disks=1 io_rounds={rounds} park"),
-        &["--disk", &format!("path={source},id=d0")],
-    );
-    vm.wait_for("ok   round 3\n");
+    let vm = guest_writing_rounds(&dir, &source);
     // 32 MiB at 8 MiB/s: the export fills up half-way.
     let uri = format!("nbd+unix:///?socket={sock}");
     let body = format!(r#"{{"id":"d0","target":"{uri}","speed":8388608}}"#);
@@ -161,9 +153,24 @@ fn a_target_that_fills_up_fails_the_job_and_never_the_guest() {
         Some(r#"{"job":"job-2"}"#),
         204,
     );
-    guest_saw_no_error(vm, rounds);
+    guest_saw_no_error(vm);
     e2e_support::check_clean(&local);
     drop(server);
+}
+
+/// Rounds the fault tests' guest writes and reads back.
+const ROUNDS: u64 = 150;
+
+/// The test guest on `source` as disk d0, writing [`ROUNDS`] stamped
+/// rounds; returns once it is in its third.
+fn guest_writing_rounds(dir: &TempDir, source: &str) -> ApiVm {
+    let mut vm = ApiVm::start(
+        dir,
+        &format!("disks=1 io_rounds={ROUNDS} park"),
+        &["--disk", &format!("path={source},id=d0")],
+    );
+    vm.wait_for("ok   round 3\n");
+    vm
 }
 
 /// After job-1 failed mid-copy: its error names `reason`, the disk is
@@ -189,22 +196,21 @@ fn job_1_failed_and_the_source_serves_on(
     local
 }
 
-/// The guest read every one of its `rounds` back (it never saw an error)
-/// and the VMM shut down cleanly under its seccomp filter.
-fn guest_saw_no_error(mut vm: ApiVm, rounds: u64) {
-    vm.wait_for(&format!("ok   all {rounds} rounds read back"));
+/// The guest read every one of its [`ROUNDS`] back (it never saw an
+/// error) and the VMM shut down cleanly under its seccomp filter.
+fn guest_saw_no_error(mut vm: ApiVm) {
+    vm.wait_for(&format!("ok   all {ROUNDS} rounds read back"));
     vm.wait_for("RESULT: PASS");
     let (status, err) = vm.shutdown();
     assert!(status.success(), "{status}: {err}");
     assert!(!err.contains("SIGSYS"), "{err}");
 }
 
-/// Starts `nbdkit -f ARGS` (the export on Unix socket `sock`) and waits
-/// for its socket.
-fn nbdkit_memory(sock: &str, args: &[&str]) -> testkit::ChildGuard {
+/// Starts `nbdkit -f -U SOCK ARGS` and waits for its socket.
+fn nbdkit(sock: &str, args: &[&str]) -> testkit::ChildGuard {
     let server = testkit::ChildGuard(
         Command::new("nbdkit")
-            .args(["--exit-with-parent", "-f"])
+            .args(["--exit-with-parent", "-f", "-U", sock])
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -241,14 +247,8 @@ fn target_goes_away(mode: &str) {
     qemu_img(&["create", "-q", "-f", "qcow2", &source, "64M"]);
     qemu_io("qcow2", &source, &["write -P 0x5a 16M 32M"]);
     let sock = dir.file("gone.sock");
-    let mut server = nbdkit_memory(&sock, &["-U", &sock, "memory", "64M"]);
-    let rounds = 150u64;
-    let mut vm = ApiVm::start(
-        &dir,
-        &format!("disks=1 io_rounds={rounds} park"),
-        &["--disk", &format!("path={source},id=d0")],
-    );
-    vm.wait_for("ok   round 3\n");
+    let mut server = nbdkit(&sock, &["memory", "64M"]);
+    let vm = guest_writing_rounds(&dir, &source);
     // 32 MiB at 8 MiB/s: the export goes away part-way.
     let uri = format!("nbd+unix:///?socket={sock}");
     let body =
@@ -259,7 +259,7 @@ fn target_goes_away(mode: &str) {
     server.wait().expect("reap nbdkit");
     let local = job_1_failed_and_the_source_serves_on(&vm, &dir, &source, "target");
     vm.curl_ok("PUT", "vm.disk-job-cancel", Some(r#"{"job":"job-2"}"#), 204);
-    guest_saw_no_error(vm, rounds);
+    guest_saw_no_error(vm);
     e2e_support::check_clean(&source);
     e2e_support::check_clean(&local);
 }

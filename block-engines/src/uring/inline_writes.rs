@@ -49,23 +49,13 @@ pub(super) fn inline_write_files(files: &[impl Borrow<File>]) -> Vec<bool> {
 }
 
 fn for_file(file: &File) -> bool {
-    let none = false;
-    let fd = file.as_raw_fd();
     // SAFETY: F_GETFL on a descriptor the caller keeps open; no memory.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return none;
-    }
-    let Ok(meta) = file.metadata() else {
-        return none;
-    };
-    if !meta.is_file() {
-        return none;
-    }
-    let Some(fs) = fs_type(file) else {
-        return none;
-    };
-    flags & libc::O_DIRECT == 0 && !NONBLOCKING_BUFFERED_WRITES.contains(&fs)
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    let buffered = flags >= 0 && flags & libc::O_DIRECT == 0;
+    let regular = file.metadata().is_ok_and(|m| m.is_file());
+    buffered
+        && regular
+        && fs_type(file).is_some_and(|fs| !NONBLOCKING_BUFFERED_WRITES.contains(&fs))
 }
 
 /// The `statfs` magic number of `file`'s file system.

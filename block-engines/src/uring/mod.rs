@@ -173,7 +173,11 @@ impl UringEngine {
     }
 
     /// Makes the queued inline writes (module docs) and signals the
-    /// eventfd when any completed, as the ring does for its CQEs.
+    /// eventfd when any completed, as the ring does for its CQEs: one
+    /// write per submit, kept because not every submit is followed by a
+    /// reap (the executor submits from inside its own reap: parked
+    /// writes, commits), and a completion nobody is told of would leave
+    /// the queue asleep.
     fn run_inline(&mut self) -> Result<(), BlockError> {
         if self.inline_queued.is_empty() {
             return Ok(());
