@@ -123,9 +123,10 @@ cp "$obj/vmlinux" "$obj/.config" "$out.tmp/"
 echo "$spkg=$sversion" >"$out.tmp/version"
 rm -rf "$out"
 mv "$out.tmp" "$out"
-# Older results (other versions or configs) and old source trees go.
+# Only the result stays: the unpacked source and the object tree (1.6 GB
+# together) go, as do older results (other versions or configs); a later
+# config change unpacks the tarball again.
 find "$cache_root" -mindepth 1 -maxdepth 1 -type d \
-    ! -name "$(basename "$out")" ! -name "src-$sversion" ! -name "obj-$sversion" \
-    -exec rm -rf {} +
+    ! -name "$(basename "$out")" -exec rm -rf {} +
 log "vmlinux $(du -m "$out/vmlinux" | cut -f1) MiB"
 echo "CH_OWN_LINUX_KERNEL=$out/vmlinux"
