@@ -69,20 +69,24 @@ impl WorkerState {
         if budget.is_zero() || (self.throttled && wait == WaitKind::Request) {
             return Spin::Expired;
         }
+        // One clock read per look: the time after a yield serves both
+        // to judge the yield and as the time of the next look.
+        let mut look_at = start;
         loop {
             if self.found_work() {
-                self.poll.record(wait, start.elapsed(), true);
+                self.poll.record(wait, look_at - start, true);
                 return Spin::Caught;
             }
-            if start.elapsed() >= budget {
+            if look_at - start >= budget {
                 return Spin::Expired;
             }
-            let before_yield = Instant::now();
             yield_cpu();
-            if before_yield.elapsed() > budget {
+            let after_yield = Instant::now();
+            if after_yield - look_at > budget {
                 self.poll.contended(wait);
                 return Spin::Contended;
             }
+            look_at = after_yield;
         }
     }
 
