@@ -30,6 +30,10 @@ pub(crate) struct Chain {
     pub backing_base: u16,
     /// Where guest data lives: FileId(0), or the external data file.
     pub data_file: FileId,
+    /// Guest data goes through the page cache (no O_DIRECT): a new
+    /// cluster past the file's old end then gets only the blocks its
+    /// data touches (`planning::write`).
+    pub buffered_data: bool,
     /// The header as the image was opened (the open itself may have
     /// changed bits on disk since; see `header_cluster::current_header`).
     pub header: Header,

@@ -215,6 +215,7 @@ pub(crate) fn open_chain_over(
             backing,
             backing_base,
             data_file,
+            buffered_data: !opts.direct,
             header,
         },
         readonly: opts.readonly,
