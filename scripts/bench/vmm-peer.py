@@ -22,7 +22,9 @@ are in clock ticks (10 ms each).
 Runs are interleaved: every repeat runs every image under every VMM, the
 VMM order alternating between repeats. Each image is made fresh by the
 script: a raw file of random data (Python), and a fully allocated qcow2
-converted from it with qemu-img.
+converted from it with qemu-img; `--formats` may also name `blank-qcow2`,
+an empty qcow2 (`qemu-img create`) made again before every run, so that
+writes allocate clusters as on a new disk.
 
 Data enters as the binaries (ours: --bin, default target/release;
 upstream's: --upstream or the CH_UPSTREAM_DIR environment variable), the
@@ -126,6 +128,15 @@ def cpu_split(a, b):
     return split
 
 
+def make_blank(path, size):
+    """An empty qcow2 at `path` (any older one removed first), written
+    back, and the disk's other dirty data with it."""
+    if os.path.exists(path):
+        os.unlink(path)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", path, str(size)], check=True)
+    os.sync()
+
+
 def make_images(work, size, formats):
     """A raw image of random data and, if asked, a qcow2 converted from
     it (every cluster allocated). Returns {format: path}."""
@@ -142,9 +153,13 @@ def make_images(work, size, formats):
         subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, q],
                        check=True)
         images["qcow2"] = q
+    if "blank-qcow2" in formats:
+        images["blank-qcow2"] = os.path.join(work, "blank.qcow2")
     # Written back before the first run, so no run shares the disk with
     # the images' own writeback.
     for path in images.values():
+        if path.endswith("blank.qcow2"):
+            continue
         fd = os.open(path, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
@@ -207,8 +222,9 @@ def run_one(vmm, image_fmt, image, args, guest, work):
         os.unlink(serial)
     cmdline = (f"disks=1 park load={args.seconds} depth={args.depth} bs={args.bs} "
                f"rw={args.rw}")
+    image_type = "qcow2" if image_fmt == "blank-qcow2" else image_fmt
     disk = (f"path={image},num_queues={args.queues},queue_size={args.queue_size},"
-            f"image_type={image_fmt}")
+            f"image_type={image_type}")
     if vmm["disk_extra"]:
         disk += "," + vmm["disk_extra"]
     argv = [vmm["binary"], "--kernel", guest, "--cmdline", cmdline,
@@ -326,7 +342,8 @@ def parse_args():
     p.add_argument("--guest", help="the test guest ELF (default: build it)")
     p.add_argument("--dir", help="where the images go (default: a new folder in $TMPDIR)")
     p.add_argument("--size", type=int, default=1 << 30, help="image size in bytes")
-    p.add_argument("--formats", default="raw,qcow2")
+    p.add_argument("--formats", default="raw,qcow2",
+                   help="raw, qcow2 (allocated), blank-qcow2 (empty, made again per run)")
     p.add_argument("--queues", type=int, default=2, help="queues = vCPUs")
     p.add_argument("--queue-size", type=int, default=128)
     p.add_argument("--depth", type=int, default=16, help="requests in flight per queue")
@@ -353,7 +370,7 @@ def main():
     for path in (peer, ours):
         if not os.access(path, os.X_OK):
             sys.exit(f"vmm-peer.py: {path} is not an executable")
-    if "qcow2" in formats and not shutil.which("qemu-img"):
+    if any("qcow2" in f for f in formats) and not shutil.which("qemu-img"):
         sys.exit("vmm-peer.py: qemu-img is needed for the qcow2 image "
                  "(apt-get install -y qemu-utils)")
     guest = args.guest
@@ -378,6 +395,8 @@ def main():
             order = vmms if rep % 2 == 0 else list(reversed(vmms))
             for fmt in formats:
                 for v in order:
+                    if fmt == "blank-qcow2":
+                        make_blank(images[fmt], args.size)
                     for attempt in range(3):
                         try:
                             r = run_one(v, fmt, images[fmt], args, guest, work)
