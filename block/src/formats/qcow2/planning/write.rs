@@ -51,8 +51,8 @@ fn all_allocated(bitmap: u64, in_cluster: u64, len: u64, cluster_size: u64) -> b
 }
 
 /// The part of a fresh cluster to write for `len` bytes at `in_cluster`:
-/// the 4 KiB blocks they touch (so an O_DIRECT write stays aligned on
-/// the usual block sizes, as the whole cluster was), within the cluster.
+/// the 4 KiB blocks they touch, within the cluster (whole pages: the
+/// kernel would zero the rest of a partly written page of a hole anyway).
 fn written_blocks(in_cluster: u64, len: u64, cluster_size: u64) -> (u64, u64) {
     const BLOCK: u64 = 4096;
     let from = in_cluster / BLOCK * BLOCK;
@@ -124,12 +124,12 @@ impl WritePlanner<'_> {
             self.meta.writable_l2(a.cluster)?;
         }
         let cb = self.meta.geometry().cluster_bits;
-        // A data file maps each guest cluster to the same offset, without
-        // refcounts; otherwise allocate one run in the image.
         // Nothing at or past the file's size was ever written (it only
         // grows, and the headroom past it is a hole): new clusters there
         // read as zeroes already.
         let fresh_from = self.meta.file_size();
+        // A data file maps each guest cluster to the same offset, without
+        // refcounts; otherwise allocate one run in the image.
         let start = if self.meta.geometry().data_file {
             None
         } else {
