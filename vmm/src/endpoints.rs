@@ -466,14 +466,25 @@ mod tests {
     use super::*;
     use crate::api::client::call_for;
 
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|a| a.to_string()).collect()
+    }
+
+    /// The JSON body ch-remote sends for `verb args`.
+    fn body(verb: &str, args: &[&str]) -> serde_json::Value {
+        let c = call_for(&table(), verb, &strings(args)).unwrap();
+        serde_json::from_str(c.body.as_deref().unwrap()).unwrap()
+    }
+
+    /// Why ch-remote refuses `verb args`.
+    fn refusal(verb: &str, args: &[&str]) -> String {
+        call_for(&table(), verb, &strings(args))
+            .unwrap_err()
+            .to_string()
+    }
+
     #[test]
     fn bitmap_verbs_build_their_bodies() {
-        let t = table();
-        let body = |verb: &str, args: &[&str]| -> serde_json::Value {
-            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-            let c = call_for(&t, verb, &args).unwrap();
-            serde_json::from_str(c.body.as_deref().unwrap()).unwrap()
-        };
         assert_eq!(
             body("disk-bitmap-add", &["--disk", "d", "--name", "b"]),
             serde_json::json!({"id": "d", "name": "b"})
@@ -502,19 +513,12 @@ mod tests {
             ),
             serde_json::json!({"id": "d", "name": "b", "sources": ["x", "y"]})
         );
-        let args: Vec<String> = ["--disk", "d"].iter().map(|a| a.to_string()).collect();
-        let e = call_for(&t, "disk-bitmap-clear", &args).unwrap_err();
-        assert!(e.to_string().contains("--name"), "{e}");
+        let e = refusal("disk-bitmap-clear", &["--disk", "d"]);
+        assert!(e.contains("--name"), "{e}");
     }
 
     #[test]
     fn backup_verbs_build_their_bodies() {
-        let t = table();
-        let body = |verb: &str, args: &[&str]| -> serde_json::Value {
-            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-            let c = call_for(&t, verb, &args).unwrap();
-            serde_json::from_str(c.body.as_deref().unwrap()).unwrap()
-        };
         assert_eq!(
             body(
                 "disk-backup-begin",
@@ -552,21 +556,20 @@ mod tests {
                 "bitmap": "b", "actions": [{"type": "bitmap-clear",
                 "data": {"id": "d", "name": "b"}}]})
         );
-        let args: Vec<String> = [
-            "--disk",
-            "d",
-            "--addr",
-            "unix:x",
-            "--scratch",
-            "s",
-            "--actions",
-            "[x",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-        let e = call_for(&t, "disk-backup-begin", &args).unwrap_err();
-        assert!(e.to_string().contains("--actions: not JSON"), "{e}");
+        let e = refusal(
+            "disk-backup-begin",
+            &[
+                "--disk",
+                "d",
+                "--addr",
+                "unix:x",
+                "--scratch",
+                "s",
+                "--actions",
+                "[x",
+            ],
+        );
+        assert!(e.contains("--actions: not JSON"), "{e}");
         assert_eq!(
             body("disk-backup-end", &["--disk", "d"]),
             serde_json::json!({"id": "d"})
@@ -575,12 +578,6 @@ mod tests {
 
     #[test]
     fn job_verbs_build_their_bodies() {
-        let t = table();
-        let body = |verb: &str, args: &[&str]| -> serde_json::Value {
-            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-            let c = call_for(&t, verb, &args).unwrap();
-            serde_json::from_str(c.body.as_deref().unwrap()).unwrap()
-        };
         assert_eq!(
             body("disk-mirror", &["--disk", "d", "--target", "/t.qcow2"]),
             serde_json::json!({"id": "d", "target": "/t.qcow2"})
@@ -629,11 +626,10 @@ mod tests {
             ),
             serde_json::json!({"id": "d", "top": "t.qcow2", "base": "b.qcow2", "speed": 1 << 20})
         );
-        let jobs = call_for(&t, "disk-jobs", &[]).unwrap();
+        let jobs = call_for(&table(), "disk-jobs", &[]).unwrap();
         assert_eq!((jobs.method, jobs.body), ("GET", None));
-        let args: Vec<String> = ["--disk", "d"].iter().map(|a| a.to_string()).collect();
-        let e = call_for(&t, "disk-mirror", &args).unwrap_err();
-        assert!(e.to_string().contains("--target"), "{e}");
+        let e = refusal("disk-mirror", &["--disk", "d"]);
+        assert!(e.contains("--target"), "{e}");
     }
 
     #[test]
