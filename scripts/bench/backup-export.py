@@ -51,7 +51,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -59,8 +58,9 @@ import tempfile
 import threading
 import time
 
+from guest_vm import POLL_S, serial_text, wait_serial, stop
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-POLL_S = 0.005
 MODES = ["no backup", "backup open", "backup read"]
 
 
@@ -93,41 +93,6 @@ def make_images(work, size, formats):
         os.fsync(fd)
         os.close(fd)
     return images
-
-
-def serial_text(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
-
-
-def wait_serial(proc, path, needle, deadline):
-    """Polls the serial log until it holds needle; fails on RESULT: FAIL,
-    a VMM that exited, or the deadline."""
-    while True:
-        text = serial_text(path)
-        if needle in text:
-            return text
-        if "RESULT: FAIL" in text:
-            raise RuntimeError(f"guest failed:\n{text[-3000:]}")
-        if proc.poll() is not None:
-            raise RuntimeError(f"VMM exited ({proc.returncode}) before {needle!r}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no {needle!r} on the serial port in time")
-        time.sleep(POLL_S)
-
-
-def stop(proc):
-    """SIGTERM, then SIGKILL after 10 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class Vm:

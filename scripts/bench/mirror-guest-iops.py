@@ -37,6 +37,8 @@ import tempfile
 import threading
 import time
 
+from guest_vm import wait_serial, remote
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
@@ -44,38 +46,12 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def wait_serial(proc, path, needle, deadline):
-    while True:
-        try:
-            with open(path, errors="replace") as f:
-                text = f.read()
-        except FileNotFoundError:
-            text = ""
-        if needle in text:
-            return text
-        if "RESULT: FAIL" in text:
-            raise RuntimeError(f"guest failed:\n{text[-3000:]}")
-        if proc.poll() is not None:
-            raise RuntimeError(f"VMM exited ({proc.returncode}) before {needle!r}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no {needle!r} on the serial port in time")
-        time.sleep(0.005)
-
-
-def remote(args, sock, *verb):
-    r = subprocess.run([os.path.join(args.bin, "ch-remote"), "--api-socket", sock, *verb],
-                       capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        raise RuntimeError(f"ch-remote {' '.join(verb)}: {r.stderr.strip()}")
-    return r.stdout
-
-
 def watch_job(args, sock, started, stop, seen):
     """Polls the job list until `stop` is set; records in `seen` the
     seconds from `started` to the job's first `ready`."""
     while not stop.is_set():
         try:
-            jobs = json.loads(remote(args, sock, "disk-jobs"))
+            jobs = json.loads(remote(args.bin, sock, "disk-jobs"))
         except (RuntimeError, ValueError, subprocess.TimeoutExpired):
             jobs = []
         if jobs and jobs[0]["state"] == "ready" and "ready" not in seen:
@@ -113,7 +89,7 @@ def one_boot(args, work, guest, image, mode):
         wait_serial(proc, serial, "LOAD start", deadline)
         if mode:
             started = time.monotonic()
-            remote(args, sock, "disk-mirror", "--disk", "d0", "--target", target,
+            remote(args.bin, sock, "disk-mirror", "--disk", "d0", "--target", target,
                    "--granularity", args.granularity, "--mode", mode)
             watcher = threading.Thread(target=watch_job, args=(args, sock, started, stop, seen))
             watcher.start()
@@ -122,9 +98,9 @@ def one_boot(args, work, guest, image, mode):
         if watcher:
             watcher.join()
         if mode:
-            state = json.loads(remote(args, sock, "disk-jobs"))[0]["state"]
+            state = json.loads(remote(args.bin, sock, "disk-jobs"))[0]["state"]
         text = wait_serial(proc, serial, "info parked", deadline)
-        remote(args, sock, "shutdown-vmm")
+        remote(args.bin, sock, "shutdown-vmm")
         proc.wait(timeout=60)
     finally:
         stop.set()

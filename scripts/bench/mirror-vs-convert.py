@@ -40,6 +40,8 @@ import sys
 import tempfile
 import time
 
+from guest_vm import wait_serial, remote
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
@@ -47,38 +49,12 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def wait_serial(proc, path, needle, deadline):
-    while True:
-        try:
-            with open(path, errors="replace") as f:
-                text = f.read()
-        except FileNotFoundError:
-            text = ""
-        if needle in text:
-            return
-        if "RESULT: FAIL" in text:
-            raise RuntimeError(f"guest failed:\n{text[-3000:]}")
-        if proc.poll() is not None:
-            raise RuntimeError(f"VMM exited ({proc.returncode}) before {needle!r}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no {needle!r} on the serial port in time")
-        time.sleep(0.02)
-
-
-def remote(args, sock, *verb):
-    r = subprocess.run([os.path.join(args.bin, "ch-remote"), "--api-socket", sock, *verb],
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise RuntimeError(f"ch-remote {' '.join(verb)}: {r.stderr.strip()}")
-    return r.stdout
-
-
 def mirror_once(args, sock, target):
     start = time.monotonic()
-    job = json.loads(remote(args, sock, "disk-mirror", "--disk", "d0", "--target", target,
+    job = json.loads(remote(args.bin, sock, "disk-mirror", "--disk", "d0", "--target", target,
                             "--format", args.target_format))["job"]
     while True:
-        state = next(j for j in json.loads(remote(args, sock, "disk-jobs"))
+        state = next(j for j in json.loads(remote(args.bin, sock, "disk-jobs"))
                      if j["id"] == job)
         if state["state"] == "ready":
             break
@@ -88,7 +64,7 @@ def mirror_once(args, sock, target):
             raise RuntimeError("mirror not ready in 10 minutes")
         time.sleep(0.01)
     ready = time.monotonic() - start
-    remote(args, sock, "disk-job-cancel", job)
+    remote(args.bin, sock, "disk-job-cancel", job)
     total = time.monotonic() - start
     log(f"  mirror: ready after {ready:.3f} s, cancelled (target closed) after {total:.3f} s")
     return total
@@ -154,7 +130,7 @@ def main():
             log(f"round {r} ({', '.join(names)}): mirror {m:.3f} s, convert {u:.3f} s, "
                 f"-t writeback {c:.3f} s")
             rows.append((r, m, u, c))
-        remote(args, sock, "shutdown-vmm")
+        remote(args.bin, sock, "shutdown-vmm")
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:

@@ -38,15 +38,15 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from guest_vm import wait_serial, stop
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-POLL_S = 0.005
 SWITCHED = re.compile(
     r"(\d+) disks switched in ([\d.]+) ms \(queues parked; pausing ([\d.]+) ms, "
     r"switching ([\d.]+) ms, resuming ([\d.]+) ms\)")
@@ -54,40 +54,6 @@ SWITCHED = re.compile(
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
-
-
-def serial_text(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
-
-
-def wait_serial(proc, path, needle, deadline):
-    """Polls the serial log until it holds needle; fails on RESULT: FAIL,
-    a VMM that exited, or the deadline."""
-    while True:
-        text = serial_text(path)
-        if needle in text:
-            return text
-        if "RESULT: FAIL" in text:
-            raise RuntimeError(f"guest failed:\n{text[-3000:]}")
-        if proc.poll() is not None:
-            raise RuntimeError(f"VMM exited ({proc.returncode}) before {needle!r}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no {needle!r} on the serial port in time")
-        time.sleep(POLL_S)
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def one_boot(args, boot, work, guest):

@@ -44,16 +44,16 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from guest_vm import wait_serial, stop
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-POLL_S = 0.005
 KINDS = ["worker", "io-wq", "other"]
 
 
@@ -164,38 +164,6 @@ def make_images(work, size, formats):
         os.fsync(fd)
         os.close(fd)
     return images
-
-
-def wait_serial(proc, path, needle, deadline):
-    """Polls the serial log until it contains needle; returns the text.
-    Fails on RESULT: FAIL, a VMM that exited, or the deadline."""
-    while True:
-        try:
-            with open(path, errors="replace") as f:
-                text = f.read()
-        except FileNotFoundError:
-            text = ""
-        if needle in text:
-            return text
-        if "RESULT: FAIL" in text:
-            raise RuntimeError(f"guest failed:\n{text[-3000:]}")
-        if proc.poll() is not None:
-            raise RuntimeError(f"VMM exited ({proc.returncode}) before {needle!r}:\n"
-                               f"{text[-3000:]}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no {needle!r} on the serial port in time:\n{text[-3000:]}")
-        time.sleep(POLL_S)
-
-
-def stop(proc):
-    """SIGTERM, then SIGKILL after 10 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def parse_load(text):
