@@ -129,8 +129,8 @@ def cpu_split(a, b):
 
 
 def make_blank(path, size):
-    """An empty qcow2 at `path` (any older one removed first), written
-    back, and the disk's other dirty data with it."""
+    """An empty qcow2 at `path` (any older one removed first); then a
+    sync, so the run does not share the disk with earlier writeback."""
     if os.path.exists(path):
         os.unlink(path)
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", path, str(size)], check=True)
@@ -153,16 +153,15 @@ def make_images(work, size, formats):
         subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, q],
                        check=True)
         images["qcow2"] = q
-    if "blank-qcow2" in formats:
-        images["blank-qcow2"] = os.path.join(work, "blank.qcow2")
     # Written back before the first run, so no run shares the disk with
     # the images' own writeback.
     for path in images.values():
-        if path.endswith("blank.qcow2"):
-            continue
         fd = os.open(path, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
+    if "blank-qcow2" in formats:
+        # Made before each run (make_blank).
+        images["blank-qcow2"] = os.path.join(work, "blank.qcow2")
     return images
 
 
