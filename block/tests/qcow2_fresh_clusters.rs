@@ -65,11 +65,17 @@ fn assert_cluster(f: &dyn Format, cluster: u64, at: usize, data: &[u8], what: &s
     assert_same(&read(f, cluster * CLUSTER, CLUSTER as usize), &want, what);
 }
 
-#[test]
-fn a_fresh_cluster_gets_only_the_data_blocks() {
-    let dir = temp_dir("fresh-cluster");
+/// A new, empty 4 MiB qcow2 (64 KiB clusters) in its own folder.
+fn new_image(name: &str) -> (TempDir, std::path::PathBuf) {
+    let dir = temp_dir(name);
     let path = dir.join("img.qcow2");
     qemu_create("qcow2", s(&path), "4M", "");
+    (dir, path)
+}
+
+#[test]
+fn a_fresh_cluster_gets_only_the_data_blocks() {
+    let (_dir, path) = new_image("fresh-cluster");
     let f = open(&path, false);
     // 4 KiB at 8 KiB into guest cluster 1, and 6 KiB straddling a block
     // boundary at 30 KiB into guest cluster 2.
@@ -112,9 +118,7 @@ fn a_fresh_cluster_gets_only_the_data_blocks() {
 
 #[test]
 fn a_reused_cluster_is_written_whole() {
-    let dir = temp_dir("reused-cluster");
-    let path = dir.join("img.qcow2");
-    qemu_create("qcow2", s(&path), "4M", "");
+    let (_dir, path) = new_image("reused-cluster");
     let f = open(&path, false);
     let full = pattern(3, CLUSTER as usize);
     let p = plan(&*f, 0, CLUSTER);
@@ -151,9 +155,7 @@ fn a_reused_cluster_is_written_whole() {
 
 #[test]
 fn with_o_direct_a_fresh_cluster_is_written_whole() {
-    let dir = temp_dir("fresh-direct");
-    let path = dir.join("img.qcow2");
-    qemu_create("qcow2", s(&path), "4M", "");
+    let (_dir, path) = new_image("fresh-direct");
     let mut o = DiskOptions::new(&path);
     o.image_type = ImageType::Format("qcow2");
     o.direct = true;
